@@ -1,0 +1,7 @@
+"""ascend-fleet: provision Ascend 910B fleets from a fresh OS to serving vLLM Ascend behind Nginx."""
+
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = PROJECT_ROOT / "templates"
+PROFILES = PROJECT_ROOT / "profiles"

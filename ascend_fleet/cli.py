@@ -1,0 +1,31 @@
+"""The `ascend-fleet` command: everything pyinfra alone does not do well."""
+
+import sys
+
+import click
+import typer
+from rich.console import Console
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab.cli import lab_app
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app.add_typer(lab_app, name="lab")
+
+err_console = Console(stderr=True)
+
+
+def main() -> None:
+    """Console entry: a FleetError becomes one red line and exit code 1."""
+    try:
+        rc = app(standalone_mode=False)
+    except FleetError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
