@@ -1,0 +1,392 @@
+"""A tiny, real Qwen3-architecture model that the lab builds locally.
+
+No machine here can reach a model hub, so the lab makes its own model: random
+weights in real safetensors shards with an index, a byte-level BPE tokenizer
+trained here with a Qwen-style chat template, and a sha256 manifest. Real vLLM
+(CPU) loads and serves it; the deploy's weights and verify stages check it
+exactly as they would check a model from ModelScope.
+
+Same arguments give byte-identical files, so the manifest's sha256 are stable.
+
+Padding for weight-distribution benchmarks: ``size_mb=N`` adds decoder layers
+until the weights reach at least N MB and splits them into shards of at most
+``max_shard_mb`` (so ``size_mb=1024, max_shard_mb=64`` gives 16+ shards). The
+padded model stays loadable, but every extra layer costs compute, so serve the
+unpadded model on the real tier and use padded ones to time staging.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+MANIFEST_NAME = "ascend-fleet-manifest.json"
+INDEX_NAME = "model.safetensors.index.json"
+PROBE_TEXT = "Ascend 910B serves Qwen3 on vLLM: 你好, world! 12345 <|im_end|>"
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+
+# Qwen2/Qwen3 chat format without tools or thinking: enough for chat completions.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Fixed, not the running library's version: it is written into files whose sha256 must not drift.
+TRANSFORMERS_VERSION = "4.51.0"
+WEIGHT_DTYPE = np.float16
+BYTES_PER_MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TinyDims:
+    """Model dimensions. head_dim must be a size the vLLM CPU attention backend supports."""
+
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2  # GQA: two query heads share each KV head
+    head_dim: int = 64
+    max_position_embeddings: int = 4096
+    tokenizer_vocab_target: int = 2048  # BPE training target; config takes the trained size
+
+
+# ---------------------------------------------------------------- tokenizer
+
+_CORPUS_LINES = (
+    "Install the NPU driver first, then the firmware, and reboot the node once.",
+    "The toolkit environment must be sourced before the operator kernels are installed.",
+    "Every instance listens on its own API port and its own HCCL base port.",
+    "Weights are staged on local NVMe, verified against the manifest, then published.",
+    "The gateway balances requests across instances with least connections.",
+    "Readiness is a GET on /health that returns 200 once the weights are loaded.",
+    "A chat completion returns the assistant message and the token usage.",
+    "Qwen models use a chat template with im_start and im_end markers.",
+    "Tensor parallel size four places one shard of every layer on each card.",
+    "The KV cache per token is two times layers times heads times head size times bytes.",
+    "Hello, how are you today? I am fine, thank you. What can I do for you?",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "你好，世界。今天天气很好。我们在昇腾服务器上部署模型。",
+    "def main():\n    print('hello world')\n    return 0\n",
+    '{"model": "Qwen3", "messages": [{"role": "user", "content": "hi"}], "stream": true}',
+)
+_WORDS = (
+    "node fleet driver firmware kernel toolkit model weights shard index token tokenizer "
+    "request response stream server client port health metric cache memory card device "
+    "serve deploy verify stage install upgrade reboot check profile version python torch "
+    "the a an and or of to in on for with from by at is are was be can will not "
+    "fast slow large small first last every each some many one two three four eight"
+).split()
+
+
+def _training_corpus() -> list[str]:
+    """Fixed lines plus seeded sentences: enough text for ~2k merges, identical every run."""
+    rng = random.Random(910)
+    sentences = [
+        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "."
+        for _ in range(4000)
+    ]
+    numbers = [f"{n} {n * 7} {n / 8:.3f}" for n in range(0, 2000, 7)]
+    return list(_CORPUS_LINES) * 20 + sentences + numbers
+
+
+def train_tokenizer(vocab_target: int) -> Tokenizer:
+    """A byte-level BPE (as Qwen uses) trained on the shipped corpus; special tokens go last, as in Qwen."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_target - len(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodable
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+def _tokenizer_config(tokenizer: Tokenizer, max_length: int) -> dict:
+    added = {
+        str(tokenizer.token_to_id(tok)): {
+            "content": tok, "lstrip": False, "normalized": False,
+            "rstrip": False, "single_word": False, "special": True,
+        }
+        for tok in SPECIAL_TOKENS
+    }
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [IM_START, IM_END],
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": IM_END,
+        "errors": "replace",
+        "model_max_length": max_length,
+        "pad_token": PAD_TOKEN,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+# ---------------------------------------------------------------- config
+
+
+def _model_config(dims: TinyDims, num_layers: int, vocab_size: int, tokenizer: Tokenizer) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": tokenizer.token_to_id(PAD_TOKEN),
+        "eos_token_id": tokenizer.token_to_id(IM_END),
+        "head_dim": dims.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": dims.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": dims.intermediate_size,
+        "max_position_embeddings": dims.max_position_embeddings,
+        "max_window_layers": num_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": dims.num_attention_heads,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": dims.num_key_value_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": TRANSFORMERS_VERSION,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
+    }
+
+
+def _generation_config(tokenizer: Tokenizer) -> dict:
+    return {
+        "bos_token_id": tokenizer.token_to_id(PAD_TOKEN),
+        "eos_token_id": [tokenizer.token_to_id(IM_END), tokenizer.token_to_id(PAD_TOKEN)],
+        "pad_token_id": tokenizer.token_to_id(PAD_TOKEN),
+        "transformers_version": TRANSFORMERS_VERSION,
+    }
+
+
+# ---------------------------------------------------------------- weights
+
+
+def _layer_shapes(dims: TinyDims, i: int) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of one decoder layer, exactly as HF Qwen3ForCausalLM names them."""
+    h, q_dim = dims.hidden_size, dims.num_attention_heads * dims.head_dim
+    kv_dim = dims.num_key_value_heads * dims.head_dim
+    p = f"model.layers.{i}."
+    return {
+        p + "input_layernorm.weight": (h,),
+        p + "self_attn.q_proj.weight": (q_dim, h),
+        p + "self_attn.k_proj.weight": (kv_dim, h),
+        p + "self_attn.v_proj.weight": (kv_dim, h),
+        p + "self_attn.o_proj.weight": (h, q_dim),
+        p + "self_attn.q_norm.weight": (dims.head_dim,),  # Qwen3's per-head QK norm
+        p + "self_attn.k_norm.weight": (dims.head_dim,),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "mlp.gate_proj.weight": (dims.intermediate_size, h),
+        p + "mlp.up_proj.weight": (dims.intermediate_size, h),
+        p + "mlp.down_proj.weight": (h, dims.intermediate_size),
+    }
+
+
+def _weight_units(dims: TinyDims, num_layers: int, vocab_size: int) -> list[dict[str, tuple[int, ...]]]:
+    """The model as units that never split across shards: embeddings, each layer, the head."""
+    h = dims.hidden_size
+    embed = {"model.embed_tokens.weight": (vocab_size, h)}
+    head = {"model.norm.weight": (h,), "lm_head.weight": (vocab_size, h)}
+    return [embed, *(_layer_shapes(dims, i) for i in range(num_layers)), head]
+
+
+def _unit_bytes(unit: dict[str, tuple[int, ...]]) -> int:
+    itemsize = np.dtype(WEIGHT_DTYPE).itemsize
+    return sum(math.prod(shape) * itemsize for shape in unit.values())
+
+
+def _layers_for_size(dims: TinyDims, vocab_size: int, size_mb: float | None) -> int:
+    """Enough layers for the weights to reach size_mb (never fewer than dims asks for)."""
+    if size_mb is None:
+        return dims.num_hidden_layers
+    fixed = sum(map(_unit_bytes, _weight_units(dims, 0, vocab_size)))
+    per_layer = _unit_bytes(_layer_shapes(dims, 0))
+    needed = math.ceil(max(0.0, size_mb * BYTES_PER_MB - fixed) / per_layer)
+    return max(dims.num_hidden_layers, needed)
+
+
+def _split_contiguous(units: list, parts: int) -> list[list]:
+    """Split into `parts` runs of nearly equal length, none empty."""
+    if not 1 <= parts <= len(units):
+        raise ValueError(f"cannot split {len(units)} weight units into {parts} shards")
+    base, extra = divmod(len(units), parts)
+    runs, start = [], 0
+    for k in range(parts):
+        end = start + base + (1 if k < extra else 0)
+        runs.append(units[start:end])
+        start = end
+    return runs
+
+
+def _random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    # Norm weights start at one as in a fresh model; matrices get small noise so activations stay finite.
+    if name.endswith("norm.weight"):
+        return np.ones(shape, dtype=WEIGHT_DTYPE)
+    return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(WEIGHT_DTYPE)
+
+
+def _shard_name(k: int, total: int) -> str:
+    return f"model-{k:05d}-of-{total:05d}.safetensors"
+
+
+def _write_shards(out: Path, shards: list[list[dict]], seed: int) -> dict:
+    """Write every shard in order from one seeded generator; return the index document."""
+    rng = np.random.default_rng(seed)
+    weight_map, total_size = {}, 0
+    for k, units in enumerate(shards, start=1):
+        file_name = _shard_name(k, len(shards))
+        tensors = {
+            name: _random_tensor(rng, name, shape)
+            for unit in units
+            for name, shape in unit.items()
+        }
+        save_file(tensors, str(out / file_name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, file_name))
+        total_size += sum(t.nbytes for t in tensors.values())
+    return {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(BYTES_PER_MB), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest(out: Path, model_id: str, revision: str, tokenizer: Tokenizer) -> dict:
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(out.iterdir())
+        if p.name != MANIFEST_NAME
+    }
+    return {
+        "model_id": model_id,
+        "revision": revision,
+        "files": files,
+        # The verify stage encodes this text on the node (no special tokens added) and expects these ids.
+        "tokenizer_probe": {"text": PROBE_TEXT, "ids": tokenizer.encode(PROBE_TEXT).ids},
+    }
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_manifest(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- public API
+
+
+def build_tiny_model(
+    out_dir: Path,
+    *,
+    name: str = "lab/Qwen3-Tiny",
+    revision: str = "v1",
+    seed: int = 0,
+    num_shards: int = 2,
+    size_mb: float | None = None,
+    max_shard_mb: float = 64,
+    dims: TinyDims = TinyDims(),
+) -> Path:
+    """Write a ModelScope-like repository for a tiny Qwen3 model into out_dir and return out_dir.
+
+    Files: config.json, generation_config.json, model-0000k-of-0000N.safetensors,
+    model.safetensors.index.json, tokenizer.json, tokenizer_config.json and
+    ascend-fleet-manifest.json (size + sha256 of every other file, model id,
+    revision, tokenizer probe ids). With size_mb, layers are added until the
+    weights reach size_mb and the shard count grows so no shard exceeds
+    max_shard_mb (num_shards stays the minimum).
+    """
+    if dims.head_dim not in {32, 64, 80, 96, 112, 128, 160, 192, 224, 256}:
+        raise ValueError(f"head_dim {dims.head_dim} is not a vLLM CPU attention size")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = train_tokenizer(dims.tokenizer_vocab_target)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    num_layers = _layers_for_size(dims, vocab_size, size_mb)
+    units = _weight_units(dims, num_layers, vocab_size)
+    total_mb = sum(map(_unit_bytes, units)) / BYTES_PER_MB
+    shard_count = max(num_shards, math.ceil(total_mb / max_shard_mb)) if size_mb else num_shards
+
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(tokenizer, dims.max_position_embeddings))
+    _write_json(out / "config.json", _model_config(dims, num_layers, vocab_size, tokenizer))
+    _write_json(out / "generation_config.json", _generation_config(tokenizer))
+    _write_json(out / INDEX_NAME, _write_shards(out, _split_contiguous(units, shard_count), seed))
+    _write_json(out / MANIFEST_NAME, _manifest(out, name, revision, tokenizer))
+    return out
+
+
+def publish_model(model_dir: Path, mirror_models_dir: Path) -> Path:
+    """Copy a built model into the mirror's models tree and return where it landed.
+
+    mirror_models_dir is the directory the mirror serves as ``/models/``. A model
+    with id ``<org>/<name>`` at ``<revision>`` lands in
+    ``<mirror_models_dir>/<org>/<name>/<revision>/`` and is reached over HTTP as::
+
+        <mirror-url>/models/<org>/<name>/<revision>/ascend-fleet-manifest.json
+        <mirror-url>/models/<org>/<name>/<revision>/<file>   for every key of manifest["files"]
+
+    e.g. http://10.213.0.1:8080/models/lab/Qwen3-Tiny/v1/model-00001-of-00002.safetensors.
+    The weights stage fetches the manifest first, then each file it lists, and
+    checks size and sha256 against it. The revision directory appears whole: it
+    is filled beside its final place and renamed in, and an existing revision is
+    replaced only by a complete new copy.
+    """
+    manifest = read_manifest(model_dir)
+    org, _, repo = manifest["model_id"].partition("/")
+    if not org or not repo or "/" in repo:
+        raise ValueError(f"model id {manifest['model_id']!r} is not <org>/<name>")
+    target = Path(mirror_models_dir) / org / repo / manifest["revision"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    for file_name in [*manifest["files"], MANIFEST_NAME]:
+        shutil.copy2(Path(model_dir) / file_name, staging / file_name)
+    staging.chmod(0o755)  # mkdtemp makes it 0700; the mirror's HTTP server must read it
+    if target.exists():
+        retired = target.with_name(f".{target.name}.retired")
+        target.rename(retired)
+        staging.rename(target)
+        shutil.rmtree(retired)
+    else:
+        staging.rename(target)
+    return target
