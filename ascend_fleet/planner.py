@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -515,8 +516,6 @@ def plan_instance(
         *check_kv_share(usable_pool, budget, policy),
         *check_hccl_headroom(usable - budget, hccl),
     ]
-    if ep and not shape.moe:
-        findings.append(Finding(WARNING, "ep-without-experts", "--enable-expert-parallel has no effect: the model has no experts"))
     return InstancePlan(
         model_type=shape.model_type,
         chip=chip.name,
@@ -543,7 +542,7 @@ def plan_instance(
         max_concurrency=round(concurrency * dp, 2),
         suggested_max_num_seqs=min(policy.max_num_seqs_cap, math.floor(typical)) if concurrency >= 1 else 0,
         headroom_bytes_per_npu=usable - budget - hccl,
-        verdict=verdict(findings),
+        verdict=judge(findings),
         findings=findings,
     )
 
@@ -553,7 +552,7 @@ def _communication_groups(shape: ModelShape, tp: int, dp: int, ep: bool) -> int:
     return (tp > 1) + (dp > 1) + bool(ep and shape.moe)
 
 
-def verdict(findings: Sequence[Finding]) -> str:
+def judge(findings: Sequence[Finding]) -> str:
     """Any error: does not fit; any warning: tight; otherwise: fits."""
     if any(f.severity == ERROR for f in findings):
         return DOES_NOT_FIT
@@ -598,7 +597,7 @@ def check_gpu_memory_utilization(value: float, policy: PlanPolicy = DEFAULT_POLI
 def check_weights_fit(resident_bytes: int, budget_bytes: int) -> list[Finding]:
     """Refuse when weights plus the activation reserve exceed one NPU's budget."""
     if resident_bytes > budget_bytes:
-        return [Finding(ERROR, "weights-do-not-fit", f"weights and activations need {_gib(resident_bytes)} per NPU; the budget is {_gib(budget_bytes)}: add NPUs, quantize, or raise the budget")]
+        return [Finding(ERROR, "weights-do-not-fit", f"weights and activations need {format_gib(resident_bytes)} per NPU; the budget is {format_gib(budget_bytes)}: add NPUs, quantize, or raise the budget")]
     return []
 
 
@@ -614,14 +613,14 @@ def check_concurrency(concurrency: float, max_model_len: int, policy: PlanPolicy
 def check_kv_share(kv_pool_bytes: int, budget_bytes: int, policy: PlanPolicy = DEFAULT_POLICY) -> list[Finding]:
     """Warn when the KV pool is a thin slice of the budget that unmodelled allocations can erase."""
     if 0 < kv_pool_bytes < policy.tight_kv_fraction * budget_bytes:
-        return [Finding(WARNING, "kv-pool-thin", f"KV cache gets {_gib(kv_pool_bytes)} of a {_gib(budget_bytes)} budget per NPU: weights crowd it out")]
+        return [Finding(WARNING, "kv-pool-thin", f"KV cache gets {format_gib(kv_pool_bytes)} of a {format_gib(budget_bytes)} budget per NPU: weights crowd it out")]
     return []
 
 
 def check_hccl_headroom(free_outside_budget: int, hccl_reserve: int) -> list[Finding]:
     """Warn when HCCL buffers do not fit in the HBM that gpu-memory-utilization leaves free."""
     if hccl_reserve > free_outside_budget:
-        return [Finding(WARNING, "hccl-headroom", f"HCCL buffers need {_gib(hccl_reserve)} per NPU but only {_gib(free_outside_budget)} is left outside the budget")]
+        return [Finding(WARNING, "hccl-headroom", f"HCCL buffers need {format_gib(hccl_reserve)} per NPU but only {format_gib(free_outside_budget)} is left outside the budget")]
     return []
 
 
@@ -664,27 +663,25 @@ def _claimed_ports(instance: InstanceRecord, hccl_port_count: int) -> list[tuple
 
 
 def version_key(version: str) -> tuple[tuple[int, ...], int]:
-    """Order versions like 4.57.0.dev0 < 4.57.0 < 4.57.1 (release numbers, then pre-release last)."""
+    """Order versions: 4.57.0.dev0 < 4.57 == 4.57.0 < 4.57.1 (release numbers, then pre-releases first)."""
     release = []
+    final = 1
     for part in version.split("."):
-        digits = ""
-        for char in part:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            return tuple(release), 0
-        release.append(int(digits))
-        if digits != part:
-            return tuple(release), 0
-    return tuple(release), 1
+        number = re.match(r"\d+", part)
+        if number is None:
+            final = 0
+            break
+        release.append(int(number.group()))
+        if number.end() < len(part):
+            final = 0
+            break
+    while release and release[-1] == 0:
+        release.pop()
+    return tuple(release), final
 
 
 def _version_at_least(version: str, minimum: str) -> bool:
-    (have, have_final), (need, need_final) = version_key(version), version_key(minimum)
-    width = max(len(have), len(need))
-    have, need = have + (0,) * (width - len(have)), need + (0,) * (width - len(need))
-    return (have, have_final) >= (need, need_final)
+    return version_key(version) >= version_key(minimum)
 
 
 def check_transformers_version(model_type: str, transformers_version: str, minimum_versions: Mapping[str, str]) -> list[Finding]:
@@ -711,7 +708,7 @@ def check_blue_green(current: InstancePlan, replacement: InstancePlan) -> list[F
         + replacement.hccl_reserve_bytes_per_npu
     )
     if needed > usable:
-        return [Finding(ERROR, "blue-green-hbm", f"blue/green keeps both models resident: {_gib(needed)} per NPU against {_gib(usable)} usable; lower both --gpu-memory-utilization or stage the new model on other NPUs")]
+        return [Finding(ERROR, "blue-green-hbm", f"blue/green keeps both models resident: {format_gib(needed)} per NPU against {format_gib(usable)} usable; lower both --gpu-memory-utilization or stage the new model on other NPUs")]
     return []
 
 
@@ -736,5 +733,6 @@ def check_vllm_use_v1(environment: Mapping[str, str], vllm_version: str) -> list
     return []
 
 
-def _gib(value: int) -> str:
-    return f"{value / GIB:.1f} GiB"
+def format_gib(value: int, digits: int = 1) -> str:
+    """Bytes as GiB for operator messages."""
+    return f"{value / GIB:.{digits}f} GiB"

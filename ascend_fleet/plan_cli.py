@@ -1,0 +1,103 @@
+"""`ascend-fleet plan`: capacity plan of one vLLM Ascend instance before anything is deployed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.planner import GIB, MIB, ConfigError, InstancePlan, ModelShape, chip_by_name, format_gib, plan_instance
+
+console = Console()
+
+VERDICT_STYLES = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def plan(
+    model_config: Annotated[Path, typer.Option("--model-config", help="config.json, or the model directory holding it")],
+    chip: Annotated[str, typer.Option("--chip", help="NPU model: 910B3 or 910B4")] = "910B3",
+    tp: Annotated[int, typer.Option("--tp", help="--tensor-parallel-size")] = 1,
+    dp: Annotated[int, typer.Option("--dp", help="--data-parallel-size (engines, e.g. one per node)")] = 1,
+    enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="spread experts over all tp x dp NPUs")] = False,
+    max_model_len: Annotated[int, typer.Option("--max-model-len")] = 32768,
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
+    dtype: Annotated[str, typer.Option("--dtype", help="float16, bfloat16 or float32")] = "bfloat16",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", help="w8a8, w4a8 or int4")] = None,
+    usable_hbm_gib: Annotated[Optional[float], typer.Option("--usable-hbm-gib", help="override the chip table's usable HBM per NPU")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Weights, KV cache and concurrency per NPU, and a verdict: fits, tight, or does not fit."""
+    override = int(usable_hbm_gib * GIB) if usable_hbm_gib is not None else None
+    try:
+        shape = ModelShape.from_config(_read_config(model_config))
+        result = plan_instance(
+            shape,
+            chip_by_name(chip),
+            tp=tp,
+            dp=dp,
+            ep=enable_expert_parallel,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            quantization=quantization,
+            hbm_bytes_override=override,
+        )
+    except ConfigError as exc:
+        raise FleetError(f"{model_config}: {exc}") from exc
+    if as_json:
+        print(result.to_json())
+    else:
+        print_plan(result, model_config)
+    if result.errors:
+        raise FleetError(f"{result.verdict}: {result.errors[0].message}")
+
+
+def _read_config(path: Path) -> dict:
+    config_file = path / "config.json" if path.is_dir() else path
+    try:
+        return json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise FleetError(f"{config_file}: no such file; pass --model-config a config.json or the model directory") from None
+    except json.JSONDecodeError as exc:
+        raise FleetError(f"{config_file}: not valid JSON ({exc})") from exc
+
+
+def print_plan(result: InstancePlan, model_config: Path) -> None:
+    """One table of per-NPU figures, then the findings."""
+    table = Table(title=f"plan: {model_config}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    parallel = f"TP{result.tp}" + (f" x DP{result.dp}" if result.dp > 1 else "") + (" + EP" if result.ep else "")
+    rows = [
+        ("model type", result.model_type),
+        ("layout", f"{parallel} on {result.npus} x {result.chip}"),
+        ("weights", f"{result.quantization or result.dtype}, {result.parameter_count / 1e9:.2f}B params, {_gib_and_gb(result.weight_bytes_total)} total"),
+        ("weights per NPU", _gib_and_gb(result.weight_bytes_per_npu)),
+        ("budget per NPU", f"{format_gib(result.budget_bytes_per_npu, 2)} ({result.gpu_memory_utilization} x {format_gib(result.usable_hbm_bytes_per_npu, 2)})"),
+        ("activation reserve", format_gib(result.activation_reserve_bytes_per_npu, 2)),
+        ("KV cache pool per NPU", format_gib(result.kv_cache_pool_bytes_per_npu, 2)),
+        ("KV cache bytes/token", f"{result.kv_cache_bytes_per_token:,} ({result.kv_cache_bytes_per_token_per_npu:,} per NPU)"),
+        ("linear state per sequence", f"{result.linear_state_bytes_per_sequence_per_npu / MIB:.1f} MiB per NPU"),
+        ("KV cache tokens", f"{result.kv_cache_tokens:,} per engine"),
+        (f"max concurrency at {result.max_model_len:,}", f"{result.max_concurrency:.2f}x"),
+        ("suggested --max-num-seqs", str(result.suggested_max_num_seqs)),
+        ("HCCL reserve per NPU", format_gib(result.hccl_reserve_bytes_per_npu, 2)),
+        ("HBM headroom per NPU", format_gib(result.headroom_bytes_per_npu, 2)),
+        ("verdict", f"[{VERDICT_STYLES[result.verdict]}]{result.verdict}[/]"),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    console.print(table)
+    for finding in result.findings:
+        style = "red" if finding.severity == "error" else "yellow"
+        console.print(f"[{style}]{finding.severity}:[/] {finding.message}", highlight=False)
+
+
+def _gib_and_gb(value: int) -> str:
+    """Weights in GiB and in the decimal GB model cards and the handbook quote."""
+    return f"{format_gib(value, 2)} ({value / 1e9:.1f} GB)"

@@ -1,0 +1,416 @@
+"""Capacity planner: the operators' numbers, hand-computed fixture figures, verdicts, and each check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ascend_fleet.cli import app
+from ascend_fleet.errors import FleetError
+from ascend_fleet.planner import (
+    CHIPS,
+    DOES_NOT_FIT,
+    FITS,
+    GIB,
+    TIGHT,
+    ConfigError,
+    InstanceRecord,
+    ModelShape,
+    check_block_size,
+    check_blue_green,
+    check_concurrency,
+    check_gpu_memory_utilization,
+    check_node_instances,
+    check_transformers_version,
+    check_vllm_use_v1,
+    check_weights_fit,
+    chip_by_name,
+    kv_cache_bytes_per_token,
+    linear_state_bytes_per_sequence,
+    plan_instance,
+    version_key,
+    weight_bytes,
+    weight_bytes_per_npu,
+)
+
+MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+NPUS_PER_NODE = 8
+B3 = CHIPS["910B3"]
+
+
+def load_config(name: str) -> dict:
+    return json.loads((MODELS / name / "config.json").read_text())
+
+
+def shape(name: str) -> ModelShape:
+    return ModelShape.from_config(load_config(name))
+
+
+def codes(findings) -> list[str]:
+    return [finding.code for finding in findings]
+
+
+# --- The operators' handbook: 80 layers, 8 KV heads, head_dim 128, FP16. ---
+
+
+def test_handbook_kv_cache_is_327680_bytes_per_token_and_10_gib_for_32k():
+    handbook = shape("handbook-dense-80l")
+    # 2 (K and V) x 80 layers x 8 KV heads x 128 head_dim x 2 bytes = 327,680
+    assert kv_cache_bytes_per_token(handbook, kv_dtype_bytes=2) == 327_680
+    # 327,680 x 32,768 = 10,737,418,240 bytes: exactly 10 GiB (the handbook's "~10 GB")
+    assert kv_cache_bytes_per_token(handbook) * 32_768 == 10 * GIB
+
+
+def test_handbook_72b_fp16_weights_are_about_144_gb_and_36_gb_per_npu_at_tp4():
+    handbook = shape("handbook-dense-80l")
+    # per layer: q 8192x8192 + 8192 bias, k and v 8192x1024 + 1024 bias each, o 8192x8192,
+    #   MLP 3 x 8192 x 29,568, two norms 2 x 8192 = 877,684,736
+    # 80 layers = 70,214,778,880; embeddings + lm_head 2 x 152,064 x 8192 = 2,491,416,576; final norm 8192
+    assert handbook.parameter_count().total == 72_706_203_648
+    # x 2 bytes = 145,412,407,296: the handbook's "~144 GB" (72B x 2 bytes, decimal GB)
+    total = weight_bytes(handbook, "float16")
+    assert total == 145_412_407_296
+    assert 144e9 <= total <= 146e9
+    # TP4: all but the 80 x 2 + 1 replicated norms (1,318,912 params) split four ways:
+    # (72,706,203,648 - 1,318,912) / 4 + 1,318,912 = 18,177,540,096 params x 2 bytes
+    per_npu = weight_bytes_per_npu(handbook, "float16", tp=4)
+    assert per_npu == 36_355_080_192
+    assert 35.5e9 <= per_npu <= 36.5e9
+
+
+def test_handbook_plan_at_tp4_32k_fits_with_the_arithmetic_written_out():
+    result = plan_instance(shape("handbook-dense-80l"), B3, tp=4, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16")
+    # budget 0.9 x 60 GiB = 57,982,058,496; minus weights 36,355,080,192 and the 2 GiB
+    # activation reserve = 19,479,494,656 bytes of KV cache per NPU
+    assert result.budget_bytes_per_npu == 57_982_058_496
+    assert result.kv_cache_pool_bytes_per_npu == 19_479_494_656
+    # 8 KV heads over 4 NPUs: 2 heads each, 327,680 / 4 = 81,920 bytes per token per NPU
+    assert result.kv_cache_bytes_per_token_per_npu == 81_920
+    # 19,479,494,656 // 81,920 = 237,786 tokens; / 32,768 = 7.26 full-length requests
+    assert result.kv_cache_tokens == 237_786
+    assert result.max_concurrency == 7.26
+    # 4096-token requests: 19,479,494,656 / (81,920 x 4096) = 58.05
+    assert result.suggested_max_num_seqs == 58
+    # one HCCL group (TP): 2 x 200 MiB; headroom 60 GiB - 54 GiB budget - 400 MiB
+    assert result.hccl_reserve_bytes_per_npu == 400 * 2**20
+    assert result.headroom_bytes_per_npu == 6 * GIB - 400 * 2**20
+    assert result.verdict == FITS and result.findings == []
+
+
+def test_two_npus_need_int4_for_a_72b():
+    handbook = shape("handbook-dense-80l")
+    fp16 = plan_instance(handbook, B3, tp=2, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16")
+    int4 = plan_instance(handbook, B3, tp=2, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16", quantization="int4")
+    assert fp16.verdict == DOES_NOT_FIT
+    assert "weights-do-not-fit" in codes(fp16.findings)
+    # int4: 70,212,648,960 linear params x 0.5 byte + 2,493,554,688 embedding/bias/norm params x 2 bytes
+    #     = 40,093,433,856 bytes (the handbook's "~36 GB" leaves out the unquantized embeddings)
+    assert weight_bytes(handbook, "float16", "int4") == 40_093_433_856
+    assert int4.verdict == FITS
+
+
+def test_w8a8_stores_linear_weights_at_one_byte():
+    # 70,212,648,960 x 1 + 2,493,554,688 x 2 = 75,199,758,336
+    assert weight_bytes(shape("handbook-dense-80l"), "float16", "w8a8") == 75_199_758_336
+
+
+# --- Published configs: parsing and hand-computed figures. ---
+
+
+def test_qwen25_72b_derives_head_dim_and_qkv_bias():
+    qwen = shape("qwen2.5-72b-instruct")
+    # no head_dim key: 8192 / 64 heads = 128; qwen2 always has q/k/v biases
+    assert qwen.head_dim == 128
+    assert qwen.qkv_bias
+    assert qwen.parameter_count().total == shape("handbook-dense-80l").parameter_count().total
+    assert kv_cache_bytes_per_token(qwen) == 327_680
+
+
+def test_qwen35_27b_hybrid_layers_and_parameters():
+    qwen = shape("qwen3.5-27b")
+    assert (qwen.full_attention_layers, qwen.linear_attention_layers) == (16, 48)
+    # full-attention layer: q 5120 x (24 x 256 x 2, output gate) = 62,914,560; k, v 2 x 5120 x 1024 = 10,485,760;
+    #   o 6144 x 5120 = 31,457,280; q/k norms 512 -> 104,858,112; x 16 = 1,677,729,792
+    # linear layer: qkv 5120 x 10,240 = 52,428,800; z 5120 x 6144 = 31,457,280; b, a 2 x 5120 x 48 = 491,520;
+    #   conv 10,240 x 4 = 40,960; dt_bias, A_log 96; norm 128; out 6144 x 5120 = 31,457,280
+    #   -> 115,876,064; x 48 = 5,562,051,072
+    # MLP 3 x 5120 x 17,408 x 64 = 17,112,760,320; embeddings 2 x 248,320 x 5120 = 2,542,796,800;
+    # norms 64 x 2 x 5120 + 5120 = 660,480
+    assert qwen.parameter_count().total == 26_895_998_464
+    # KV: 2 x 16 full layers x 4 heads x 256 x 2 bytes = 65,536 per token
+    assert kv_cache_bytes_per_token(qwen) == 65_536
+    # TP2 state per sequence: 48 x ((4 - 1) x 10,240 / 2 x 2 bytes + 48 / 2 x 128 x 128 x 2 bytes)
+    #                        = 48 x (30,720 + 786,432) = 39,223,296
+    assert linear_state_bytes_per_sequence(qwen, tp=2, state_dtype_bytes=2) == 39_223_296
+
+
+def test_qwen35_122b_moe_parameters_and_kv():
+    qwen = shape("qwen3.5-122b-a10b")
+    assert qwen.moe.moe_layers == 48
+    # full layer: q 3072 x 16,384 = 50,331,648; k, v 3,145,728; o 8192 x 3072 = 25,165,824; norms 512
+    #   -> 78,643,712 x 12 = 943,724,544
+    # linear layer: qkv 3072 x 12,288 = 37,748,736; z 3072 x 8192 = 25,165,824; b, a 393,216; conv 49,152;
+    #   dt_bias, A_log, norm 256; out 25,165,824 -> 88,523,008 x 36 = 3,186,828,288
+    # MoE layer: router 3072 x 256 = 786,432; experts 256 x 3 x 3072 x 1024 = 2,415,919,104;
+    #   shared 3 x 3072 x 1024 = 9,437,184; shared gate 3072 -> 2,426,145,792 x 48 = 116,454,998,016
+    # embeddings 2 x 248,320 x 3072 = 1,525,678,080; norms 48 x 2 x 3072 + 3072 = 297,984
+    assert qwen.parameter_count().total == 122_111_526_912
+    # 2 x 12 full layers x 2 heads x 256 x 2 bytes
+    assert kv_cache_bytes_per_token(qwen) == 24_576
+
+
+def test_qwen35_397b_parameters_match_the_published_text_count():
+    qwen = shape("qwen3.5-397b-a17b")
+    assert (qwen.full_attention_layers, qwen.linear_attention_layers, qwen.moe.num_experts) == (15, 45, 512)
+    # full layers 15 x 104,858,112 = 1,572,871,680; linear 45 x 118,014,208 = 5,310,639,360;
+    # MoE 60 x (2,097,152 router + 512 x 3 x 4096 x 1024 + 12,582,912 shared + 4096 gate) = 387,428,106,240;
+    # embeddings 2 x 248,320 x 4096 = 2,034,237,440; norms 60 x 8192 + 4096 = 495,616
+    # = 396,346,350,336, the base-text parameter count published for this checkpoint
+    assert qwen.parameter_count().total == 396_346_350_336
+    # 2 x 15 full layers x 2 heads x 256 x 2 bytes
+    assert kv_cache_bytes_per_token(qwen) == 30_720
+    # TP8: 2 KV heads are replicated, each NPU holds one: 15 x 2 x 1 x 256 x 2 = 15,360 per token
+    result = plan_instance(qwen, B3, tp=8, dp=2, ep=True, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="bfloat16")
+    assert result.kv_cache_bytes_per_token_per_npu == 15_360
+    # state: 45 x (3 x 12,288 / 8 x 2 + 64 / 8 x 128 x 128 x 2) = 45 x (9,216 + 262,144)
+    assert result.linear_state_bytes_per_sequence_per_npu == 12_211_200
+
+
+def test_tie_word_embeddings_is_read_from_the_outer_config_of_a_multimodal_model():
+    config = load_config("qwen3.5-397b-a17b")
+    tied = {**config, "tie_word_embeddings": True}
+    untied, tied_shape = ModelShape.from_config(config), ModelShape.from_config(tied)
+    assert untied.parameter_count().total - tied_shape.parameter_count().total == 248_320 * 4096
+
+
+def test_full_attention_interval_stands_in_for_layer_types():
+    config = load_config("qwen3.5-27b")
+    text = {key: value for key, value in config["text_config"].items() if key != "layer_types"}
+    derived = ModelShape.from_config({**config, "text_config": text})
+    assert derived == shape("qwen3.5-27b")
+
+
+def test_mamba_ssm_dtype_float32_doubles_the_recurrent_state():
+    config = load_config("qwen3.5-27b")
+    fp32 = ModelShape.from_config({**config, "text_config": {**config["text_config"], "mamba_ssm_dtype": "float32"}})
+    # recurrent part 48 x 786,432 doubles; the conv window (48 x 30,720) stays in the model dtype
+    assert linear_state_bytes_per_sequence(fp32, tp=2) == 39_223_296 + 48 * 786_432
+
+
+def test_missing_fields_are_config_errors():
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        ModelShape.from_config({"hidden_size": 8, "num_attention_heads": 2, "vocab_size": 10})
+    config = load_config("qwen3.5-27b")
+    text = {key: value for key, value in config["text_config"].items() if key != "linear_num_value_heads"}
+    with pytest.raises(ConfigError, match="linear_num_value_heads"):
+        ModelShape.from_config({**config, "text_config": text})
+
+
+# --- Verdicts on 1, 2 and 4 nodes of 8 x 910B3, at the layouts upstream recommends. ---
+
+# name -> (tp, expert parallel, dtype, quantization, data parallel across nodes)
+LAYOUTS = {
+    "handbook-dense-80l": (4, False, "float16", None, False),
+    "qwen2.5-72b-instruct": (4, False, "bfloat16", None, False),
+    "qwen3.5-27b": (2, False, "bfloat16", None, False),
+    "qwen3.5-122b-a10b": (8, True, "bfloat16", None, False),
+    "qwen3.5-397b-a17b": (8, True, "bfloat16", None, True),
+    "qwen3.5-397b-a17b w8a8": (8, True, "bfloat16", "w8a8", True),
+}
+
+# 32K context, gpu-memory-utilization 0.9. Instances that fit inside a node are
+# independent, so their verdict does not change with the node count; only the
+# 397B spans nodes (DP across nodes, TP8 + EP inside each).
+EXPECTED_VERDICTS = {
+    "handbook-dense-80l": {1: FITS, 2: FITS, 4: FITS},
+    "qwen2.5-72b-instruct": {1: FITS, 2: FITS, 4: FITS},
+    "qwen3.5-27b": {1: FITS, 2: FITS, 4: FITS},
+    "qwen3.5-122b-a10b": {1: FITS, 2: FITS, 4: FITS},
+    # 1 node: 512 experts / 8 = 92.5 GiB per NPU. 2 nodes: 47.5 GiB of weights leave a
+    # 4.5 GiB KV pool (8% of the budget): tight. Upstream asks for 4 A2 nodes.
+    "qwen3.5-397b-a17b": {1: DOES_NOT_FIT, 2: TIGHT, 4: FITS},
+    # 1 node: 46.6 GiB of weights leave 5.4 GiB: tight. Upstream asks for 2 A2 nodes.
+    "qwen3.5-397b-a17b w8a8": {1: TIGHT, 2: FITS, 4: FITS},
+}
+
+
+def plan_on_nodes(layout_name: str, nodes: int):
+    """Plan one instance of the layout and count how many run on `nodes` nodes."""
+    tp, ep, dtype, quantization, dp_across_nodes = LAYOUTS[layout_name]
+    dp = nodes if dp_across_nodes else 1
+    result = plan_instance(
+        shape(layout_name.split()[0]), B3, tp=tp, dp=dp, ep=ep, max_model_len=32_768,
+        gpu_memory_utilization=0.9, dtype=dtype, quantization=quantization,
+    )
+    return result, nodes * NPUS_PER_NODE // result.npus
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+@pytest.mark.parametrize("layout_name", sorted(LAYOUTS))
+def test_verdict_on_nodes_of_eight_910b3(layout_name, nodes):
+    result, instances = plan_on_nodes(layout_name, nodes)
+    assert result.verdict == EXPECTED_VERDICTS[layout_name][nodes], [f.message for f in result.findings]
+    assert instances >= 1
+
+
+def test_expert_parallel_spreads_experts_over_every_rank():
+    qwen = shape("qwen3.5-397b-a17b")
+    tp_only = weight_bytes_per_npu(qwen, "bfloat16", tp=8, dp=2)
+    with_ep = weight_bytes_per_npu(qwen, "bfloat16", tp=8, dp=2, ep=True)
+    # routed experts 386,547,056,640 params x 2 bytes: /8 without EP, /16 with it
+    assert tp_only - with_ep == pytest.approx(386_547_056_640 * 2 / 16, abs=1)
+
+
+def test_usable_hbm_override_and_chip_table():
+    handbook = shape("handbook-dense-80l")
+    on_910b4 = plan_instance(handbook, chip_by_name("910B4"), tp=4, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16")
+    assert on_910b4.verdict == DOES_NOT_FIT
+    roomy = plan_instance(handbook, chip_by_name("910B4"), tp=4, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16", hbm_bytes_override=60 * GIB)
+    assert roomy.verdict == FITS
+    with pytest.raises(ConfigError, match="910C"):
+        chip_by_name("910C")
+
+
+# --- Each check's refusal. ---
+
+
+def test_concurrency_below_one_refuses():
+    handbook = shape("handbook-dense-80l")
+    # 40 GiB usable: budget 36 GiB holds weights (33.9 GiB) + 2 GiB activations, leaving 0.14 GiB
+    starved = plan_instance(handbook, B3, tp=4, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16", hbm_bytes_override=40 * GIB)
+    assert starved.verdict == DOES_NOT_FIT
+    assert codes(starved.findings) == ["concurrency-below-one", "kv-pool-thin"]
+    assert codes(check_concurrency(0.99, 32_768)) == ["concurrency-below-one"]
+    assert codes(check_concurrency(1.5, 32_768)) == ["concurrency-low"]
+    assert check_concurrency(2.0, 32_768) == []
+
+
+def test_weights_that_do_not_fit_refuse():
+    assert codes(check_weights_fit(55 * GIB, 54 * GIB)) == ["weights-do-not-fit"]
+    assert check_weights_fit(54 * GIB, 54 * GIB) == []
+
+
+def test_gpu_memory_utilization_warns_above_092_and_refuses_above_098():
+    assert check_gpu_memory_utilization(0.92) == []
+    assert [f.severity for f in check_gpu_memory_utilization(0.95)] == ["warning"]
+    assert [f.severity for f in check_gpu_memory_utilization(0.99)] == ["error"]
+    result = plan_instance(shape("handbook-dense-80l"), B3, tp=4, max_model_len=32_768, gpu_memory_utilization=0.95, dtype="float16")
+    assert result.verdict == TIGHT
+
+
+def test_tensor_parallel_must_divide_the_heads():
+    result = plan_instance(shape("handbook-dense-80l"), B3, tp=3, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16")
+    assert "tp-heads" in codes(result.findings)
+    assert result.verdict == DOES_NOT_FIT
+
+
+def test_max_model_len_beyond_position_embeddings_refuses():
+    result = plan_instance(shape("qwen2.5-72b-instruct"), B3, tp=4, max_model_len=65_536, gpu_memory_utilization=0.9, dtype="bfloat16")
+    assert "max-model-len" in codes(result.findings)
+
+
+BLUE = InstanceRecord("blue", npus=(0, 1, 2, 3), port=8000, hccl_base_port=60000, vllm_port=61000)
+GREEN = InstanceRecord("green", npus=(4, 5, 6, 7), port=8001, hccl_base_port=60016, vllm_port=61001)
+
+
+def test_instances_with_distinct_npus_and_ports_pass():
+    assert check_node_instances([BLUE, GREEN]) == []
+
+
+@pytest.mark.parametrize(
+    ("green", "expected"),
+    [
+        (replace(GREEN, npus=(3, 4, 5, 6)), "shared-npu"),
+        (replace(GREEN, port=8000), "shared-port"),
+        (replace(GREEN, hccl_base_port=60008), "shared-port"),  # 60008-60023 overlaps 60000-60015
+        (replace(GREEN, vllm_port=61000), "shared-port"),
+        (replace(GREEN, port=60015), "shared-port"),  # API port inside blue's HCCL range
+    ],
+)
+def test_instances_sharing_an_npu_or_a_port_refuse(green, expected):
+    findings = check_node_instances([BLUE, green])
+    assert codes(findings) == [expected]
+    assert findings[0].severity == "error"
+
+
+def test_transformers_too_old_for_the_model_type_refuses():
+    minimums = {"qwen3_5_moe": "5.2.0"}  # test data; the real table belongs to the stack profiles
+    assert codes(check_transformers_version("qwen3_5_moe", "4.57.1", minimums)) == ["transformers-too-old"]
+    assert codes(check_transformers_version("qwen3_5_moe", "5.2.0.dev0", minimums)) == ["transformers-too-old"]
+    assert check_transformers_version("qwen3_5_moe", "5.2.0", minimums) == []
+    assert check_transformers_version("qwen3_5_moe", "5.10", minimums) == []
+    assert codes(check_transformers_version("qwen9", "5.2.0", minimums)) == ["transformers-unknown-model"]
+
+
+def test_version_ordering():
+    assert version_key("4.57.0.dev0") < version_key("4.57.0") < version_key("4.57.1") < version_key("4.100.0")
+    assert version_key("0.9.2") < version_key("0.10.0rc1") < version_key("0.10") == version_key("0.10.0")
+
+
+def test_blue_green_refuses_when_both_models_cannot_be_resident():
+    handbook = shape("handbook-dense-80l")
+    full = plan_instance(handbook, B3, tp=8, max_model_len=32_768, gpu_memory_utilization=0.9, dtype="float16")
+    assert codes(check_blue_green(full, full)) == ["blue-green-hbm"]
+    # two 27 GiB budgets + two 400 MiB HCCL reserves = 54.8 GiB of 60
+    half = plan_instance(handbook, B3, tp=8, max_model_len=32_768, gpu_memory_utilization=0.45, dtype="float16")
+    assert half.verdict != DOES_NOT_FIT
+    assert check_blue_green(half, half) == []
+
+
+def test_block_size_warns_only_where_vllm_ascend_forces_128():
+    assert codes(check_block_size(32, prefix_caching=True, chunked_prefill=False, hybrid_model=False)) == ["block-size-overridden"]
+    assert codes(check_block_size(32, prefix_caching=False, chunked_prefill=True, hybrid_model=False)) == ["block-size-overridden"]
+    assert check_block_size(32, prefix_caching=True, chunked_prefill=True, hybrid_model=True) == []
+    assert check_block_size(32, prefix_caching=False, chunked_prefill=False, hybrid_model=False) == []
+    assert check_block_size(128, prefix_caching=True, chunked_prefill=True, hybrid_model=False) == []
+    assert check_block_size(None, prefix_caching=True, chunked_prefill=True, hybrid_model=False) == []
+
+
+def test_vllm_use_v1_warns_once_v0_is_gone():
+    assert codes(check_vllm_use_v1({"VLLM_USE_V1": "1"}, "0.11.0")) == ["vllm-use-v1-obsolete"]
+    assert check_vllm_use_v1({"VLLM_USE_V1": "1"}, "0.9.1") == []
+    assert check_vllm_use_v1({}, "0.11.0") == []
+
+
+# --- The command. ---
+
+runner = CliRunner()
+
+
+def test_plan_json_reports_the_handbook_figures():
+    result = runner.invoke(app, [
+        "plan", "--model-config", str(MODELS / "handbook-dense-80l"), "--chip", "910B3", "--tp", "4",
+        "--max-model-len", "32768", "--gpu-memory-utilization", "0.9", "--dtype", "float16", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["kv_cache_bytes_per_token"] == 327_680
+    assert report["weight_bytes_total"] == 145_412_407_296
+    assert report["weight_bytes_per_npu"] == 36_355_080_192
+    assert report["verdict"] == FITS
+
+
+def test_plan_table_names_the_verdict():
+    result = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-27b" / "config.json"), "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    assert "fits" in result.stdout
+    assert "65,536" in result.stdout  # KV bytes per token
+
+
+def test_plan_exits_non_zero_with_one_line_when_it_does_not_fit():
+    result = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-397b-a17b"), "--tp", "8", "--enable-expert-parallel", "--json"])
+    assert result.exit_code == 1
+    assert isinstance(result.exception, FleetError)
+    assert str(result.exception).startswith("does not fit: weights and activations need")
+    assert "\n" not in str(result.exception)
+
+
+def test_plan_turns_bad_input_into_fleet_errors(tmp_path):
+    missing = runner.invoke(app, ["plan", "--model-config", str(tmp_path)])
+    assert isinstance(missing.exception, FleetError) and "no such file" in str(missing.exception)
+    unknown_chip = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-27b"), "--chip", "910C"])
+    assert isinstance(unknown_chip.exception, FleetError) and "unknown chip" in str(unknown_chip.exception)
