@@ -1,5 +1,87 @@
 """`ascend-fleet lab ...` commands."""
 
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from ascend_fleet.lab import lab
+from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec
+from ascend_fleet.lab.state import LabState
 
 lab_app = typer.Typer(no_args_is_help=True, help="The rehearsal lab: simulated Ascend nodes on this machine.")
+console = Console()
+
+LabDir = Annotated[Path, typer.Option("--lab-dir", envvar="ASCEND_FLEET_LAB_DIR", help="where the lab keeps its state")]
+
+
+@lab_app.command("up")
+def up_command(
+    nodes: Annotated[int, typer.Option("--nodes", help="number of worker nodes (a gateway node is added)")] = 3,
+    hardware: Annotated[Optional[Path], typer.Option("--hardware", help="YAML hardware file (see docs/lab.md)")] = None,
+    name: Annotated[str, typer.Option("--name", help="lab name, part of its bridge and firewall names")] = "lab",
+    subnet: Annotated[str, typer.Option("--subnet", help="IPv4 subnet of the lab bridge")] = "10.213.0.0/24",
+    lab_dir: LabDir = DEFAULT_LAB_DIR,
+) -> None:
+    """Bring up N workers and a gateway, each a booted Debian with systemd and sshd."""
+    spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=lab_dir)
+    started = time.monotonic()
+    lab.up(spec, console)
+    console.print(f"lab up: {len(spec.nodes)} nodes in {time.monotonic() - started:.1f}s")
+    print_status(lab.status(lab_dir))
+
+
+@lab_app.command("down")
+def down_command(lab_dir: LabDir = DEFAULT_LAB_DIR) -> None:
+    """Remove everything the lab created: processes, mounts, namespaces, links, bridge, files."""
+    with console.status("taking the lab down"):
+        removed = lab.down(lab_dir)
+    console.print("lab down: removed" if removed else f"lab down: no lab in {lab_dir}, nothing to remove")
+
+
+@lab_app.command("status")
+def status_command(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    lab_dir: LabDir = DEFAULT_LAB_DIR,
+) -> None:
+    """Show the lab's nodes, their state and boot ids, and the mirror."""
+    report = lab.status(lab_dir)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_status(report)
+
+
+@lab_app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ssh_command(
+    ctx: typer.Context,
+    node: Annotated[str, typer.Argument(help="node name, e.g. worker1 or gateway")],
+    lab_dir: LabDir = DEFAULT_LAB_DIR,
+) -> None:
+    """Log into a node as root (extra arguments run as a command)."""
+    state = LabState.require(lab_dir)
+    argv = lab.ssh_argv(lab_dir, state.spec.node(node)) + list(ctx.args)
+    os.execvp(argv[0], argv)
+
+
+def print_status(report: dict) -> None:
+    table = Table(title=f"lab {report['name']} ({report['subnet']}, mirror {report['mirror']['url']}"
+                        f"{'' if report['mirror']['running'] else ' DOWN'})")
+    for column in ("node", "role", "groups", "address", "state", "NPUs", "NVMe", "boot id"):
+        table.add_column(column)
+    colours = {"running": "green", "booting": "yellow"}
+    for node in report["nodes"]:
+        nvme = f"{node['nvme']['size_gb']:g} GB at {node['nvme']['mount']}" if node["nvme"] else "-"
+        table.add_row(node["name"], node["role"], ",".join(node["groups"]), node["address"],
+                      f"[{colours.get(node['state'], 'red')}]{node['state']}[/]",
+                      f"{node['npus']} x {node['chip']}" if node["npus"] else "-", nvme,
+                      (node["boot_id"] or "-")[:8])
+    console.print(table)
+    console.print(f"log in: ascend-fleet lab ssh NODE    inventory: pyinfra inventories/lab.py ...")

@@ -1,0 +1,52 @@
+"""The Debian base every lab node boots from: built once with debootstrap, then cached."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from ascend_fleet.lab.host import run
+from ascend_fleet.lab.spec import CACHE_DIR
+
+SUITE = "bookworm"
+# What any fresh server has: systemd, sshd, a Python for tooling. Everything a deploy
+# needs beyond this, it installs itself through the lab mirror.
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "python3",
+    "ca-certificates", "curl", "procps", "sudo", "iputils-ping", "kmod", "less",
+]
+# Timers that would take the dpkg lock at random moments under a deploy.
+MASKED_UNITS = ["apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"]
+
+
+def base_image(debian_upstream: str, console: Console) -> Path:
+    """The cached base root for this package set, built now if missing."""
+    key = hashlib.sha256(" ".join([SUITE, debian_upstream, *PACKAGES, *MASKED_UNITS]).encode()).hexdigest()[:12]
+    root = CACHE_DIR / "base" / f"debian-{SUITE}-{key}"
+    if (root / "etc" / "os-release").exists():
+        return root
+    building = root.with_name(root.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.parent.mkdir(parents=True, exist_ok=True)
+    with console.status(f"building the Debian {SUITE} base with debootstrap (once, about a minute)"):
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(building),
+             f"{debian_upstream}/debian"], what="debootstrap of the lab base", timeout=1800)
+        _prepare(building)
+    building.rename(root)
+    return root
+
+
+def _prepare(root: Path) -> None:
+    """Make the base node-neutral: each node gets its own host keys and machine id."""
+    for key in (root / "etc" / "ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "etc" / "machine-id").write_text("")
+    for unit in MASKED_UNITS:
+        mask = root / "etc" / "systemd" / "system" / unit
+        mask.unlink(missing_ok=True)
+        mask.symlink_to("/dev/null")
+    shutil.rmtree(root / "var" / "cache" / "apt" / "archives", ignore_errors=True)
+    (root / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True)

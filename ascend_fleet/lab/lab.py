@@ -1,0 +1,194 @@
+"""Bringing the lab up, down, and reading its state."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab import network, processes
+from ascend_fleet.lab.base import base_image
+from ascend_fleet.lab.host import run
+from ascend_fleet.lab.mirror import start_mirror
+from ascend_fleet.lab.nodes import node_dir, prepare_node, remove_loop_mount, start_node, wait_for_ssh
+from ascend_fleet.lab.spec import LabSpec, NodeSpec
+from ascend_fleet.lab.state import LabState
+
+REQUIRED_TOOLS = ["debootstrap", "systemd-nspawn", "ip", "nft", "nginx", "losetup", "mkfs.ext4", "ssh-keygen", "ssh"]
+DISK_MARGIN_BYTES = 2 * 1024**3
+
+
+def check_can_run(spec: LabSpec) -> None:
+    """Everything that would make `lab up` fail halfway, checked before anything is created."""
+    if os.geteuid() != 0:
+        raise FleetError("lab up: must run as root (it creates namespaces, mounts and a bridge); use sudo")
+    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise FleetError(f"lab up: {', '.join(missing)} not found; run scripts/setup to install the lab's packages")
+    existing = spec.lab_dir
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    wanted = sum(int(n.hardware.nvme.size_gb * 1024**3) for n in spec.nodes if n.hardware.nvme)
+    if wanted + DISK_MARGIN_BYTES > free:
+        raise FleetError(f"lab up: the nodes' NVMe disks need {wanted / 1024**3:.1f} GB plus "
+                         f"{DISK_MARGIN_BYTES // 1024**3} GB margin but {existing} has {free / 1024**3:.1f} GB free; "
+                         "lower nvme.size_gb in the hardware file or free space")
+    if Path("/sys/class/net", spec.bridge).exists():
+        raise FleetError(f"lab up: bridge {spec.bridge} already exists but no lab state records it; "
+                         f"delete it (`ip link del {spec.bridge}`) or use another lab name")
+
+
+def up(spec: LabSpec, console: Console) -> LabState:
+    """Create the lab described by spec; on any failure remove what was created, then re-raise."""
+    existing = LabState.load(spec.lab_dir)
+    if existing is not None:
+        if all_running(existing):
+            raise FleetError(f"lab up: a lab is already up in {spec.lab_dir}; `ascend-fleet lab down` first")
+        console.print(f"a previous lab in {spec.lab_dir} did not finish cleanly: removing its leftovers")
+        down(spec.lab_dir)
+    check_can_run(spec)
+    base = base_image(spec.debian_upstream, console)
+    state = LabState(spec.lab_dir, spec.model_dump(mode="json"), [])
+    state.save()
+    try:
+        with console.status("creating the lab network, mirror and nodes"):
+            public_key = create_login_key(state, spec)
+            network.create_bridge(state, spec)
+            start_mirror(state, spec)
+            for node in spec.nodes:
+                network.create_node_network(state, spec, node)
+                prepare_node(state, spec, node, base, public_key)
+                start_node(state, spec, node)
+        with console.status(f"booting {len(spec.nodes)} nodes"):
+            with ThreadPoolExecutor(max_workers=len(spec.nodes)) as pool:
+                list(pool.map(lambda node: wait_for_ssh(spec, node), spec.nodes))
+        write_known_hosts(spec)
+    except BaseException:
+        console.print("lab up failed: removing what it created")
+        down(spec.lab_dir)
+        raise
+    return state
+
+
+def ssh_dir(lab_dir: Path) -> Path:
+    return lab_dir / "ssh"
+
+
+def create_login_key(state: LabState, spec: LabSpec) -> str:
+    keys = ssh_dir(spec.lab_dir)
+    state.record("dir", path=str(keys))
+    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ascend-fleet-lab-{spec.name}",
+         "-f", str(keys / "id_ed25519")], what="creating the lab's SSH key")
+    return (keys / "id_ed25519.pub").read_text().strip()
+
+
+def write_known_hosts(spec: LabSpec) -> None:
+    """The lab's own known_hosts: every node by name and address, from the keys the lab made."""
+    lines = []
+    for node in spec.nodes:
+        public = node_dir(spec.lab_dir, node.name) / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
+        key_type, key = public.read_text().split()[:2]
+        lines.append(f"{node.name},{node.address} {key_type} {key}")
+    (ssh_dir(spec.lab_dir) / "known_hosts").write_text("\n".join(lines) + "\n")
+
+
+def ssh_argv(lab_dir: Path, node: NodeSpec) -> list[str]:
+    """The ssh command line that logs into a node as root with the lab's key, verifying its host key."""
+    keys = ssh_dir(lab_dir)
+    return ["ssh", "-i", str(keys / "id_ed25519"), "-o", f"UserKnownHostsFile={keys / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+            "-o", "LogLevel=ERROR", f"root@{node.address}"]
+
+
+REMOVERS = {
+    "process": lambda entry: entry.get("pid") and processes.stop(entry["pid"], entry["marker"]),
+    "loop-mount": remove_loop_mount,
+    "netns": network.remove_netns,
+    "link": network.remove_link,
+    "bridge": network.remove_link,
+    "nft-table": network.remove_nft_table,
+    "dir": lambda entry: remove_dir(Path(entry["path"])),
+}
+
+
+def down(lab_dir: Path) -> bool:
+    """Remove exactly what the lab recorded, newest first. Idempotent; False if there was no lab."""
+    state = LabState.load(lab_dir)
+    if state is None:
+        return False
+    for entry in reversed(state.resources):
+        REMOVERS[entry["kind"]](entry)
+    state.remove()
+    for leftover in (lab_dir / "nodes", lab_dir):
+        if leftover.is_dir() and not any(leftover.iterdir()):
+            leftover.rmdir()
+    return True
+
+
+def remove_dir(path: Path) -> None:
+    """rm -r, but never through a mount that is still there (it would empty a real filesystem)."""
+    mounted = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+               if line.split()[1].startswith(str(path) + "/")]
+    if mounted:
+        raise FleetError(f"lab down: {mounted[0]} is still mounted; unmount it, then run `lab down` again")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def node_processes(state: LabState) -> dict[str, dict]:
+    """Each node's supervisor entry, by node name."""
+    return {entry["role"].removeprefix("node "): entry for entry in state.find("process")
+            if entry["role"].startswith("node ")}
+
+
+def all_running(state: LabState) -> bool:
+    return bool(state.find("process")) and all(
+        entry.get("pid") and processes.is_ours(entry["pid"], entry["marker"]) for entry in state.find("process"))
+
+
+def node_status(state: LabState, node: NodeSpec) -> dict:
+    """What `lab status` shows of one node, read from the host without logging in."""
+    home = node_dir(state.lab_dir, node.name)
+    supervisor = node_processes(state).get(node.name, {})
+    supervised = bool(supervisor.get("pid")) and processes.is_ours(supervisor["pid"], supervisor["marker"])
+    boot_id = _boot_id(home) if supervised else None
+    if not supervised:
+        condition = "stopped"
+    elif (home / "hold").exists() and boot_id is None:
+        condition = "held down"
+    else:
+        condition = "running" if boot_id else "booting"
+    return {
+        "name": node.name, "role": node.role, "groups": node.groups, "address": node.address,
+        "state": condition, "boot_id": boot_id, "supervisor_pid": supervisor.get("pid"),
+        "chip": node.hardware.chip, "npus": node.hardware.npus,
+        "nvme": node.hardware.nvme.model_dump() if node.hardware.nvme else None,
+    }
+
+
+def _boot_id(home: Path) -> str | None:
+    """The boot id the node's own systemd sees (nspawn gives each boot a fresh one)."""
+    try:
+        nspawn = (home / "nspawn.pid").read_text().strip()
+        init = Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()[0]
+        return Path(f"/proc/{init}/root/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, IndexError):
+        return None
+
+
+def status(lab_dir: Path) -> dict:
+    state = LabState.require(lab_dir)
+    spec = state.spec
+    mirror = next(iter(state.find("process", role="mirror")), {})
+    return {
+        "name": spec.name, "lab_dir": str(lab_dir), "subnet": spec.subnet, "bridge": spec.bridge,
+        "mirror": {"url": spec.mirror_url,
+                   "running": bool(mirror.get("pid")) and processes.is_ours(mirror["pid"], mirror["marker"])},
+        "ssh_key": str(ssh_dir(lab_dir) / "id_ed25519"), "known_hosts": str(ssh_dir(lab_dir) / "known_hosts"),
+        "nodes": [node_status(state, node) for node in spec.nodes],
+    }

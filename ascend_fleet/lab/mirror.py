@@ -1,0 +1,89 @@
+"""The lab mirror on the host: Debian proxy, PEP 503 index, vendor files and models, served by nginx."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab import processes
+from ascend_fleet.lab.host import run
+from ascend_fleet.lab.spec import CACHE_DIR, LabSpec
+from ascend_fleet.lab.state import LabState
+from ascend_fleet.templating import render
+
+CONTENT_DIRS = ("files", "simple", "packages", "models")
+START_TIMEOUT_SECONDS = 15
+
+
+def mirror_root(lab_dir: Path) -> Path:
+    return lab_dir / "mirror"
+
+
+def start_mirror(state: LabState, spec: LabSpec) -> None:
+    root = mirror_root(spec.lab_dir)
+    run_dir = root / "run"
+    state.record("dir", path=str(root))
+    for sub in (*CONTENT_DIRS, "run"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    apt_cache = CACHE_DIR / "debian-proxy"
+    apt_cache.mkdir(parents=True, exist_ok=True)
+    shutil.chown(apt_cache, "www-data", "www-data")
+    write_simple_index(root)
+
+    config = run_dir / "nginx.conf"
+    config.write_text(render(TEMPLATES / "lab" / "mirror-nginx.conf.j2", lab_name=spec.name, run_dir=run_dir,
+                             root=root, apt_cache_dir=apt_cache, listen_address=spec.host_address,
+                             port=spec.mirror_port, debian_upstream=spec.debian_upstream))
+    run(["nginx", "-t", "-q", "-c", str(config)], what="checking the mirror's nginx config")
+    entry = state.record("process", role="mirror", marker=str(config), pid=None)
+    entry["pid"] = processes.spawn(["nginx", "-c", str(config)], run_dir / "nginx.out")
+    state.save()
+    _wait_for_port(spec.host_address, spec.mirror_port, entry["pid"], str(config))
+
+
+def _wait_for_port(address: str, port: int, pid: int, marker: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if not processes.is_ours(pid, marker):
+            break
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise FleetError(f"lab: the mirror did not listen on {address}:{port}; see its error.log next to {marker}")
+
+
+def normalize(project: str) -> str:
+    """PEP 503 project name normalization."""
+    return re.sub(r"[-_.]+", "-", project).lower()
+
+
+def project_of(filename: str) -> str:
+    """The project a wheel or sdist file belongs to."""
+    if filename.endswith(".whl"):
+        return normalize(filename.split("-")[0])
+    return normalize(re.split(r"-\d", filename, maxsplit=1)[0])
+
+
+def write_simple_index(root: Path) -> None:
+    """(Re)write the PEP 503 pages for every file in packages/."""
+    packages = sorted((root / "packages").iterdir())
+    by_project: dict[str, list[dict]] = {}
+    for package in packages:
+        digest = hashlib.sha256(package.read_bytes()).hexdigest()
+        by_project.setdefault(project_of(package.name), []).append({"name": package.name, "sha256": digest})
+    simple = root / "simple"
+    shutil.rmtree(simple, ignore_errors=True)
+    simple.mkdir()
+    (simple / "index.html").write_text(render(TEMPLATES / "lab" / "simple-root.html.j2", projects=sorted(by_project)))
+    for project, files in by_project.items():
+        (simple / project).mkdir()
+        (simple / project / "index.html").write_text(
+            render(TEMPLATES / "lab" / "simple-project.html.j2", project=project, files=files))

@@ -1,0 +1,148 @@
+"""Lab nodes: an overlay on the cached base, a loop-mounted NVMe disk, and a supervised systemd-nspawn."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab import processes
+from ascend_fleet.lab.host import quiet, run
+from ascend_fleet.lab.spec import LabSpec, NodeSpec
+from ascend_fleet.lab.state import LabState
+from ascend_fleet.templating import render
+
+# Files that must not be readable by others inside the node.
+PRIVATE_DIRS = {"root/.ssh"}
+BOOT_TIMEOUT_SECONDS = 120
+
+
+def node_dir(lab_dir: Path, name: str) -> Path:
+    return lab_dir / "nodes" / name
+
+
+def prepare_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, public_key: str) -> None:
+    """Everything a node needs before its first boot: its overlay, its identity, its disk."""
+    home = node_dir(spec.lab_dir, node.name)
+    state.record("dir", path=str(home))
+    for sub in ("upper", "ascend-lab"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    write_identity(spec, node, home / "upper", public_key)
+    hardware = node.hardware
+    (home / "ascend-lab" / "hardware.json").write_text(json.dumps(hardware.hardware_json(node.name, node.role),
+                                                                  indent=2) + "\n")
+    (home / "ascend-lab" / "mirror").write_text(spec.mirror_url + "\n")
+    (home / "ascend-lab" / "meminfo").write_text(reported_meminfo(hardware.ram_gb))
+    if hardware.nvme:
+        create_nvme(state, home, hardware.nvme.size_gb)
+    (home / "nspawn.json").write_text(json.dumps(nspawn_argv(spec, node, base, home)))
+
+
+def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) -> None:
+    """Host name, host keys, machine id, the lab's login key and mirror settings, into the overlay."""
+    context = dict(node=node, nodes=spec.nodes, host_address=spec.host_address, mirror_url=spec.mirror_url,
+                   lab_public_key=public_key)
+    render_tree(TEMPLATES / "lab" / "node", upper, context)
+    enable_unit(upper, "ascend-lab-meminfo.service", "sysinit.target")
+    if node.hardware.preexisting.cuda_env:
+        render_tree(TEMPLATES / "lab" / "cuda", upper, context)
+    ssh_dir = upper / "etc" / "ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    for key in ssh_dir.glob("ssh_host_ed25519_key*"):
+        key.unlink()
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node.name}",
+         "-f", str(ssh_dir / "ssh_host_ed25519_key")], what=f"host key for {node.name}")
+    (upper / "etc" / "machine-id").write_text(secrets.token_hex(16) + "\n")
+
+
+def enable_unit(root: Path, unit: str, target: str) -> None:
+    """What `systemctl enable` does, done from outside the node before it boots."""
+    wants = root / "etc" / "systemd" / "system" / f"{target}.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit
+    link.unlink(missing_ok=True)
+    link.symlink_to(f"../{unit}")
+
+
+def render_tree(template_root: Path, target_root: Path, context: dict) -> None:
+    for template in sorted(template_root.rglob("*.j2")):
+        relative = template.relative_to(template_root).with_suffix("")
+        target = target_root / relative
+        private = any(str(relative).startswith(d) for d in PRIVATE_DIRS)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o755)
+        target.write_text(render(template, **context))
+        target.chmod(0o600 if private else 0o644)
+
+
+def reported_meminfo(ram_gb: int) -> str:
+    """/proc/meminfo as a server with ram_gb of RAM shows it (bound over the node's own)."""
+    total_kb = ram_gb * 1024 * 1024
+    return (f"MemTotal:       {total_kb} kB\nMemFree:        {total_kb * 9 // 10} kB\n"
+            f"MemAvailable:   {total_kb * 9 // 10} kB\nBuffers:               0 kB\n"
+            f"Cached:         {total_kb // 20} kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n")
+
+
+def create_nvme(state: LabState, home: Path, size_gb: float) -> None:
+    """A real ext4 filesystem of the given size, so a full disk is really full."""
+    image, mountpoint = home / "nvme.img", home / "nvme"
+    entry = state.record("loop-mount", image=str(image), mountpoint=str(mountpoint), device=None)
+    run(["truncate", "-s", f"{int(size_gb * 1024**3)}", str(image)])
+    run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image)],
+        what=f"formatting {image}")
+    entry["device"] = run(["losetup", "--find", "--show", str(image)], what=f"attaching {image}").stdout.strip()
+    state.save()
+    mountpoint.mkdir(exist_ok=True)
+    run(["mount", entry["device"], str(mountpoint)], what=f"mounting {image}")
+
+
+def remove_loop_mount(entry: dict) -> None:
+    if Path(entry["mountpoint"]).is_mount():
+        run(["umount", entry["mountpoint"]], what=f"unmounting {entry['mountpoint']}")
+    device = entry.get("device")
+    if device:
+        backing = Path("/sys/block", Path(device).name, "loop", "backing_file")
+        if backing.exists() and backing.read_text().strip() == entry["image"]:
+            quiet(["losetup", "-d", device])
+
+
+def nspawn_argv(spec: LabSpec, node: NodeSpec, base: Path, home: Path) -> list[str]:
+    argv = [
+        "systemd-nspawn", "--boot", "--quiet",
+        f"--machine={node.name}", f"--directory={base}", f"--overlay={base}:{home / 'upper'}:/",
+        # No machined or D-Bus on a plain host: don't register, and stay in the supervisor's cgroup.
+        "--register=no", "--keep-unit",
+        f"--network-namespace-path=/run/netns/{node.netns}",
+        "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=pipe",
+        f"--bind-ro={home / 'ascend-lab'}:/etc/ascend-lab",
+    ]
+    if node.hardware.nvme:
+        argv.append(f"--bind={home / 'nvme'}:{node.hardware.nvme.mount}")
+    return argv
+
+
+def start_node(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
+    home = node_dir(spec.lab_dir, node.name)
+    entry = state.record("process", role=f"node {node.name}", marker=str(home), pid=None)
+    entry["pid"] = processes.spawn([sys.executable, "-m", "ascend_fleet.lab.supervisor", str(home)],
+                                   home / "console.log")
+    state.save()
+
+
+def wait_for_ssh(spec: LabSpec, node: NodeSpec, timeout: float = BOOT_TIMEOUT_SECONDS) -> None:
+    """Return once the node's sshd answers with its banner."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((node.address, 22), timeout=2) as conn:
+                if conn.recv(16).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise FleetError(f"lab: node {node.name} ({node.address}) did not answer on SSH within {timeout:.0f}s; "
+                     f"see {node_dir(spec.lab_dir, node.name) / 'console.log'}")

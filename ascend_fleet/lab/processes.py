@@ -1,0 +1,52 @@
+"""Long-running lab processes (node supervisors, the mirror): started detached, ended by recorded PID.
+
+Every process is recorded with a marker, a string its command line must contain, so a
+PID reused by something else after a crash is never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def spawn(argv: list[str], log: Path) -> int:
+    """Start argv in its own session, output appended to log; it outlives this command."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, close_fds=True)
+    return process.pid
+
+
+def is_ours(pid: int, marker: str) -> bool:
+    """True while pid runs a command line containing marker (a zombie counts as gone)."""
+    _reap(pid)
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and marker in cmdline
+
+
+def stop(pid: int, marker: str, grace: float = 30.0) -> None:
+    """SIGTERM, wait up to grace seconds, then SIGKILL; no-op if pid is not ours any more."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if not is_ours(pid, marker):
+            return
+        os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and is_ours(pid, marker):
+            time.sleep(0.1)
+
+
+def _reap(pid: int) -> None:
+    """Collect pid's exit status if it is our own child, so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

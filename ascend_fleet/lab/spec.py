@@ -1,0 +1,233 @@
+"""What a lab is made of: node names, roles, groups, addresses and simulated hardware.
+
+`LabSpec.build()` turns the `lab up` options and an optional hardware file into a
+complete, validated description before anything is created, so bad input is one
+line and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ascend_fleet.errors import FleetError
+
+DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
+CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))
+GATEWAY = "gateway"
+
+# HBM per chip as the node's simulated hardware reports it (npu-smi totals).
+CHIP_HBM_MB = {"910B3": 65536, "910B4": 32768}
+
+Health = Literal["OK", "Warning", "Alarm", "Critical"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NvmeSpec(_Strict):
+    """The node's local NVMe data disk: a loop-mounted ext4 image of this size."""
+
+    size_gb: float = Field(8, gt=0)
+    mount: str = "/mnt/nvme"
+
+    @field_validator("mount")
+    @classmethod
+    def _absolute(cls, mount: str) -> str:
+        if not mount.startswith("/") or mount == "/":
+            raise ValueError("must be an absolute path below /")
+        return mount
+
+
+class Preexisting(_Strict):
+    """State the node starts with, as a used server would have it."""
+
+    cuda_env: bool = Field(False, description="CUDA paths in /etc/environment and /etc/profile.d/cuda.sh")
+
+
+class NodeHardware(_Strict):
+    chip: Literal["910B3", "910B4"] = "910B3"
+    npus: int = Field(8, ge=0, le=16)
+    npu_health: dict[int, Health] = Field(default_factory=dict, description="NPU index -> health; others OK")
+    nvme: NvmeSpec | None = Field(default_factory=NvmeSpec)
+    ram_gb: int = Field(1024, gt=0, description="host RAM the node reports")
+    preexisting: Preexisting = Field(default_factory=Preexisting)
+
+    def hardware_json(self, node: str, role: str) -> dict:
+        """The document nodes read at /etc/ascend-lab/hardware.json (docs/lab-contract.md)."""
+        return {
+            "node": node,
+            "role": role,
+            "chip": self.chip,
+            "npu_count": self.npus,
+            "hbm_mb": CHIP_HBM_MB[self.chip],
+            "npu_health": [self.npu_health.get(i, "OK") for i in range(self.npus)],
+            "ram_gb": self.ram_gb,
+            "nvme": self.nvme.model_dump() if self.nvme else None,
+        }
+
+
+class HardwareFile(_Strict):
+    """The YAML given to `lab up --hardware`: defaults, per-node overrides, rollout groups."""
+
+    defaults: dict = Field(default_factory=dict)
+    nodes: dict[str, dict] = Field(default_factory=dict)
+    groups: dict[str, list[str]] | None = None
+
+
+class NodeSpec(_Strict):
+    name: str
+    role: Literal["worker", "gateway"]
+    index: int
+    address: str
+    groups: list[str]
+    hardware: NodeHardware
+
+    @property
+    def netns(self) -> str:
+        return f"af-{self.name}"
+
+
+class LabSpec(_Strict):
+    name: str = "lab"
+    lab_dir: Path = DEFAULT_LAB_DIR
+    subnet: str = "10.213.0.0/24"
+    mirror_port: int = 8080
+    debian_upstream: str = "http://deb.debian.org"
+    nodes: list[NodeSpec]
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.subnet)
+
+    @property
+    def host_address(self) -> str:
+        """The host's address on the lab bridge, where the mirror listens."""
+        return str(self.network.network_address + 1)
+
+    @property
+    def mirror_url(self) -> str:
+        return f"http://{self.host_address}:{self.mirror_port}"
+
+    @property
+    def bridge(self) -> str:
+        return f"af-{self.name}-br"[:15]
+
+    @property
+    def workers(self) -> list[NodeSpec]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise FleetError(f"lab: no node named {name!r}; nodes are {', '.join(n.name for n in self.nodes)}")
+
+    @classmethod
+    def build(cls, workers: int, hardware_file: Path | None = None, **settings) -> LabSpec:
+        """Validate everything `lab up` was given and lay out the nodes."""
+        if workers < 1:
+            raise FleetError(f"lab up: --nodes {workers}: a lab needs at least 1 worker node")
+        hardware = _load_hardware_file(hardware_file) if hardware_file else HardwareFile()
+        names = [f"worker{i}" for i in range(1, workers + 1)]
+        groups = hardware.groups if hardware.groups is not None else default_rollout_groups(names)
+        _check_names(hardware_file, hardware, names, groups)
+        network = ipaddress.IPv4Network(settings.get("subnet", cls.model_fields["subnet"].default))
+        if network.num_addresses < workers + 16:
+            raise FleetError(f"lab up: subnet {network} is too small for {workers} workers")
+
+        gateway_defaults = {"npus": 0, "nvme": None}
+        nodes = [
+            NodeSpec(
+                name=GATEWAY, role="gateway", index=0, address=str(network.network_address + 2),
+                groups=[GATEWAY],
+                hardware=_node_hardware(hardware_file, GATEWAY, {**gateway_defaults, **hardware.defaults},
+                                        hardware.nodes.get(GATEWAY, {})),
+            )
+        ]
+        for i, name in enumerate(names, start=1):
+            nodes.append(NodeSpec(
+                name=name, role="worker", index=i, address=str(network.network_address + 10 + i),
+                groups=["workers"] + [g for g, members in groups.items() if name in members],
+                hardware=_node_hardware(hardware_file, name, hardware.defaults, hardware.nodes.get(name, {})),
+            ))
+        return cls(nodes=nodes, **settings)
+
+
+def default_rollout_groups(workers: list[str]) -> dict[str, list[str]]:
+    """First worker is the canary; the rest split into two waves, wave1 the larger half."""
+    rest = workers[1:]
+    half = (len(rest) + 1) // 2
+    groups = {"canary": workers[:1], "wave1": rest[:half], "wave2": rest[half:]}
+    return {group: members for group, members in groups.items() if members}
+
+
+def _load_hardware_file(path: Path) -> HardwareFile:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise FleetError(f"lab up: cannot read hardware file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise FleetError(f"lab up: hardware file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    try:
+        return HardwareFile.model_validate(raw)
+    except ValidationError as exc:
+        raise FleetError(f"lab up: hardware file {path}: {one_line(exc)}") from None
+
+
+def _node_hardware(path: Path | None, node: str, defaults: dict, overrides: dict) -> NodeHardware:
+    merged = {**defaults, **overrides}
+    for nested in ("nvme", "preexisting"):
+        if isinstance(defaults.get(nested), dict) and isinstance(overrides.get(nested), dict):
+            merged[nested] = {**defaults[nested], **overrides[nested]}
+    try:
+        hardware = NodeHardware.model_validate(merged)
+    except ValidationError as exc:
+        raise FleetError(f"lab up: hardware file {path}: node {node}: {one_line(exc, NodeHardware)}") from None
+    bad = [i for i in hardware.npu_health if i >= hardware.npus]
+    if bad:
+        raise FleetError(f"lab up: hardware file {path}: node {node}: npu_health names NPU {bad[0]} "
+                         f"but the node has {hardware.npus} NPUs (0-{hardware.npus - 1})")
+    return hardware
+
+
+def _check_names(path: Path | None, hardware: HardwareFile, workers: list[str], groups: dict) -> None:
+    known = set(workers) | {GATEWAY}
+    for node in hardware.nodes:
+        if node not in known:
+            raise FleetError(f"lab up: hardware file {path}: nodes.{node}: no such node in a lab of "
+                             f"{len(workers)} workers (nodes: {', '.join(sorted(known))})")
+    for group, members in groups.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", group) or group in ("workers", GATEWAY):
+            raise FleetError(f"lab up: hardware file {path}: groups.{group}: group names are lower-case "
+                             "identifiers other than 'workers' and 'gateway'")
+        for member in members:
+            if member not in workers:
+                raise FleetError(f"lab up: hardware file {path}: groups.{group}: {member!r} is not a worker "
+                                 f"(workers: {', '.join(workers)})")
+
+
+def one_line(exc: ValidationError, model: type[BaseModel]) -> str:
+    """The first pydantic error as `key.path: message`, naming the valid keys for an unknown one."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        valid = ", ".join(_model_at(model, error["loc"][:-1]).model_fields)
+        return f"{where}: unknown option (valid here: {valid})"
+    return f"{where}: {error['msg']}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The nested model a pydantic error location points into."""
+    for part in loc:
+        annotation = model.model_fields[part].annotation
+        model = next(a for a in (annotation, *getattr(annotation, "__args__", ()))
+                     if isinstance(a, type) and issubclass(a, BaseModel))
+    return model

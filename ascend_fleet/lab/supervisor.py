@@ -1,0 +1,85 @@
+"""Keeps one lab node booted: restarts systemd-nspawn when the node reboots.
+
+systemd-nspawn exits with 133 when the container asks for a reboot; any other exit
+means the node powered off or failed, and the supervisor ends too. A `hold` file in
+the node directory keeps a rebooting node down (a node that does not come back),
+until it is removed.
+
+Run as: python -m ascend_fleet.lab.supervisor NODE_DIR   (argv for nspawn in NODE_DIR/nspawn.json)
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REBOOT_EXIT_CODE = 133
+SHUTDOWN_GRACE_SECONDS = 30
+
+
+class Supervisor:
+    def __init__(self, node_dir: Path):
+        self.node_dir = node_dir
+        self.argv = json.loads((node_dir / "nspawn.json").read_text())
+        self.stopping = False
+        self.nspawn: subprocess.Popen | None = None
+
+    def log(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor: {message}", flush=True)
+
+    def on_stop_signal(self, signum, _frame) -> None:
+        self.log(f"signal {signum}: shutting the node down")
+        self.stopping = True
+        if self.nspawn and self.nspawn.poll() is None:
+            # nspawn turns SIGTERM into an orderly shutdown of the container's systemd.
+            self.nspawn.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_stop_signal)
+        signal.signal(signal.SIGINT, self.on_stop_signal)
+        boots = 0
+        while not self.stopping:
+            boots += 1
+            self.nspawn = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
+            (self.node_dir / "nspawn.pid").write_text(str(self.nspawn.pid))
+            self.log(f"boot {boots}: systemd-nspawn pid {self.nspawn.pid}")
+            code = self.wait_for_nspawn()
+            self.log(f"systemd-nspawn exited with {code}")
+            if code != REBOOT_EXIT_CODE:
+                return 0 if self.stopping else code
+            self.hold_while_asked()
+        return 0
+
+    def wait_for_nspawn(self) -> int:
+        deadline = None
+        while True:
+            try:
+                return self.nspawn.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if self.stopping:
+                    deadline = deadline or time.monotonic() + SHUTDOWN_GRACE_SECONDS
+                    if time.monotonic() > deadline:
+                        self.log("node did not shut down in time: killing it")
+                        self.kill_container()
+
+    def kill_container(self) -> None:
+        """SIGKILL the container's init (ending its whole PID namespace), then nspawn."""
+        children = Path(f"/proc/{self.nspawn.pid}/task/{self.nspawn.pid}/children")
+        for pid in children.read_text().split() if children.exists() else []:
+            subprocess.run(["kill", "-KILL", pid], check=False)
+        self.nspawn.kill()
+
+    def hold_while_asked(self) -> None:
+        hold = self.node_dir / "hold"
+        if hold.exists():
+            self.log("hold file present: the node stays down until it is removed")
+        while hold.exists() and not self.stopping:
+            time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(Supervisor(Path(sys.argv[1])).run())
