@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from ascend_fleet.lab.sim.tinymodel import (
     INDEX_NAME,
     MANIFEST_NAME,
+    QWEN_PRETOKENIZE_REGEX,
     TinyDims,
     build_tiny_model,
     publish_model,
@@ -180,3 +181,12 @@ def test_publish_lays_out_org_name_revision_and_replaces_whole(model_dir, tmp_pa
     assert publish_model(model_dir, mirror_models) == target
     assert not (target / "stale-file").exists()
     assert [p.name for p in target.parent.iterdir()] == ["v1"]
+
+
+def test_tokenizer_uses_qwens_pretokenizer_so_any_qwen2_tokenizer_agrees(model_dir):
+    # transformers' Qwen2Tokenizer rebuilds Qwen's pipeline itself; ours must be the same one.
+    pre = read_json(model_dir / "tokenizer.json")["pre_tokenizer"]
+    assert [p["type"] for p in pre["pretokenizers"]] == ["Split", "ByteLevel"]
+    assert pre["pretokenizers"][0]["pattern"]["Regex"] == QWEN_PRETOKENIZE_REGEX
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    assert len(tokenizer.encode("2026").ids) == 4  # Qwen splits digits one by one

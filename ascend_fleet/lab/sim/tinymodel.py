@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 MANIFEST_NAME = "ascend-fleet-manifest.json"
 INDEX_NAME = "model.safetensors.index.json"
@@ -38,6 +38,8 @@ PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+# Qwen2/Qwen3's pre-tokenizer split (digits one by one, letters in runs, punctuation apart).
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Qwen2/Qwen3 chat format without tools or thinking: enough for chat completions.
 CHAT_TEMPLATE = (
@@ -95,22 +97,36 @@ _WORDS = (
 ).split()
 
 
+_SYLLABLES = "ka ri to mu se na lo pe vi da qu en ar is on ex ing er al st".split()
+
+
 def _training_corpus() -> list[str]:
     """Fixed lines plus seeded sentences: enough text for ~2k merges, identical every run."""
     rng = random.Random(910)
+    # Made-up words from common syllables give BPE more merges to learn than real words alone.
+    made_up = ["".join(rng.choices(_SYLLABLES, k=rng.randint(2, 4))) for _ in range(1500)]
+    words = list(_WORDS) + made_up
     sentences = [
-        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "."
-        for _ in range(4000)
+        " ".join(rng.choice(words) for _ in range(rng.randint(6, 16))).capitalize() + "."
+        for _ in range(6000)
     ]
-    numbers = [f"{n} {n * 7} {n / 8:.3f}" for n in range(0, 2000, 7)]
-    return list(_CORPUS_LINES) * 20 + sentences + numbers
+    return list(_CORPUS_LINES) * 20 + sentences
 
 
 def train_tokenizer(vocab_target: int) -> Tokenizer:
-    """A byte-level BPE (as Qwen uses) trained on the shipped corpus; special tokens go last, as in Qwen."""
+    """A byte-level BPE trained on the shipped corpus, with Qwen2/3's exact pipeline.
+
+    The pipeline must be Qwen's own: transformers' Qwen2Tokenizer rebuilds it
+    from this regex whatever tokenizer.json says, and the verify stage's probe
+    ids must come out the same either way. Special tokens go last, as in Qwen.
+    """
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_target - len(SPECIAL_TOKENS),
@@ -273,6 +289,7 @@ def _write_shards(out: Path, shards: list[list[dict]], seed: int) -> dict:
             for name, shape in unit.items()
         }
         save_file(tensors, str(out / file_name), metadata={"format": "pt"})
+        (out / file_name).chmod(0o644)  # save_file leaves 0600; the mirror and the serving user must read it
         weight_map.update(dict.fromkeys(tensors, file_name))
         total_size += sum(t.nbytes for t in tensors.values())
     return {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
