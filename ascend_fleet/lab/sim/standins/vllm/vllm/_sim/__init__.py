@@ -1,0 +1,1 @@
+"""The simulated vLLM server: vLLM's CLI and HTTP surface over simulated NPUs."""

@@ -1,0 +1,241 @@
+"""vLLM's OpenAI-compatible HTTP surface over the simulated engine."""
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict
+
+from vllm._sim.engine import Engine, RequestError
+
+
+@dataclass
+class ServingState:
+    """What the routes share: the engine, served names, and whether weights finished loading."""
+
+    engine: Engine
+    served_model_names: list[str]
+    model_path: str
+    version: str
+    ready: bool = False
+    load_task: asyncio.Task | None = field(default=None, repr=False)  # held so the task is not garbage-collected
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """Fields both completion endpoints share; vLLM accepts (and ignores) fields it does not know."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    n: int = 1
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's legacy default
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[dict]
+    max_completion_tokens: int | None = None
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict] | None = None
+
+
+def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+class CompletionShape:
+    """Bodies of /v1/completions."""
+
+    object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    def first_chunks(self) -> list[dict]:
+        return []
+
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+
+    def full_choice(self, text: str, finish_reason: str) -> dict:
+        return self.chunk_choice(text, finish_reason)
+
+
+class ChatShape:
+    """Bodies of /v1/chat/completions."""
+
+    object_name = "chat.completion"
+    id_prefix = "chatcmpl"
+
+    def first_chunks(self) -> list[dict]:
+        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict:
+        return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+
+    def full_choice(self, text: str, finish_reason: str) -> dict:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One accepted request: who answers, with what, and in which body shape."""
+
+    shape: CompletionShape | ChatShape
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int
+    ignore_eos: bool
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def body(self, choices: list[dict], chunk: bool, **extra) -> dict:
+        kind = self.shape.object_name + (".chunk" if chunk and isinstance(self.shape, ChatShape) else "")
+        return {"id": f"{self.shape.id_prefix}-{self.request_id}", "object": kind, "created": self.created, "model": self.model, "choices": choices, **extra}
+
+
+async def stream_job(engine: Engine, job: Job, include_usage: bool) -> AsyncIterator[str]:
+    """OpenAI server-sent events: content chunks, the usage chunk when asked for, then [DONE]."""
+    for choice in job.shape.first_chunks():
+        yield sse(job.body([choice], chunk=True))
+    produced = 0
+    async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
+        produced += 1
+        yield sse(job.body([job.shape.chunk_choice(event.text, event.finish_reason)], chunk=True))
+    if include_usage:
+        yield sse(job.body([], chunk=True, usage=usage(len(job.prompt_ids), produced)))
+    yield sse("[DONE]")
+
+
+async def complete_job(engine: Engine, job: Job) -> dict:
+    text, produced, finish_reason = "", 0, "length"
+    async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
+        text, produced, finish_reason = text + event.text, produced + 1, event.finish_reason or finish_reason
+    return job.body([job.shape.full_choice(text, finish_reason)], chunk=False, usage=usage(len(job.prompt_ids), produced))
+
+
+def completion_prompt_ids(engine: Engine, prompt) -> list[int]:
+    """One prompt per request: a string, token ids, or a list holding exactly one of those."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise RequestError("the simulated server takes one prompt per request")
+        prompt = prompt[0]
+    return list(prompt) if isinstance(prompt, list) else engine.codec.encode(prompt)
+
+
+def create_app(state: ServingState, load: Callable[[], Awaitable[None]]) -> FastAPI:
+    """The FastAPI app; `load` runs at start-up and /health turns 200 once it is done."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        state.load_task = asyncio.create_task(load())
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+    engine = state.engine
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError):
+        return error_response(400, "BadRequestError", str(exc.errors()))
+
+    @app.exception_handler(RequestError)
+    async def request_error(_request: Request, exc: RequestError):
+        return error_response(400, "BadRequestError", str(exc))
+
+    def refusal(model: str | None) -> JSONResponse | None:
+        """503 while loading, 404 for a model this server does not serve."""
+        if not state.ready:
+            return error_response(503, "ServiceUnavailableError", "The model is still loading.")
+        if model is not None and model not in state.served_model_names:
+            return error_response(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+        return None
+
+    async def answer(job: Job, request: GenerationRequest):
+        if request.n != 1:
+            raise RequestError("the simulated server supports n=1 only")
+        engine.check_length(len(job.prompt_ids), job.max_tokens)
+        if request.stream:
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            return StreamingResponse(stream_job(engine, job, include_usage), media_type="text/event-stream")
+        return JSONResponse(await complete_job(engine, job))
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if state.ready else 503)
+
+    @app.get("/version")
+    async def version():
+        return {"version": state.version}
+
+    @app.get("/v1/models")
+    async def models():
+        cards = [
+            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": state.model_path,
+             "parent": None, "max_model_len": engine.capacity.max_model_len}
+            for name in state.served_model_names
+        ]
+        return {"object": "list", "data": cards}
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest):
+        if (refused := refusal(request.model)) is not None:
+            return refused
+        prompt_ids = completion_prompt_ids(engine, request.prompt)
+        job = Job(CompletionShape(), state.model_name, prompt_ids, request.max_tokens or 16, request.ignore_eos)
+        return await answer(job, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatRequest):
+        if (refused := refusal(request.model)) is not None:
+            return refused
+        prompt_ids = engine.codec.encode(engine.codec.chat_prompt(request.messages))
+        max_tokens = request.max_completion_tokens or request.max_tokens or engine.capacity.max_model_len - len(prompt_ids)
+        job = Job(ChatShape(), state.model_name, prompt_ids, max_tokens, request.ignore_eos)
+        return await answer(job, request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest):
+        if (refused := refusal(request.model)) is not None:
+            return refused
+        text = engine.codec.chat_prompt(request.messages) if request.messages is not None else request.prompt or ""
+        tokens = engine.codec.encode(text)
+        return {"count": len(tokens), "max_model_len": engine.capacity.max_model_len, "tokens": tokens, "token_strs": None}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,231 @@
+"""Start-up of the simulated vLLM server, in vLLM's order: CLI, platform, model, NPUs, HCCL, load, serve.
+
+Environment (beside vLLM's and Ascend's own: ASCEND_RT_VISIBLE_DEVICES,
+HCCL_IF_BASE_PORT, HCCL_IF_IP, VLLM_PORT, VLLM_HOST_IP, ASCEND_TOOLKIT_HOME):
+
+    VLLM_SIM_LOAD_BASE_SECONDS          fixed part of the simulated weight load (default 1.0)
+    VLLM_SIM_LOAD_SECONDS_PER_GIB       load time per GiB of safetensors shards (default 2.0)
+    VLLM_SIM_ITL_SECONDS                time per output token (default 0.02)
+    VLLM_SIM_PREFILL_SECONDS_PER_TOKEN  prefill time per prompt token (default 0.0002)
+    ASCEND_SIM_ROOT                     tests only: a directory standing in for "/" (see runtime.py)
+"""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import uvicorn
+
+from vllm._sim import planner, runtime
+from vllm._sim.app import ServingState, create_app
+from vllm._sim.claims import Claims, advertise_hbm, bind_hccl_ports, bind_internal_port, claim_npus
+from vllm._sim.engine import Capacity, Engine, Timing
+from vllm._sim.errors import StartupError
+from vllm._sim.metrics import ServerMetrics
+from vllm._sim.model import ModelDir, open_model_dir
+from vllm._sim.options import build_parser, load_option_data
+from vllm._sim.text import TextCodec
+from vllm._version import __version__
+
+log = logging.getLogger("vllm")
+
+DTYPE_NAMES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+# Plan findings that stop real vLLM at start-up (the rest are the planner's own judgement).
+FATAL_FINDINGS = {"tp-heads", "tp-kv-heads", "tp-linear-heads", "max-model-len", "weights-do-not-fit", "concurrency-below-one"}
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+def configure_logging() -> None:
+    """vLLM's log line format, on stdout."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def release_number(version: str) -> str:
+    """0.11.0rc1 -> 0.11.0: vllm-ascend releases follow the vLLM release they are built for."""
+    return version.split("rc")[0].split("+")[0].split(".post")[0]
+
+
+def check_platform() -> None:
+    """vLLM finds the NPU only through the vllm-ascend plugin, which needs torch_npu and CANN."""
+    plugins = {ep.name: ep for ep in entry_points(group="vllm.platform_plugins")}
+    if "ascend" not in plugins:
+        raise StartupError("Failed to infer device type: no platform plugin for the NPU (is vllm-ascend installed?)")
+    import vllm_ascend
+
+    if release_number(vllm_ascend.__version__) != release_number(__version__):
+        raise StartupError(f"vllm-ascend {vllm_ascend.__version__} does not match vLLM {__version__}: install the pair its release pins")
+    try:
+        runtime.check_cann_environment()
+    except ImportError as err:
+        raise StartupError(f"Failed to import vllm_ascend platform: ImportError: {err}") from None
+
+
+def read_hardware() -> dict:
+    path = runtime.node_path(runtime.HARDWARE_FILE)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StartupError(f"no NPU hardware description at {path}") from None
+
+
+def select_npus(world_size: int) -> list[int]:
+    visible = runtime.visible_npus()
+    if len(visible) < world_size:
+        raise StartupError(
+            f"World size {world_size} needs {world_size} NPUs but {len(visible)} are visible "
+            f"(ASCEND_RT_VISIBLE_DEVICES={os.environ.get('ASCEND_RT_VISIBLE_DEVICES', '<unset>')})"
+        )
+    return visible[:world_size]
+
+
+def resolve_dtype(requested: str, config: dict) -> str:
+    """--dtype auto takes the checkpoint's dtype, as vLLM does."""
+    if requested == "auto":
+        requested = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return DTYPE_NAMES.get(requested, requested)
+
+
+def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan:
+    """The planner's plan for this instance on this node's HBM; vLLM's start-up failures where it refuses."""
+    try:
+        shape = planner.ModelShape.from_config(model.config)
+        chip = planner.chip_by_name(hardware["chip"])
+        reserved = chip.hbm_bytes - chip.usable_hbm_bytes  # firmware and driver keep this much of each card
+        dtype = resolve_dtype(args.dtype, model.config)
+        plan = planner.plan_instance(
+            shape,
+            chip,
+            tp=args.tensor_parallel_size,
+            max_model_len=args.max_model_len or shape.max_position_embeddings,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            dtype=dtype,
+            quantization=args.quantization,
+            ep=args.enable_expert_parallel,
+            hbm_bytes_override=hardware["hbm_mb"] * planner.MIB - reserved,
+            kv_dtype=None if args.kv_cache_dtype == "auto" else DTYPE_NAMES.get(args.kv_cache_dtype, args.kv_cache_dtype),
+        )
+    except planner.ConfigError as err:
+        raise StartupError(str(err)) from None
+    fatal = [f for f in plan.findings if f.code in FATAL_FINDINGS]
+    if fatal:
+        raise StartupError(startup_failure(fatal[0], plan))
+    return plan
+
+
+def startup_failure(finding: planner.Finding, plan: planner.InstancePlan) -> str:
+    """The message vLLM stops with for a finding; the planner's own words where vLLM has none."""
+    if finding.code == "concurrency-below-one":
+        needed = plan.kv_cache_bytes_per_token_per_npu * plan.max_model_len / planner.GIB
+        available = max(plan.kv_cache_pool_bytes_per_npu, 0) / planner.GIB
+        return (
+            f"To serve at least one request with the models's max seq len ({plan.max_model_len}), "
+            f"({needed:.2f} GiB KV cache is needed, which is larger than the available KV cache memory ({available:.2f} GiB). "
+            f"Based on the available memory, the estimated maximum model length is {plan.kv_cache_tokens}. "
+            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+        )
+    if finding.code == "weights-do-not-fit":
+        return f"NPU out of memory while loading weights: {finding.message}"
+    return finding.message
+
+
+def log_kv_cache(plan: planner.InstancePlan, style: str) -> None:
+    """The start-up lines operators read, in the pinned release's format."""
+    tokens, length = f"{plan.kv_cache_tokens:,}", f"{plan.max_model_len:,}"
+    if style == "combined":
+        log.info("NPU KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx", tokens, length, plan.max_concurrency)
+    else:
+        log.info("GPU KV cache size: %s tokens", tokens)
+        log.info("Maximum concurrency for %s tokens per request: %.2fx", length, plan.max_concurrency)
+
+
+def load_seconds(weight_bytes: int) -> float:
+    base = float(os.environ.get("VLLM_SIM_LOAD_BASE_SECONDS", "1.0"))
+    per_gib = float(os.environ.get("VLLM_SIM_LOAD_SECONDS_PER_GIB", "2.0"))
+    return base + per_gib * weight_bytes / planner.GIB
+
+
+def api_socket(host: str | None, port: int) -> socket.socket:
+    """vLLM binds its API socket with SO_REUSEPORT: a second server on the same port starts and splits traffic."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host or "0.0.0.0", port))
+    sock.listen()
+    return sock
+
+
+class Instance:
+    """One simulated vLLM server between start-up checks and shutdown."""
+
+    def __init__(self, args, claims: Claims):
+        self.args = args
+        self.claims = claims
+        check_platform()
+        self.model = open_model_dir(Path(args.model_tag or args.model))
+        self.plan = plan_capacity(args, self.model, read_hardware())
+        self.npus = select_npus(args.tensor_parallel_size * args.pipeline_parallel_size)
+        claim_npus(claims, self.npus)
+        bind_hccl_ports(claims)
+        bind_internal_port(claims, log)
+        names = args.served_model_name or [args.model_tag or args.model]
+        self.metrics = ServerMetrics(names[0])
+        capacity = Capacity(
+            kv_cache_tokens=self.plan.kv_cache_tokens,
+            max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            block_size=args.block_size or 128,  # vllm-ascend's block size
+            max_model_len=self.plan.max_model_len,
+        )
+        engine = Engine(TextCodec(self.model.path, self.model.tokenizer_config), capacity, Timing.from_env(), self.metrics)
+        self.state = ServingState(engine, names, str(self.model.path), __version__)
+
+    async def load(self) -> None:
+        """The simulated weight load; /health answers 200 when it ends."""
+        started = time.monotonic()
+        await asyncio.sleep(load_seconds(self.model.weight_bytes))
+        log.info("Loading weights took %.2f seconds", time.monotonic() - started)
+        log.info("Model loading took %.4f GiB memory", self.plan.weight_bytes_per_npu / planner.GIB)
+        log_kv_cache(self.plan, load_option_data()["kv_cache_log"])
+        advertise_hbm(self.claims, self.npus, self.plan.budget_bytes_per_npu // planner.MIB)
+        self.state.ready = True
+
+    async def serve(self) -> None:
+        sock = api_socket(self.args.host, self.args.port)
+        self.claims.sockets.append(sock)
+        log.info("Starting vLLM API server 0 on http://%s:%d", self.args.host or "0.0.0.0", self.args.port)
+        config = uvicorn.Config(
+            create_app(self.state, self.load),
+            log_level=self.args.uvicorn_log_level,
+            access_log=not self.args.disable_uvicorn_access_log,
+            timeout_keep_alive=5,
+        )
+        await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def run(argv: list[str], entry: str) -> int:
+    """Parse the pinned release's CLI, start up, serve until SIGTERM/SIGINT; 1 on a start-up failure."""
+    args = build_parser(entry).parse_args(argv)
+    configure_logging()
+    log.info("vLLM API server version %s", __version__)
+    claims = Claims()
+    try:
+        instance = Instance(args, claims)
+        # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal;
+        # ignoring the re-raised one makes a graceful stop exit 0.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        asyncio.run(instance.serve())
+    except StartupError as err:
+        log.error("%s", err)
+        return 1
+    finally:
+        claims.release()
+    return 0
