@@ -1,0 +1,325 @@
+"""The simulated vLLM server, run from its built wheel on 127.0.0.1 against a fake node root.
+
+No root and no lab: ASCEND_SIM_ROOT points the server at a temporary directory
+holding dev/davinci0..3, etc/ascend-lab/hardware.json and run/ascend-sim.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from safetensors.numpy import save_file
+
+from ascend_fleet.lab.sim.wheels import OPTIONS_DIR, build_standin_wheels
+
+VLLM_VERSION = "0.13.0"
+NPU_COUNT = 4
+LOAD_SECONDS = 1.5
+STARTUP_TIMEOUT = 30
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_range(count: int = 16) -> int:
+    """A base port whose next `count` ports are all free right now."""
+    for base in range(41000, 60000, 97):
+        try:
+            held = []
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError("no free port range")
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory) -> Path:
+    """The stand-in wheels unpacked into a directory put on PYTHONPATH (a venv install, minus pip)."""
+    wheels = build_standin_wheels(
+        {"torch_npu": "2.8.0.post2", "vllm_ascend": VLLM_VERSION, "vllm": VLLM_VERSION}, tmp_path_factory.mktemp("wheels")
+    )
+    site = tmp_path_factory.mktemp("site")
+    for wheel in wheels:
+        zipfile.ZipFile(wheel).extractall(site)
+    return site
+
+
+@pytest.fixture(scope="module")
+def node_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("node")
+    (root / "dev").mkdir()
+    for npu in range(NPU_COUNT):
+        (root / "dev" / f"davinci{npu}").touch()
+    (root / "etc/ascend-lab").mkdir(parents=True)
+    hardware = {"node": "worker1", "role": "worker", "chip": "910B3", "npu_count": NPU_COUNT, "hbm_mb": 65536, "npu_health": ["OK"] * NPU_COUNT}
+    (root / "etc/ascend-lab/hardware.json").write_text(json.dumps(hardware))
+    (root / "run/ascend-sim").mkdir(parents=True)
+    (root / "cann").mkdir()
+    return root
+
+
+def write_model(path: Path) -> Path:
+    """A tiny Qwen3-shaped checkpoint: config.json, one safetensors shard and its index."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+        "vocab_size": 256, "max_position_embeddings": 2048, "torch_dtype": "float16",
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = {
+        "model.embed_tokens.weight": np.zeros((256, 64), np.float16),
+        "model.layers.0.mlp.up_proj.weight": np.ones((128, 64), np.float16),
+    }
+    shard = "model-00001-of-00001.safetensors"
+    save_file(tensors, str(path / shard))
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict.fromkeys(tensors, shard)}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+class SimServer:
+    """One simulated vLLM process with its own NPUs, HCCL range and ports."""
+
+    def __init__(self, site: Path, root: Path, log: Path, npus: str, args: list[str], env: dict | None = None):
+        self.port = free_port()
+        self.hccl_base = free_port_range()
+        self.log = log
+        base_env = {
+            **os.environ,
+            "PYTHONPATH": str(site),
+            "ASCEND_SIM_ROOT": str(root),
+            "ASCEND_TOOLKIT_HOME": str(root / "cann"),
+            "ASCEND_RT_VISIBLE_DEVICES": npus,
+            "HCCL_IF_IP": "127.0.0.1",
+            "HCCL_IF_BASE_PORT": str(self.hccl_base),
+            "VLLM_HOST_IP": "127.0.0.1",
+            "VLLM_PORT": str(free_port()),
+            "VLLM_SIM_LOAD_BASE_SECONDS": str(LOAD_SECONDS),
+            "VLLM_SIM_ITL_SECONDS": "0.02",
+        }
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(command, env={**base_env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        conn = self.connection()
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+
+    def post(self, path: str, body: dict) -> http.client.HTTPResponse:
+        conn = self.connection()
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        return conn.getresponse()
+
+    def health_statuses(self) -> list[int]:
+        """/health answers from start until 200, each distinct answer once."""
+        seen: list[int] = []
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                status, _ = self.get("/health")
+            except OSError:
+                time.sleep(0.05)
+                continue
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == 200:
+                return seen
+            time.sleep(0.05)
+        raise AssertionError(f"server never became healthy: {seen}\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=STARTUP_TIMEOUT)
+
+
+def run_to_exit(site: Path, root: Path, tmp_path: Path, npus: str, args: list[str], env: dict | None = None) -> tuple[int, str]:
+    server = SimServer(site, root, tmp_path / "refused.log", npus, args, env)
+    return server.process.wait(timeout=STARTUP_TIMEOUT), server.output()
+
+
+@pytest.fixture(scope="module")
+def serving(site_dir, node_root, model_dir, tmp_path_factory):
+    """A server on NPUs 0,1 (TP 2) and the /health answers it gave while starting."""
+    log = tmp_path_factory.mktemp("logs") / "serving.log"
+    server = SimServer(site_dir, node_root, log, "0,1", [str(model_dir), "-tp", "2", "--served-model-name", "tiny", "--max-model-len", "2048"])
+    statuses = server.health_statuses()
+    yield server, statuses
+    server.stop()
+
+
+def sse_events(response: http.client.HTTPResponse) -> list[str]:
+    """The data fields of a server-sent event stream, in order."""
+    return [line[len(b"data: "):].decode() for line in response.read().splitlines() if line.startswith(b"data: ")]
+
+
+def test_unknown_option_is_rejected_like_argparse(site_dir, node_root, model_dir, tmp_path):
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "0", [str(model_dir), "--no-such-option", "1"])
+    assert code == 2
+    assert "vllm serve: error: unrecognized arguments: --no-such-option" in output
+
+
+def test_option_of_a_later_release_is_rejected(site_dir, node_root, model_dir, tmp_path):
+    pinned = json.loads((OPTIONS_DIR / f"{VLLM_VERSION}.json").read_text())
+    later = json.loads((OPTIONS_DIR / "0.32.0.json").read_text())
+
+    def flags(data):
+        return {f for action in data["serve"]["actions"] for f in action["flags"] if f.startswith("--")}
+
+    newer_option = sorted(flags(later) - flags(pinned))[0]
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "0", [str(model_dir), newer_option, "1"])
+    assert code == 2
+    assert f"unrecognized arguments: {newer_option}" in output
+
+
+def test_health_is_503_while_loading_then_200(serving):
+    server, statuses = serving
+    assert statuses == [503, 200]
+    output = server.output()
+    assert "GPU KV cache size: " in output and "Maximum concurrency for 2,048 tokens per request: " in output
+
+
+def test_models_lists_the_served_name(serving):
+    server, _ = serving
+    status, body = server.get("/v1/models")
+    assert status == 200
+    assert [card["id"] for card in json.loads(body)["data"]] == ["tiny"]
+
+
+def test_streaming_chat_sends_chunks_usage_and_done(serving):
+    server, _ = serving
+    request = {
+        "model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
+        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }
+    response = server.post("/v1/chat/completions", request)
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = [c for c in chunks if c["choices"] and "content" in c["choices"][0]["delta"]][1:]
+    assert len(content) == 8 and content[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_same_prompt_gives_same_text(serving):
+    server, _ = serving
+    request = {"model": "tiny", "prompt": "Ascend", "max_tokens": 6, "ignore_eos": True}
+    texts = [json.loads(server.post("/v1/completions", request).read())["choices"][0]["text"] for _ in range(2)]
+    assert texts[0] == texts[1] and texts[0]
+
+
+def test_unknown_model_is_404(serving):
+    server, _ = serving
+    response = server.post("/v1/completions", {"model": "other", "prompt": "x"})
+    assert response.status == 404
+    assert "The model `other` does not exist." in response.read().decode()
+
+
+def test_tokenize_counts_prompt_tokens(serving):
+    server, _ = serving
+    body = json.loads(server.post("/tokenize", {"prompt": "abc"}).read())
+    assert body["count"] == 3 and body["max_model_len"] == 2048
+
+
+def test_metrics_parse_with_current_names(serving):
+    server, _ = serving
+    server.post("/v1/completions", {"model": "tiny", "prompt": "metrics", "max_tokens": 3}).read()
+    status, body = server.get("/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    expected = {
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
+    }
+    assert expected <= set(families)
+    for name in expected:
+        assert all(s.labels["model_name"] == "tiny" for s in families[name].samples)
+    generated = [s.value for s in families["vllm:generation_tokens"].samples if s.name == "vllm:generation_tokens_total"]
+    assert generated[0] >= 3
+
+
+def test_npu_held_by_another_instance_is_refused(serving, site_dir, node_root, model_dir, tmp_path):
+    server, _ = serving
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "1,2", [str(model_dir), "-tp", "2"])
+    assert code == 1
+    assert f"NPU 1 ({node_root}/dev/davinci1) is already in use by process {server.process.pid}" in output
+
+
+def test_taken_hccl_port_range_is_refused(site_dir, node_root, model_dir, tmp_path):
+    server = SimServer(site_dir, node_root, tmp_path / "hccl.log", "3", [str(model_dir)])
+    server.process.kill()
+    server.process.wait()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", server.hccl_base + 5))
+        squatter.listen()
+        code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(server.hccl_base)})
+    assert code == 1
+    assert "EJ0003" in output and "Failed to bind the IP port" in output and f"port[{server.hccl_base + 5}]" in output
+
+
+def test_missing_shard_fails_clearly(site_dir, node_root, tmp_path):
+    model = write_model(tmp_path / "broken")
+    (model / "model-00001-of-00001.safetensors").unlink()
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model)])
+    assert code == 1
+    assert "weight shard model-00001-of-00001.safetensors named in model.safetensors.index.json is missing" in output
+
+
+def test_corrupt_safetensors_header_fails_clearly(site_dir, node_root, tmp_path):
+    model = write_model(tmp_path / "corrupt")
+    shard = model / "model-00001-of-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:12])
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model)])
+    assert code == 1
+    assert f"corrupt safetensors file {shard}" in output
+
+
+def test_sigterm_finishes_the_in_flight_stream_and_exits_0(site_dir, node_root, model_dir, tmp_path):
+    server = SimServer(site_dir, node_root, tmp_path / "sigterm.log", "2,3", [str(model_dir), "-tp", "2"], {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2"})
+    server.health_statuses()
+    response = server.post("/v1/completions", {"prompt": "drain me", "max_tokens": 40, "stream": True, "ignore_eos": True})
+    assert response.readline().startswith(b"data: ")  # the stream is under way
+    server.process.send_signal(signal.SIGTERM)
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    assert len(events) == 40  # 39 more token chunks + [DONE]
+    assert server.process.wait(timeout=STARTUP_TIMEOUT) == 0
