@@ -33,6 +33,7 @@ npu = types.ModuleType("torch.npu", "Simulated Ascend NPU device module.")
 npu.device_count = device_count
 npu.is_available = is_available
 npu.get_device_name = get_device_name
+torch.utils.rename_privateuse1_backend("npu")  # as torch_npu does, so "npu" is a device type
 torch._register_device_module("npu", npu)
 
 __all__ = ["__version__", "npu"]
