@@ -236,20 +236,22 @@ def test_cann_8_3_kernels_need_the_toolkit_environment(node):
 
 def test_cann_8_5_lives_under_cann_and_needs_upgrade_over_8_3(node):
     node.boot(install(TOOLKIT[OLD], "--install", "--quiet"))
-    refused, upgraded, ops, env = node.boot(
+    refused, upgraded, stale, ops, env = node.boot(
         install(TOOLKIT[NEW], "--install", "--quiet"),
         install(TOOLKIT[NEW], "--upgrade", "--quiet"),
+        "ls /usr/local/Ascend/ascend-toolkit/set_env.sh",
         ". /usr/local/Ascend/cann/set_env.sh && " + install(KERNELS[NEW], "--install", "--quiet"),
         "export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PATH=/usr/local/cuda/bin:$PATH && "
-        ". /usr/local/Ascend/cann/set_env.sh && env && ls /usr/local/Ascend")
+        ". /usr/local/Ascend/cann/set_env.sh && env")
     assert refused.returncode == 1 and "needs --upgrade" in refused.output
     assert upgraded.returncode == 0 and ops.returncode == 0
+    assert stale.returncode != 0  # the upgrade leaves no old environment script to probe
     assert "ASCEND_HOME_PATH=/usr/local/Ascend/cann\n" in env.output
     assert "ASCEND_TOOLKIT_HOME=/usr/local/Ascend/cann\n" in env.output
     ld_path = next(line for line in env.output.splitlines() if line.startswith("LD_LIBRARY_PATH="))
     assert ld_path.startswith("LD_LIBRARY_PATH=/usr/local/Ascend/cann/tools/aml/lib64")
     assert ld_path.endswith(":/usr/local/cuda/lib64")  # CUDA stays on the path unless the deploy strips it
-    assert "ascend-toolkit" not in env.output.split("LD_LIBRARY_PATH")[0] + ld_path
+    assert "PATH=/usr/local/Ascend/cann/bin:" in env.output and ":/usr/local/cuda/bin:" in env.output
 
 
 def test_ops_need_the_matching_toolkit_version(node):

@@ -15,8 +15,8 @@ from ascend_fleet.lab.sim import vendor
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 
 sim = vendor.sim
-installer = vendor._payload_module("ascend_sim_install")
-npu_smi = vendor._payload_module("npu_smi")
+installer = vendor.payload_module("ascend_sim_install")
+npu_smi = vendor.payload_module("npu_smi")
 
 OLD = VendorVersions("24.1.0", ("7.5.0", "7.5.99"), "7.5.0.3.220", "8.3.RC2", "8.3.RC2")
 NEW = VendorVersions("25.2.0", ("7.7.0", "7.7.99"), "7.7.0.6.236", "8.5.0", "8.5.0")

@@ -34,7 +34,7 @@ EXECUTABLES = {"ascend_sim_install.py", "npu_smi.py", "ascend_sim_activate.py"}
 ARCHIVE_MTIME = 1704067200
 
 
-def _payload_module(name: str):
+def payload_module(name: str):
     """Load a node-side payload module on the host (they import each other by their plain names)."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, PAYLOAD_DIR / f"{name}.py")
@@ -44,7 +44,7 @@ def _payload_module(name: str):
     return sys.modules[name]
 
 
-sim = _payload_module("ascend_sim")
+sim = payload_module("ascend_sim")
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def preinstall_driver(root: Path, driver_version: str, fw_compat: tuple[str, str
     the node's first boot. `root` may be an overlay's upper directory: then pass the lower
     root as `accounts_from`, whose passwd/group/shadow files the account is added to.
     """
-    installer = _payload_module("ascend_sim_install")
+    installer = payload_module("ascend_sim_install")
     node = sim.Node(root)
     _add_hdk_account(root, accounts_from or root)
     installer.write_driver_files(node, {"version": driver_version, "fw_range": fw_compat}, PAYLOAD_DIR,

@@ -296,6 +296,15 @@ def installed_toolkits(node, base):
     return {sim.read_key_values(record)["version"]: record.parent.parent for record in records}
 
 
+def remove_toolkits(node, base, versions):
+    """Remove toolkits with their stable link and set_env.sh, so no stale environment script is left to probe."""
+    for version in versions:
+        version_dir, home, set_env = toolkit_dirs(base, version)
+        shutil.rmtree(node.path(version_dir), ignore_errors=True)
+        node.path(home).unlink(missing_ok=True)
+        node.path(set_env).unlink(missing_ok=True)
+
+
 def install_toolkit(pkg, opts):
     node, version, arch, base = sim.Node(), pkg["version"], pkg["arch"], opts.install_path
     installed = installed_toolkits(node, base)
@@ -306,8 +315,7 @@ def install_toolkit(pkg, opts):
         raise InstallError(f"CANN {older_layout[0]} is installed under ascend-toolkit/; moving to {version} "
                            "needs --upgrade (or uninstall it first)")
     if opts.action == "upgrade":
-        for old in installed.values():
-            shutil.rmtree(old)
+        remove_toolkits(node, base, installed)
     version_dir, home, set_env = toolkit_dirs(base, version)
     platform = node.path(version_dir) / f"{arch}-linux"
     for sub in ("bin", "lib64", "opp", "python/site-packages"):
@@ -324,12 +332,9 @@ def install_toolkit(pkg, opts):
 
 def uninstall_toolkit(pkg, opts):
     node, version, base = sim.Node(), pkg["version"], opts.install_path
-    version_dir, home, set_env = toolkit_dirs(base, version)
     if version not in installed_toolkits(node, base):
         raise InstallError(f"CANN toolkit {version} is not installed under {base}")
-    shutil.rmtree(node.path(version_dir))
-    node.path(home).unlink(missing_ok=True)
-    node.path(set_env).unlink(missing_ok=True)
+    remove_toolkits(node, base, [version])
     if not installed_toolkits(node, base):
         node.path(sim.CANN_INSTALL_INFO).unlink(missing_ok=True)
     log("INFO", f"Ascend-cann-toolkit {version} uninstall success")
@@ -341,13 +346,12 @@ def uninstall_toolkit(pkg, opts):
 def sourced_toolkit(pkg, base):
     """(ASCEND_HOME_PATH, its toolkit version); the toolkit's set_env.sh must have been sourced."""
     home = os.environ.get("ASCEND_HOME_PATH")
-    set_env = toolkit_dirs(base, pkg["version"])[2]
+    set_env = f"{base}/ascend-toolkit/set_env.sh (CANN < 8.5) or {base}/cann/set_env.sh"
     if not home:
-        raise InstallError(f"ASCEND_HOME_PATH is not set; source the CANN toolkit environment first: "
-                           f". {set_env}")
+        raise InstallError(f"ASCEND_HOME_PATH is not set; source the CANN toolkit environment first: {set_env}")
     record = sim.read_key_values(Path(home) / f"{pkg['arch']}-linux" / "ascend_toolkit_install.info")
     if not record:
-        raise InstallError(f"no CANN toolkit at ASCEND_HOME_PATH={home}; install the toolkit, then . {set_env}")
+        raise InstallError(f"no CANN toolkit at ASCEND_HOME_PATH={home}; install the toolkit, then source {set_env}")
     return Path(home), record["version"]
 
 
