@@ -58,7 +58,8 @@ def free_port_range(count: int = 16) -> int:
 def site_dir(tmp_path_factory) -> Path:
     """The stand-in wheels unpacked into a directory put on PYTHONPATH (a venv install, minus pip)."""
     wheels = build_standin_wheels(
-        {"torch_npu": "2.8.0.post2", "vllm_ascend": VLLM_VERSION, "vllm": VLLM_VERSION}, tmp_path_factory.mktemp("wheels")
+        {"torch_npu": "2.8.0.post2", "vllm_ascend": VLLM_VERSION, "vllm": VLLM_VERSION},
+        tmp_path_factory.mktemp("wheels"),
     )
     site = tmp_path_factory.mktemp("site")
     for wheel in wheels:
@@ -73,7 +74,14 @@ def node_root(tmp_path_factory) -> Path:
     for npu in range(NPU_COUNT):
         (root / "dev" / f"davinci{npu}").touch()
     (root / "etc/ascend-lab").mkdir(parents=True)
-    hardware = {"node": "worker1", "role": "worker", "chip": "910B3", "npu_count": NPU_COUNT, "hbm_mb": 65536, "npu_health": ["OK"] * NPU_COUNT}
+    hardware = {
+        "node": "worker1",
+        "role": "worker",
+        "chip": "910B3",
+        "npu_count": NPU_COUNT,
+        "hbm_mb": 65536,
+        "npu_health": ["OK"] * NPU_COUNT,
+    }
     (root / "etc/ascend-lab/hardware.json").write_text(json.dumps(hardware))
     (root / "run/ascend-sim").mkdir(parents=True)
     (root / "cann").mkdir()
@@ -84,9 +92,17 @@ def write_model(path: Path) -> Path:
     """A tiny Qwen3-shaped checkpoint: config.json, one safetensors shard and its index."""
     path.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-        "vocab_size": 256, "max_position_embeddings": 2048, "torch_dtype": "float16",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "float16",
     }
     (path / "config.json").write_text(json.dumps(config))
     tensors = {
@@ -95,7 +111,10 @@ def write_model(path: Path) -> Path:
     }
     shard = "model-00001-of-00001.safetensors"
     save_file(tensors, str(path / shard))
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict.fromkeys(tensors, shard)}
+    index = {
+        "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+        "weight_map": dict.fromkeys(tensors, shard),
+    }
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
     return path
 
@@ -125,9 +144,21 @@ class SimServer:
             "VLLM_SIM_LOAD_BASE_SECONDS": str(LOAD_SECONDS),
             "VLLM_SIM_ITL_SECONDS": "0.02",
         }
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            *args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(command, env={**base_env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command, env={**base_env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -169,7 +200,9 @@ class SimServer:
         return self.process.wait(timeout=STARTUP_TIMEOUT)
 
 
-def run_to_exit(site: Path, root: Path, tmp_path: Path, npus: str, args: list[str], env: dict | None = None) -> tuple[int, str]:
+def run_to_exit(
+    site: Path, root: Path, tmp_path: Path, npus: str, args: list[str], env: dict | None = None
+) -> tuple[int, str]:
     server = SimServer(site, root, tmp_path / "refused.log", npus, args, env)
     return server.process.wait(timeout=STARTUP_TIMEOUT), server.output()
 
@@ -178,7 +211,13 @@ def run_to_exit(site: Path, root: Path, tmp_path: Path, npus: str, args: list[st
 def serving(site_dir, node_root, model_dir, tmp_path_factory):
     """A server on NPUs 0,1 (TP 2) and the /health answers it gave while starting."""
     log = tmp_path_factory.mktemp("logs") / "serving.log"
-    server = SimServer(site_dir, node_root, log, "0,1", [str(model_dir), "-tp", "2", "--served-model-name", "tiny", "--max-model-len", "2048"])
+    server = SimServer(
+        site_dir,
+        node_root,
+        log,
+        "0,1",
+        [str(model_dir), "-tp", "2", "--served-model-name", "tiny", "--max-model-len", "2048"],
+    )
     statuses = server.health_statuses()
     yield server, statuses
     server.stop()
@@ -186,7 +225,7 @@ def serving(site_dir, node_root, model_dir, tmp_path_factory):
 
 def sse_events(response: http.client.HTTPResponse) -> list[str]:
     """The data fields of a server-sent event stream, in order."""
-    return [line[len(b"data: "):].decode() for line in response.read().splitlines() if line.startswith(b"data: ")]
+    return [line[len(b"data: ") :].decode() for line in response.read().splitlines() if line.startswith(b"data: ")]
 
 
 def test_unknown_option_is_rejected_like_argparse(site_dir, node_root, model_dir, tmp_path):
@@ -225,8 +264,12 @@ def test_models_lists_the_served_name(serving):
 def test_streaming_chat_sends_chunks_usage_and_done(serving):
     server, _ = serving
     request = {
-        "model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
-        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
     }
     response = server.post("/v1/chat/completions", request)
     assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
@@ -266,14 +309,21 @@ def test_metrics_parse_with_current_names(serving):
     assert status == 200
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     expected = {
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-        "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
     }
     assert expected <= set(families)
     for name in expected:
         assert all(s.labels["model_name"] == "tiny" for s in families[name].samples)
-    generated = [s.value for s in families["vllm:generation_tokens"].samples if s.name == "vllm:generation_tokens_total"]
+    generated = [
+        s.value for s in families["vllm:generation_tokens"].samples if s.name == "vllm:generation_tokens_total"
+    ]
     assert generated[0] >= 3
 
 
@@ -291,7 +341,9 @@ def test_taken_hccl_port_range_is_refused(site_dir, node_root, model_dir, tmp_pa
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", server.hccl_base + 5))
         squatter.listen()
-        code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(server.hccl_base)})
+        code, output = run_to_exit(
+            site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(server.hccl_base)}
+        )
     assert code == 1
     assert "EJ0003" in output and "Failed to bind the IP port" in output and f"port[{server.hccl_base + 5}]" in output
 
@@ -314,9 +366,18 @@ def test_corrupt_safetensors_header_fails_clearly(site_dir, node_root, tmp_path)
 
 
 def test_sigterm_finishes_the_in_flight_stream_and_exits_0(site_dir, node_root, model_dir, tmp_path):
-    server = SimServer(site_dir, node_root, tmp_path / "sigterm.log", "2,3", [str(model_dir), "-tp", "2"], {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2"})
+    server = SimServer(
+        site_dir,
+        node_root,
+        tmp_path / "sigterm.log",
+        "2,3",
+        [str(model_dir), "-tp", "2"],
+        {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2"},
+    )
     server.health_statuses()
-    response = server.post("/v1/completions", {"prompt": "drain me", "max_tokens": 40, "stream": True, "ignore_eos": True})
+    response = server.post(
+        "/v1/completions", {"prompt": "drain me", "max_tokens": 40, "stream": True, "ignore_eos": True}
+    )
     assert response.readline().startswith(b"data: ")  # the stream is under way
     server.process.send_signal(signal.SIGTERM)
     events = sse_events(response)

@@ -50,11 +50,15 @@ def test_vllm_ascend_registers_the_platform_plugin(wheels):
 
 def test_vllm_carries_its_release_options_planner_and_console_script(wheels):
     vllm = wheels["vllm"]
-    assert json.loads(wheel_text(vllm, "vllm/_sim/options.json")) == json.loads((OPTIONS_DIR / "0.11.0.json").read_text())
+    assert json.loads(wheel_text(vllm, "vllm/_sim/options.json")) == json.loads(
+        (OPTIONS_DIR / "0.11.0.json").read_text()
+    )
     assert "def plan_instance(" in wheel_text(vllm, "vllm/_sim/planner.py")
     assert "vllm = vllm.entrypoints.cli.main:main" in wheel_text(vllm, "vllm-0.11.0.dist-info/entry_points.txt")
     metadata = wheel_text(vllm, "vllm-0.11.0.dist-info/METADATA")
-    assert {"Requires-Dist: fastapi", "Requires-Dist: uvicorn", "Requires-Dist: prometheus_client"} <= set(metadata.splitlines())
+    assert {"Requires-Dist: fastapi", "Requires-Dist: uvicorn", "Requires-Dist: prometheus_client"} <= set(
+        metadata.splitlines()
+    )
 
 
 def test_record_lists_every_file(wheels):

@@ -31,7 +31,16 @@ RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 # Real packages the simulated server runs on; vLLM itself depends on all of them.
-SIM_SERVER_REQUIREMENTS = ("fastapi", "uvicorn", "prometheus_client", "pydantic", "safetensors", "numpy", "tokenizers", "jinja2")
+SIM_SERVER_REQUIREMENTS = (
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "pydantic",
+    "safetensors",
+    "numpy",
+    "tokenizers",
+    "jinja2",
+)
 
 
 class WheelBuildError(ValueError):
@@ -89,7 +98,9 @@ def option_data(vllm_version: str) -> bytes:
     path = OPTIONS_DIR / f"{vllm_version}.json"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.json")))
-        raise WheelBuildError(f"no CLI option data for vLLM {vllm_version} (have {known}); extract it with vllm_options/extract.py")
+        raise WheelBuildError(
+            f"no CLI option data for vLLM {vllm_version} (have {known}); extract it with vllm_options/extract.py"
+        )
     return path.read_bytes()
 
 
@@ -111,7 +122,12 @@ def vllm_standin(version: str) -> Standin:
 
 
 def _metadata(standin: Standin) -> bytes:
-    lines = ["Metadata-Version: 2.1", f"Name: {standin.name}", f"Version: {standin.version}", f"Summary: {standin.summary}"]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {standin.name}",
+        f"Version: {standin.version}",
+        f"Summary: {standin.summary}",
+    ]
     lines += [f"Requires-Dist: {requirement}" for requirement in standin.requires]
     return ("\n".join(lines) + "\n").encode()
 

@@ -117,7 +117,9 @@ def main() -> None:
     )
     top = parser_class(prog="vllm")
     serve = ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
-    api_server = make_arg_parser(parser_class(prog="api_server.py", description="vLLM OpenAI-Compatible RESTful API server."))
+    api_server = make_arg_parser(
+        parser_class(prog="api_server.py", description="vLLM OpenAI-Compatible RESTful API server.")
+    )
     data = {
         "vllm_version": vllm.__version__,
         "kv_cache_log": kv_cache_log_style(),

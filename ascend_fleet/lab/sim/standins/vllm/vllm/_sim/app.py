@@ -67,7 +67,9 @@ class TokenizeRequest(BaseModel):
 
 
 def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+    )
 
 
 def sse(payload: dict | str) -> str:
@@ -75,7 +77,11 @@ def sse(payload: dict | str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class CompletionShape:
@@ -107,7 +113,12 @@ class ChatShape:
         return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
 
     def full_choice(self, text: str, finish_reason: str) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -124,7 +135,14 @@ class Job:
 
     def body(self, choices: list[dict], chunk: bool, **extra) -> dict:
         kind = self.shape.object_name + (".chunk" if chunk and isinstance(self.shape, ChatShape) else "")
-        return {"id": f"{self.shape.id_prefix}-{self.request_id}", "object": kind, "created": self.created, "model": self.model, "choices": choices, **extra}
+        return {
+            "id": f"{self.shape.id_prefix}-{self.request_id}",
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
 
 async def stream_job(engine: Engine, job: Job, include_usage: bool) -> AsyncIterator[str]:
@@ -144,7 +162,9 @@ async def complete_job(engine: Engine, job: Job) -> dict:
     text, produced, finish_reason = "", 0, "length"
     async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
         text, produced, finish_reason = text + event.text, produced + 1, event.finish_reason or finish_reason
-    return job.body([job.shape.full_choice(text, finish_reason)], chunk=False, usage=usage(len(job.prompt_ids), produced))
+    return job.body(
+        [job.shape.full_choice(text, finish_reason)], chunk=False, usage=usage(len(job.prompt_ids), produced)
+    )
 
 
 def completion_prompt_ids(engine: Engine, prompt) -> list[int]:
@@ -203,8 +223,15 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]]) -> Fast
     @app.get("/v1/models")
     async def models():
         cards = [
-            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": state.model_path,
-             "parent": None, "max_model_len": engine.capacity.max_model_len}
+            {
+                "id": name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": state.model_path,
+                "parent": None,
+                "max_model_len": engine.capacity.max_model_len,
+            }
             for name in state.served_model_names
         ]
         return {"object": "list", "data": cards}
@@ -222,7 +249,9 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]]) -> Fast
         if (refused := refusal(request.model)) is not None:
             return refused
         prompt_ids = engine.codec.encode(engine.codec.chat_prompt(request.messages))
-        max_tokens = request.max_completion_tokens or request.max_tokens or engine.capacity.max_model_len - len(prompt_ids)
+        max_tokens = (
+            request.max_completion_tokens or request.max_tokens or engine.capacity.max_model_len - len(prompt_ids)
+        )
         job = Job(ChatShape(), state.model_name, prompt_ids, max_tokens, request.ignore_eos)
         return await answer(job, request)
 
@@ -232,7 +261,12 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]]) -> Fast
             return refused
         text = engine.codec.chat_prompt(request.messages) if request.messages is not None else request.prompt or ""
         tokens = engine.codec.encode(text)
-        return {"count": len(tokens), "max_model_len": engine.capacity.max_model_len, "tokens": tokens, "token_strs": None}
+        return {
+            "count": len(tokens),
+            "max_model_len": engine.capacity.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
 
     @app.get("/metrics")
     async def metrics():

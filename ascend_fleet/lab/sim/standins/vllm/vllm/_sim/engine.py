@@ -55,7 +55,9 @@ class Scheduler:
         return math.ceil(tokens / self.capacity.block_size) * self.capacity.block_size
 
     def _fits(self, tokens: int) -> bool:
-        return self.running < self.capacity.max_num_seqs and self.reserved_tokens + tokens <= self.capacity.kv_cache_tokens
+        return (
+            self.running < self.capacity.max_num_seqs and self.reserved_tokens + tokens <= self.capacity.kv_cache_tokens
+        )
 
     def _publish(self) -> None:
         self.metrics.running.set(self.running)
@@ -139,6 +141,6 @@ class Engine:
                     last = now
                 full = self.codec.decode(ids[:produced])  # whole-prefix decode keeps multi-byte characters intact
                 self.metrics.generation_tokens.inc()
-                yield TokenEvent(full[len(text):], finish_reason if produced == count else None)
+                yield TokenEvent(full[len(text) :], finish_reason if produced == count else None)
                 text = full
             self.metrics.e2e.observe(time.monotonic() - arrival)

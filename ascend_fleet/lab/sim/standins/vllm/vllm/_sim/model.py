@@ -69,7 +69,9 @@ def open_model_dir(path: Path) -> ModelDir:
     for shard in shards:
         _check_shard(shard, shard_tensors[shard.name])
     tokenizer_config_path = path / "tokenizer_config.json"
-    tokenizer_config = _read_json(tokenizer_config_path, "tokenizer_config.json") if tokenizer_config_path.exists() else {}
+    tokenizer_config = (
+        _read_json(tokenizer_config_path, "tokenizer_config.json") if tokenizer_config_path.exists() else {}
+    )
     return ModelDir(
         path=path,
         config=config,

@@ -72,11 +72,18 @@ def _add_action(parser: argparse.ArgumentParser, spec: dict) -> None:
     common = {} if not spec["flags"] else {"dest": spec["dest"]}
     if kind in ("store", "append"):
         parser.add_argument(
-            *names, **common, action=kind, nargs=spec["nargs"], type=CONVERTERS[spec["type"]],
-            choices=spec["choices"], default=spec["default"],
+            *names,
+            **common,
+            action=kind,
+            nargs=spec["nargs"],
+            type=CONVERTERS[spec["type"]],
+            choices=spec["choices"],
+            default=spec["default"],
         )
     elif kind == "boolean_optional":
-        parser.add_argument(*_plain_flags(names), **common, action=argparse.BooleanOptionalAction, default=spec["default"])
+        parser.add_argument(
+            *_plain_flags(names), **common, action=argparse.BooleanOptionalAction, default=spec["default"]
+        )
     elif kind == "store_const":
         parser.add_argument(*names, **common, action=kind, const=spec["const"], default=spec["default"])
     elif kind in ("store_true", "store_false", "count"):
@@ -90,7 +97,9 @@ def _add_action(parser: argparse.ArgumentParser, spec: dict) -> None:
 def build_parser(entry: str, data: dict | None = None) -> SimArgumentParser:
     """The parser of `entry` ("serve" or "api_server") for the pinned release."""
     spec = (data or load_option_data())[entry]
-    parser = SimArgumentParser(prog=spec["prog"], usage=spec["usage"], allow_abbrev=spec["allow_abbrev"], add_help=False)
+    parser = SimArgumentParser(
+        prog=spec["prog"], usage=spec["usage"], allow_abbrev=spec["allow_abbrev"], add_help=False
+    )
     for action in spec["actions"]:
         _add_action(parser, action)
     return parser

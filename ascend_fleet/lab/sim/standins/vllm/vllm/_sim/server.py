@@ -36,16 +36,31 @@ from vllm._version import __version__
 
 log = logging.getLogger("vllm")
 
-DTYPE_NAMES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+DTYPE_NAMES = {
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
 # Plan findings that stop real vLLM at start-up (the rest are the planner's own judgement).
-FATAL_FINDINGS = {"tp-heads", "tp-kv-heads", "tp-linear-heads", "max-model-len", "weights-do-not-fit", "concurrency-below-one"}
+FATAL_FINDINGS = {
+    "tp-heads",
+    "tp-kv-heads",
+    "tp-linear-heads",
+    "max-model-len",
+    "weights-do-not-fit",
+    "concurrency-below-one",
+}
 DEFAULT_MAX_NUM_SEQS = 256
 
 
 def configure_logging() -> None:
     """vLLM's log line format, on stdout."""
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S")
+    )
     log.addHandler(handler)
     log.setLevel(logging.INFO)
 
@@ -63,7 +78,9 @@ def check_platform() -> None:
     import vllm_ascend
 
     if release_number(vllm_ascend.__version__) != release_number(__version__):
-        raise StartupError(f"vllm-ascend {vllm_ascend.__version__} does not match vLLM {__version__}: install the pair its release pins")
+        raise StartupError(
+            f"vllm-ascend {vllm_ascend.__version__} does not match vLLM {__version__}: install the pair its release pins"
+        )
     try:
         runtime.check_cann_environment()
     except ImportError as err:
@@ -112,7 +129,9 @@ def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan
             quantization=args.quantization,
             ep=args.enable_expert_parallel,
             hbm_bytes_override=hardware["hbm_mb"] * planner.MIB - reserved,
-            kv_dtype=None if args.kv_cache_dtype == "auto" else DTYPE_NAMES.get(args.kv_cache_dtype, args.kv_cache_dtype),
+            kv_dtype=None
+            if args.kv_cache_dtype == "auto"
+            else DTYPE_NAMES.get(args.kv_cache_dtype, args.kv_cache_dtype),
         )
     except planner.ConfigError as err:
         raise StartupError(str(err)) from None
@@ -142,7 +161,12 @@ def log_kv_cache(plan: planner.InstancePlan, style: str) -> None:
     """The start-up lines operators read, in the pinned release's format."""
     tokens, length = f"{plan.kv_cache_tokens:,}", f"{plan.max_model_len:,}"
     if style == "combined":
-        log.info("NPU KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx", tokens, length, plan.max_concurrency)
+        log.info(
+            "NPU KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
+            tokens,
+            length,
+            plan.max_concurrency,
+        )
     else:
         log.info("GPU KV cache size: %s tokens", tokens)
         log.info("Maximum concurrency for %s tokens per request: %.2fx", length, plan.max_concurrency)
@@ -185,7 +209,9 @@ class Instance:
             block_size=args.block_size or 128,  # vllm-ascend's block size
             max_model_len=self.plan.max_model_len,
         )
-        engine = Engine(TextCodec(self.model.path, self.model.tokenizer_config), capacity, Timing.from_env(), self.metrics)
+        engine = Engine(
+            TextCodec(self.model.path, self.model.tokenizer_config), capacity, Timing.from_env(), self.metrics
+        )
         self.state = ServingState(engine, names, str(self.model.path), __version__)
 
     async def load(self) -> None:
