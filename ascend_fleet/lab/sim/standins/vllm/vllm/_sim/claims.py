@@ -51,7 +51,10 @@ def claim_npus(claims: Claims, npus: list[int]) -> None:
     """Open and exclusively lock /dev/davinciN for every NPU the instance uses."""
     for npu in npus:
         path = runtime.device_file(npu)
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as err:
+            raise StartupError(f"cannot open NPU {npu} ({path}): {err.strerror} (the driver's device files are 0660 root:HwHiAiUser)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
