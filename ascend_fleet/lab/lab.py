@@ -14,18 +14,23 @@ from ascend_fleet.lab import network, processes
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import start_mirror
-from ascend_fleet.lab.nodes import node_dir, prepare_node, remove_loop_mount, start_node, wait_for_ssh
+from ascend_fleet.lab.nodes import (node_dir, prepare_node, remove_loop_mount, remove_mount, start_lxcfs, start_node,
+                                   wait_for_ssh)
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 
-REQUIRED_TOOLS = ["debootstrap", "systemd-nspawn", "ip", "nft", "nginx", "losetup", "mkfs.ext4", "ssh-keygen", "ssh"]
+REQUIRED_TOOLS = ["debootstrap", "systemd-nspawn", "ip", "nft", "nginx", "lxcfs", "losetup", "mkfs.ext4", "ssh-keygen",
+                  "ssh"]
 DISK_MARGIN_BYTES = 2 * 1024**3
+
+
+def require_root(command: str) -> None:
+    if os.geteuid() != 0:
+        raise FleetError(f"{command}: must run as root (the lab creates namespaces, mounts and a bridge); use sudo")
 
 
 def check_can_run(spec: LabSpec) -> None:
     """Everything that would make `lab up` fail halfway, checked before anything is created."""
-    if os.geteuid() != 0:
-        raise FleetError("lab up: must run as root (it creates namespaces, mounts and a bridge); use sudo")
     missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
     if missing:
         raise FleetError(f"lab up: {', '.join(missing)} not found; run scripts/setup to install the lab's packages")
@@ -45,6 +50,7 @@ def check_can_run(spec: LabSpec) -> None:
 
 def up(spec: LabSpec, console: Console) -> LabState:
     """Create the lab described by spec; on any failure remove what was created, then re-raise."""
+    require_root("lab up")
     existing = LabState.load(spec.lab_dir)
     if existing is not None:
         if all_running(existing):
@@ -60,6 +66,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
             public_key = create_login_key(state, spec)
             network.create_bridge(state, spec)
             start_mirror(state, spec)
+            start_lxcfs(state, spec)
             for node in spec.nodes:
                 network.create_node_network(state, spec, node)
                 prepare_node(state, spec, node, base, public_key)
@@ -109,6 +116,7 @@ def ssh_argv(lab_dir: Path, node: NodeSpec) -> list[str]:
 REMOVERS = {
     "process": lambda entry: entry.get("pid") and processes.stop(entry["pid"], entry["marker"]),
     "loop-mount": remove_loop_mount,
+    "mount": remove_mount,
     "netns": network.remove_netns,
     "link": network.remove_link,
     "bridge": network.remove_link,
@@ -119,6 +127,7 @@ REMOVERS = {
 
 def down(lab_dir: Path) -> bool:
     """Remove exactly what the lab recorded, newest first. Idempotent; False if there was no lab."""
+    require_root("lab down")
     state = LabState.load(lab_dir)
     if state is None:
         return False

@@ -48,7 +48,7 @@ def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) 
     context = dict(node=node, nodes=spec.nodes, host_address=spec.host_address, mirror_url=spec.mirror_url,
                    lab_public_key=public_key)
     render_tree(TEMPLATES / "lab" / "node", upper, context)
-    enable_unit(upper, "ascend-lab-meminfo.service", "sysinit.target")
+    enable_unit(upper, "ascend-lab-proc.service", "sysinit.target")
     if node.hardware.preexisting.cuda_env:
         render_tree(TEMPLATES / "lab" / "cuda", upper, context)
     ssh_dir = upper / "etc" / "ssh"
@@ -119,10 +119,38 @@ def nspawn_argv(spec: LabSpec, node: NodeSpec, base: Path, home: Path) -> list[s
         f"--network-namespace-path=/run/netns/{node.netns}",
         "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=pipe",
         f"--bind-ro={home / 'ascend-lab'}:/etc/ascend-lab",
+        f"--bind-ro={lxcfs_dir(spec.lab_dir)}:/var/lib/lxcfs",
     ]
     if node.hardware.nvme:
         argv.append(f"--bind={home / 'nvme'}:{node.hardware.nvme.mount}")
     return argv
+
+
+def lxcfs_dir(lab_dir: Path) -> Path:
+    return lab_dir / "lxcfs"
+
+
+def start_lxcfs(state: LabState, spec: LabSpec) -> None:
+    """One lxcfs for the lab: its /proc/uptime counts from each node's own boot."""
+    mountpoint = lxcfs_dir(spec.lab_dir)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    state.record("mount", path=str(mountpoint))
+    entry = state.record("process", role="lxcfs", marker=str(mountpoint), pid=None)
+    entry["pid"] = processes.spawn(["lxcfs", "--foreground", str(mountpoint)], spec.lab_dir / "lxcfs.log")
+    state.save()
+    deadline = time.monotonic() + 10
+    while not (mountpoint / "proc" / "uptime").exists():
+        if time.monotonic() > deadline or not processes.is_ours(entry["pid"], entry["marker"]):
+            raise FleetError(f"lab: lxcfs did not mount {mountpoint}; see {spec.lab_dir / 'lxcfs.log'}")
+        time.sleep(0.1)
+
+
+def remove_mount(entry: dict) -> None:
+    mountpoint = Path(entry["path"])
+    if mountpoint.is_mount():
+        quiet(["umount", "--lazy", str(mountpoint)])
+    if mountpoint.is_dir():
+        mountpoint.rmdir()
 
 
 def start_node(state: LabState, spec: LabSpec, node: NodeSpec) -> None:

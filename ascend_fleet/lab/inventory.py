@@ -1,0 +1,38 @@
+"""The lab as pyinfra inventory groups, read from the state file `lab up` wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ascend_fleet.lab.lab import ssh_dir
+from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, NodeSpec
+from ascend_fleet.lab.state import LabState
+
+
+def host_data(lab_dir: Path, node: NodeSpec) -> dict:
+    """SSH settings (the lab's key, its own known_hosts, strict checking) and the node's hardware."""
+    keys = ssh_dir(lab_dir)
+    hardware = node.hardware
+    return {
+        "ssh_hostname": node.address,
+        "ssh_user": "root",
+        "ssh_key": str(keys / "id_ed25519"),
+        "ssh_known_hosts_file": str(keys / "known_hosts"),
+        "ssh_strict_host_key_checking": "yes",
+        "lab_role": node.role,
+        "chip": hardware.chip,
+        "npu_count": hardware.npus,
+        "nvme_mount": hardware.nvme.mount if hardware.nvme else None,
+    }
+
+
+def lab_groups(lab_dir: Path = DEFAULT_LAB_DIR) -> dict[str, list]:
+    """{group: [(host, data)]}: every node carries its data in its first group, the rest list names."""
+    state = LabState.require(lab_dir)
+    groups: dict[str, list] = {}
+    for node in state.spec.nodes:
+        first, *others = node.groups
+        groups.setdefault(first, []).append((node.name, host_data(lab_dir, node)))
+        for group in others:
+            groups.setdefault(group, []).append(node.name)
+    return groups
