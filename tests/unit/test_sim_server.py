@@ -199,12 +199,21 @@ class SimServer:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=STARTUP_TIMEOUT)
 
+    def kill(self) -> None:
+        """Make sure a failed test leaves no server behind."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
 
 def run_to_exit(
     site: Path, root: Path, tmp_path: Path, npus: str, args: list[str], env: dict | None = None
 ) -> tuple[int, str]:
     server = SimServer(site, root, tmp_path / "refused.log", npus, args, env)
-    return server.process.wait(timeout=STARTUP_TIMEOUT), server.output()
+    try:
+        return server.process.wait(timeout=STARTUP_TIMEOUT), server.output()
+    finally:
+        server.kill()
 
 
 @pytest.fixture(scope="module")
@@ -335,17 +344,13 @@ def test_npu_held_by_another_instance_is_refused(serving, site_dir, node_root, m
 
 
 def test_taken_hccl_port_range_is_refused(site_dir, node_root, model_dir, tmp_path):
-    server = SimServer(site_dir, node_root, tmp_path / "hccl.log", "3", [str(model_dir)])
-    server.process.kill()
-    server.process.wait()
+    base = free_port_range()
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", server.hccl_base + 5))
+        squatter.bind(("127.0.0.1", base + 5))
         squatter.listen()
-        code, output = run_to_exit(
-            site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(server.hccl_base)}
-        )
+        code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(base)})
     assert code == 1
-    assert "EJ0003" in output and "Failed to bind the IP port" in output and f"port[{server.hccl_base + 5}]" in output
+    assert "EJ0003" in output and "Failed to bind the IP port" in output and f"port[{base + 5}]" in output
 
 
 def test_missing_shard_fails_clearly(site_dir, node_root, tmp_path):
@@ -374,13 +379,16 @@ def test_sigterm_finishes_the_in_flight_stream_and_exits_0(site_dir, node_root, 
         [str(model_dir), "-tp", "2"],
         {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2"},
     )
-    server.health_statuses()
-    response = server.post(
-        "/v1/completions", {"prompt": "drain me", "max_tokens": 40, "stream": True, "ignore_eos": True}
-    )
-    assert response.readline().startswith(b"data: ")  # the stream is under way
-    server.process.send_signal(signal.SIGTERM)
-    events = sse_events(response)
-    assert events[-1] == "[DONE]"
-    assert len(events) == 40  # 39 more token chunks + [DONE]
-    assert server.process.wait(timeout=STARTUP_TIMEOUT) == 0
+    try:
+        server.health_statuses()
+        response = server.post(
+            "/v1/completions", {"prompt": "drain me", "max_tokens": 40, "stream": True, "ignore_eos": True}
+        )
+        assert response.readline().startswith(b"data: ")  # the stream is under way
+        server.process.send_signal(signal.SIGTERM)
+        events = sse_events(response)
+        assert events[-1] == "[DONE]"
+        assert len(events) == 40  # 39 more token chunks + [DONE]
+        assert server.process.wait(timeout=STARTUP_TIMEOUT) == 0
+    finally:
+        server.kill()
