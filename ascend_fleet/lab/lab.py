@@ -114,7 +114,7 @@ def ssh_argv(lab_dir: Path, node: NodeSpec) -> list[str]:
 
 
 REMOVERS = {
-    "process": lambda entry: entry.get("pid") and processes.stop(entry["pid"], entry["marker"]),
+    "process": lambda entry: stop_recorded_process(entry),
     "loop-mount": remove_loop_mount,
     "mount": remove_mount,
     "netns": network.remove_netns,
@@ -123,6 +123,16 @@ REMOVERS = {
     "nft-table": network.remove_nft_table,
     "dir": lambda entry: remove_dir(Path(entry["path"])),
 }
+
+
+def stop_recorded_process(entry: dict) -> None:
+    """Stop a recorded process and, for a node, the systemd-nspawn it was running (its node
+    shuts down cleanly even if the supervisor itself crashed)."""
+    if entry.get("pid"):
+        processes.stop(entry["pid"], entry["marker"])
+    child_pidfile = Path(entry.get("child_pidfile") or "/nonexistent")
+    if child_pidfile.exists():
+        processes.stop(int(child_pidfile.read_text()), entry["marker"])
 
 
 def down(lab_dir: Path) -> bool:

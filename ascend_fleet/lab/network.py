@@ -30,19 +30,16 @@ def create_bridge(state: LabState, spec: LabSpec) -> None:
     run(["nft", "-f", "-"], input=ruleset, what="loading the lab firewall")
 
 
-def host_veth(node: NodeSpec) -> str:
-    return f"afv-{node.name}"[:15]
-
-
 def create_node_network(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
     """A namespace whose eth0 is bridged to the lab; it outlives the node's reboots."""
-    state.record("netns", name=node.netns)
-    run(["ip", "netns", "add", node.netns], what=f"creating network namespace {node.netns}")
-    veth = host_veth(node)
+    netns = spec.netns(node)
+    state.record("netns", name=netns)
+    run(["ip", "netns", "add", netns], what=f"creating network namespace {netns}")
+    veth = spec.host_veth(node)
     state.record("link", name=veth)
-    run(["ip", "link", "add", veth, "type", "veth", "peer", "name", NODE_INTERFACE, "netns", node.netns])
+    run(["ip", "link", "add", veth, "type", "veth", "peer", "name", NODE_INTERFACE, "netns", netns])
     run(["ip", "link", "set", veth, "master", spec.bridge, "up"])
-    inside = ["ip", "-n", node.netns]
+    inside = ["ip", "-n", netns]
     run([*inside, "addr", "add", f"{node.address}/{spec.network.prefixlen}", "dev", NODE_INTERFACE])
     run([*inside, "link", "set", NODE_INTERFACE, "up"])
     run([*inside, "link", "set", "lo", "up"])

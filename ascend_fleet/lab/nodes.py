@@ -116,7 +116,7 @@ def nspawn_argv(spec: LabSpec, node: NodeSpec, base: Path, home: Path) -> list[s
         f"--machine={node.name}", f"--directory={base}", f"--overlay={base}:{home / 'upper'}:/",
         # No machined or D-Bus on a plain host: don't register, and stay in the supervisor's cgroup.
         "--register=no", "--keep-unit",
-        f"--network-namespace-path=/run/netns/{node.netns}",
+        f"--network-namespace-path=/run/netns/{spec.netns(node)}",
         "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=pipe",
         f"--bind-ro={home / 'ascend-lab'}:/etc/ascend-lab",
         f"--bind-ro={lxcfs_dir(spec.lab_dir)}:/var/lib/lxcfs",
@@ -132,22 +132,27 @@ def lxcfs_dir(lab_dir: Path) -> Path:
 
 def start_lxcfs(state: LabState, spec: LabSpec) -> None:
     """One lxcfs for the lab: its /proc/uptime counts from each node's own boot."""
-    mountpoint = lxcfs_dir(spec.lab_dir)
+    mountpoint, logs = lxcfs_dir(spec.lab_dir), spec.lab_dir / "lxcfs-run"
+    state.record("dir", path=str(logs))
+    logs.mkdir(parents=True, exist_ok=True)
     mountpoint.mkdir(parents=True, exist_ok=True)
     state.record("mount", path=str(mountpoint))
     entry = state.record("process", role="lxcfs", marker=str(mountpoint), pid=None)
-    entry["pid"] = processes.spawn(["lxcfs", "--foreground", str(mountpoint)], spec.lab_dir / "lxcfs.log")
+    # Its own pidfile: lxcfs locks the default one, which would allow one lab per machine.
+    entry["pid"] = processes.spawn(["lxcfs", "--foreground", f"--pidfile={logs / 'lxcfs.pid'}", str(mountpoint)],
+                                   logs / "lxcfs.log")
     state.save()
     deadline = time.monotonic() + 10
     while not (mountpoint / "proc" / "uptime").exists():
         if time.monotonic() > deadline or not processes.is_ours(entry["pid"], entry["marker"]):
-            raise FleetError(f"lab: lxcfs did not mount {mountpoint}; see {spec.lab_dir / 'lxcfs.log'}")
+            raise FleetError(f"lab: lxcfs did not mount {mountpoint}; see {logs / 'lxcfs.log'}")
         time.sleep(0.1)
 
 
 def remove_mount(entry: dict) -> None:
     mountpoint = Path(entry["path"])
-    if mountpoint.is_mount():
+    # Not Path.is_mount(): a crashed FUSE daemon leaves a mount that cannot even be stat'ed.
+    if f" {mountpoint} " in Path("/proc/mounts").read_text():
         quiet(["umount", "--lazy", str(mountpoint)])
     if mountpoint.is_dir():
         mountpoint.rmdir()
@@ -155,7 +160,8 @@ def remove_mount(entry: dict) -> None:
 
 def start_node(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
     home = node_dir(spec.lab_dir, node.name)
-    entry = state.record("process", role=f"node {node.name}", marker=str(home), pid=None)
+    entry = state.record("process", role=f"node {node.name}", marker=str(home), pid=None,
+                         child_pidfile=str(home / "nspawn.pid"))
     entry["pid"] = processes.spawn([sys.executable, "-m", "ascend_fleet.lab.supervisor", str(home)],
                                    home / "console.log")
     state.save()

@@ -34,14 +34,29 @@ def is_ours(pid: int, marker: str) -> bool:
 
 
 def stop(pid: int, marker: str, grace: float = 30.0) -> None:
-    """SIGTERM, wait up to grace seconds, then SIGKILL; no-op if pid is not ours any more."""
+    """SIGTERM, wait up to grace seconds, SIGKILL; then end what is left of its process group.
+
+    Each process was started as the leader of its own group, so the group also holds what
+    it started (nginx workers, systemd-nspawn) even when the leader already died.
+    """
+    if _exists(pid) and not is_ours(pid, marker):
+        return  # the PID now belongs to someone else
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         if not is_ours(pid, marker):
-            return
+            break
         os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and is_ours(pid, marker):
             time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _exists(pid: int) -> bool:
+    _reap(pid)
+    return Path(f"/proc/{pid}").exists()
 
 
 def _reap(pid: int) -> None:

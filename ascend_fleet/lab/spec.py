@@ -90,13 +90,10 @@ class NodeSpec(_Strict):
     groups: list[str]
     hardware: NodeHardware
 
-    @property
-    def netns(self) -> str:
-        return f"af-{self.name}"
 
 
 class LabSpec(_Strict):
-    name: str = "lab"
+    name: str = Field("lab", pattern=r"^[a-z][a-z0-9]{0,7}$", description="part of every host-side name")
     lab_dir: Path = DEFAULT_LAB_DIR
     subnet: str = "10.213.0.0/24"
     mirror_port: int = 8080
@@ -118,7 +115,14 @@ class LabSpec(_Strict):
 
     @property
     def bridge(self) -> str:
-        return f"af-{self.name}-br"[:15]
+        return f"af-{self.name}-br"
+
+    def netns(self, node: NodeSpec) -> str:
+        return f"af-{self.name}-{node.name}"
+
+    def host_veth(self, node: NodeSpec) -> str:
+        """The host end of a node's link (interface names are at most 15 characters)."""
+        return f"af-{self.name}-{node.index}"
 
     @property
     def workers(self) -> list[NodeSpec]:

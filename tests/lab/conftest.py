@@ -1,0 +1,105 @@
+"""The `lab` fixture: one rehearsal lab (3 workers + gateway) for the whole test session.
+
+It runs the same commands a user runs (`ascend-fleet lab up/down`, `pyinfra inventories/lab.py`)
+in a lab of its own (own directory, name and subnet), so a lab the user has up is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TEST_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_TEST_LAB_DIR", "/var/lib/ascend-fleet/test-lab"))
+
+
+class Lab:
+    """A lab brought up with the CLI, and the ways tests talk to it."""
+
+    def __init__(self, lab_dir: Path, name: str, subnet: str):
+        self.lab_dir, self.name, self.subnet = lab_dir, name, subnet
+        self.env = {**os.environ, "ASCEND_FLEET_LAB_DIR": str(lab_dir)}
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(BIN / "ascend-fleet"), *args], env=self.env, cwd=PROJECT,
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"ascend-fleet {' '.join(args)} exited {result.returncode}:\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def up(self, nodes: int = 3, *extra: str) -> None:
+        self.cli("lab", "up", "--nodes", str(nodes), "--name", self.name, "--subnet", self.subnet, *extra)
+
+    def down(self) -> None:
+        self.cli("lab", "down")
+
+    def status(self) -> dict:
+        return json.loads(self.cli("lab", "status", "--json").stdout)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [node["name"] for node in self.status()["nodes"]]
+
+    @property
+    def workers(self) -> list[str]:
+        return [node["name"] for node in self.status()["nodes"] if node["role"] == "worker"]
+
+    @property
+    def mirror_url(self) -> str:
+        return self.status()["mirror"]["url"]
+
+    def boot_id(self, node: str) -> str:
+        return self.run(node, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+    def run(self, node: str, command: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Run a shell command as root on a node over SSH (the lab's key, its known_hosts)."""
+        result = self.cli("lab", "ssh", node, "--", command, check=False, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{node}: `{command}` exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def pyinfra(self, *args: str, check: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
+        """Run pyinfra on the lab inventory; its output (pyinfra logs to stderr) is in .stdout."""
+        result = subprocess.run([str(BIN / "pyinfra"), "-y", "inventories/lab.py", *args], env=self.env,
+                                cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"pyinfra {' '.join(args)} exited {result.returncode}:\n{result.stdout[-6000:]}")
+        return result
+
+    def reboot(self, node: str) -> None:
+        """Reboot through pyinfra's own server.reboot, which returns once the node is back."""
+        before = self.boot_id(node)
+        self.pyinfra("server.reboot", "--limit", node)
+        assert self.boot_id(node) != before, f"{node} did not reboot"
+
+    def wait_running(self, node: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if next(n for n in self.status()["nodes"] if n["name"] == node)["state"] == "running":
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{node} not running after {timeout}s")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root (namespaces, mounts, a bridge)")
+
+
+@pytest.fixture(scope="session")
+def lab():
+    require_root()
+    lab = Lab(TEST_LAB_DIR, "test", "10.213.200.0/24")
+    lab.down()  # a previous session that crashed
+    lab.up(3)
+    yield lab
+    lab.down()

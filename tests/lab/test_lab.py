@@ -1,0 +1,100 @@
+"""The rehearsal lab itself: real nodes, reboots, reachability, groups, and a clean teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.lab.conftest import Lab, TEST_LAB_DIR, require_root
+
+pytestmark = pytest.mark.lab
+
+
+def test_pyinfra_runs_a_command_on_every_node(lab):
+    result = lab.pyinfra("exec", "--", "echo ran-on-$(hostname)")
+    for node in ("gateway", "worker1", "worker2", "worker3"):
+        assert f"[{node}] ran-on-{node}" in result.stdout
+    # pyinfra's own summary: 4 hosts, 4 successes, no errors.
+    assert re.search(r"Grand total\s+4\s+4\s+-", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize("group, members", [
+    ("canary", {"worker1"}), ("wave1", {"worker2"}), ("wave2", {"worker3"}),
+    ("workers", {"worker1", "worker2", "worker3"}), ("gateway", {"gateway"}),
+])
+def test_inventory_groups_follow_the_rollout_waves(lab, group, members):
+    result = lab.pyinfra("exec", "--limit", group, "--", "echo in-group-$(hostname)")
+    answered = {node for node in ("gateway", "worker1", "worker2", "worker3") if f"in-group-{node}" in result.stdout}
+    assert answered == members
+
+
+def test_reboot_brings_the_node_back_with_a_new_boot_id_and_its_files(lab):
+    node = "worker2"
+    lab.run(node, "echo written-before-reboot > /root/marker && sync")
+    before = lab.boot_id(node)
+    lab.pyinfra("server.reboot", "--limit", node)
+    assert lab.boot_id(node) != before
+    assert lab.run(node, "cat /root/marker").stdout.strip() == "written-before-reboot"
+    assert lab.run(node, "systemctl is-system-running --wait").stdout.strip() in ("running", "degraded")
+    assert lab.run(node, "findmnt -n -o FSTYPE /mnt/nvme").stdout.strip() == "ext4"
+
+
+def test_nodes_reach_each_other_and_the_mirror_and_nothing_else(lab):
+    status = lab.status()
+    host = status["mirror"]["url"].split("//")[1].split(":")[0]
+    lab.run("worker1", "ping -c1 -W2 worker2 && ping -c1 -W2 gateway")
+    assert lab.run("worker1", f"curl -fsS -o /dev/null -w '%{{http_code}}' {status['mirror']['url']}/simple/").stdout == "200"
+    # The host's other services (its sshd) are closed to the nodes; no route leads elsewhere.
+    assert lab.run("worker1", f"curl -sS -m 3 http://{host}:22/", check=False).returncode != 0
+    assert lab.run("worker1", "curl -sS -m 3 http://203.0.113.80/", check=False).returncode != 0
+    # The Debian archive is reachable only through the mirror's proxy.
+    lab.run("worker3", "apt-get update -q")
+
+
+def test_nodes_report_their_simulated_hardware(lab):
+    hardware = json.loads(lab.run("worker1", "cat /etc/ascend-lab/hardware.json").stdout)
+    assert hardware["npu_count"] == 8 and hardware["chip"] == "910B3"
+    assert hardware["npu_health"] == ["OK"] * 8
+    mem_total_kb = int(lab.run("worker1", "awk '/MemTotal/ {print $2}' /proc/meminfo").stdout)
+    assert mem_total_kb == hardware["ram_gb"] * 1024 * 1024
+    size = int(lab.run("worker1", "df --output=size -B1 /mnt/nvme | tail -1").stdout)
+    assert 7 * 1024**3 < size <= 8 * 1024**3
+
+
+def lab_footprint(lab_dir: Path, name: str, pids: list[int]) -> list[str]:
+    """What of a lab is on the host: links, mounts, firewall table, processes."""
+    leftovers = []
+    mounts = Path("/proc/mounts").read_text()
+    leftovers += [f"mount {line.split()[1]}" for line in mounts.splitlines() if str(lab_dir) in line]
+    leftovers += [f"link {p.name}" for p in Path("/sys/class/net").iterdir() if p.name.startswith(f"af-{name}")]
+    leftovers += [f"process {pid}" for pid in pids if Path(f"/proc/{pid}").exists()
+                  and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    nft = os.popen("nft list tables").read()
+    leftovers += [f"nft table af_{name}"] if f"af_{name}" in nft else []
+    return leftovers
+
+
+def test_lab_down_leaves_nothing_behind_even_after_a_crash(tmp_path):
+    require_root()
+    lab = Lab(TEST_LAB_DIR.with_name("test-lab-teardown"), "tdown", "10.213.201.0/24")
+    lab.down()
+    lab.up(1)
+    state = json.loads((lab.lab_dir / "state.json").read_text())
+    pids = [r["pid"] for r in state["resources"] if r["kind"] == "process"]
+    netns = [r["name"] for r in state["resources"] if r["kind"] == "netns"]
+    assert pids and netns and lab_footprint(lab.lab_dir, "tdown", pids)
+
+    # A crash: every lab process killed at once, nothing told to clean up.
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    lab.down()
+    assert lab_footprint(lab.lab_dir, "tdown", pids) == []
+    assert not any(Path("/run/netns", n).exists() for n in netns)
+    assert not lab.lab_dir.exists()
+    # Idempotent: a second down finds nothing to do.
+    assert "nothing to remove" in lab.cli("lab", "down").stdout
