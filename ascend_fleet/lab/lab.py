@@ -54,7 +54,10 @@ def up(spec: LabSpec, console: Console) -> LabState:
     existing = LabState.load(spec.lab_dir)
     if existing is not None:
         if all_running(existing):
-            raise FleetError(f"lab up: a lab is already up in {spec.lab_dir}; `ascend-fleet lab down` first")
+            if existing.spec_data == spec.model_dump(mode="json"):
+                console.print(f"lab up: the lab in {spec.lab_dir} is already up as asked")
+                return existing
+            raise FleetError(f"lab up: a different lab is up in {spec.lab_dir}; `ascend-fleet lab down` first")
         console.print(f"a previous lab in {spec.lab_dir} did not finish cleanly: removing its leftovers")
         down(spec.lab_dir)
     check_can_run(spec)

@@ -1,7 +1,7 @@
 """The simulated vendor packages on a real Debian userland, without the lab.
 
-Each test gets a node: an overlay over one throwaway debootstrap root (built once,
-~1 min, kept at /var/tmp/simvendor-root). Every `boot()` is one systemd-nspawn run,
+Each test gets a node: an overlay over the lab's cached Debian base (ascend_fleet.lab.base,
+built once with debootstrap). Every `boot()` is one systemd-nspawn run,
 which brings a fresh boot id, /dev and /run: a reboot as far as the packages can tell.
 It starts the way systemd would, by running the enabled ascend-sim-driver.service.
 """
@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from rich.console import Console
+
+from ascend_fleet.lab.base import base_image
+from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver, publish_vendor_packages
 
 pytestmark = pytest.mark.lab
 
-BASE_ROOT = Path("/var/tmp/simvendor-root")
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
 UNIT = "etc/systemd/system/ascend-sim-driver.service"
 OLD = VendorVersions("24.1.0", ("7.5.0", "7.5.99"), "7.5.0.3.220", "8.3.RC2", "8.3.RC2")
 NEW = VendorVersions("25.2.0", ("7.7.0", "7.7.99"), "7.7.0.6.236", "8.5.0", "8.5.0")
@@ -47,15 +49,10 @@ class Result:
 
 @pytest.fixture(scope="session")
 def base_root():
+    """The lab's own cached Debian base (built once with debootstrap), used read-only."""
     if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
         pytest.skip("needs root and systemd-nspawn")
-    if not (BASE_ROOT / "usr/bin/python3").exists():
-        if not shutil.which("debootstrap"):
-            pytest.skip("needs debootstrap to build the throwaway Debian root")
-        shutil.rmtree(BASE_ROOT, ignore_errors=True)
-        subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,systemd,procps", "bookworm",
-                        str(BASE_ROOT), DEBIAN_MIRROR], check=True, capture_output=True, timeout=900)
-    return BASE_ROOT
+    return base_image(LabSpec.model_fields["debian_upstream"].default, Console(stderr=True))
 
 
 @pytest.fixture(scope="session")

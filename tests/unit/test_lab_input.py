@@ -1,0 +1,74 @@
+"""Bad input to `lab up` is one clear line and creates nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def lab_up(tmp_path: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess:
+    lab_dir = tmp_path / "lab"
+    argv = [str(BIN / "ascend-fleet"), "lab", "up", "--name", "bad", "--lab-dir", str(lab_dir), *args]
+    if user:
+        argv = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def assert_refused(result: subprocess.CompletedProcess, tmp_path: Path, *phrases: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(lines) == 1, result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0]
+    # Nothing created: no lab directory, no namespace, no bridge.
+    assert not (tmp_path / "lab").exists()
+    assert not Path("/sys/class/net/af-bad-br").exists()
+    assert not any(p.name.startswith("af-bad-") for p in Path("/run/netns").glob("*"))
+
+
+def hardware(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "hardware.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_option_in_the_hardware_file(tmp_path):
+    path = hardware(tmp_path, "defaults:\n  npus: 8\n  nvme:\n    size_gb: 4\n    mountpoint: /data\n")
+    assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path,
+                   path, "nvme.mountpoint: unknown option", "size_gb, mount")
+
+
+def test_unknown_node_in_the_hardware_file(tmp_path):
+    path = hardware(tmp_path, "nodes:\n  worker7:\n    npus: 4\n")
+    assert_refused(lab_up(tmp_path, "--nodes", "3", "--hardware", path), tmp_path, "nodes.worker7", "worker3")
+
+
+def test_health_of_an_npu_the_node_does_not_have(tmp_path):
+    path = hardware(tmp_path, "nodes:\n  worker1:\n    npus: 4\n    npu_health: {6: Critical}\n")
+    assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path, "worker1", "NPU 6", "0-3")
+
+
+def test_a_node_count_of_zero(tmp_path):
+    assert_refused(lab_up(tmp_path, "--nodes", "0"), tmp_path, "--nodes 0", "at least 1 worker")
+
+
+def test_a_disk_size_the_host_cannot_hold(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the disk check runs after the root check")
+    path = hardware(tmp_path, "defaults:\n  nvme:\n    size_gb: 100000\n")
+    assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path, "NVMe disks need", "GB free", "nvme.size_gb")
+
+
+def test_running_as_non_root(tmp_path):
+    if os.geteuid() != 0:
+        result = lab_up(tmp_path)
+    else:
+        tmp_path.chmod(0o777)
+        result = lab_up(tmp_path, user="nobody")
+    assert_refused(result, tmp_path, "must run as root", "sudo")
