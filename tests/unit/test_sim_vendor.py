@@ -98,7 +98,7 @@ def test_run_file_is_a_shell_header_then_a_gzipped_tar(tmp_path):
     assert header.startswith("#!/bin/sh\n") and os.access(driver, os.X_OK)
     assert f'payload_sha256="{hashlib.sha256(payload).hexdigest()}"' in header
     members = payload_members(driver)
-    assert set(members) == {"package.json", "ascend_sim.py", "ascend_sim_install.py", "npu_smi.py",
+    assert set(members) == {"package.json", "versions.py", "ascend_sim.py", "ascend_sim_install.py", "npu_smi.py",
                             "ascend_sim_activate.py", "ascend-sim-driver.service"}
     assert json.loads(members["package.json"]) == {
         "kind": "driver", "name": "Ascend-hdk-910b-npu-driver", "version": "24.1.0", "arch": "x86_64",
@@ -108,7 +108,7 @@ def test_run_file_is_a_shell_header_then_a_gzipped_tar(tmp_path):
 def test_cann_packages_carry_only_the_installer(tmp_path):
     publish_vendor_packages([NEW], "x86_64", tmp_path)
     members = payload_members(tmp_path / "Ascend-cann-910b-ops_8.5.0_linux-x86_64.run")
-    assert set(members) == {"package.json", "ascend_sim.py", "ascend_sim_install.py"}
+    assert set(members) == {"package.json", "versions.py", "ascend_sim.py", "ascend_sim_install.py"}
     assert json.loads(members["package.json"])["kind"] == "ops"
 
 

@@ -23,11 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from ascend_fleet import versions as version_order
+
 SIM_DIR = Path(__file__).resolve().parent
 PAYLOAD_DIR = SIM_DIR / "payload"
 HEADER_TEMPLATE = SIM_DIR / "makeself_header.sh"
 ARCHES = ("x86_64", "aarch64")
-COMMON_PAYLOAD = ("ascend_sim.py", "ascend_sim_install.py")
+COMMON_PAYLOAD = ("versions.py", "ascend_sim.py", "ascend_sim_install.py")
+# The payload's version ordering is the project's own, shipped as a plain module.
+SHARED_MODULES = {"versions.py": SIM_DIR.parent.parent / "versions.py"}
 DRIVER_PAYLOAD = ("npu_smi.py", "ascend_sim_activate.py", "ascend-sim-driver.service")
 EXECUTABLES = {"ascend_sim_install.py", "npu_smi.py", "ascend_sim_activate.py"}
 # Fixed archive metadata keeps the output identical from run to run (2024-01-01T00:00:00Z).
@@ -36,6 +40,7 @@ ARCHIVE_MTIME = 1704067200
 
 def payload_module(name: str):
     """Load a node-side payload module on the host (they import each other by their plain names)."""
+    sys.modules.setdefault("versions", version_order)
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, PAYLOAD_DIR / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
@@ -90,7 +95,7 @@ def vendor_packages(versions: VendorVersions, arch: str) -> list[Package]:
 
 
 def _payload_tar_gz(package: Package) -> bytes:
-    files = {name: (PAYLOAD_DIR / name).read_bytes()
+    files = {name: SHARED_MODULES.get(name, PAYLOAD_DIR / name).read_bytes()
              for name in COMMON_PAYLOAD + (DRIVER_PAYLOAD if package.kind == "driver" else ())}
     files["package.json"] = (json.dumps(package.metadata, indent=2, sort_keys=True) + "\n").encode()
     tar_bytes = io.BytesIO()

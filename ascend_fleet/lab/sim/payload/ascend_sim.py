@@ -16,6 +16,8 @@ import json
 import re
 from pathlib import Path
 
+from versions import in_range, is_ops_era, parse_range, version_key  # noqa: F401 (used by the other payload modules)
+
 DEFAULT_BASE = "/usr/local/Ascend"
 INSTALL_INFO = "/etc/ascend_install.info"
 CANN_INSTALL_INFO = "/etc/Ascend/ascend_cann_install.info"
@@ -25,29 +27,6 @@ RUN_DIR = "/run/ascend-sim"
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 DCMI_INIT_FAILED = "dcmi module initialize failed. ret is -8005"
 HDK_USER = "HwHiAiUser"
-
-
-def version_key(version):
-    """Sortable key: numbers compare as numbers, and a release sorts after its RCs (8.0.RC2 < 8.0.0)."""
-    return [(1, int(tok)) if tok.isdigit() else (0, tok)
-            for tok in re.findall(r"\d+|[a-z]+", version.lower())]
-
-
-def in_range(version, low, high):
-    """Whether `version` lies in [low, high]; bounds are prefixes, so 7.5.99 admits 7.5.99.1."""
-    key = version_key(version)
-    return key[:len(version_key(low))] >= version_key(low) and key[:len(version_key(high))] <= version_key(high)
-
-
-def parse_range(text):
-    """'[7.0.0,7.5.99]' -> ('7.0.0', '7.5.99')."""
-    low, high = text.strip().strip("[]").split(",")
-    return low.strip(), high.strip()
-
-
-def is_ops_era(cann_version):
-    """CANN 8.5 renamed kernels to ops and moved from ascend-toolkit/ to cann/."""
-    return version_key(cann_version) >= version_key("8.5")
 
 
 def read_key_values(path):

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import versions
 import ascend_sim as sim
 
 HERE = Path(__file__).resolve().parent
@@ -183,6 +184,7 @@ def write_driver_files(node, driver, source_dir, base, for_all, install_boot_id)
         "Version": driver["version"], "package_version": driver["version"],
         "compatible_version_fw": f"[{low},{high}]"})
     install_file(source_dir / "ascend_sim.py", tools / "ascend_sim.py")
+    install_file(Path(versions.__file__), tools / "versions.py")  # ascend_sim's own import
     install_file(source_dir / "ascend_sim_activate.py", tools / "ascend_sim_activate.py", 0o755)
     install_file(source_dir / "npu_smi.py", tools / "npu-smi", 0o755)
     (tools / "upgrade-tool").write_text(UPGRADE_TOOL)
