@@ -1,0 +1,150 @@
+"""Stack profiles (profiles/*.yaml): the one place versions live.
+
+A profile names every version of a stack (driver, firmware, CANN parts, Python,
+torch, torch_npu, vllm, vllm-ascend, transformers), the vendor package files with
+their sha256, where those files come from, and the pip indexes. It is validated
+before any host is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ascend_fleet import PROFILES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.versions import in_range, is_ops_era
+
+ARCHES = ("x86_64", "aarch64")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Stack(_Strict):
+    """Every version the profile pins."""
+
+    driver: str = Field(description="NPU driver (Ascend HDK) version, e.g. 25.2.0")
+    driver_firmware_range: tuple[str, str] = Field(
+        description="firmware versions the driver accepts, as its version.info `compatible_version_fw` says")
+    firmware: str
+    cann: str = Field(description="CANN toolkit and operator kernels/ops version")
+    nnal: str
+    python: str = Field(pattern=r"^3\.\d+$")
+    torch: str
+    torch_npu: str
+    vllm: str
+    vllm_ascend: str
+    transformers: str
+
+    @model_validator(mode="after")
+    def _firmware_in_range(self) -> Stack:
+        low, high = self.driver_firmware_range
+        if not in_range(self.firmware, low, high):
+            raise ValueError(f"firmware {self.firmware} is outside the driver's compatible range [{low},{high}]")
+        return self
+
+
+class VendorFile(_Strict):
+    sha256: str | None = Field(description="from the vendor's download page; null until an operator fills it in")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256.match(value):
+            raise ValueError("must be 64 lower-case hex digits")
+        return value
+
+
+class Packages(_Strict):
+    """Where the vendor .run files come from, and their checksums."""
+
+    source: Literal["files", "mirror"] = Field(
+        "files", description="files: the control machine's files/ directory; mirror: host data `vendor_mirror_url`")
+    files: dict[str, VendorFile] = Field(default_factory=dict, description="file name -> sha256")
+
+
+class PythonPackages(_Strict):
+    index_url: str | None = Field(None, description="null: host data `pip_index_url` decides")
+    extra_index_urls: list[str] = Field(default_factory=list)
+    venv: str = Field("/opt/ascend-fleet/venv", description="virtualenv path on every node")
+    extra_requirements: list[str] = Field(default_factory=list,
+                                          description="further pins the stack needs, e.g. CANN's Python deps")
+
+
+class Upstream(_Strict):
+    """The vllm-ascend versioning-policy row a profile follows, or why it follows none."""
+
+    vllm_ascend_row: str | None = Field(description="the vllm-ascend release whose matrix row this is; null: none")
+    note: str = ""
+
+
+class Profile(_Strict):
+    name: str
+    summary: str
+    upstream: Upstream
+    arch: list[Literal["x86_64", "aarch64"]] = Field(default_factory=lambda: list(ARCHES))
+    stack: Stack
+    packages: Packages
+    pip: PythonPackages = Field(default_factory=PythonPackages)
+
+    @property
+    def ops_era(self) -> bool:
+        return is_ops_era(self.stack.cann)
+
+    def vendor_files(self, arch: str) -> dict[str, str]:
+        """Kind -> package file name for this stack on one architecture."""
+        s = self.stack
+        kernels = "Ascend-cann-910b-ops" if self.ops_era else "Ascend-cann-kernels-910b"
+        return {
+            "driver": f"Ascend-hdk-910b-npu-driver_{s.driver}_linux-{arch}.run",
+            "firmware": f"Ascend-hdk-910b-npu-firmware_{s.firmware}.run",
+            "toolkit": f"Ascend-cann-toolkit_{s.cann}_linux-{arch}.run",
+            "kernels": f"{kernels}_{s.cann}_linux-{arch}.run",
+            "nnal": f"Ascend-cann-nnal_{s.nnal}_linux-{arch}.run",
+        }
+
+    def sha256_of(self, file_name: str) -> str:
+        """The expected sha256 of a vendor file; refuses a file the profile has no checksum for."""
+        entry = self.packages.files.get(file_name)
+        if entry is None or entry.sha256 is None:
+            raise FleetError(f"profile {self.name}: no sha256 for {file_name}; add it under packages.files in "
+                             f"profiles/{self.name}.yaml (from the vendor's download page)")
+        return entry.sha256
+
+    def pip_pins(self) -> dict[str, str]:
+        """Distribution name -> pinned version for the serving virtualenv."""
+        s = self.stack
+        return {"torch": s.torch, "torch-npu": s.torch_npu, "vllm": s.vllm, "vllm-ascend": s.vllm_ascend,
+                "transformers": s.transformers}
+
+
+def available_profiles(directory: Path = PROFILES) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def load_profile(name: str, directory: Path = PROFILES) -> Profile:
+    """Load and validate profiles/<name>.yaml; every problem is one line naming the file and key."""
+    path = directory / f"{name}.yaml"
+    if not path.exists():
+        raise FleetError(f"profile {name!r}: no {path}; known profiles: {', '.join(available_profiles(directory))}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise FleetError(f"profile {name}: {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    try:
+        profile = Profile.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        raise FleetError(f"profile {name}: {path}: {where}: {message}") from None
+    if profile.name != name:
+        raise FleetError(f"profile {name}: {path} says name: {profile.name}; the name must match the file name")
+    return profile
