@@ -17,7 +17,9 @@ import pytest
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-TEST_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_TEST_LAB_DIR", "/var/lib/ascend-fleet/test-lab"))
+# Two test runs on one machine (a checkout and a clean clone) pick different numbers.
+TEST_NET = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200"))
+TEST_LAB_DIR = Path(f"/var/lib/ascend-fleet/test-{TEST_NET}")
 
 
 class Lab:
@@ -98,7 +100,7 @@ def require_root() -> None:
 @pytest.fixture(scope="session")
 def lab():
     require_root()
-    lab = Lab(TEST_LAB_DIR, "test", "10.213.200.0/24")
+    lab = Lab(TEST_LAB_DIR, f"t{TEST_NET}", f"10.213.{TEST_NET}.0/24")
     lab.down()  # a previous session that crashed
     lab.up(3)
     yield lab

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import Lab, TEST_LAB_DIR, require_root
+from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 
 pytestmark = pytest.mark.lab
 
@@ -81,19 +81,20 @@ def lab_footprint(lab_dir: Path, name: str, pids: list[int]) -> list[str]:
 
 def test_lab_down_leaves_nothing_behind_even_after_a_crash(tmp_path):
     require_root()
-    lab = Lab(TEST_LAB_DIR.with_name("test-lab-teardown"), "tdown", "10.213.201.0/24")
+    name = f"d{TEST_NET}"
+    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-teardown"), name, f"10.213.{TEST_NET + 1}.0/24")
     lab.down()
     lab.up(1)
     state = json.loads((lab.lab_dir / "state.json").read_text())
     pids = [r["pid"] for r in state["resources"] if r["kind"] == "process"]
     netns = [r["name"] for r in state["resources"] if r["kind"] == "netns"]
-    assert pids and netns and lab_footprint(lab.lab_dir, "tdown", pids)
+    assert pids and netns and lab_footprint(lab.lab_dir, name, pids)
 
     # A crash: every lab process killed at once, nothing told to clean up.
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     lab.down()
-    assert lab_footprint(lab.lab_dir, "tdown", pids) == []
+    assert lab_footprint(lab.lab_dir, name, pids) == []
     assert not any(Path("/run/netns", n).exists() for n in netns)
     assert not lab.lab_dir.exists()
     # Idempotent: a second down finds nothing to do.
