@@ -1,0 +1,1 @@
+"""pyinfra facts about Ascend nodes."""

@@ -1,0 +1,171 @@
+"""Facts about a node's Ascend platform: driver, firmware, CANN, NPUs and who holds them.
+
+Every command exits 0 whatever it finds (pyinfra treats a failing fact command as a
+failed host); what is missing comes back as None or an empty result.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.api import FactBase
+
+from ascend_fleet.versions import parse_range
+
+ASCEND_HOME = "/usr/local/Ascend"
+
+
+def _key_values(lines: list[str]) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+class AscendDriver(FactBase):
+    """The installed NPU driver, from driver/version.info:
+
+    {"version": "25.2.0", "firmware_range": ("7.7.0", "7.7.99"), "complete": True} or None.
+    `complete` is False when driver/tools/upgrade-tool is missing: a broken install.
+    """
+
+    def command(self, install_path: str = ASCEND_HOME) -> str:
+        return (f"cat {install_path}/driver/version.info 2>/dev/null; "
+                f"test -x {install_path}/driver/tools/upgrade-tool && echo upgrade_tool=present; true")
+
+    def process(self, output: list[str]) -> dict | None:
+        values = _key_values(output)
+        if "Version" not in values:
+            return None
+        fw_range = values.get("compatible_version_fw")
+        return {
+            "version": values["Version"],
+            "firmware_range": parse_range(fw_range) if fw_range else None,
+            "complete": values.get("upgrade_tool") == "present",
+        }
+
+
+class AscendFirmware(FactBase):
+    """The installed NPU firmware version, from firmware/version.info, or None."""
+
+    def command(self, install_path: str = ASCEND_HOME) -> str:
+        return f"cat {install_path}/firmware/version.info 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> str | None:
+        return _key_values(output).get("Version")
+
+
+class CannPackages(FactBase):
+    """Installed CANN parts by their install records, with the toolkit's set_env.sh:
+
+    {"toolkit": "8.5.0", "kernels": "8.5.0", "nnal": "8.5.0", "set_env": "/usr/local/Ascend/cann/set_env.sh"};
+    missing parts are absent. Probes both layouts: ascend-toolkit/ (CANN <= 8.3) and cann/ (>= 8.5).
+    """
+
+    def command(self, install_path: str = ASCEND_HOME) -> str:
+        base = install_path
+        return (
+            f"for home in {base}/cann {base}/ascend-toolkit/latest; do "
+            f"  for info in $home/*-linux/ascend_toolkit_install.info; do "
+            f"    [ -f $info ] && echo toolkit=$(sed -n 's/^version=//p' $info) && echo toolkit_home=$home; "
+            f"  done; "
+            f"  for info in $home/*-linux/ascend_*ops_install.info $home/*-linux/ascend_kernels_install.info; do "
+            f"    [ -f $info ] && echo kernels=$(sed -n 's/^version=//p' $info); "
+            f"  done; "
+            f"done; "
+            f"for env in {base}/cann/set_env.sh {base}/ascend-toolkit/set_env.sh; do "
+            f"  [ -f $env ] && echo set_env=$env && break; done; "
+            f"[ -f {base}/nnal/atb/latest/version.info ] && "
+            f"  echo nnal=$(sed -n 's/^Version=//p' {base}/nnal/atb/latest/version.info); true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        return _key_values(output)
+
+    def default(self) -> dict:
+        return {}
+
+
+NPU_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(OK|Warning|Alarm|Critical)\s*\|")
+HBM_ROW = re.compile(r"(\d+)\s*/\s*(\d+)\s*\|\s*$")
+
+
+class NpuStatus(FactBase):
+    """What `npu-smi info` says: {"ok": bool, "error": str, "npus": [{"id", "chip", "health",
+    "hbm_used_mb", "hbm_total_mb"}]}. ok is False when npu-smi is missing or fails
+    (driver not loaded, firmware not matching); error is then its own message."""
+
+    def command(self) -> str:
+        return ("if command -v npu-smi >/dev/null; then out=$(npu-smi info 2>&1); rc=$?; "
+                "else out='npu-smi: not installed (no NPU driver)'; rc=127; fi; "
+                "echo \"rc=$rc\"; printf '%s\\n' \"$out\"")
+
+    def process(self, output: list[str]) -> dict:
+        rc = int(output[0].split("=", 1)[1])
+        body = output[1:]
+        if rc != 0:
+            return {"ok": False, "error": " ".join(line.strip() for line in body if line.strip()), "npus": []}
+        npus, current = [], None
+        for line in body:
+            row = NPU_ROW.match(line)
+            if row:
+                current = {"id": int(row[1]), "chip": row[2], "health": row[3]}
+                npus.append(current)
+                continue
+            hbm = HBM_ROW.search(line)
+            if current is not None and "hbm_total_mb" not in current and hbm:
+                current["hbm_used_mb"], current["hbm_total_mb"] = int(hbm[1]), int(hbm[2])
+        return {"ok": True, "error": "", "npus": npus}
+
+
+class PciNpuCount(FactBase):
+    """NPUs on the PCI bus (910B: Huawei device d802), for nodes whose driver is not loaded yet."""
+
+    def command(self) -> str:
+        return "if command -v lspci >/dev/null; then lspci -n -d 19e5:d802 | wc -l; else echo none; fi"
+
+    def process(self, output: list[str]) -> int | None:
+        return int(output[0]) if output and output[0].isdigit() else None
+
+
+class NpuDeviceHolders(FactBase):
+    """Processes holding /dev/davinci* open: [{"pid": 123, "command": "python3", "unit": "vllm@0.service"}]."""
+
+    def command(self) -> str:
+        return (
+            "for fd in /proc/[0-9]*/fd/*; do "
+            "  case $(readlink $fd 2>/dev/null) in /dev/davinci[0-9]*) pid=${fd#/proc/}; echo ${pid%%/*};; esac; "
+            "done 2>/dev/null | sort -u | while read pid; do "
+            "  echo \"$pid $(cat /proc/$pid/comm 2>/dev/null) $(sed -n 's|^0::.*/||p' /proc/$pid/cgroup 2>/dev/null)\"; "
+            "done; true"
+        )
+
+    def process(self, output: list[str]) -> list[dict]:
+        holders = []
+        for line in output:
+            pid, _, rest = line.partition(" ")
+            command, _, unit = rest.partition(" ")
+            holders.append({"pid": int(pid), "command": command, "unit": unit})
+        return holders
+
+
+class BootId(FactBase):
+    """The node's boot id: changes at every boot, which is how a reboot is proven."""
+
+    def command(self) -> str:
+        return "cat /proc/sys/kernel/random/boot_id"
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip()
+
+
+class PipPackages(FactBase):
+    """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv."""
+
+    def command(self, venv: str) -> str:
+        return f"[ -x {venv}/bin/python ] && {venv}/bin/python -m pip list --format=freeze 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        packages = {}
+        for line in output:
+            name, sep, version = line.partition("==")
+            if sep:
+                packages[re.sub(r"[-_.]+", "-", name).lower()] = version
+        return packages

@@ -1,0 +1,1 @@
+"""pyinfra operations for Ascend nodes."""

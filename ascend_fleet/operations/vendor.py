@@ -1,0 +1,123 @@
+"""Operations for Huawei's vendor packages: fetch them verified, run their installers unattended.
+
+Each install operation reads the installed version with a fact at execution time and
+does nothing when it already matches the profile.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
+
+from ascend_fleet.facts.ascend import ASCEND_HOME, AscendDriver, AscendFirmware, CannPackages
+
+PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
+INSTALL_TIMEOUT_SECONDS = 1800
+# Huawei's installers exit 2 for "done, takes effect after a reboot".
+SUCCESS_CODES = (0, 2)
+
+
+@operation()
+def package_fetched(file_name: str, sha256: str, url: str | None = None, local_path: str | None = None,
+                    dest_dir: str = PACKAGE_DIR):
+    """
+    Put a vendor package on the node, checked against its sha256 before it takes its final name.
+
+    + file_name: the package's file name, e.g. Ascend-hdk-910b-npu-driver_25.2.0_linux-aarch64.run
+    + sha256: the checksum the profile pins
+    + url: download it from here (an HTTP mirror) ...
+    + local_path: ... or upload this file from the control machine (files/)
+    + dest_dir: where packages are kept on the node
+    """
+    dest = f"{dest_dir}/{file_name}"
+    if host.get_fact(Sha256File, path=dest) == sha256:
+        host.noop(f"{file_name} is already on the node, verified")
+        return
+    partial = f"{dest}.partial"
+    yield f"mkdir -p {shlex.quote(dest_dir)}"
+    if local_path:
+        yield from files.put._inner(src=local_path, dest=partial)
+    else:
+        yield f"curl -fsSL --retry 3 -o {shlex.quote(partial)} {shlex.quote(url)}"
+    # A corrupt copy never becomes the package an installer runs.
+    yield (f"actual=$(sha256sum {shlex.quote(partial)} | cut -d' ' -f1); "
+           f"if [ \"$actual\" != {sha256} ]; then rm -f {shlex.quote(partial)}; "
+           f"echo \"{file_name} from {url or local_path} has sha256 $actual, the profile expects {sha256}: "
+           f"the copy is corrupt or the profile is wrong; fix it and rerun\" >&2; exit 1; fi; "
+           f"mv {shlex.quote(partial)} {shlex.quote(dest)} && chmod 0755 {shlex.quote(dest)}")
+
+
+def installer_command(package: str, flags: str, env_script: str | None = None) -> str:
+    """Run a .run installer unattended: closed stdin (a prompt fails instead of hanging), a time limit,
+    exit codes 0 and 2 as success, anything else one line with the installer's last words."""
+    source = f". {env_script} && " if env_script else ""
+    log = "/var/log/ascend-fleet-install.log"
+    return (f"( {source}timeout {INSTALL_TIMEOUT_SECONDS} {PACKAGE_DIR}/{package} {flags} </dev/null ) "
+            f">>{log} 2>&1; rc=$?; "
+            f"if [ $rc -ne 0 ] && [ $rc -ne 2 ]; then echo \"{package} {flags} failed (exit $rc): "
+            f"$(tail -n 3 {log} | tr '\\n' ' ')(full log: {log})\" >&2; exit 1; fi")
+
+
+@operation()
+def driver(version: str, package: str, install_path: str = ASCEND_HOME):
+    """
+    Install or upgrade the NPU driver; it takes effect at the next reboot.
+
+    + version: the driver version the profile pins
+    + package: its .run file name in the node's package directory
+    + install_path: Ascend install root
+    """
+    installed = host.get_fact(AscendDriver, install_path=install_path)
+    if installed and installed["version"] == version and installed["complete"]:
+        host.noop(f"NPU driver {version} is installed")
+        return
+    flags = "--nox11 --upgrade --quiet" if installed else "--nox11 --full --quiet --install-for-all"
+    yield installer_command(package, flags)
+
+
+@operation()
+def firmware(version: str, package: str, install_path: str = ASCEND_HOME):
+    """
+    Install or upgrade the NPU firmware; it takes effect at the next reboot.
+
+    + version: the firmware version the profile pins
+    + package: its .run file name in the node's package directory
+    + install_path: Ascend install root
+    """
+    installed = host.get_fact(AscendFirmware, install_path=install_path)
+    if installed == version:
+        host.noop(f"NPU firmware {version} is installed")
+        return
+    flags = "--nox11 --upgrade --quiet" if installed else "--nox11 --full --quiet"
+    yield installer_command(package, flags)
+
+
+@operation()
+def cann_part(part: str, version: str, package: str, install_path: str = ASCEND_HOME):
+    """
+    Install or upgrade one CANN part: the toolkit, then its operator kernels/ops, then NNAL.
+
+    + part: toolkit | kernels | nnal (kernels and NNAL install with the toolkit's environment sourced)
+    + version: the version the profile pins
+    + package: its .run file name in the node's package directory
+    + install_path: Ascend install root
+    """
+    installed = host.get_fact(CannPackages, install_path=install_path)
+    if installed.get(part) == version:
+        host.noop(f"CANN {part} {version} is installed")
+        return
+    action = "--upgrade" if installed.get(part) else "--install"
+    if part == "toolkit":
+        yield installer_command(package, f"{action} --quiet --install-for-all")
+        return
+    yield installer_command(package, f"{action} --quiet", env_script=toolkit_env_script(install_path))
+
+
+def toolkit_env_script(install_path: str = ASCEND_HOME) -> str:
+    """The toolkit's set_env.sh, whichever layout the installed CANN uses (probed at run time)."""
+    return (f"$(for f in {install_path}/cann/set_env.sh {install_path}/ascend-toolkit/set_env.sh; "
+            f"do [ -f $f ] && echo $f && break; done)")

@@ -1,0 +1,1 @@
+"""The deploy stages (pyinfra @deploy functions) that deploys/*.py run."""

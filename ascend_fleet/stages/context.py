@@ -1,0 +1,30 @@
+"""What a stage knows about the host it runs on: its profile and its package family."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.facts.server import LinuxDistribution
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.profile import Profile, load_profile
+
+APT_DISTRIBUTIONS = {"Debian", "Ubuntu"}
+DNF_DISTRIBUTIONS = {"openEuler"}
+
+
+def node_profile() -> Profile:
+    """The stack profile this host's data names (validated; a bad one stops before any change)."""
+    name = host.data.get("profile")
+    if not name:
+        raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
+    return load_profile(name)
+
+
+def package_family() -> str:
+    """apt or dnf, from the host's distribution."""
+    name = host.get_fact(LinuxDistribution)["name"]
+    if name in APT_DISTRIBUTIONS:
+        return "apt"
+    if name in DNF_DISTRIBUTIONS:
+        return "dnf"
+    raise FleetError(f"{host.name}: distribution {name!r} is not supported (apt: Debian, Ubuntu; dnf: openEuler)")

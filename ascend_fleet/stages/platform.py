@@ -1,0 +1,104 @@
+"""Stages 2 and 3: the NPU driver and firmware (with the one reboot they need), then CANN."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Arch, Command
+from pyinfra.operations import apt, dnf, server
+from pyinfra.operations.util import any_changed
+
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.facts.ascend import AscendDriver, NpuStatus
+from ascend_fleet.operations import gates, vendor
+from ascend_fleet.profile import Profile
+from ascend_fleet.stages.context import node_profile, package_family
+
+HDK_USER = "HwHiAiUser"
+REBOOT_TIMEOUT_SECONDS = 900
+# What the driver installer needs: it builds its kernel module with dkms and refuses without lspci/ifconfig.
+DRIVER_PREREQUISITES = {
+    "apt": ["dkms", "gcc", "make", "pciutils", "net-tools"],
+    "dnf": ["dkms", "gcc", "make", "kernel-devel", "kernel-headers", "pciutils", "net-tools"],
+}
+
+
+def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
+    """Put the profile's packages of these kinds on the node, verified; kind -> file name."""
+    names = {kind: name for kind, name in profile.vendor_files(host.get_fact(Arch)).items() if kind in kinds}
+    for name in names.values():
+        if profile.packages.source == "mirror":
+            source = {"url": f"{host.data.vendor_mirror_url}/{name}"}
+        else:
+            source = {"local_path": str(PROJECT_ROOT / "files" / name)}
+        vendor.package_fetched(name=f"Fetch {name}", file_name=name, sha256=profile.sha256_of(name), **source)
+    return names
+
+
+def install_prerequisites() -> None:
+    family = package_family()
+    server.group(name=f"Group {HDK_USER}", group=HDK_USER)
+    server.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
+                shell="/bin/bash", ensure_home=True)
+    if family == "apt":
+        apt.packages(name="Driver prerequisites", packages=DRIVER_PREREQUISITES["apt"], update=True,
+                     cache_time=3600, no_recommends=True)
+        # The running kernel's headers, where the distribution ships them (dkms builds against them).
+        headers = f"linux-headers-{host.get_fact(Command, command='uname -r')}"
+        if host.get_fact(Command, command=f"apt-cache show {headers} >/dev/null 2>&1 && echo yes || echo no") == "yes":
+            apt.packages(name="Kernel headers", packages=[headers], no_recommends=True)
+    else:
+        dnf.packages(name="Driver prerequisites", packages=DRIVER_PREREQUISITES["dnf"])
+
+
+def npu_problem(expected: int) -> str | None:
+    """Why the node's NPUs are not ready to serve (npu-smi fails, a count off the inventory,
+    an unhealthy card), or None."""
+    status = host.get_fact(NpuStatus)
+    if not status["ok"]:
+        return (f"npu-smi fails: {status['error']}; check that the driver and firmware versions match "
+                "(profile) and /var/log/ascend-fleet-install.log")
+    if len(status["npus"]) != expected:
+        return (f"npu-smi lists {len(status['npus'])} NPUs but the inventory says npu_count={expected}; "
+                "fix the inventory or the hardware")
+    unhealthy = [f"NPU {n['id']} {n['health']}" for n in status["npus"] if n["health"] != "OK"]
+    if unhealthy:
+        return f"unhealthy: {', '.join(unhealthy)}; see `npu-smi info -t health -i N`, replace or drain the card"
+    return None
+
+
+@deploy("NPU driver and firmware")
+def driver_stage() -> None:
+    """Driver then firmware on a fresh node, firmware then driver on a node that has a driver
+    (Huawei's order); one reboot only if either changed; then every NPU must answer healthy."""
+    profile = node_profile()
+    install_prerequisites()
+    names = fetch_packages(profile, ["driver", "firmware"])
+    stack = profile.stack
+
+    def install_driver():
+        return vendor.driver(name=f"NPU driver {stack.driver}", version=stack.driver, package=names["driver"])
+
+    def install_firmware():
+        return vendor.firmware(name=f"NPU firmware {stack.firmware}", version=stack.firmware,
+                               package=names["firmware"])
+
+    if host.get_fact(AscendDriver):
+        changes = [install_firmware(), install_driver()]
+    else:
+        changes = [install_driver(), install_firmware()]
+    server.reboot(name="Reboot to load the new driver and firmware", reboot_timeout=REBOOT_TIMEOUT_SECONDS,
+                  _if=any_changed(*changes))
+    expected = int(host.data.npu_count)
+    gates.passed(name="Every NPU listed and healthy", description=f"{expected} NPUs listed, all healthy",
+                 find_problem=lambda: npu_problem(expected))
+
+
+@deploy("CANN")
+def cann_stage() -> None:
+    """Toolkit, then operator kernels/ops with the toolkit's environment sourced, then NNAL."""
+    profile = node_profile()
+    names = fetch_packages(profile, ["toolkit", "kernels", "nnal"])
+    stack = profile.stack
+    for part, version in (("toolkit", stack.cann), ("kernels", stack.cann), ("nnal", stack.nnal)):
+        vendor.cann_part(name=f"CANN {part} {version}", part=part, version=version, package=names[part])

@@ -1,0 +1,5 @@
+"""Stage 3: CANN toolkit, operator kernels/ops, NNAL."""
+
+from ascend_fleet.stages.platform import cann_stage
+
+cann_stage()
