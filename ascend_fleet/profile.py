@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,6 +21,31 @@ from ascend_fleet.versions import in_range, is_ops_era
 
 ARCHES = ("x86_64", "aarch64")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+CHIP = "910b"  # the chip family in Huawei's package names
+
+
+class VendorStack(Protocol):
+    """The versions that name a stack's vendor packages (a profile's Stack, or the lab's builder input)."""
+
+    driver: str
+    firmware: str
+    cann: str
+    nnal: str
+
+
+def vendor_file_names(stack: VendorStack, arch: str) -> dict[str, str]:
+    """Kind -> vendor package file name on one architecture: Huawei's naming, the project's only copy of it.
+
+    The kernels package is renamed ops from CANN 8.5; firmware names carry no architecture.
+    """
+    kernels = f"Ascend-cann-{CHIP}-ops" if is_ops_era(stack.cann) else f"Ascend-cann-kernels-{CHIP}"
+    return {
+        "driver": f"Ascend-hdk-{CHIP}-npu-driver_{stack.driver}_linux-{arch}.run",
+        "firmware": f"Ascend-hdk-{CHIP}-npu-firmware_{stack.firmware}.run",
+        "toolkit": f"Ascend-cann-toolkit_{stack.cann}_linux-{arch}.run",
+        "kernels": f"{kernels}_{stack.cann}_linux-{arch}.run",
+        "nnal": f"Ascend-cann-nnal_{stack.nnal}_linux-{arch}.run",
+    }
 
 
 class _Strict(BaseModel):
@@ -100,15 +125,7 @@ class Profile(_Strict):
 
     def vendor_files(self, arch: str) -> dict[str, str]:
         """Kind -> package file name for this stack on one architecture."""
-        s = self.stack
-        kernels = "Ascend-cann-910b-ops" if self.ops_era else "Ascend-cann-kernels-910b"
-        return {
-            "driver": f"Ascend-hdk-910b-npu-driver_{s.driver}_linux-{arch}.run",
-            "firmware": f"Ascend-hdk-910b-npu-firmware_{s.firmware}.run",
-            "toolkit": f"Ascend-cann-toolkit_{s.cann}_linux-{arch}.run",
-            "kernels": f"{kernels}_{s.cann}_linux-{arch}.run",
-            "nnal": f"Ascend-cann-nnal_{s.nnal}_linux-{arch}.run",
-        }
+        return vendor_file_names(self.stack, arch)
 
     def sha256_of(self, file_name: str) -> str:
         """The expected sha256 of a vendor file; refuses a file the profile has no checksum for."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet.lab.sim import vendor
+from ascend_fleet.profile import available_profiles, load_profile
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 
 sim = vendor.sim
@@ -88,6 +89,23 @@ def test_sha256sums_lists_every_package_for_sha256sum_check(tmp_path):
                      for p in sorted(paths, key=lambda p: p.name)]
     subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=tmp_path, check=True)
 
+
+
+def test_one_firmware_file_serves_every_architecture(tmp_path):
+    x86 = publish_vendor_packages([NEW], "x86_64", tmp_path / "x86_64")
+    arm = publish_vendor_packages([NEW], "aarch64", tmp_path / "aarch64")
+    firmware = {p.parent.name: p.read_bytes() for p in x86 + arm if "firmware" in p.name}
+    assert firmware["x86_64"] == firmware["aarch64"]
+
+
+@pytest.mark.parametrize("name", [n for n in available_profiles() if n == "lab" or n.startswith("lab-")])
+def test_builder_output_matches_the_sha256_pinned_in_the_lab_profiles(name):
+    profile = load_profile(name)
+    built = {package.file_name: hashlib.sha256(vendor.build_run_file(package)).hexdigest()
+             for arch in profile.arch for package in vendor.vendor_packages(VendorVersions.of(profile.stack), arch)}
+    pinned = {file_name: entry.sha256 for file_name, entry in profile.packages.files.items()}
+    block = "".join(f"    {file_name}: {{sha256: {digest}}}\n" for file_name, digest in built.items())
+    assert built == pinned, f"profiles/{name}.yaml: the lab builds other packages; paste as packages.files:\n{block}"
 
 # --- the makeself layout ---------------------------------------------------------------------
 

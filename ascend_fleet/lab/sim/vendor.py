@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Iterable
 
 from ascend_fleet import versions as version_order
+from ascend_fleet.profile import ARCHES, CHIP, Stack, vendor_file_names
 
 SIM_DIR = Path(__file__).resolve().parent
 PAYLOAD_DIR = SIM_DIR / "payload"
 HEADER_TEMPLATE = SIM_DIR / "makeself_header.sh"
-ARCHES = ("x86_64", "aarch64")
 COMMON_PAYLOAD = ("versions.py", "ascend_sim.py", "ascend_sim_install.py")
 # The payload's version ordering is the project's own, shipped as a plain module.
 SHARED_MODULES = {"versions.py": SIM_DIR.parent.parent / "versions.py"}
@@ -61,7 +61,11 @@ class VendorVersions:
     firmware: str
     cann: str
     nnal: str
-    chip: str = "910b"
+
+    @classmethod
+    def of(cls, stack: Stack) -> VendorVersions:
+        """The vendor side of a profile's stack."""
+        return cls(stack.driver, tuple(stack.driver_firmware_range), stack.firmware, stack.cann, stack.nnal)
 
 
 @dataclass(frozen=True)
@@ -74,23 +78,21 @@ class Package:
 
 
 def vendor_packages(versions: VendorVersions, arch: str) -> list[Package]:
-    """The five packages of one stack, with the file names Huawei gives them."""
+    """The five packages of one stack, named as profiles name them (ascend_fleet.profile.vendor_file_names)."""
     if arch not in ARCHES:
         raise ValueError(f"unknown arch {arch!r}; use one of {', '.join(ARCHES)}")
-    chip = versions.chip
-    kernels_kind, kernels_name = (("ops", f"Ascend-cann-{chip}-ops") if sim.is_ops_era(versions.cann)
-                                  else ("kernels", f"Ascend-cann-kernels-{chip}"))
-    specs = [("driver", f"Ascend-hdk-{chip}-npu-driver", versions.driver, f"_linux-{arch}"),
-             ("firmware", f"Ascend-hdk-{chip}-npu-firmware", versions.firmware, ""),
-             ("toolkit", "Ascend-cann-toolkit", versions.cann, f"_linux-{arch}"),
-             (kernels_kind, kernels_name, versions.cann, f"_linux-{arch}"),
-             ("nnal", "Ascend-cann-nnal", versions.nnal, f"_linux-{arch}")]
+    version_of = {"driver": versions.driver, "firmware": versions.firmware, "toolkit": versions.cann,
+                  "kernels": versions.cann, "nnal": versions.nnal}
     packages = []
-    for kind, name, version, suffix in specs:
-        metadata = {"kind": kind, "name": name, "version": version, "arch": arch, "chip": chip}
+    for kind, file_name in vendor_file_names(versions, arch).items():
+        metadata = {"kind": kind, "name": file_name.split("_", 1)[0], "version": version_of[kind], "chip": CHIP}
+        if kind == "kernels" and sim.is_ops_era(versions.cann):
+            metadata["kind"] = "ops"  # the installer behaves differently from CANN 8.5, not just the name
+        if kind != "firmware":  # one firmware file serves every architecture, so its bytes must not vary
+            metadata["arch"] = arch
         if kind == "driver":
             metadata["fw_range"] = list(versions.driver_fw_compat)
-        packages.append(Package(kind, name, version, f"{name}_{version}{suffix}.run", metadata))
+        packages.append(Package(metadata["kind"], metadata["name"], metadata["version"], file_name, metadata))
     return packages
 
 
