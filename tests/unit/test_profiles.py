@@ -1,0 +1,129 @@
+"""Shipped stack profiles: each loads, follows (or provably does not follow) the vllm-ascend
+matrix, names every vendor file it needs, and a bad profile is refused in one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ascend_fleet import PROFILES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.profile import available_profiles, load_profile
+from ascend_fleet.versions import version_key
+
+# vllm-ascend's versioning policy, as the field notes copy it (section 3): the one
+# place the tests keep the upstream matrix.
+UPSTREAM_MATRIX = {
+    "0.7.3": {"vllm": "0.7.3", "python": ("3.9", "3.11"), "cann": "8.1.RC1", "torch": "2.5.1", "torch_npu": "2.5.1"},
+    "0.9.1": {"vllm": "0.9.1", "python": ("3.9", "3.11"), "cann": "8.2.RC1", "torch": "2.5.1", "torch_npu": "2.5.1.post1"},
+    "0.11.0": {"vllm": "0.11.0", "python": ("3.9", "3.11"), "cann": "8.3.RC2", "torch": "2.7.1", "torch_npu": "2.7.1.post1"},
+    "0.13.0": {"vllm": "0.13.0", "python": ("3.10", "3.11"), "cann": "8.5.0", "torch": "2.8.0", "torch_npu": "2.8.0.post2"},
+    "0.18.0": {"vllm": "0.18.0", "python": ("3.10", "3.11"), "cann": "8.5.1", "torch": "2.9.0", "torch_npu": "2.9.0.post1"},
+    "0.23.0": {"vllm": "0.23.0", "python": ("3.10", "3.12"), "cann": "9.1.0", "torch": "2.10.0", "torch_npu": "2.10.0.post4"},
+}
+SHIPPED_UPSTREAM_ROWS = {"vllm-ascend-0.11.0": "0.11.0", "vllm-ascend-0.13.0": "0.13.0", "vllm-ascend-0.23.0": "0.23.0"}
+UPSTREAM_PIP_INDEXES = ["https://download.pytorch.org/whl/cpu/", "https://mirrors.huaweicloud.com/ascend/repos/pypi"]
+
+
+def follows_row(profile, release: str) -> bool:
+    row, stack = UPSTREAM_MATRIX[release], profile.stack
+    low, high = row["python"]
+    return (stack.vllm_ascend == release and stack.vllm == row["vllm"] and stack.cann == row["cann"]
+            and stack.torch == row["torch"] and stack.torch_npu == row["torch_npu"]
+            and version_key(low) <= version_key(stack.python) <= version_key(high))
+
+
+def test_every_required_profile_ships():
+    assert {"handbook", "lab", *SHIPPED_UPSTREAM_ROWS} <= set(available_profiles())
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_every_shipped_profile_loads_and_names_every_vendor_file_it_needs(name):
+    profile = load_profile(name)
+    needed = {file for arch in profile.arch for file in profile.vendor_files(arch).values()}
+    assert needed <= set(profile.packages.files)
+
+
+@pytest.mark.parametrize("name, release", SHIPPED_UPSTREAM_ROWS.items())
+def test_upstream_profiles_follow_their_matrix_row_exactly(name, release):
+    profile = load_profile(name)
+    assert profile.upstream.vllm_ascend_row == release
+    assert follows_row(profile, release)
+    assert profile.stack.nnal == profile.stack.cann
+    assert profile.pip.index_url == "https://pypi.org/simple"
+    assert profile.pip.extra_index_urls == UPSTREAM_PIP_INDEXES
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_a_profile_without_an_upstream_row_matches_none(name):
+    profile = load_profile(name)
+    if profile.upstream.vllm_ascend_row is None:
+        assert profile.upstream.note
+        assert not any(follows_row(profile, release) for release in UPSTREAM_MATRIX)
+
+
+def test_handbook_is_the_operators_stack_and_says_it_matches_no_row():
+    profile = load_profile("handbook")
+    stack = profile.stack
+    assert (stack.cann, stack.vllm_ascend, stack.torch, stack.torch_npu) == ("8.0.RC2", "0.7.3", "2.4.0", "2.4.0.post2")
+    assert profile.upstream.vllm_ascend_row is None
+    assert "matches no upstream row" in profile.upstream.note
+
+
+@pytest.mark.parametrize("name", ["handbook", *SHIPPED_UPSTREAM_ROWS])
+def test_real_vendor_files_have_no_checksum_yet_and_the_deploy_is_told_to_fill_it_in(name):
+    profile = load_profile(name)
+    driver = profile.vendor_files("aarch64")["driver"]
+    with pytest.raises(FleetError, match=rf"^profile {name}: no sha256 for {driver}; add it under packages.files"):
+        profile.sha256_of(driver)
+
+
+# --- Refusals: one line naming the file and the key. ---
+
+
+@pytest.fixture
+def profile_dir(tmp_path) -> Path:
+    shutil.copy(PROFILES / "vllm-ascend-0.13.0.yaml", tmp_path)
+    return tmp_path
+
+
+def rewrite(directory: Path, change) -> None:
+    path = directory / "vllm-ascend-0.13.0.yaml"
+    raw = yaml.safe_load(path.read_text())
+    change(raw)
+    path.write_text(yaml.safe_dump(raw))
+
+
+def refusal(directory: Path) -> str:
+    with pytest.raises(FleetError) as caught:
+        load_profile("vllm-ascend-0.13.0", directory)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_profile_is_refused_naming_the_known_ones(profile_dir):
+    with pytest.raises(FleetError, match=r"profile 'prod-stack': no .*prod-stack.yaml; known profiles: vllm-ascend-0.13.0$"):
+        load_profile("prod-stack", profile_dir)
+
+
+def test_unknown_key_is_refused_naming_file_and_key(profile_dir):
+    rewrite(profile_dir, lambda raw: raw["stack"].update(cuda="12.4"))
+    assert refusal(profile_dir) == f"profile vllm-ascend-0.13.0: {profile_dir / 'vllm-ascend-0.13.0.yaml'}: stack.cuda: unknown key"
+
+
+def test_firmware_outside_the_driver_range_is_refused(profile_dir):
+    rewrite(profile_dir, lambda raw: raw["stack"].update(firmware="9.0.0.0.205"))
+    message = refusal(profile_dir)
+    assert "vllm-ascend-0.13.0.yaml: stack:" in message
+    assert "firmware 9.0.0.0.205 is outside the driver's compatible range [7.0.0,8.9.9]" in message
+
+
+def test_malformed_sha256_is_refused_naming_the_file_entry(profile_dir):
+    rewrite(profile_dir, lambda raw: raw["packages"]["files"]["Ascend-cann-toolkit_8.5.0_linux-x86_64.run"].update(sha256="abc"))
+    message = refusal(profile_dir)
+    assert "packages.files.Ascend-cann-toolkit_8.5.0_linux-x86_64.run.sha256" in message
+    assert "must be 64 lower-case hex digits" in message
