@@ -169,3 +169,36 @@ class PipPackages(FactBase):
             if sep:
                 packages[re.sub(r"[-_.]+", "-", name).lower()] = version
         return packages
+
+
+class TorchNpuView(FactBase):
+    """What torch_npu sees in the serving virtualenv with the CANN environment sourced:
+    {"available": True, "device_count": 8} or {"error": "..."}."""
+
+    def command(self, venv: str, env_script: str) -> str:
+        probe = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
+        return (f"out=$( . {env_script} >/dev/null 2>&1; {venv}/bin/python -c '{probe}' 2>&1 ); "
+                f"echo \"rc=$?\"; printf '%s\\n' \"$out\" | tail -n 1")
+
+    def process(self, output: list[str]) -> dict:
+        rc, last = int(output[0].split("=", 1)[1]), (output[1] if len(output) > 1 else "")
+        if rc != 0:
+            return {"error": last}
+        available, count = last.split()
+        return {"available": available == "True", "device_count": int(count)}
+
+
+class SourcedEnvironment(FactBase):
+    """The variables that sourcing these scripts sets or changes, from a clean environment:
+    {"ASCEND_TOOLKIT_HOME": "...", "LD_LIBRARY_PATH": "...", ...}. Missing scripts are skipped."""
+
+    CLEAN = "env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    def command(self, scripts: list[str]) -> str:
+        sources = " ".join(f"[ -f {s} ] && . {s} >/dev/null 2>&1;" for s in scripts)
+        return f"{self.CLEAN} sh -c 'env' | sed 's/^/before:/'; {self.CLEAN} sh -c '{sources} env'"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        before = {line[7:] for line in output if line.startswith("before:")}
+        changed = [line for line in output if not line.startswith("before:") and line not in before]
+        return dict(line.split("=", 1) for line in changed if "=" in line and line.split("=", 1)[0] != "_")

@@ -1,0 +1,46 @@
+"""The serving virtualenv's pinned packages."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from ascend_fleet.facts.ascend import PipPackages
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def public_version(version: str) -> str:
+    """2.13.0+cpu -> 2.13.0: a pin names the public version, the wheel may carry a local label."""
+    return version.split("+", 1)[0]
+
+
+@operation()
+def pinned(venv: str, pins: dict[str, str], extra_requirements: list[str], index_url: str,
+           extra_index_urls: list[str] | None = None):
+    """
+    Install the profile's pinned packages into the virtualenv, all in one resolver run.
+
+    + venv: the virtualenv's path
+    + pins: distribution -> exact version (torch, torch-npu, vllm, vllm-ascend, transformers)
+    + extra_requirements: further requirements (CANN's Python dependencies), present is enough
+    + index_url: the package index to install from
+    + extra_index_urls: further indexes (e.g. a torch_npu index)
+    """
+    installed = host.get_fact(PipPackages, venv=venv)
+    wrong = {name: version for name, version in pins.items()
+             if public_version(installed.get(normalize(name), "")) != version}
+    missing = [req for req in extra_requirements if normalize(re.split(r"[<>=!~ ;\[]", req)[0]) not in installed]
+    if not wrong and not missing:
+        host.noop(f"{', '.join(f'{n} {v}' for n, v in pins.items())} installed")
+        return
+    requirements = [f"{name}=={version}" for name, version in pins.items()] + extra_requirements
+    indexes = [f"--index-url {shlex.quote(index_url)}"]
+    indexes += [f"--extra-index-url {shlex.quote(url)}" for url in extra_index_urls or []]
+    yield (f"{venv}/bin/python -m pip install --quiet --disable-pip-version-check {' '.join(indexes)} "
+           f"{' '.join(shlex.quote(r) for r in requirements)}")

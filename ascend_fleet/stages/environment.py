@@ -1,0 +1,56 @@
+"""Stage 5: the Ascend environment for logins and for services, HCCL settings, host tuning."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Command
+from pyinfra.operations import files, server, systemd
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.facts.ascend import ASCEND_HOME
+from ascend_fleet.operations.environment import service_env_file
+from ascend_fleet.templating import render
+
+LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
+SERVICE_ENV_FILE = "/etc/ascend-fleet/npu.env"
+ENV_SCRIPTS = [f"{ASCEND_HOME}/cann/set_env.sh", f"{ASCEND_HOME}/ascend-toolkit/set_env.sh",
+               f"{ASCEND_HOME}/nnal/atb/set_env.sh"]
+SYSCTL_FILE = "/etc/sysctl.d/90-ascend-fleet.conf"
+HOST_SYSCTLS = {"vm.swappiness": 0, "kernel.numa_balancing": 0}
+CPU_GOVERNOR = "performance"
+GOVERNOR_UNIT = "ascend-fleet-cpu-governor.service"
+
+
+def rendered(template: str, **variables) -> StringIO:
+    return StringIO(render(TEMPLATES / template, **variables))
+
+
+def node_can(test: str) -> bool:
+    return host.get_fact(Command, command=f"{test} && echo yes || echo no") == "yes"
+
+
+@deploy("Ascend environment")
+def environment_stage() -> None:
+    files.put(name="Login environment", src=rendered("ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),
+              dest=LOGIN_SCRIPT, mode="644")
+    files.directory(name="Service environment directory", path="/etc/ascend-fleet", mode="755")
+    settings = {name: str(value) for name, value in (host.data.get("npu_env") or {}).items()}
+    service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
+                     env_scripts=ENV_SCRIPTS, settings=settings)
+
+    sysctl_conf = files.put(name="Host tuning (sysctl)", dest=SYSCTL_FILE, mode="644",
+                            src=rendered("sysctl-ascend-fleet.conf.j2", sysctls=HOST_SYSCTLS))
+    # A container (a lab node) has a read-only /proc/sys and no cpufreq: the settings are
+    # kept for boot but can only be applied on a real host.
+    if node_can("test -w /proc/sys/vm/swappiness"):
+        server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"], _if=sysctl_conf.did_change)
+    governor_unit = files.put(name=f"CPU governor {CPU_GOVERNOR} unit", dest=f"/etc/systemd/system/{GOVERNOR_UNIT}",
+                              mode="644", src=rendered("cpu-governor.service.j2", governor=CPU_GOVERNOR))
+    systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,
+                    daemon_reload=True, _if=governor_unit.did_change)
+    if node_can("test -w /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"):
+        systemd.service(name=f"CPU governor {CPU_GOVERNOR} now", service=GOVERNOR_UNIT, running=True,
+                        restarted=True, _if=governor_unit.did_change)

@@ -1,0 +1,43 @@
+"""Stage 4: the serving virtualenv: the profile's Python, torch, torch_npu, vllm, vllm-ascend, transformers."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import apt, dnf, pip
+
+from ascend_fleet.facts.ascend import TorchNpuView
+from ascend_fleet.operations import gates, python_stack
+from ascend_fleet.operations.vendor import toolkit_env_script
+from ascend_fleet.stages.context import node_profile, package_family
+
+
+def torch_npu_problem(venv: str, env_script: str, expected: int) -> str | None:
+    view = host.get_fact(TorchNpuView, venv=venv, env_script=env_script)
+    if "error" in view:
+        return f"`import torch, torch_npu` fails in {venv}: {view['error']}"
+    if not view["available"] or view["device_count"] != expected:
+        return (f"torch.npu sees {view['device_count']} NPUs (available={view['available']}), "
+                f"the inventory says npu_count={expected}; check the driver stage and ASCEND_RT_VISIBLE_DEVICES")
+    return None
+
+
+@deploy("Python stack")
+def python_stage() -> None:
+    profile = node_profile()
+    python = f"python{profile.stack.python}"
+    if package_family() == "apt":
+        apt.packages(name=f"{python} with venv", packages=[python, f"{python}-venv"], no_recommends=True)
+    else:
+        dnf.packages(name=python, packages=[python])
+    venv = profile.pip.venv
+    pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
+    python_stack.pinned(
+        name="Pinned serving stack", venv=venv, pins=profile.pip_pins(),
+        extra_requirements=profile.pip.extra_requirements,
+        index_url=profile.pip.index_url or host.data.pip_index_url,
+        extra_index_urls=profile.pip.extra_index_urls,
+    )
+    expected = int(host.data.npu_count)
+    gates.passed(name="torch_npu sees every NPU", description=f"torch.npu.is_available(), {expected} devices",
+                 find_problem=lambda: torch_npu_problem(venv, toolkit_env_script(), expected))

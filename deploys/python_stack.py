@@ -1,0 +1,5 @@
+"""Stage 4: the serving virtualenv with the profile's pinned Python stack."""
+
+from ascend_fleet.stages.python_stack import python_stage
+
+python_stage()
