@@ -17,7 +17,10 @@ def node_profile() -> Profile:
     name = host.data.get("profile")
     if not name:
         raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
-    return load_profile(name)
+    try:
+        return load_profile(name)
+    except FleetError as exc:
+        raise FleetError(f"{host.name}: {exc}") from None
 
 
 def package_family() -> str:
