@@ -1,0 +1,125 @@
+"""Model weights on a node's local NVMe: staged from a source, verified, published whole.
+
+.. code:: python
+
+    from ascend_fleet.operations import weights
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+from pyinfra.api.command import QuoteString
+from pyinfra.facts.server import Which
+from pyinfra.operations import files
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.weights import StagedModel
+from ascend_fleet.operations.files import stage_weights
+from ascend_fleet.operations.files.stage_weights import SOURCES, marker_problems, model_path_parts, revision_dir
+
+STAGER_SOURCE = Path(stage_weights.__file__)
+STAGER_ON_NODE = "/usr/local/lib/ascend-fleet/stage_weights.py"
+# Room left after the weights for logs, caches and a second revision's partial files.
+DEFAULT_MIN_FREE_MARGIN_BYTES = 2 * 1024**3
+
+
+@operation()
+def staged(
+    model_id: str,
+    revision: str,
+    source: str,
+    model_dir: str,
+    url: str | None = None,
+    peer: str | None = None,
+    tokens_env_file: str | None = None,
+    min_free_margin_bytes: int = DEFAULT_MIN_FREE_MARGIN_BYTES,
+):
+    """
+    Stage one revision of a model on the node's NVMe, verified, at ``<model_dir>/<org>/<name>/<revision>/``.
+
+    + model_id: ``<org>/<name>``, e.g. ``Qwen/Qwen3-8B``
+    + revision: a tag or commit (a branch name works but is staged once, as it was then)
+    + source: ``http`` (a mirror), ``modelscope``, ``hf`` or ``rsync`` (from a peer node)
+    + model_dir: the models directory on the NVMe, e.g. ``/mnt/nvme/models``
+    + url: ``http``: the mirror (``<url>/models/<org>/<name>/<revision>/``); ``modelscope``/``hf``:
+      another hub endpoint than the public one
+    + peer: ``rsync``: ``[user@]host`` of a node that already staged this revision (same model_dir)
+    + tokens_env_file: path on the node of a root-only 0600 file with ``MODELSCOPE_API_TOKEN=`` /
+      ``HF_TOKEN=`` lines; tokens never appear in a command line
+    + min_free_margin_bytes: free space to leave on the NVMe beyond the weights
+
+    Nothing to do when the revision's marker is there, names this id and revision,
+    and every file it lists has its size. Otherwise the node fetches into
+    ``<model_dir>/.partial/<org>/<name>/<revision>/`` (a rerun keeps verified files
+    and resumes cut-off ones), after checking the NVMe has room for what is left
+    plus the margin; checks every file's size and sha256 against the source's
+    manifest and every safetensors shard's header (all those the index names
+    must exist); writes the marker and renames the directory into place. Other
+    revisions are never touched, and an existing directory for this revision
+    that is not a verified stage is left for the operator, not replaced.
+
+    Every failure is one line: host, model, file, what to do.
+
+    **Example:**
+
+    .. code:: python
+
+        weights.staged(
+            name="Stage Qwen3-8B",
+            model_id="Qwen/Qwen3-8B",
+            revision="v1",
+            source="http",
+            url="http://mirror.internal:8080",
+            model_dir="/mnt/nvme/models",
+        )
+    """
+    _check_arguments(model_id, revision, source, url, peer)
+    marker = host.get_fact(StagedModel, model_dir=model_dir, model_id=model_id, revision=revision)
+    if marker and not marker_problems(marker, marker["sizes"], model_id, revision):
+        host.noop(f"{model_id}@{revision} is staged at {revision_dir(model_dir, model_id, revision)}")
+        return
+    if not host.get_fact(Which, command="python3"):
+        raise FleetError(f"{host.name}: weights {model_id}@{revision}: python3 is missing on the node: "
+                                  "install it (the weights stager is a python3 script)")
+    yield from files.put._inner(src=str(STAGER_SOURCE), dest=STAGER_ON_NODE, mode="0755")
+    yield stager_command(host.name, model_id, revision, source, model_dir, url, peer, tokens_env_file,
+                         min_free_margin_bytes)
+
+
+def _check_arguments(model_id: str, revision: str, source: str, url: str | None, peer: str | None) -> None:
+    """Refuse, in one line, what the stager would refuse on the node, before touching it."""
+    prefix = f"{host.name}: weights {model_id}@{revision}"
+    try:
+        model_path_parts(model_id, revision)
+    except ValueError as error:
+        raise FleetError(f"{host.name}: weights: {error}") from None
+    if source not in SOURCES:
+        raise FleetError(f"{prefix}: unknown source {source!r}: use one of {', '.join(SOURCES)}")
+    if source == "http" and not url:
+        raise FleetError(f"{prefix}: source http needs url= (the mirror serving /models/)")
+    if source == "rsync" and not peer:
+        raise FleetError(f"{prefix}: source rsync needs peer= (a node that staged this revision)")
+
+
+def stager_command(
+    host_name: str,
+    model_id: str,
+    revision: str,
+    source: str,
+    model_dir: str,
+    url: str | None,
+    peer: str | None,
+    tokens_env_file: str | None,
+    min_free_margin_bytes: int,
+) -> StringCommand:
+    """The node-side stager's command line: paths and names only, never a token."""
+    options = {
+        "--host": host_name, "--model-id": model_id, "--revision": revision, "--model-dir": model_dir,
+        "--source": source, "--url": url, "--peer": peer, "--tokens-env-file": tokens_env_file,
+        "--min-free-margin-bytes": str(min_free_margin_bytes),
+    }
+    words = [word for flag, value in options.items() if value is not None for word in (flag, QuoteString(value))]
+    return StringCommand("python3", STAGER_ON_NODE, *words)
