@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.lab import lab
-from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec
+from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, DEFAULT_PROFILES, LabSpec
 from ascend_fleet.lab.state import LabState
 
 lab_app = typer.Typer(no_args_is_help=True, help="The rehearsal lab: simulated Ascend nodes on this machine.")
@@ -28,10 +28,14 @@ def up_command(
     hardware: Annotated[Optional[Path], typer.Option("--hardware", help="YAML hardware file (see docs/lab.md)")] = None,
     name: Annotated[str, typer.Option("--name", help="lab name, part of its bridge and firewall names")] = "lab",
     subnet: Annotated[str, typer.Option("--subnet", help="IPv4 subnet of the lab bridge")] = "10.213.0.0/24",
+    profiles: Annotated[Optional[list[str]], typer.Option(
+        "--profile", help=f"a profile the mirror serves packages for (repeatable; default: {', '.join(DEFAULT_PROFILES)})",
+    )] = None,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
     """Bring up N workers and a gateway, each a booted Debian with systemd and sshd."""
-    spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=lab_dir)
+    spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=lab_dir,
+                         profiles=profiles or list(DEFAULT_PROFILES))
     started = time.monotonic()
     lab.up(spec, console)
     console.print(f"lab up: {len(spec.nodes)} nodes in {time.monotonic() - started:.1f}s")

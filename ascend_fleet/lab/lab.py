@@ -13,9 +13,10 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import network, processes
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.host import run
-from ascend_fleet.lab.mirror import start_mirror
+from ascend_fleet.lab.mirror import mirror_root, start_mirror
 from ascend_fleet.lab.nodes import (node_dir, prepare_node, remove_loop_mount, remove_mount, start_lxcfs, start_node,
                                    wait_for_ssh)
+from ascend_fleet.lab.publish import publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 
@@ -69,6 +70,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
             public_key = create_login_key(state, spec)
             network.create_bridge(state, spec)
             start_mirror(state, spec)
+            publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
             start_lxcfs(state, spec)
             for node in spec.nodes:
                 network.create_node_network(state, spec, node)

@@ -13,8 +13,10 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import processes
 from ascend_fleet.lab.host import quiet, run
+from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
 # Files that must not be readable by others inside the node.
@@ -34,6 +36,8 @@ def prepare_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, pub
         (home / sub).mkdir(parents=True, exist_ok=True)
     write_identity(spec, node, home / "upper", public_key)
     hardware = node.hardware
+    if hardware.preexisting.profile:
+        preinstall_stack_driver(home / "upper", hardware.preexisting.profile, base)
     (home / "ascend-lab" / "hardware.json").write_text(json.dumps(hardware.hardware_json(node.name, node.role),
                                                                   indent=2) + "\n")
     (home / "ascend-lab" / "mirror").write_text(spec.mirror_url + "\n")
@@ -58,6 +62,12 @@ def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) 
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node.name}",
          "-f", str(ssh_dir / "ssh_host_ed25519_key")], what=f"host key for {node.name}")
     (upper / "etc" / "machine-id").write_text(secrets.token_hex(16) + "\n")
+
+
+def preinstall_stack_driver(upper: Path, profile_name: str, base: Path) -> None:
+    """A profile's driver and firmware, installed and running from the first boot, as on a used server."""
+    stack = VendorVersions.of(load_profile(profile_name).stack)
+    preinstall_driver(upper, stack.driver, stack.driver_fw_compat, stack.firmware, accounts_from=base)
 
 
 def enable_unit(root: Path, unit: str, target: str) -> None:

@@ -17,10 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.profile import available_profiles, load_profile
 
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
 CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))
 GATEWAY = "gateway"
+# The stacks whose packages the lab mirror carries unless `lab up --profile` says otherwise.
+DEFAULT_PROFILES = ("lab", "lab-previous")
 
 # HBM per chip as the node's simulated hardware reports it (npu-smi totals).
 CHIP_HBM_MB = {"910B3": 65536, "910B4": 32768}
@@ -50,6 +53,14 @@ class Preexisting(_Strict):
     """State the node starts with, as a used server would have it."""
 
     cuda_env: bool = Field(False, description="CUDA paths in /etc/environment and /etc/profile.d/cuda.sh")
+    profile: str | None = Field(None, description="a profile whose driver and firmware are installed and running")
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, name: str | None) -> str | None:
+        if name is not None and name not in available_profiles():
+            raise ValueError(f"no profile {name!r} (profiles: {', '.join(available_profiles())})")
+        return name
 
 
 class NodeHardware(_Strict):
@@ -98,6 +109,8 @@ class LabSpec(_Strict):
     subnet: str = "10.213.0.0/24"
     mirror_port: int = 8080
     debian_upstream: str = "http://deb.debian.org"
+    profiles: list[str] = Field(default_factory=lambda: list(DEFAULT_PROFILES),
+                                description="profiles whose packages, wheels and model the mirror serves")
     nodes: list[NodeSpec]
 
     @property
@@ -139,6 +152,8 @@ class LabSpec(_Strict):
         """Validate everything `lab up` was given and lay out the nodes."""
         if workers < 1:
             raise FleetError(f"lab up: --nodes {workers}: a lab needs at least 1 worker node")
+        for profile in settings.get("profiles", DEFAULT_PROFILES):
+            load_profile(profile)  # a bad profile is one line before anything is created
         hardware = _load_hardware_file(hardware_file) if hardware_file else HardwareFile()
         names = [f"worker{i}" for i in range(1, workers + 1)]
         groups = hardware.groups if hardware.groups is not None else default_rollout_groups(names)

@@ -54,6 +54,17 @@ def test_health_of_an_npu_the_node_does_not_have(tmp_path):
     assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path, "worker1", "NPU 6", "0-3")
 
 
+def test_an_unknown_preexisting_profile(tmp_path):
+    path = hardware(tmp_path, "nodes:\n  worker2:\n    preexisting: {profile: lab-ancient}\n")
+    assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path,
+                   "worker2", "preexisting.profile", "lab-ancient", "lab-previous")
+
+
+def test_an_unknown_mirror_profile(tmp_path):
+    assert_refused(lab_up(tmp_path, "--profile", "lab", "--profile", "lab-ancient"), tmp_path,
+                   "profile 'lab-ancient'", "known profiles", "lab-previous")
+
+
 def test_a_node_count_of_zero(tmp_path):
     assert_refused(lab_up(tmp_path, "--nodes", "0"), tmp_path, "--nodes 0", "at least 1 worker")
 

@@ -1,0 +1,160 @@
+"""What a deploy of the lab's profiles fetches, published on the lab mirror.
+
+For each profile: its vendor .run files (files/, with SHA256SUMS), its Python packages
+(packages/ and the PEP 503 pages in simple/: stand-ins for what needs an NPU, real wheels
+for everything else, chosen for the node's own interpreter), and the tiny model (models/).
+The slow parts, `pip download` and the model build, are kept under CACHE_DIR: a `lab up`
+after the first only builds the small stand-ins and links cached files into the mirror.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+from rich.console import Console
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab.mirror import normalize, write_simple_index
+from ascend_fleet.lab.sim import tinymodel
+from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
+from ascend_fleet.lab.sim.wheels import build_standin_wheels
+from ascend_fleet.lab.spec import CACHE_DIR
+from ascend_fleet.profile import Profile, load_profile
+
+WHEELHOUSE = CACHE_DIR / "wheelhouse"
+MODEL_CACHE = CACHE_DIR / "models"
+# So a node can upgrade the venv's own pip and build tools from the mirror.
+VENV_TOOLS = ("pip", "setuptools", "wheel")
+# Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.
+NODE_GLIBC_MINOR = 36
+MANYLINUX2014_MINOR = 17  # glibc 2.17; older wheels carry the legacy names below
+LEGACY_MANYLINUX = ("manylinux2014", "manylinux2010", "manylinux1")
+REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def publish_profiles(profile_names: list[str], mirror_root: Path, arch: str, console: Console) -> None:
+    """Put everything a deploy of these profiles fetches on the mirror rooted at mirror_root."""
+    profiles = [load_profile(name) for name in profile_names]
+    publish_vendor_files(profiles, mirror_root / "files", arch)
+    for profile in profiles:
+        publish_python_packages(profile, mirror_root / "packages", arch, console)
+    write_simple_index(mirror_root)
+    publish_tiny_model(mirror_root / "models", console)
+
+
+def publish_vendor_files(profiles: list[Profile], files_dir: Path, arch: str) -> None:
+    """Every profile's .run files and SHA256SUMS; refused when a file is not what its profile pins."""
+    publish_vendor_packages([VendorVersions.of(p.stack) for p in profiles], arch, files_dir)
+    for profile in profiles:
+        for file_name in profile.vendor_files(arch).values():
+            if hashlib.sha256((files_dir / file_name).read_bytes()).hexdigest() != profile.sha256_of(file_name):
+                raise FleetError(f"lab: the lab's {file_name} does not match the sha256 in profiles/{profile.name}.yaml; "
+                                 "run tests/unit/test_sim_vendor.py for the packages.files block to paste")
+
+
+def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, console: Console) -> None:
+    """The profile's stand-in wheels, and the real wheels its venv needs, into packages_dir."""
+    s = profile.stack
+    standins = build_standin_wheels({"torch": s.torch, "torch_npu": s.torch_npu, "vllm_ascend": s.vllm_ascend,
+                                     "vllm": s.vllm}, packages_dir)
+    requirements = node_requirements(profile, standins)
+    for wheel in cached_wheels(requirements, s.python, arch, f"profile {profile.name}", console):
+        link_into(wheel, packages_dir)
+
+
+def node_requirements(profile: Profile, standins: list[Path]) -> list[str]:
+    """What pip must fetch from the real index: the profile's pins and the stand-ins' dependencies,
+    less the stand-ins themselves (PyPI's vllm 0.13.0 is not ours), plus extras and venv tools."""
+    standin_names = {normalize(wheel.name.split("-")[0]) for wheel in standins}
+    wanted = [f"{name}=={version}" for name, version in profile.pip_pins().items()]
+    wanted += [requirement for wheel in standins for requirement in requires_dist(wheel)]
+    wanted += [*profile.pip.extra_requirements, *VENV_TOOLS]
+    return sorted({r for r in wanted if normalize(REQUIREMENT_NAME.match(r)[0]) not in standin_names})
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """The Requires-Dist lines of a wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return Parser().parsestr(archive.read(metadata).decode()).get_all("Requires-Dist") or []
+
+
+def cached_wheels(requirements: list[str], python: str, arch: str, what: str, console: Console) -> list[Path]:
+    """The wheels that satisfy requirements on the node, downloaded once into the wheelhouse.
+
+    Each resolved set is listed in wheelhouse/sets/<key>.txt; while its files are there,
+    pip is not run at all (it would ask the index again).
+    """
+    key = hashlib.sha256(json.dumps([requirements, python, arch, NODE_GLIBC_MINOR]).encode()).hexdigest()[:16]
+    listing = WHEELHOUSE / "sets" / f"{key}.txt"
+    if listing.exists():
+        wheels = [WHEELHOUSE / name for name in listing.read_text().split()]
+        if all(wheel.exists() for wheel in wheels):
+            return wheels
+    console.print(f"lab: downloading the Python packages of {what} into {WHEELHOUSE} (once)")
+    names = download_wheels(requirements, python, arch)
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_text("\n".join(names) + "\n")
+    return [WHEELHOUSE / name for name in names]
+
+
+def download_wheels(requirements: list[str], python: str, arch: str) -> list[str]:
+    """pip download for the node's interpreter into the wheelhouse; the names of the files it resolved."""
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".incoming-", dir=WHEELHOUSE) as incoming:
+        # Wheels only: the node has no compiler, and the host's would build for the wrong system.
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", incoming,
+                "--find-links", str(WHEELHOUSE), "--only-binary=:all:", "--implementation", "cp",
+                "--python-version", python, "--abi", f"cp{python.replace('.', '')}",
+                *(f"--platform={tag}" for tag in node_platforms(arch)), *requirements]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")] or ["(no message)"]
+            raise FleetError(f"lab: pip download for the nodes' Python {python} on {arch} failed: {errors[0]}; "
+                             "every package must have a wheel for that interpreter")
+        names = sorted(path.name for path in Path(incoming).iterdir())
+        for name in names:
+            os.replace(Path(incoming) / name, WHEELHOUSE / name)
+    return names
+
+
+def node_platforms(arch: str) -> list[str]:
+    """The manylinux tags a node's Python accepts, newest first (pip does not expand manylinux_2_x itself)."""
+    current = [f"manylinux_2_{minor}_{arch}" for minor in range(NODE_GLIBC_MINOR, MANYLINUX2014_MINOR - 1, -1)]
+    return current + [f"{legacy}_{arch}" for legacy in LEGACY_MANYLINUX]
+
+
+def link_into(path: Path, directory: Path) -> None:
+    """Hard-link path into directory (a copy across filesystems)."""
+    target = directory / path.name
+    target.unlink(missing_ok=True)
+    try:
+        os.link(path, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copy2(path, target)
+
+
+def publish_tiny_model(models_dir: Path, console: Console) -> Path:
+    """The lab's tiny Qwen3 model on the mirror, built once per version of its builder."""
+    key = hashlib.sha256(Path(tinymodel.__file__).read_bytes()).hexdigest()[:12]
+    cached = MODEL_CACHE / key
+    if not (cached / tinymodel.MANIFEST_NAME).exists():
+        console.print(f"lab: building the tiny model into {cached} (once)")
+        building = cached.with_name(f"{key}.building")
+        shutil.rmtree(building, ignore_errors=True)
+        tinymodel.build_tiny_model(building)
+        building.rename(cached)
+    return tinymodel.publish_model(cached, models_dir)
