@@ -7,6 +7,7 @@ failed host); what is missing comes back as None or an empty result.
 from __future__ import annotations
 
 import re
+import shlex
 
 from pyinfra.api import FactBase
 
@@ -171,23 +172,6 @@ class PipPackages(FactBase):
         return packages
 
 
-class TorchNpuView(FactBase):
-    """What torch_npu sees in the serving virtualenv with the CANN environment sourced:
-    {"available": True, "device_count": 8} or {"error": "..."}."""
-
-    def command(self, venv: str, env_script: str) -> str:
-        probe = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
-        return (f"out=$( . {env_script} >/dev/null 2>&1; {venv}/bin/python -c '{probe}' 2>&1 ); "
-                f"echo \"rc=$?\"; printf '%s\\n' \"$out\" | tail -n 1")
-
-    def process(self, output: list[str]) -> dict:
-        rc, last = int(output[0].split("=", 1)[1]), (output[1] if len(output) > 1 else "")
-        if rc != 0:
-            return {"error": last}
-        available, count = last.split()
-        return {"available": available == "True", "device_count": int(count)}
-
-
 class SourcedEnvironment(FactBase):
     """The variables that sourcing these scripts sets or changes, from a clean environment:
     {"ASCEND_TOOLKIT_HOME": "...", "LD_LIBRARY_PATH": "...", ...}. Missing scripts are skipped."""
@@ -202,3 +186,30 @@ class SourcedEnvironment(FactBase):
         before = {line[7:] for line in output if line.startswith("before:")}
         changed = [line for line in output if not line.startswith("before:") and line not in before]
         return dict(line.split("=", 1) for line in changed if "=" in line and line.split("=", 1)[0] != "_")
+
+
+class HttpAnswer(FactBase):
+    """Status and body of an HTTP request made on the node: {"status": 200, "body": "..."};
+    status 0 when nothing answered."""
+
+    def command(self, url: str, json_body: str | None = None) -> str:
+        post = f"-H 'Content-Type: application/json' --data-binary {shlex.quote(json_body)} " if json_body else ""
+        return (f"body=$(curl -s -m 60 {post}-w '\\n%{{http_code}}' {shlex.quote(url)} 2>/dev/null); "
+                f"printf '%s\\n' \"$body\" | tail -n 1; printf '%s\\n' \"$body\" | sed '$d'")
+
+    def process(self, output: list[str]) -> dict:
+        status = output[0] if output else "000"
+        return {"status": int(status) if status.isdigit() else 0, "body": "\n".join(output[1:])}
+
+
+class VenvPython(FactBase):
+    """What a Python snippet prints in the serving virtualenv (last line), or its error:
+    {"ok": True, "output": "..."} / {"ok": False, "output": "<last line of the traceback>"}."""
+
+    def command(self, venv: str, code: str, env_script: str | None = None) -> str:
+        source = f". {env_script} >/dev/null 2>&1; " if env_script else ""
+        return (f"out=$( {source}{venv}/bin/python -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
+                f"printf '%s\\n' \"$out\" | tail -n 1")
+
+    def process(self, output: list[str]) -> dict:
+        return {"ok": output[0] == "rc=0", "output": output[1] if len(output) > 1 else ""}

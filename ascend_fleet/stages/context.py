@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.facts.server import LinuxDistribution
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.profile import Profile, load_profile
 
 APT_DISTRIBUTIONS = {"Debian", "Ubuntu"}
@@ -21,6 +22,11 @@ def node_profile() -> Profile:
         return load_profile(name)
     except FleetError as exc:
         raise FleetError(f"{host.name}: {exc}") from None
+
+
+def runs_npus() -> bool:
+    """Whether this host is a worker (it has NPUs): the platform and serving stages skip the others."""
+    return host_node_config(host).is_worker
 
 
 def package_family() -> str:

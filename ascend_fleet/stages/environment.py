@@ -12,6 +12,7 @@ from pyinfra.operations import files, server, systemd
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import ASCEND_HOME
 from ascend_fleet.operations.environment import service_env_file
+from ascend_fleet.stages.context import runs_npus
 from ascend_fleet.templating import render
 
 LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
@@ -34,6 +35,8 @@ def node_can(test: str) -> bool:
 
 @deploy("Ascend environment")
 def environment_stage() -> None:
+    if not runs_npus():
+        return
     files.put(name="Login environment", src=rendered("ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),
               dest=LOGIN_SCRIPT, mode="644")
     files.directory(name="Service environment directory", path="/etc/ascend-fleet", mode="755")

@@ -12,7 +12,7 @@ from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus
 from ascend_fleet.operations import gates, vendor
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import node_profile, package_family
+from ascend_fleet.stages.context import node_profile, package_family, runs_npus
 
 HDK_USER = "HwHiAiUser"
 REBOOT_TIMEOUT_SECONDS = 900
@@ -71,6 +71,8 @@ def npu_problem(expected: int) -> str | None:
 def driver_stage() -> None:
     """Driver then firmware on a fresh node, firmware then driver on a node that has a driver
     (Huawei's order); one reboot only if either changed; then every NPU must answer healthy."""
+    if not runs_npus():
+        return
     profile = node_profile()
     install_prerequisites()
     names = fetch_packages(profile, ["driver", "firmware"])
@@ -97,6 +99,8 @@ def driver_stage() -> None:
 @deploy("CANN")
 def cann_stage() -> None:
     """Toolkit, then operator kernels/ops with the toolkit's environment sourced, then NNAL."""
+    if not runs_npus():
+        return
     profile = node_profile()
     names = fetch_packages(profile, ["toolkit", "kernels", "nnal"])
     stack = profile.stack

@@ -6,24 +6,30 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, dnf, pip
 
-from ascend_fleet.facts.ascend import TorchNpuView
+from ascend_fleet.facts.ascend import VenvPython
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_script
-from ascend_fleet.stages.context import node_profile, package_family
+from ascend_fleet.stages.context import node_profile, package_family, runs_npus
 
 
-def torch_npu_problem(venv: str, env_script: str, expected: int) -> str | None:
-    view = host.get_fact(TorchNpuView, venv=venv, env_script=env_script)
-    if "error" in view:
-        return f"`import torch, torch_npu` fails in {venv}: {view['error']}"
-    if not view["available"] or view["device_count"] != expected:
-        return (f"torch.npu sees {view['device_count']} NPUs (available={view['available']}), "
-                f"the inventory says npu_count={expected}; check the driver stage and ASCEND_RT_VISIBLE_DEVICES")
+TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
+
+
+def torch_npu_problem(venv: str, expected: int) -> str | None:
+    """Why torch_npu cannot use every NPU from the serving virtualenv (CANN environment sourced), or None."""
+    result = host.get_fact(VenvPython, venv=venv, code=TORCH_NPU_PROBE, env_script=toolkit_env_script())
+    if not result["ok"]:
+        return f"`import torch, torch_npu` fails in {venv}: {result['output']}"
+    if result["output"] != f"True {expected}":
+        return (f"torch.npu reports (available, devices) = {result['output']}, the inventory says npu_count={expected}; "
+                "check the driver stage and ASCEND_RT_VISIBLE_DEVICES")
     return None
 
 
 @deploy("Python stack")
 def python_stage() -> None:
+    if not runs_npus():
+        return
     profile = node_profile()
     python = f"python{profile.stack.python}"
     if package_family() == "apt":
@@ -40,4 +46,4 @@ def python_stage() -> None:
     )
     expected = int(host.data.npu_count)
     gates.passed(name="torch_npu sees every NPU", description=f"torch.npu.is_available(), {expected} devices",
-                 find_problem=lambda: torch_npu_problem(venv, toolkit_env_script(), expected))
+                 find_problem=lambda: torch_npu_problem(venv, expected))

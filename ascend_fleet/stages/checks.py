@@ -1,0 +1,180 @@
+"""Stage 1 (preflight) and stage 9 (verify): gates that change nothing.
+
+Preflight's data checks run while pyinfra prepares the deploy, so bad input stops the
+whole run before any host is touched; its node checks are the first operations, so a
+node that cannot take the stack stops before anything on it changes.
+"""
+
+from __future__ import annotations
+
+import json
+from hashlib import sha256
+
+from pyinfra import host, inventory
+from pyinfra.api import deploy
+from pyinfra.facts.server import Arch, Command, LinuxDistribution
+
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.ascend import HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
+from ascend_fleet.operations import gates
+from ascend_fleet.operations.files.stage_weights import revision_dir
+from ascend_fleet.profile import Profile
+from ascend_fleet.stages.context import node_profile
+from ascend_fleet.stages.platform import npu_problem
+from ascend_fleet.stages.python_stack import torch_npu_problem
+from ascend_fleet.stages.serving import unit_name
+
+SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
+CHAT_PROBE = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+
+
+def check_vendor_files(profile: Profile, arch: str) -> None:
+    """Every package the profile needs has a sha256; files/ copies match it (checked on this machine)."""
+    for name in profile.vendor_files(arch).values():
+        expected = profile.sha256_of(name)
+        if profile.packages.source != "files":
+            continue
+        local = PROJECT_ROOT / "files" / name
+        if not local.exists():
+            raise FleetError(f"{host.name}: {local} is missing; download it from Huawei and put it in files/")
+        actual = sha256(local.read_bytes()).hexdigest()
+        if actual != expected:
+            raise FleetError(f"{host.name}: {local} has sha256 {actual}, profile {profile.name} expects {expected}; "
+                             "replace the file or correct the profile")
+
+
+def system_problem(profile: Profile) -> str | None:
+    distribution = host.get_fact(LinuxDistribution)
+    name, version = distribution["name"], str(distribution["release_meta"].get("VERSION_ID", ""))
+    if name not in SUPPORTED_SYSTEMS or not version.startswith(SUPPORTED_SYSTEMS[name]):
+        supported = "; ".join(f"{n} {', '.join(v)}" for n, v in SUPPORTED_SYSTEMS.items())
+        return f"{name} {version} is not supported ({supported})"
+    arch = host.get_fact(Arch)
+    if arch not in profile.arch:
+        return f"architecture {arch} is not in profile {profile.name}'s {profile.arch}"
+    if host.get_fact(Command, command="id -u") != "0":
+        return "the deploy needs root: connect as root or pass --sudo"
+    return None
+
+
+def nvme_problem(config: NodeConfig) -> str | None:
+    mount = config.nvme_mount
+    target = host.get_fact(Command, command=f"findmnt -n -o TARGET --target {mount} 2>/dev/null || echo none")
+    if target != mount:
+        return f"nvme_mount {mount} is not a mounted filesystem (it is on {target}); mount the local NVMe there"
+    return None
+
+
+def npus_before_deploy(config: NodeConfig) -> str | None:
+    """NPU count and health now: by npu-smi if a driver is loaded, else by the PCI bus."""
+    status = host.get_fact(NpuStatus)
+    if status["ok"]:
+        return npu_problem(config.npu_count)
+    on_bus = host.get_fact(PciNpuCount)
+    if on_bus and on_bus != config.npu_count:
+        return f"lspci shows {on_bus} NPUs, the inventory says npu_count={config.npu_count}; fix the inventory"
+    return None  # no driver yet and nothing on the bus to count: the driver stage's gate counts them
+
+
+def foreign_device_holders() -> str | None:
+    holders = [h for h in host.get_fact(NpuDeviceHolders) if not h["unit"].startswith("ascend-fleet-")]
+    if holders:
+        listed = ", ".join(f"pid {h['pid']} ({h['command']})" for h in holders)
+        return f"{listed} holds /dev/davinci* and is not an ascend-fleet instance; stop it before deploying"
+    return None
+
+
+@deploy("Preflight")
+def preflight_stage() -> None:
+    profile = node_profile()
+    config = host_node_config(host)
+    if config.is_worker:
+        check_vendor_files(profile, host.get_fact(Arch))
+    gates.passed(name="Supported system, architecture and root", description="system, architecture and root OK",
+                 find_problem=lambda: system_problem(profile))
+    if not config.is_worker:
+        return
+    gates.passed(name="Local NVMe mounted", description=f"{config.nvme_mount} mounted",
+                 find_problem=lambda: nvme_problem(config))
+    gates.passed(name="NPU count and health", description=f"{config.npu_count} NPUs, healthy where visible",
+                 find_problem=lambda: npus_before_deploy(config))
+    gates.passed(name="No foreign process on the NPUs", description="/dev/davinci* free or ours",
+                 find_problem=foreign_device_holders)
+
+
+# Run in the serving virtualenv: the model's type must be known to its transformers, and where
+# the manifest records a tokenizer probe, the node's tokenizer must reproduce its ids.
+MODEL_PROBE = """
+import json, os, transformers
+path = {path!r}
+model_type = transformers.AutoConfig.from_pretrained(path).model_type
+manifest = os.path.join(path, "ascend-fleet-manifest.json")
+probe = json.load(open(manifest)).get("tokenizer_probe") if os.path.exists(manifest) else None
+ids = probe and transformers.AutoTokenizer.from_pretrained(path).encode(probe["text"], add_special_tokens=False)
+print(model_type, "probe-mismatch" if probe and ids != probe["ids"] else "probe-ok")
+"""
+
+
+def model_problem(config: NodeConfig, venv: str) -> str | None:
+    """transformers knows the model type, and the node's tokenizer reproduces the manifest's probe ids."""
+    model_path = revision_dir(config.model_dir, config.model.id, config.model.revision)
+    result = host.get_fact(VenvPython, venv=venv, code=MODEL_PROBE.format(path=str(model_path)))
+    if not result["ok"]:
+        return f"transformers cannot load {model_path}: {result['output']}; check the profile's transformers version"
+    if result["output"].endswith("probe-mismatch"):
+        return f"the tokenizer at {model_path} does not reproduce the manifest's probe ids; restage the weights"
+    return None
+
+
+def instance_problem(config: NodeConfig, port: int, name: str) -> str | None:
+    health = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/health")
+    if health["status"] != 200:
+        return (f"instance {name} (port {port}) /health answers {health['status'] or 'nothing'}; "
+                f"see `journalctl -u {name}`")
+    models = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/v1/models")
+    served = [m.get("id") for m in json.loads(models["body"] or "{}").get("data", [])]
+    if config.model.served_model_name not in served:
+        return f"instance {name} serves {served}, not {config.model.served_model_name}"
+    return None
+
+
+def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
+    body = json.dumps({**CHAT_PROBE, "model": model_name})
+    answer = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{config.gateway.listen_port}/v1/chat/completions",
+                           json_body=body)
+    if answer["status"] != 200 or "choices" not in answer["body"]:
+        return (f"a chat completion through the gateway answers {answer['status'] or 'nothing'}: "
+                f"{answer['body'][:200]}; see /var/log/nginx/error.log")
+    return None
+
+
+def fleet_model_name() -> str:
+    """The served model name clients use, from any worker of the inventory."""
+    for worker in inventory.iter_hosts():
+        config = node_config(worker.data.dict(), worker.name)
+        if config.is_worker:
+            return config.model.served_model_name
+    raise FleetError("verify: the inventory has no worker with a model")
+
+
+@deploy("Verify")
+def verify_stage() -> None:
+    config = host_node_config(host)
+    if config.is_gateway:
+        model_name = fleet_model_name()
+        gates.passed(name="Chat completion through the gateway", description="the gateway answers a chat completion",
+                     find_problem=lambda: gateway_problem(config, model_name))
+    if not config.is_worker:
+        return
+    venv = node_profile().pip.venv
+    gates.passed(name="NPUs healthy", description=f"{config.npu_count} NPUs healthy",
+                 find_problem=lambda: npu_problem(config.npu_count))
+    gates.passed(name="torch_npu imports", description="torch_npu sees every NPU",
+                 find_problem=lambda: torch_npu_problem(venv, config.npu_count))
+    gates.passed(name="Model type and tokenizer", description="transformers knows the model; tokenizer probe matches",
+                 find_problem=lambda: model_problem(config, venv))
+    for instance in config.instances:
+        gates.passed(name=f"Instance {instance.name} healthy", description=f"{instance.name} /health 200, model served",
+                     find_problem=lambda i=instance: instance_problem(config, i.port, unit_name(i)))

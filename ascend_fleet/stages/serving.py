@@ -1,0 +1,120 @@
+"""Stages 6-8: weights on the NVMe, a systemd unit per vLLM instance, Nginx in front."""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+
+from pyinfra import host, inventory
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, server, systemd
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config, node_config
+from ascend_fleet.operations import gateway, weights
+from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
+from ascend_fleet.profile import Profile
+from ascend_fleet.stages.context import node_profile
+from ascend_fleet.templating import render
+
+HELPER = "/usr/local/lib/ascend-fleet/ascend-fleet-instance"
+INSTANCE_ENV_DIR = "/etc/ascend-fleet/instances"
+GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
+# A 72B model takes about 8 minutes to load on 4 cards (field notes); leave room for bigger ones.
+START_TIMEOUT_SECONDS = 1800
+STOP_TIMEOUT_SECONDS = 120
+START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
+GATEWAY_UPSTREAM = {"max_fails": 2, "fail_timeout": 10, "read_timeout": 3600}
+
+
+def unit_name(instance: Instance) -> str:
+    return f"ascend-fleet-{instance.name}.service"
+
+
+def stack_fingerprint(profile: Profile) -> str:
+    """Changes whenever any version of the stack does, so the instances restart onto it."""
+    return f"{profile.name}-{hashlib.sha256(profile.stack.model_dump_json().encode()).hexdigest()[:12]}"
+
+
+def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[str]:
+    """The `vllm serve` options for one instance, from the model and serving data."""
+    serving, model = config.serving, config.model
+    args = ["--model", model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
+            "--port", str(instance.port), "--tensor-parallel-size", str(len(instance.npus)),
+            "--dtype", serving.dtype, "--max-model-len", str(serving.max_model_len),
+            "--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
+    flags = {"--enable-prefix-caching": serving.enable_prefix_caching,
+             "--enable-chunked-prefill": serving.enable_chunked_prefill}
+    args += [flag for flag, enabled in flags.items() if enabled]
+    options = {"--max-num-batched-tokens": serving.max_num_batched_tokens, "--max-num-seqs": serving.max_num_seqs,
+               "--block-size": serving.block_size, "--quantization": serving.quantization}
+    for option, value in options.items():
+        if value is not None:
+            args += [option, str(value)]
+    return args + serving.extra_args
+
+
+@deploy("Weights")
+def weights_stage() -> None:
+    config = host_node_config(host)
+    if not config.is_worker:
+        return
+    model = config.model
+    weights.model(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
+                  source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer)
+
+
+@deploy("Serve")
+def serve_stage() -> None:
+    """One unit per instance; an instance restarts only when its unit, environment, stack or weights changed."""
+    config = host_node_config(host)
+    if not config.is_worker:
+        return
+    profile, model = node_profile(), config.model
+    model_path = str(revision_dir(config.model_dir, model.id, model.revision))
+    user = config.service_user
+    server.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
+                home="/var/lib/ascend-fleet", shell="/usr/sbin/nologin")
+    files.put(name="Instance start checks", src=StringIO(render(TEMPLATES / "ascend-fleet-instance.sh.j2")),
+              dest=HELPER, mode="755")
+    files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
+    for instance in config.instances:
+        unit = files.put(
+            name=f"Unit {unit_name(instance)}", dest=f"/etc/systemd/system/{unit_name(instance)}", mode="644",
+            src=StringIO(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
+                                revision=model.revision, service_user=user, helper=HELPER, venv=profile.pip.venv,
+                                weights_marker=f"{model_path}/{MARKER_NAME}",
+                                args=vllm_args(config, instance, model_path), start_timeout=START_TIMEOUT_SECONDS,
+                                stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)))
+        environment = files.put(
+            name=f"Environment of {instance.name}", dest=f"{INSTANCE_ENV_DIR}/{instance.name}.env", mode="600",
+            src=StringIO(render(TEMPLATES / "vllm-instance.env.j2", instance=instance,
+                                settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
+                                model_id=model.id, revision=model.revision)))
+        changed = unit.will_change or environment.will_change
+        systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
+                        enabled=True, restarted=changed, daemon_reload=changed)
+
+
+def fleet_backends() -> list[dict]:
+    """Every instance of every worker in the inventory, as the gateway addresses it."""
+    backends = []
+    for worker in inventory.iter_hosts():
+        config = node_config(worker.data.dict(), worker.name)
+        address = worker.data.get("ssh_hostname") or worker.name
+        backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port, "drained": False}
+                     for i in config.instances] if config.is_worker else []
+    return backends
+
+
+@deploy("Gateway")
+def gateway_stage() -> None:
+    """Nginx with one upstream over every instance; the config must pass nginx -t before it serves."""
+    config = host_node_config(host)
+    if not config.is_gateway:
+        return
+    apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
+    files.link(name="No default site", path="/etc/nginx/sites-enabled/default", present=False)
+    content = render(TEMPLATES / "nginx-gateway.conf.j2", upstream=config.gateway.upstream_name,
+                     listen_port=config.gateway.listen_port, backends=fleet_backends(), **GATEWAY_UPSTREAM)
+    gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG, content=content)

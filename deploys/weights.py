@@ -1,0 +1,5 @@
+"""Stage 6: model weights on the local NVMe, verified, published atomically."""
+
+from ascend_fleet.stages.serving import weights_stage
+
+weights_stage()
