@@ -76,7 +76,7 @@ def staged(
             model_dir="/mnt/nvme/models",
         )
     """
-    _check_arguments(model_id, revision, source, url, peer)
+    check_arguments(model_id, revision, source, url, peer)
     marker = host.get_fact(StagedModel, model_dir=model_dir, model_id=model_id, revision=revision)
     if marker and not marker_problems(marker, marker["sizes"], model_id, revision):
         host.noop(f"{model_id}@{revision} is staged at {revision_dir(model_dir, model_id, revision)}")
@@ -89,7 +89,7 @@ def staged(
                          min_free_margin_bytes)
 
 
-def _check_arguments(model_id: str, revision: str, source: str, url: str | None, peer: str | None) -> None:
+def check_arguments(model_id: str, revision: str, source: str, url: str | None, peer: str | None) -> None:
     """Refuse, in one line, what the stager would refuse on the node, before touching it."""
     prefix = f"{host.name}: weights {model_id}@{revision}"
     try:

@@ -331,10 +331,6 @@ def read_tokens_env_file(path: Path) -> dict[str, str]:
     return tokens
 
 
-def bearer(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
 def http_get(url: str, headers: dict[str, str]):
     return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT_SECONDS)
 
@@ -367,8 +363,19 @@ def download_resuming(url: str, dest: Path, size: int) -> None:
             shutil.copyfileobj(response, out, CHUNK_BYTES)
 
 
+def parsed_or_fail(job: Job, where: str, what_to_do: str, parse, *args):
+    """parse(*args), or one line naming where the document came from and what to do."""
+    try:
+        return parse(*args)
+    except (ValueError, AttributeError, TypeError) as error:
+        raise job.error(f"{where}: {error}: {what_to_do}") from None
+
+
 class Source:
     """Where a revision comes from: its manifest, and a way to fetch named files into a directory."""
+
+    def __init__(self, job: Job):
+        self.job = job
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -388,20 +395,19 @@ class HttpMirror(Source):
     """The mirror layout: ``<url>/models/<org>/<name>/<revision>/`` holds the manifest and every file."""
 
     def __init__(self, job: Job, url: str):
-        self.job = job
-        org, name, revision = model_path_parts(job.model_id, job.revision)
-        self.base = "/".join((url.rstrip("/"), "models", *(urllib.parse.quote(p) for p in (org, name, revision)), ""))
+        super().__init__(job)
+        parts = model_path_parts(job.model_id, job.revision)
+        self.base = "/".join((url.rstrip("/"), "models", *map(urllib.parse.quote, parts), ""))
         self.files: dict = {}
 
     def describe(self) -> str:
         return self.base
 
     def manifest(self) -> dict:
-        doc, _ = http_json(self.job, self.base + MANIFEST_NAME)
-        try:
-            self.files = files_from_mirror_manifest(doc, self.job.model_id, self.job.revision)
-        except (ValueError, AttributeError) as error:
-            raise self.job.error(f"{self.base}{MANIFEST_NAME}: {error}: republish the model") from None
+        url = self.base + MANIFEST_NAME
+        doc, _ = http_json(self.job, url)
+        self.files = parsed_or_fail(self.job, url, "republish the model", files_from_mirror_manifest,
+                                    doc, self.job.model_id, self.job.revision)
         return self.files
 
     def batches(self, names: list[str]) -> list[list[str]]:
@@ -459,69 +465,99 @@ def run_tool(job: Job, argv: list[str], env: dict[str, str] | None = None, stdin
     return result.stdout
 
 
-class ModelScope(Source):
-    """ModelScope: manifest from its file-list API, bytes from ``modelscope download`` (it resumes)."""
+class Hub(Source):
+    """A model hub: its API lists every file with a digest, its CLI fetches them (and resumes)."""
+
+    DEFAULT_ENDPOINT = ""
+    TOKEN_NAME = ""
 
     def __init__(self, job: Job, endpoint: str | None):
-        self.job, self.endpoint = job, (endpoint or MODELSCOPE_ENDPOINT).rstrip("/")
+        super().__init__(job)
+        self.endpoint = (endpoint or self.DEFAULT_ENDPOINT).rstrip("/")
 
     def describe(self) -> str:
         return f"{self.endpoint} ({self.job.model_id})"
+
+    def auth_headers(self) -> dict[str, str]:
+        token = self.job.tokens.get(self.TOKEN_NAME)
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def listing_url(self) -> str:
+        raise NotImplementedError
+
+    def files_from_listing(self) -> dict:
+        raise NotImplementedError
+
+    def endpoint_env(self) -> dict[str, str]:
+        """How the hub's CLI is pointed at an endpoint other than the public one."""
+        raise NotImplementedError
+
+    def download_argv(self, names: list[str], partial: Path) -> list[str]:
+        raise NotImplementedError
+
+    def manifest(self) -> dict:
+        return parsed_or_fail(self.job, self.listing_url(), "check the model id and revision",
+                              self.files_from_listing)
+
+    def fetch(self, names: list[str], partial: Path) -> None:
+        env = {key: value for key, value in self.job.tokens.items() if key == self.TOKEN_NAME}
+        if self.endpoint != self.DEFAULT_ENDPOINT:
+            env.update(self.endpoint_env())
+        run_tool(self.job, self.download_argv(names, partial), env)
+
+
+class ModelScope(Hub):
+    """ModelScope: the manifest from its file-list API (Sha256 per file), bytes from ``modelscope download``."""
+
+    DEFAULT_ENDPOINT = MODELSCOPE_ENDPOINT
+    TOKEN_NAME = "MODELSCOPE_API_TOKEN"
 
     def listing_url(self) -> str:
         query = urllib.parse.urlencode({"Revision": self.job.revision, "Recursive": "true"})
         return f"{self.endpoint}/api/v1/models/{self.job.model_id}/repo/files?{query}"
 
-    def manifest(self) -> dict:
-        doc, _ = http_json(self.job, self.listing_url(), bearer(self.job.tokens.get("MODELSCOPE_API_TOKEN")))
-        try:
-            return files_from_modelscope_listing(doc)
-        except (ValueError, AttributeError) as error:
-            raise self.job.error(f"{self.listing_url()}: {error}") from None
+    def files_from_listing(self) -> dict:
+        doc, _ = http_json(self.job, self.listing_url(), self.auth_headers())
+        return files_from_modelscope_listing(doc)
 
-    def fetch(self, names: list[str], partial: Path) -> None:
-        env = {key: value for key, value in self.job.tokens.items() if key == "MODELSCOPE_API_TOKEN"}
-        if self.endpoint != MODELSCOPE_ENDPOINT:  # the SDK takes the host of a private hub from this
-            env["MODELSCOPE_DOMAIN"] = urllib.parse.urlsplit(self.endpoint).netloc
-        run_tool(self.job, modelscope_download_argv(self.job.model_id, self.job.revision, partial, names), env)
+    def endpoint_env(self) -> dict[str, str]:
+        return {"MODELSCOPE_DOMAIN": urllib.parse.urlsplit(self.endpoint).netloc}
+
+    def download_argv(self, names: list[str], partial: Path) -> list[str]:
+        return modelscope_download_argv(self.job.model_id, self.job.revision, partial, names)
 
 
-class HuggingFace(Source):
-    """The Hugging Face hub: manifest from its tree API (LFS sha256), bytes from ``hf download``."""
+class HuggingFace(Hub):
+    """The Hugging Face hub: the manifest from its tree API (LFS sha256), bytes from ``hf download``."""
 
-    def __init__(self, job: Job, endpoint: str | None):
-        self.job, self.endpoint = job, (endpoint or HF_ENDPOINT).rstrip("/")
+    DEFAULT_ENDPOINT = HF_ENDPOINT
+    TOKEN_NAME = "HF_TOKEN"
 
-    def describe(self) -> str:
-        return f"{self.endpoint} ({self.job.model_id})"
-
-    def tree_url(self) -> str:
+    def listing_url(self) -> str:
         revision = urllib.parse.quote(self.job.revision, safe="")
         return f"{self.endpoint}/api/models/{self.job.model_id}/tree/{revision}?recursive=true"
 
-    def manifest(self) -> dict:
-        entries, url = [], self.tree_url()
-        while url:
-            page, link = http_json(self.job, url, bearer(self.job.tokens.get("HF_TOKEN")))
+    def files_from_listing(self) -> dict:
+        entries, url = [], self.listing_url()
+        while url:  # the tree API pages its answer
+            page, link = http_json(self.job, url, self.auth_headers())
             entries += page if isinstance(page, list) else []
             url = hf_next_page(link)
-        try:
-            return files_from_hf_tree(entries)
-        except (ValueError, AttributeError) as error:
-            raise self.job.error(f"{self.tree_url()}: {error}") from None
+        return files_from_hf_tree(entries)
 
-    def fetch(self, names: list[str], partial: Path) -> None:
-        env = {key: value for key, value in self.job.tokens.items() if key == "HF_TOKEN"}
-        if self.endpoint != HF_ENDPOINT:
-            env["HF_ENDPOINT"] = self.endpoint
-        run_tool(self.job, hf_download_argv(self.job.model_id, self.job.revision, partial, names), env)
+    def endpoint_env(self) -> dict[str, str]:
+        return {"HF_ENDPOINT": self.endpoint}
+
+    def download_argv(self, names: list[str], partial: Path) -> list[str]:
+        return hf_download_argv(self.job.model_id, self.job.revision, partial, names)
 
 
 class Peer(Source):
     """Another node that published this revision: its marker is the manifest, rsync over SSH the transport."""
 
     def __init__(self, job: Job, peer: str):
-        self.job, self.peer = job, peer
+        super().__init__(job)
+        self.peer = peer
         self.remote_dir = job.target  # fleet nodes share one layout
 
     def describe(self) -> str:
@@ -529,10 +565,8 @@ class Peer(Source):
 
     def manifest(self) -> dict:
         raw = run_tool(self.job, ssh_cat_argv(self.peer, self.remote_dir / MARKER_NAME))
-        try:
-            return files_from_marker(json.loads(raw), self.job.model_id, self.job.revision)
-        except (ValueError, AttributeError) as error:
-            raise self.job.error(f"{self.describe()}: {error}: stage it there first") from None
+        return parsed_or_fail(self.job, self.describe(), "stage it there first",
+                              lambda: files_from_marker(json.loads(raw), self.job.model_id, self.job.revision))
 
     def fetch(self, names: list[str], partial: Path) -> None:
         run_tool(self.job, rsync_argv(self.peer, self.remote_dir, partial), stdin="\0".join(names).encode())

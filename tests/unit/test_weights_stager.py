@@ -1,0 +1,381 @@
+"""The node-side weights stager: manifests, safetensors headers, tool command lines, and a whole stage over HTTP."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
+from ascend_fleet.operations.files import stage_weights as sw
+
+SHA = "a" * 64
+
+
+# ---------------------------------------------------------------- layout and markers
+
+
+def test_layout_puts_partial_and_published_on_the_same_tree():
+    assert sw.revision_dir("/mnt/nvme/models", "Qwen/Qwen3-8B", "v1") == Path("/mnt/nvme/models/Qwen/Qwen3-8B/v1")
+    assert sw.partial_dir("/mnt/nvme/models", "Qwen/Qwen3-8B", "v1") == Path(
+        "/mnt/nvme/models/.partial/Qwen/Qwen3-8B/v1")
+
+
+@pytest.mark.parametrize("model_id, revision", [
+    ("Qwen3-8B", "v1"), ("Qwen/Qwen3/8B", "v1"), ("Qwen/..", "v1"), ("Qwen/Qwen3-8B", "refs/pr/1"),
+    ("Qwen/Qwen3-8B", ".partial"), ("/Qwen3-8B", "v1"), ("Qwen/Qwen3-8B", ""),
+])
+def test_ids_and_revisions_that_are_not_plain_path_names_are_refused(model_id, revision):
+    with pytest.raises(ValueError, match="plain path names"):
+        sw.revision_dir("/m", model_id, revision)
+
+
+def test_marker_problems_name_missing_and_resized_files_and_a_foreign_marker():
+    marker = {"model_id": "o/m", "revision": "v1",
+              "files": {"a.json": {"size": 3, "sha256": SHA}, "b.safetensors": {"size": 9, "sha256": SHA}}}
+    assert sw.marker_problems(marker, {"a.json": 3, "b.safetensors": 9, sw.MARKER_NAME: 50}, "o/m", "v1") == []
+    assert sw.marker_problems(marker, {"a.json": 3}, "o/m", "v1") == ["b.safetensors is missing"]
+    assert sw.marker_problems(marker, {"a.json": 4, "b.safetensors": 9}, "o/m", "v1") == [
+        "a.json is 4 bytes, the marker says 3"]
+    assert sw.marker_problems(marker, {"a.json": 3, "b.safetensors": 9}, "o/m", "v2") == [
+        "its marker is for o/m@v1"]
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def test_mirror_manifest_of_the_tiny_model_parses(tmp_path):
+    built = build_tiny_model(tmp_path)
+    doc = json.loads((built / sw.MANIFEST_NAME).read_text())
+    files = sw.files_from_mirror_manifest(doc, "lab/Qwen3-Tiny", "v1")
+    assert sw.INDEX_NAME in files and "model-00001-of-00002.safetensors" in files
+    assert all(set(entry) == {"size", "sha256"} for entry in files.values())
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"model_id": "lab/Other", "revision": "v1", "files": {"a": {"size": 1, "sha256": SHA}}}, "is for lab/Other@v1"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {}}, "lists no files"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {"a": {"size": -1, "sha256": SHA}}}, "the size -1"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {"a": {"size": 1, "sha256": "xyz"}}}, "hex digest"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {"a": {"size": 1}}}, "no digest"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {"../etc/passwd": {"size": 1, "sha256": SHA}}}, "unusable"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {"/abs": {"size": 1, "sha256": SHA}}}, "unusable"),
+    ({"model_id": "lab/M", "revision": "v1", "files": {sw.MARKER_NAME: {"size": 1, "sha256": SHA}}}, "unusable"),
+])
+def test_mirror_manifests_that_could_not_be_verified_or_escape_are_refused(doc, message):
+    with pytest.raises(ValueError, match=message):
+        sw.files_from_mirror_manifest(doc, "lab/M", "v1")
+
+
+def test_modelscope_listing_keeps_blobs_with_their_sha256_and_skips_directories():
+    doc = {"Code": 200, "Data": {"Files": [
+        {"Name": "config.json", "Path": "config.json", "Type": "blob", "Size": 728, "Sha256": SHA.upper()},
+        {"Name": "original", "Path": "original", "Type": "tree", "Size": 0, "Sha256": ""},
+        {"Name": "params.json", "Path": "original/params.json", "Type": "blob", "Size": 9, "Sha256": "b" * 64},
+    ]}}
+    assert sw.files_from_modelscope_listing(doc) == {
+        "config.json": {"size": 728, "sha256": SHA},
+        "original/params.json": {"size": 9, "sha256": "b" * 64},
+    }
+
+
+def test_modelscope_error_answer_is_refused_with_its_message():
+    with pytest.raises(ValueError, match="model not found"):
+        sw.files_from_modelscope_listing({"Code": 10010205001, "Message": "model not found", "Data": None})
+
+
+def test_hf_tree_takes_lfs_sha256_for_weights_and_git_blob_ids_for_small_files():
+    entries = [
+        {"type": "file", "path": "config.json", "size": 728, "oid": "c" * 40},
+        {"type": "directory", "path": "original", "size": 0, "oid": "d" * 40},
+        {"type": "file", "path": "model-00001-of-00002.safetensors", "size": 3_960_000_000, "oid": "e" * 40,
+         "lfs": {"oid": SHA, "size": 3_960_000_000, "pointerSize": 135}},
+    ]
+    assert sw.files_from_hf_tree(entries) == {
+        "config.json": {"size": 728, "git_sha1": "c" * 40},
+        "model-00001-of-00002.safetensors": {"size": 3_960_000_000, "sha256": SHA},
+    }
+
+
+def test_hf_pagination_follows_the_next_link_only():
+    link = '<https://huggingface.co/api/models/o/m/tree/main?cursor=abc>; rel="next"'
+    assert sw.hf_next_page(link) == "https://huggingface.co/api/models/o/m/tree/main?cursor=abc"
+    assert sw.hf_next_page('<https://x/prev>; rel="prev"') is None
+    assert sw.hf_next_page(None) is None
+
+
+def test_manifest_sha256_ignores_key_order_but_not_content():
+    a = {"x": {"size": 1, "sha256": SHA}, "y": {"size": 2, "sha256": SHA}}
+    b = {"y": {"sha256": SHA, "size": 2}, "x": {"sha256": SHA, "size": 1}}
+    assert sw.manifest_sha256("o/m", "v1", a) == sw.manifest_sha256("o/m", "v1", b)
+    assert sw.manifest_sha256("o/m", "v1", a) != sw.manifest_sha256("o/m", "v2", a)
+
+
+def test_git_blob_digest_matches_git(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"hello\n")
+    # `printf 'hello\n' | git hash-object --stdin`
+    assert sw.file_digest(path, {"size": 6, "git_sha1": "x"}) == ("git_sha1", "ce013625030ba8dba906f756967f9e9ca394464a")
+    assert sw.file_problem(path, {"size": 6, "sha256": hashlib.sha256(b"hello\n").hexdigest()}) is None
+    assert "does not match" in sw.file_problem(path, {"size": 6, "sha256": SHA})
+    assert sw.file_problem(path, {"size": 7, "sha256": SHA}) == "is 6 bytes, the manifest says 7"
+
+
+# ---------------------------------------------------------------- safetensors headers
+
+
+def safetensors_bytes(header: dict, data: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+def read_header(blob: bytes) -> dict:
+    return sw.read_safetensors_header(io.BytesIO(blob), len(blob))
+
+
+def test_a_real_shard_header_parses(tmp_path):
+    shard = build_tiny_model(tmp_path) / "model-00001-of-00002.safetensors"
+    with shard.open("rb") as f:
+        header = sw.read_safetensors_header(f, shard.stat().st_size)
+    assert header["__metadata__"] == {"format": "pt"} and "model.embed_tokens.weight" in header
+
+
+@pytest.mark.parametrize("blob, message", [
+    (b"\x01\x02", "too short"),
+    ((10**6).to_bytes(8, "little") + b"{}", "header in a"),
+    ((4).to_bytes(8, "little") + b"nope", "not JSON"),
+    ((2).to_bytes(8, "little") + b"[]", "not a JSON object"),
+    (safetensors_bytes({"w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 8]}}, b"1234"), "outside"),
+    (safetensors_bytes({"w": {"dtype": "F16", "shape": [2]}}, b"1234"), "outside"),
+])
+def test_broken_headers_are_refused_with_what_is_wrong(blob, message):
+    with pytest.raises(ValueError, match=message):
+        read_header(blob)
+
+
+def test_header_with_tensors_inside_the_data_parses():
+    blob = safetensors_bytes({"__metadata__": {}, "w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}, b"1234")
+    assert read_header(blob)["w"]["shape"] == [2]
+
+
+def test_shards_named_by_the_index_must_all_be_in_the_manifest():
+    files = {"a.safetensors": {}, "b.safetensors": {}, sw.INDEX_NAME: {}}
+    index = {"weight_map": {"x": "a.safetensors", "y": "c.safetensors"}}
+    assert sw.shards_to_check(index, files) == (["a.safetensors", "b.safetensors", "c.safetensors"], ["c.safetensors"])
+    with pytest.raises(ValueError, match="weight_map"):
+        sw.shards_to_check({"weight_map": ["a.safetensors"]}, files)
+
+
+# ---------------------------------------------------------------- command lines and tokens
+
+
+def test_tool_command_lines():
+    partial = Path("/m/.partial/Qwen/Qwen3-8B/v1")
+    assert sw.modelscope_download_argv("Qwen/Qwen3-8B", "v1", partial, ["a.json"]) == [
+        "modelscope", "download", "--model", "Qwen/Qwen3-8B", "--revision", "v1",
+        "--local_dir", "/m/.partial/Qwen/Qwen3-8B/v1", "a.json"]
+    assert sw.hf_download_argv("Qwen/Qwen3-8B", "v1", partial, ["a.json", "b.json"]) == [
+        "hf", "download", "Qwen/Qwen3-8B", "a.json", "b.json", "--local-dir", "/m/.partial/Qwen/Qwen3-8B/v1",
+        "--revision", "v1"]
+    rsync = sw.rsync_argv("root@worker1", Path("/m/Qwen/Qwen3-8B/v1"), partial)
+    assert rsync[0] == "rsync" and "--append-verify" in rsync and "--files-from=-" in rsync
+    assert rsync[-2:] == ["root@worker1:/m/Qwen/Qwen3-8B/v1/", "/m/.partial/Qwen/Qwen3-8B/v1/"]
+    assert "BatchMode=yes" in rsync[rsync.index("-e") + 1]
+    assert sw.ssh_cat_argv("worker1", Path("/m/x"))[-3:] == ["cat", "--", "/m/x"]
+
+
+def job(tmp_path, tokens=None) -> sw.Job:
+    return sw.Job("worker1", "Qwen/Qwen3-8B", "v1", tmp_path / "models", tokens or {})
+
+
+def test_hub_urls():
+    ms = sw.ModelScope(sw.Job("w", "Qwen/Qwen3-8B", "v1", Path("/m")), None)
+    assert ms.listing_url() == "https://www.modelscope.cn/api/v1/models/Qwen/Qwen3-8B/repo/files?Revision=v1&Recursive=true"
+    hf = sw.HuggingFace(sw.Job("w", "Qwen/Qwen3-8B", "v1", Path("/m")), "https://hf-mirror.example/")
+    assert hf.listing_url() == "https://hf-mirror.example/api/models/Qwen/Qwen3-8B/tree/v1?recursive=true"
+
+
+@pytest.mark.parametrize("hub_class, token_name, endpoint, endpoint_env", [
+    (sw.ModelScope, "MODELSCOPE_API_TOKEN", "https://ms.internal:8443", {"MODELSCOPE_DOMAIN": "ms.internal:8443"}),
+    (sw.HuggingFace, "HF_TOKEN", "https://hf.internal", {"HF_ENDPOINT": "https://hf.internal"}),
+])
+def test_hub_tokens_travel_in_the_environment_never_the_command_line(
+        tmp_path, monkeypatch, hub_class, token_name, endpoint, endpoint_env):
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        seen.update(argv=argv, env=kwargs["env"])
+        return sw.subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(sw.subprocess, "run", fake_run)
+    secret = {"MODELSCOPE_API_TOKEN": "ms-secret", "HF_TOKEN": "hf-secret"}
+    hub = hub_class(job(tmp_path, secret), endpoint)
+    hub.fetch(["config.json"], tmp_path)
+    assert not any("secret" in word for word in seen["argv"])
+    assert seen["env"][token_name] == secret[token_name]
+    assert {k: seen["env"][k] for k in endpoint_env} == endpoint_env
+    other = next(name for name in secret if name != token_name)
+    assert seen["env"].get(other) != secret[other]  # each tool gets only its own hub's token
+    assert hub.auth_headers() == {"Authorization": f"Bearer {secret[token_name]}"}
+
+
+def test_tokens_file_is_read_only_when_root_owned_and_private(tmp_path):
+    path = tmp_path / "tokens.env"
+    path.write_text("# staged by the deploy\nexport HF_TOKEN='hf-1'\nMODELSCOPE_API_TOKEN=\"ms-2\"\nOTHER=x\n")
+    path.chmod(0o600)
+    if os.geteuid() == 0:
+        assert sw.read_tokens_env_file(path) == {"HF_TOKEN": "hf-1", "MODELSCOPE_API_TOKEN": "ms-2"}
+    path.chmod(0o644)
+    with pytest.raises(PermissionError, match="mode 0600"):
+        sw.read_tokens_env_file(path)
+
+
+def test_a_missing_tool_is_one_line_saying_to_install_it(tmp_path):
+    with pytest.raises(sw.StageError, match=r"^worker1: weights Qwen/Qwen3-8B@v1: no-such-tool-x is not installed"):
+        sw.run_tool(job(tmp_path), ["no-such-tool-x"])
+
+
+def test_failing_tool_reports_its_last_words(tmp_path):
+    with pytest.raises(sw.StageError, match=r"sh exited 3 \(boom\)"):
+        sw.run_tool(job(tmp_path), ["sh", "-c", "echo noise >&2; echo boom >&2; exit 3"])
+
+
+# ---------------------------------------------------------------- space
+
+
+def test_space_counts_only_what_is_still_missing(tmp_path):
+    partial = tmp_path
+    (partial / "a").write_bytes(b"x" * 4)
+    (partial / "b").write_bytes(b"x" * 20)  # longer than the manifest says: fetched again, whole
+    files = {"a": {"size": 10}, "b": {"size": 5}, "c": {"size": 7}}
+    assert sw.bytes_still_to_fetch(files, partial) == 6 + 5 + 7
+
+
+def test_too_little_space_is_one_line_with_bytes_needed_and_free(tmp_path):
+    files = {"model.safetensors": {"size": 10**15, "sha256": SHA}}
+    with pytest.raises(sw.StageError) as error:
+        sw.check_space(job(tmp_path), files, margin=1024)
+    message = str(error.value)
+    assert message.startswith("worker1: weights Qwen/Qwen3-8B@v1: needs 1000000000001024 bytes on ")
+    assert "are free" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------- a whole stage against a local HTTP mirror
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """The tiny model published in a mirror tree, served over HTTP on loopback (Range requests included)."""
+    root = tmp_path_factory.mktemp("mirror")
+    publish_model(build_tiny_model(tmp_path_factory.mktemp("built")), root / "models")
+    handler = functools.partial(RangeHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """http.server with just enough of RFC 7233 for one `bytes=N-` range; it records what was asked."""
+
+    requests: list[tuple[str, str | None]] = []
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        RangeHandler.requests.append((self.path, self.headers.get("Range")))
+        wanted = self.headers.get("Range", "")
+        path = Path(self.translate_path(self.path))
+        if not wanted.startswith("bytes=") or not path.is_file():
+            return super().send_head()
+        start = int(wanted[len("bytes="):].rstrip("-"))
+        f = path.open("rb")
+        f.seek(start)
+        size = path.stat().st_size
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.send_header("Content-Length", str(size - start))
+        self.end_headers()
+        return f
+
+
+def run_stager(tmp_path, url, revision="v1", margin=0) -> tuple[int, str]:
+    argv = ["--host", "worker1", "--model-id", "lab/Qwen3-Tiny", "--revision", revision,
+            "--model-dir", str(tmp_path / "models"), "--source", "http", "--url", url,
+            "--min-free-margin-bytes", str(margin)]
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sw.sys, "stderr", err)
+        patch.setattr(sw.os, "sync", lambda: None)  # the test's tmp filesystem needs no flush
+        code = sw.main(argv)
+    return code, err.getvalue()
+
+
+def test_stage_publishes_verified_files_with_a_marker_and_resumes_a_cut_off_shard(tmp_path, mirror):
+    root, url = mirror
+    source = root / "models/lab/Qwen3-Tiny/v1"
+    partial = tmp_path / "models/.partial/lab/Qwen3-Tiny/v1"
+    partial.mkdir(parents=True)
+    shard = "model-00002-of-00002.safetensors"
+    (partial / "config.json").write_bytes((source / "config.json").read_bytes())
+    (partial / shard).write_bytes((source / shard).read_bytes()[:1000])  # what an interrupted fetch leaves
+    RangeHandler.requests.clear()
+
+    assert run_stager(tmp_path, url) == (0, "")
+
+    target = tmp_path / "models/lab/Qwen3-Tiny/v1"
+    marker = json.loads((target / sw.MARKER_NAME).read_text())
+    assert marker["model_id"] == "lab/Qwen3-Tiny" and marker["revision"] == "v1"
+    assert marker["manifest_sha256"] == sw.manifest_sha256("lab/Qwen3-Tiny", "v1", marker["files"])
+    assert sorted(p.name for p in target.iterdir()) == sorted([*marker["files"], sw.MARKER_NAME])
+    assert not partial.exists()
+    asked = dict(RangeHandler.requests)
+    assert "/models/lab/Qwen3-Tiny/v1/config.json" not in asked  # complete and verified: not fetched again
+    assert asked["/models/lab/Qwen3-Tiny/v1/" + shard] == "bytes=1000-"
+    assert (target / shard).read_bytes() == (source / shard).read_bytes()
+
+    RangeHandler.requests.clear()
+    assert run_stager(tmp_path, url) == (0, "")  # already staged: nothing is asked of the mirror
+    assert RangeHandler.requests == []
+
+
+def test_a_corrupt_shard_is_refused_and_nothing_is_published(tmp_path, mirror):
+    root, url = mirror
+    bad = root / "models/lab/Qwen3-Tiny/bad"
+    bad.mkdir()
+    manifest = json.loads((root / "models/lab/Qwen3-Tiny/v1" / sw.MANIFEST_NAME).read_text())
+    for name in manifest["files"]:
+        (bad / name).write_bytes((root / "models/lab/Qwen3-Tiny/v1" / name).read_bytes())
+    (bad / sw.MANIFEST_NAME).write_text(json.dumps({**manifest, "revision": "bad"}))
+    shard = bad / "model-00001-of-00002.safetensors"
+    blob = bytearray(shard.read_bytes())
+    blob[-10] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+
+    code, err = run_stager(tmp_path, url, revision="bad")
+
+    assert code == 1
+    assert err.count("\n") == 1 and err.startswith("worker1: weights lab/Qwen3-Tiny@bad: model-00001-of-00002")
+    assert "does not match the manifest" in err and "nothing was published" in err
+    assert not (tmp_path / "models/lab/Qwen3-Tiny/bad").exists()
+    assert not (tmp_path / "models/.partial/lab/Qwen3-Tiny/bad/model-00001-of-00002.safetensors").exists()
+
+
+def test_an_existing_unverified_directory_is_never_replaced(tmp_path, mirror):
+    _, url = mirror
+    target = tmp_path / "models/lab/Qwen3-Tiny/v1"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+
+    code, err = run_stager(tmp_path, url)
+
+    assert code == 1 and "exists but is not a verified stage (it has no marker)" in err
+    assert [p.name for p in target.iterdir()] == ["config.json"]
