@@ -1,4 +1,5 @@
-"""`ascend-fleet plan`: capacity plan of one vLLM Ascend instance before anything is deployed."""
+"""`ascend-fleet plan`: capacity plan of one vLLM Ascend instance, or of every instance of a
+fleet (`ascend-fleet plan INVENTORY`), before anything is deployed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import MODELS_DIR, FleetPlan, load_inventory, plan_fleet, read_model_config
 from ascend_fleet.planner import GIB, MIB, ConfigError, InstancePlan, ModelShape, chip_by_name, format_gib, plan_instance
 
 console = Console()
@@ -19,7 +21,12 @@ VERDICT_STYLES = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
 def plan(
-    model_config: Annotated[Path, typer.Option("--model-config", help="config.json, or the model directory holding it")],
+    inventory: Annotated[Optional[Path], typer.Argument(
+        help="a pyinfra inventory: plan every instance of every worker with its own data")] = None,
+    model_config: Annotated[Optional[Path], typer.Option(
+        "--model-config", help="config.json, or the model directory holding it")] = None,
+    models_dir: Annotated[Path, typer.Option(
+        "--models-dir", help="with INVENTORY: local model configs as <org>/<name>/<revision>/config.json")] = MODELS_DIR,
     chip: Annotated[str, typer.Option("--chip", help="NPU model: 910B3 or 910B4")] = "910B3",
     tp: Annotated[int, typer.Option("--tp", help="--tensor-parallel-size")] = 1,
     dp: Annotated[int, typer.Option("--dp", help="--data-parallel-size (engines, e.g. one per node)")] = 1,
@@ -31,10 +38,19 @@ def plan(
     usable_hbm_gib: Annotated[Optional[float], typer.Option("--usable-hbm-gib", help="override the chip table's usable HBM per NPU")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Weights, KV cache and concurrency per NPU, and a verdict: fits, tight, or does not fit."""
+    """Weights, KV cache and concurrency per NPU, and a verdict: fits, tight, or does not fit.
+
+    With INVENTORY, chip, TP size and serving options come from each host's data and the
+    model's config.json from --model-config, --models-dir or the model's http URL.
+    """
+    if inventory is not None:
+        plan_inventory(inventory, model_config, models_dir, as_json)
+        return
+    if model_config is None:
+        raise FleetError("plan: pass an INVENTORY, or --model-config for a single instance")
     override = int(usable_hbm_gib * GIB) if usable_hbm_gib is not None else None
     try:
-        shape = ModelShape.from_config(_read_config(model_config))
+        shape = ModelShape.from_config(read_model_config(model_config))
         result = plan_instance(
             shape,
             chip_by_name(chip),
@@ -57,14 +73,34 @@ def plan(
         raise FleetError(f"{result.verdict}: {result.errors[0].message}")
 
 
-def _read_config(path: Path) -> dict:
-    config_file = path / "config.json" if path.is_dir() else path
-    try:
-        return json.loads(config_file.read_text())
-    except FileNotFoundError:
-        raise FleetError(f"{config_file}: no such file; pass --model-config a config.json or the model directory") from None
-    except json.JSONDecodeError as exc:
-        raise FleetError(f"{config_file}: not valid JSON ({exc})") from exc
+def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path, as_json: bool) -> None:
+    """Every instance of every worker; refuses (one line naming host and instance) what does not fit."""
+    fleet = plan_fleet(load_inventory(inventory), model_config, models_dir)
+    if as_json:
+        print(json.dumps(fleet.to_dict(), indent=2))
+    else:
+        print_fleet(fleet, inventory)
+    error = fleet.first_error()
+    if error:
+        raise FleetError(error)
+
+
+def print_fleet(fleet: FleetPlan, inventory: Path) -> None:
+    """One row per instance (figures per NPU), then each distinct warning once with its hosts."""
+    table = Table(title=f"plan: {inventory} (GiB per NPU)")
+    for column in ("host", "instance", "NPUs", "port", "weights", "KV B/token", "KV tokens",
+                   "concurrency", "max-num-seqs", "headroom", "verdict"):
+        table.add_column(column, justify="left" if column in ("host", "instance", "verdict") else "right")
+    for report in fleet.instances:
+        result, npus = report.plan, report.instance.npus
+        table.add_row(report.host, report.instance.name, f"{npus[0]}-{npus[-1]}" if len(npus) > 1 else str(npus[0]),
+                      str(report.instance.port), f"{result.weight_bytes_per_npu / GIB:.1f}",
+                      f"{result.kv_cache_bytes_per_token_per_npu:,}", f"{result.kv_cache_tokens:,}",
+                      f"{result.max_concurrency:.2f}x", str(result.suggested_max_num_seqs),
+                      f"{result.headroom_bytes_per_npu / GIB:.1f}", f"[{VERDICT_STYLES[report.verdict]}]{report.verdict}[/]")
+    console.print(table)
+    for message, hosts in fleet.warnings().items():
+        console.print(f"[yellow]warning:[/] {message} ({', '.join(hosts)})", highlight=False)
 
 
 def print_plan(result: InstancePlan, model_config: Path) -> None:

@@ -9,8 +9,9 @@ from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, NodeSpec
 from ascend_fleet.lab.state import LabState
 
 
-def host_data(lab_dir: Path, node: NodeSpec) -> dict:
-    """SSH settings (the lab's key, its own known_hosts, strict checking) and the node's hardware."""
+def host_data(lab_dir: Path, node: NodeSpec, mirror_url: str) -> dict:
+    """SSH settings (the lab's key, its own known_hosts, strict checking), the node's hardware
+    and the lab mirror's URLs (pip index, vendor files, models)."""
     keys = ssh_dir(lab_dir)
     hardware = node.hardware
     return {
@@ -23,6 +24,9 @@ def host_data(lab_dir: Path, node: NodeSpec) -> dict:
         "chip": hardware.chip,
         "npu_count": hardware.npus,
         "nvme_mount": hardware.nvme.mount if hardware.nvme else None,
+        "lab_mirror_url": mirror_url,
+        "pip_index_url": f"{mirror_url}/simple",
+        "vendor_mirror_url": f"{mirror_url}/files",
     }
 
 
@@ -32,7 +36,7 @@ def lab_groups(lab_dir: Path = DEFAULT_LAB_DIR) -> dict[str, list]:
     groups: dict[str, list] = {}
     for node in state.spec.nodes:
         first, *others = node.groups
-        groups.setdefault(first, []).append((node.name, host_data(lab_dir, node)))
+        groups.setdefault(first, []).append((node.name, host_data(lab_dir, node, state.spec.mirror_url)))
         for group in others:
             groups.setdefault(group, []).append(node.name)
     return groups

@@ -1,0 +1,254 @@
+"""The fleet as the planner sees it: every instance of every worker host of an inventory.
+
+`plan_fleet()` validates each host's data (hostdata.py), reads the model's config.json
+once per model and plans every instance with the host's chip, TP size and serving
+options, adding the stack checks a profile implies. `check_fleet()` is what preflight
+calls: the same plan, refused at the first error with one line naming host and instance.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import requests
+from pyinfra.api import Inventory, State
+from pyinfra.context import ctx_state
+
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.errors import FleetError
+from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.planner import (
+    DEFAULT_POLICY,
+    ERROR,
+    WARNING,
+    ConfigError,
+    Finding,
+    InstancePlan,
+    ModelShape,
+    chip_by_name,
+    check_block_size,
+    check_transformers_version,
+    check_vllm_use_v1,
+    judge,
+    plan_instance,
+)
+from ascend_fleet.profile import Profile, load_profile
+
+# The first transformers release that knows each model_type: facts about transformers,
+# not pins of our stack (those live in profiles). Checked against the wheels on PyPI:
+# 4.56.2 lacks qwen3_next, 4.57.0 has it (yanked; 4.57.1 is the first installable);
+# 5.1.0 lacks qwen3_5, 5.2.0 has qwen3_5 and qwen3_5_moe.
+TRANSFORMERS_FIRST_RELEASE = {
+    "qwen2": "4.37.0",
+    "qwen2_moe": "4.40.0",
+    "qwen3": "4.51.0",
+    "qwen3_moe": "4.51.0",
+    "qwen3_next": "4.57.0",
+    "qwen3_5": "5.2.0",
+    "qwen3_5_moe": "5.2.0",
+}
+
+# A control-machine copy of model configs, laid out as the mirror publishes models:
+# <org>/<name>/<revision>/config.json.
+MODELS_DIR = PROJECT_ROOT / "files" / "models"
+HTTP_TIMEOUT_SECONDS = 10
+
+
+def load_inventory(path: Path, cwd: Path | None = None) -> Inventory:
+    """Load an inventory file as the pyinfra CLI does (group_data/ from cwd and beside the file), offline."""
+    if not path.is_file():
+        raise FleetError(f"{path}: no such inventory file; pass e.g. inventories/prod.py")
+    # pyinfra_cli patches the stdlib for gevent when imported; pyinfra itself warns that
+    # this comes late in a process like ours, where nothing runs concurrently yet.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pyinfra_cli.inventory import make_inventory
+    # The CLI executes inventory and group data files inside a pyinfra State.
+    with ctx_state.use(State()):
+        return make_inventory(str(path), cwd=str(cwd or Path.cwd()))
+
+
+def read_model_config(path: Path) -> dict:
+    """config.json from a file, or from the model directory holding it."""
+    config_file = path / "config.json" if path.is_dir() else path
+    try:
+        return json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise FleetError(f"{config_file}: no such file; pass --model-config a config.json or the model directory") from None
+    except json.JSONDecodeError as exc:
+        raise FleetError(f"{config_file}: not valid JSON ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    """The plan of one instance and every finding about it (capacity and stack)."""
+
+    host: str
+    instance: Instance
+    plan: InstancePlan
+    findings: list[Finding]
+
+    @property
+    def verdict(self) -> str:
+        return judge(self.findings)
+
+    def to_dict(self) -> dict:
+        return {
+            "host": self.host,
+            "instance": self.instance.model_dump(),
+            "verdict": self.verdict,
+            "findings": [vars(finding) for finding in self.findings],
+            "plan": self.plan.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    instances: list[InstanceReport]
+
+    @property
+    def verdict(self) -> str:
+        return judge([finding for report in self.instances for finding in report.findings])
+
+    def first_error(self) -> str | None:
+        """One line naming the host and instance of the first refusal, or None."""
+        for report in self.instances:
+            for finding in report.findings:
+                if finding.severity == ERROR:
+                    return f"{report.host} instance {report.instance.name}: {finding.message}"
+        return None
+
+    def warnings(self) -> dict[str, list[str]]:
+        """Each distinct warning and the hosts it concerns, so a fleet-wide one prints once."""
+        hosts: dict[str, list[str]] = {}
+        for report in self.instances:
+            for finding in report.findings:
+                if finding.severity == WARNING and report.host not in hosts.setdefault(finding.message, []):
+                    hosts[finding.message].append(report.host)
+        return hosts
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "instances": [report.to_dict() for report in self.instances]}
+
+
+class ModelConfigs:
+    """config.json of each model a fleet serves, read once: a local path given by the
+    operator, else the local models tree, else the model's http URL (e.g. the lab mirror)."""
+
+    def __init__(self, local: Path | None = None, models_dir: Path = MODELS_DIR):
+        self.local = local
+        self.models_dir = models_dir
+        self._shapes: dict[tuple, ModelShape] = {}
+
+    def shape(self, config: NodeConfig) -> ModelShape:
+        model = config.model
+        key = (model.id, model.revision, model.url)
+        if key not in self._shapes:
+            try:
+                self._shapes[key] = ModelShape.from_config(self._read(config))
+            except ConfigError as exc:
+                raise FleetError(f"{config.host}: model {model.id}@{model.revision}: {exc}") from None
+        return self._shapes[key]
+
+    def _read(self, config: NodeConfig) -> dict:
+        if self.local:
+            return read_model_config(self.local)
+        model = config.model
+        staged = self.models_dir / model.id / model.revision / "config.json"
+        if staged.is_file():
+            return read_model_config(staged)
+        if model.url:
+            return _fetch_json(f"{model.url}/models/{model.id}/{model.revision}/config.json", config.host)
+        raise FleetError(f"{config.host}: model {model.id}@{model.revision}: no config.json to plan with; "
+                         f"pass --model-config, or put it at {staged}")
+
+
+def _fetch_json(url: str, host: str) -> dict:
+    try:
+        response = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
+        response.raise_for_status()
+        return response.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise FleetError(f"{host}: cannot read {url} ({type(exc).__name__}); is the mirror up? "
+                         "Or pass --model-config") from None
+
+
+def fleet_node_configs(inventory: Inventory) -> list[NodeConfig]:
+    """Every host's validated data; refuses a worker that no rollout wave includes."""
+    configs = [host_node_config(host) for host in inventory]
+    for config in configs:
+        _check_rollout_waves(inventory, config)
+    return configs
+
+
+def _check_rollout_waves(inventory: Inventory, config: NodeConfig) -> None:
+    # pyinfra drops empty groups, so a wave with no group is an empty wave (a small lab has no wave2).
+    host = inventory.get_host(config.host)
+    in_waves = any(host in inventory.groups.get(wave, ()) for wave in config.rollout_waves)
+    if config.is_worker and config.rollout_waves and not in_waves:
+        raise FleetError(f"{config.host}: rollout_waves: the host is in none of {', '.join(config.rollout_waves)}; "
+                         "add it to one of those groups")
+
+
+def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[Finding]:
+    """What the profile and serving options imply beyond capacity (field notes, section 3)."""
+    serving = config.serving
+    findings = [
+        *check_transformers_version(shape.model_type, profile.stack.transformers, TRANSFORMERS_FIRST_RELEASE),
+        *check_block_size(serving.block_size, serving.enable_prefix_caching, serving.enable_chunked_prefill, shape.is_hybrid),
+        *check_vllm_use_v1(config.npu_env, profile.stack.vllm),
+    ]
+    if profile.upstream.vllm_ascend_row is None:
+        findings.append(Finding(WARNING, "profile-no-upstream-row",
+                                f"profile {profile.name} matches no upstream vllm-ascend row: {profile.upstream.note}"))
+    return findings
+
+
+def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[InstanceReport]:
+    """Plan every instance of one worker with its chip, TP size, serving options and HCCL buffers."""
+    serving = config.serving
+    # HCCL reserves its buffers outside vLLM's budget: plan with the size the node really sets.
+    buffsize = int(config.npu_env.get("HCCL_BUFFSIZE", DEFAULT_POLICY.hccl_buffsize_mib))
+    policy = replace(DEFAULT_POLICY, hccl_buffsize_mib=buffsize)
+    stack = stack_findings(config, profile, shape)
+    reports = []
+    for instance in config.instances:
+        plan = plan_instance(shape, chip_by_name(config.chip), tp=len(instance.npus),
+                             max_model_len=serving.max_model_len,
+                             gpu_memory_utilization=serving.gpu_memory_utilization,
+                             dtype=serving.dtype, quantization=serving.quantization, policy=policy)
+        reports.append(InstanceReport(config.host, instance, plan, [*plan.findings, *stack]))
+    return reports
+
+
+def plan_fleet(inventory: Inventory, model_config: Path | None = None, models_dir: Path = MODELS_DIR) -> FleetPlan:
+    """Plan every instance of every worker; nothing is refused here (see check_fleet)."""
+    shapes = ModelConfigs(model_config, models_dir)
+    profiles: dict[str, Profile] = {}
+    reports = []
+    for config in fleet_node_configs(inventory):
+        if not config.is_worker:
+            continue
+        if config.profile not in profiles:
+            profiles[config.profile] = _load_profile(config)
+        reports.extend(plan_node(config, profiles[config.profile], shapes.shape(config)))
+    return FleetPlan(reports)
+
+
+def _load_profile(config: NodeConfig) -> Profile:
+    try:
+        return load_profile(config.profile)
+    except FleetError as exc:
+        raise FleetError(f"{config.host}: {exc}") from None
+
+
+def check_fleet(inventory: Inventory, model_config: Path | None = None, models_dir: Path = MODELS_DIR) -> FleetPlan:
+    """Preflight's capacity and stack gate: the fleet plan, or a FleetError naming host and instance."""
+    plan = plan_fleet(inventory, model_config, models_dir)
+    error = plan.first_error()
+    if error:
+        raise FleetError(error)
+    return plan

@@ -1,0 +1,287 @@
+"""Host and group data: the validated shape of what inventories and group_data/ give a host.
+
+pyinfra merges the inventory's host data, group_data/<group>.py and group_data/all.py
+into `host.data`. `node_config()` turns that mapping into a NodeConfig, or refuses it
+with one line naming the host, the key and what was expected, before anything
+connects. When the data lists no instances they are derived from the NPU count and
+the tensor-parallel size: 8 NPUs at TP4 are two instances on NPUs 0-3 and 4-7, each
+with its own API port, HCCL_IF_BASE_PORT range and VLLM_PORT.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Mapping
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.planner import (
+    CHIPS,
+    DTYPE_BYTES,
+    ERROR,
+    HCCL_PORT_COUNT,
+    QUANTIZED_BYTES_PER_PARAM,
+    InstanceRecord,
+    check_gpu_memory_utilization,
+    check_node_instances,
+)
+from ascend_fleet.profile import available_profiles
+
+# pyinfra's own keys in host.data: connector settings (ssh_*) and operation defaults (_sudo, ...).
+PYINFRA_KEY_PREFIXES = ("ssh_", "_")
+# The serve stage sets these per instance; one fleet-wide value would make instances collide.
+PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", "VLLM_PORT"})
+# vLLM counts up from VLLM_PORT for further internal sockets, so derived instances keep this many apart.
+VLLM_PORT_SPAN = 16
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Model(_Strict):
+    """The model an instance serves and where its weights come from."""
+
+    id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="<org>/<name> as the hub spells it")
+    revision: str = Field(min_length=1, description="a tag or commit: weights are pinned")
+    source: Literal["modelscope", "hf", "http", "rsync"]
+    url: str | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
+    peer: str | None = Field(None, description="rsync: a host that already holds the weights")
+    served_model_name: str = Field(description="what /v1/models names; defaults to id")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _served_name_defaults_to_id(cls, data):
+        if isinstance(data, dict) and "id" in data:
+            return {"served_model_name": data["id"], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _source_settings(self) -> Model:
+        if self.source == "http" and not self.url:
+            raise ValueError("source http needs url: a mirror serving <url>/models/<org>/<name>/<revision>/")
+        if self.source == "rsync" and not self.peer:
+            raise ValueError("source rsync needs peer: a host that already holds the weights")
+        if self.url and self.source != "http":
+            raise ValueError(f"url is only for source http, not {self.source}")
+        if self.peer and self.source != "rsync":
+            raise ValueError(f"peer is only for source rsync, not {self.source}")
+        return self
+
+
+class Serving(_Strict):
+    """vLLM serving options shared by every instance of a node."""
+
+    max_model_len: int = Field(gt=0)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    dtype: Literal[tuple(DTYPE_BYTES)] = "bfloat16"
+    quantization: Literal[tuple(QUANTIZED_BYTES_PER_PARAM)] | None = None
+    block_size: int | None = Field(None, gt=0)
+    extra_args: list[str] = Field(default_factory=list, description="further vllm serve arguments, verbatim")
+
+
+class Instance(_Strict):
+    """One vLLM process on a node: its NPUs (one TP group) and the ports it claims."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    npus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    port: Port
+    hccl_base_port: Port = Field(description=f"HCCL_IF_BASE_PORT; HCCL takes {HCCL_PORT_COUNT} ports from it")
+    vllm_port: Port = Field(description="VLLM_PORT, vLLM's internal ports")
+
+    def record(self) -> InstanceRecord:
+        """The planner's view of this instance, for its collision checks."""
+        return InstanceRecord(self.name, tuple(self.npus), self.port, self.hccl_base_port, self.vllm_port)
+
+
+class InstancePorts(_Strict):
+    """Where derived instances take their ports: instance i gets each base plus i steps."""
+
+    api: Port = 8000
+    hccl: Port = 60000
+    vllm: Port = 51000
+
+
+class Gateway(_Strict):
+    """Nginx in front of every instance; present only in the data of gateway hosts."""
+
+    listen_port: Port = 80
+    upstream_name: Identifier = "vllm_backend"
+
+
+class NodeConfig(_Strict):
+    """Everything the deploy stages and the planner need to know about one host."""
+
+    host: str
+    profile: str = Field(description="a profiles/<name>.yaml")
+    chip: Literal[tuple(CHIPS)] | None = None
+    npu_count: int = Field(0, ge=0)
+    nvme_mount: str | None = Field(None, pattern=r"^/.+")
+    model_dir: str | None = Field(None, pattern=r"^/.+", description="defaults to <nvme_mount>/models")
+    model: Model | None = None
+    serving: Serving | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    instances: list[Instance] = Field(default_factory=list, description="derived when not given")
+    instance_ports: InstancePorts = Field(default_factory=InstancePorts)
+    npu_env: dict[str, str] = Field(default_factory=dict, description="HCCL and vllm-ascend settings for every instance")
+    service_user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
+    gateway: Gateway | None = None
+    pip_index_url: str | None = None
+    vendor_mirror_url: str | None = None
+    lab_mirror_url: str | None = None
+    lab_role: Literal["worker", "gateway"] | None = None
+    rollout_waves: list[str] = Field(default_factory=list, description="group names, in rollout order")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lab_models_come_from_the_lab_mirror(cls, data):
+        """An http model without a url is fetched from the lab mirror's models/ tree."""
+        if not isinstance(data, dict):
+            return data
+        model, mirror = data.get("model"), data.get("lab_mirror_url")
+        if isinstance(model, dict) and model.get("source") == "http" and "url" not in model and mirror:
+            return {**data, "model": {**model, "url": mirror.rstrip("/")}}
+        return data
+
+    @field_validator("npu_env", mode="before")
+    @classmethod
+    def _numbers_are_strings(cls, env):
+        """Group data may write HCCL_BUFFSIZE = 200; an environment holds strings."""
+        if isinstance(env, dict):
+            return {key: str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+                    for key, value in env.items()}
+        return env
+
+    @field_validator("npu_env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if key in PER_INSTANCE_ENV:
+                raise ValueError(f"{key} is set per instance (see instances), not fleet-wide")
+        if not env.get("HCCL_BUFFSIZE", "0").isdigit():
+            raise ValueError("HCCL_BUFFSIZE must be a whole number of MB")
+        return env
+
+    @property
+    def is_worker(self) -> bool:
+        return self.npu_count > 0
+
+    @property
+    def is_gateway(self) -> bool:
+        return self.gateway is not None
+
+    def instance_env(self, instance: Instance) -> dict[str, str]:
+        """The environment of one instance's service: the node's settings plus its NPUs and ports."""
+        return {
+            **self.npu_env,
+            "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, instance.npus)),
+            "HCCL_IF_BASE_PORT": str(instance.hccl_base_port),
+            "VLLM_PORT": str(instance.vllm_port),
+        }
+
+
+def derive_instances(npu_count: int, tensor_parallel_size: int, ports: InstancePorts) -> list[Instance]:
+    """One instance per TP group of consecutive NPUs, each with its own ports."""
+    return [
+        Instance(
+            name=f"vllm-{i}",
+            npus=list(range(i * tensor_parallel_size, (i + 1) * tensor_parallel_size)),
+            port=ports.api + i,
+            hccl_base_port=ports.hccl + i * HCCL_PORT_COUNT,
+            vllm_port=ports.vllm + i * VLLM_PORT_SPAN,
+        )
+        for i in range(npu_count // tensor_parallel_size)
+    ]
+
+
+def node_config(data: Mapping, host: str = "host") -> NodeConfig:
+    """Validate one host's merged data; a problem is a FleetError naming host, key and expectation."""
+    ours = {key: value for key, value in data.items() if not key.startswith(PYINFRA_KEY_PREFIXES)}
+    try:
+        config = NodeConfig.model_validate({**ours, "host": host})
+    except ValidationError as exc:
+        raise FleetError(f"{host}: {_describe(exc)}") from None
+    config = _with_derived_values(config)
+    problem = next(_problems(config), None)
+    if problem:
+        key, what = problem
+        raise FleetError(f"{host}: {key}: {what}")
+    return config
+
+
+def host_node_config(host) -> NodeConfig:
+    """NodeConfig of a pyinfra Host: host.data already merges inventory, group and all data."""
+    return node_config(host.data.dict(), host.name)
+
+
+def _with_derived_values(config: NodeConfig) -> NodeConfig:
+    derived = {}
+    if config.model_dir is None and config.nvme_mount:
+        derived["model_dir"] = f"{config.nvme_mount.rstrip('/')}/models"
+    if not config.instances and config.is_worker and config.npu_count % config.tensor_parallel_size == 0:
+        derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports)
+    return config.model_copy(update=derived)
+
+
+def _problems(config: NodeConfig):
+    """(key, what was expected) for each way the data cannot work, most basic first."""
+    known = available_profiles()
+    if config.profile not in known:
+        yield "profile", f"unknown profile {config.profile!r}; expected one of: {', '.join(known)}"
+    if not config.is_worker:
+        return
+    for key in ("chip", "nvme_mount", "model", "serving"):
+        if getattr(config, key) is None:
+            yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
+    yield from _instance_problems(config)
+    for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
+        if finding.severity == ERROR:
+            yield "serving.gpu_memory_utilization", finding.message
+
+
+def _instance_problems(config: NodeConfig):
+    tp, count = config.tensor_parallel_size, config.npu_count
+    if not config.instances:
+        yield "tensor_parallel_size", f"{tp} does not divide the {count} NPUs; expected a divisor of {count}"
+    names = [instance.name for instance in config.instances]
+    for name in sorted({name for name in names if names.count(name) > 1}):
+        yield "instances", f"two instances are named {name}; expected distinct names"
+    for instance in config.instances:
+        if len(instance.npus) != tp:
+            yield f"instances.{instance.name}.npus", (
+                f"{len(instance.npus)} NPUs but tensor_parallel_size is {tp}; expected one TP group of {tp}")
+        for npu in instance.npus:
+            if npu >= count:
+                yield f"instances.{instance.name}.npus", f"NPU {npu} does not exist; npu_count is {count} (NPUs 0-{count - 1})"
+    for finding in check_node_instances([instance.record() for instance in config.instances]):
+        yield "instances", f"{finding.message}; expected each NPU and port used once"
+
+
+def _describe(exc: ValidationError) -> str:
+    """The first pydantic error as `key.path: message`; an unknown key lists the valid ones."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "data"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown key; expected one of: {', '.join(_valid_keys(error['loc'][:-1]))}"
+    if error["type"] == "missing":
+        return f"{where}: missing; required"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {message} (got {reprlib.repr(error['input'])})"
+
+
+def _valid_keys(loc: tuple) -> list[str]:
+    model: type[BaseModel] = NodeConfig
+    for part in loc:
+        if isinstance(part, str):
+            annotation = model.model_fields[part].annotation
+            model = next(a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel))
+    return [key for key in model.model_fields if key != "host"]

@@ -1,0 +1,28 @@
+"""The rehearsal lab (inventories/lab.py): the tiny Qwen3 model on simulated 910B3 nodes.
+
+The lab inventory gives each host `lab_mirror_url`, `pip_index_url` and
+`vendor_mirror_url`; an http model with no `url` is fetched from the lab mirror,
+<lab_mirror_url>/models/<id>/<revision>/.
+"""
+
+profile = "lab"
+
+model = {
+    "id": "lab/Qwen3-Tiny",
+    "revision": "v1",
+    "source": "http",
+}
+
+# 8 simulated NPUs at TP4: two instances per worker, as in production.
+tensor_parallel_size = 4
+
+# Small numbers for the sim tier: the tiny model knows 4096 positions.
+serving = {
+    "max_model_len": 2048,
+    "gpu_memory_utilization": 0.9,
+    "dtype": "float16",
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": True,
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 8,
+}

@@ -1,0 +1,235 @@
+"""Inventories as pyinfra loads them (offline) and `ascend-fleet plan INVENTORY`: every instance
+of every worker, model config from a local path, a local models tree or the lab mirror."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.cli import app
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
+from ascend_fleet.lab.spec import LabSpec
+from ascend_fleet.lab.state import LabState
+
+MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
+QWEN25_72B = MODELS / "qwen2.5-72b-instruct"
+PYINFRA = Path(os.environ.get("VIRTUAL_ENV", PROJECT_ROOT / ".venv")) / "bin" / "pyinfra"
+runner = CliRunner()
+
+
+def prod_inventory():
+    return load_inventory(PROJECT_ROOT / "inventories" / "prod.py", cwd=PROJECT_ROOT)
+
+
+def host_data(inventory, name: str) -> dict:
+    return inventory.get_host(name).data.dict()
+
+
+# --- inventories/prod.py with group_data/ ---
+
+
+def test_prod_inventory_has_the_example_groups():
+    inventory = prod_inventory()
+    sizes = {group: len(inventory.get_group(group)) for group in ("canary", "wave1", "wave2", "gateway", "prod")}
+    assert sizes["canary"] == 1 and sizes["wave1"] >= 1 and sizes["wave2"] >= 1 and 1 <= sizes["gateway"] <= 2
+    assert sizes["prod"] == len(inventory)
+
+
+def test_prod_hosts_verify_ssh_host_keys():
+    inventory = prod_inventory()
+    for host in inventory:
+        data = host.data.dict()
+        assert data["ssh_strict_host_key_checking"] == "yes"
+        assert Path(data["ssh_known_hosts_file"]).is_absolute() and Path(data["ssh_known_hosts_file"]).is_file()
+
+
+def test_prod_workers_get_the_fleet_data_and_two_instances_each():
+    configs = {config.host: config for config in fleet_node_configs(prod_inventory())}
+    worker = configs["npu-01.example.internal"]
+    assert (worker.profile, worker.chip, worker.npu_count, worker.tensor_parallel_size) == ("vllm-ascend-0.13.0", "910B3", 8, 4)
+    assert (worker.model.id, worker.model.source) == ("Qwen/Qwen2.5-72B-Instruct", "modelscope")
+    assert worker.serving.max_model_len == 32768 and worker.npu_env["HCCL_OP_EXPANSION_MODE"] == "AIV"
+    assert [i.npus for i in worker.instances] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert worker.rollout_waves == ["canary", "wave1", "wave2"] and not worker.is_gateway
+    gateway = configs["gw-01.example.internal"]
+    assert gateway.is_gateway and gateway.gateway.upstream_name == "vllm_backend" and gateway.instances == []
+
+
+def test_the_pyinfra_cli_loads_the_prod_inventory_offline():
+    result = subprocess.run([str(PYINFRA), "inventories/prod.py", "debug-inventory"], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr  # pyinfra logs the inventory on stderr
+    assert result.returncode == 0, output
+    assert "--> Groups: workers, canary, prod" in output
+    assert '"profile": "vllm-ascend-0.13.0"' in output
+
+
+# --- inventories/lab.py: the lab's hosts get group_data/lab.py and the mirror URLs ---
+
+
+@pytest.fixture
+def lab_dir(tmp_path) -> Path:
+    spec = LabSpec.build(3, lab_dir=tmp_path)
+    LabState(tmp_path, spec.model_dump(mode="json"), []).save()
+    return tmp_path
+
+
+def test_the_pyinfra_cli_loads_the_lab_inventory_with_lab_data(lab_dir):
+    result = subprocess.run([str(PYINFRA), "inventories/lab.py", "debug-inventory"], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "ASCEND_FLEET_LAB_DIR": str(lab_dir)})
+    output = result.stdout + result.stderr  # pyinfra logs the inventory on stderr
+    assert result.returncode == 0, output
+    worker1 = output.split("[worker1]")[1].split("\n[")[0]
+    assert "--> Groups: workers, canary, lab" in worker1
+    for expected in ('"profile": "lab"', '"id": "lab/Qwen3-Tiny"', '"lab_mirror_url": "http://10.213.0.1:8080"',
+                     '"pip_index_url": "http://10.213.0.1:8080/simple"', '"vendor_mirror_url": "http://10.213.0.1:8080/files"'):
+        assert expected in worker1
+
+
+def test_lab_hosts_validate_as_two_instance_workers_and_a_gateway(lab_dir, monkeypatch):
+    monkeypatch.setattr("ascend_fleet.lab.inventory.lab_groups.__defaults__", (lab_dir,))
+    configs = {config.host: config for config in fleet_node_configs(load_inventory(PROJECT_ROOT / "inventories" / "lab.py", PROJECT_ROOT))}
+    assert configs["gateway"].is_gateway and not configs["gateway"].is_worker
+    worker = configs["worker2"]
+    assert worker.model.url == "http://10.213.0.1:8080"
+    assert len(worker.instances) == 2 and worker.model_dir == "/mnt/nvme/models"
+
+
+# --- ascend-fleet plan INVENTORY ---
+
+
+def test_plan_reports_every_instance_of_every_prod_worker():
+    result = runner.invoke(app, ["plan", "inventories/prod.py", "--model-config", str(QWEN25_72B), "--json"])
+    assert result.exit_code == 0, result.output
+    fleet = json.loads(result.output)
+    assert fleet["verdict"] == "fits"
+    assert len(fleet["instances"]) == 10
+    first = fleet["instances"][0]
+    assert (first["host"], first["instance"]["name"]) == ("npu-01.example.internal", "vllm-0")
+    # The operators' figure: 327,680 bytes per token for the 80-layer model, split over TP4.
+    assert first["plan"]["kv_cache_bytes_per_token"] == 327_680
+    assert first["plan"]["kv_cache_bytes_per_token_per_npu"] == 81_920
+
+
+def test_plan_finds_a_staged_config_in_the_local_models_tree(tmp_path):
+    revision = tmp_path / "Qwen" / "Qwen2.5-72B-Instruct" / "495f39366efef23836d0cfae4fbe635880d2be31"
+    revision.mkdir(parents=True)
+    (revision / "config.json").write_text((QWEN25_72B / "config.json").read_text())
+    plan = plan_fleet(prod_inventory(), models_dir=tmp_path)
+    assert plan.verdict == "fits"
+
+
+def test_plan_without_any_config_says_where_to_put_one(tmp_path):
+    with pytest.raises(FleetError, match=r"^npu-01.example.internal: model Qwen/Qwen2.5-72B-Instruct@495f3\w+: "
+                                         r"no config.json to plan with; pass --model-config, or put it at "):
+        plan_fleet(prod_inventory(), models_dir=tmp_path)
+
+
+def write_fleet(directory: Path, fleet_data: str, worker_data: str = '{"chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme"}') -> Path:
+    """A one-worker fleet `test` in `directory` with its own group_data/test.py."""
+    (directory / "group_data").mkdir()
+    (directory / "group_data" / "test.py").write_text(fleet_data)
+    inventory = directory / "test.py"
+    inventory.write_text(f"workers = [('node1', {worker_data})]\ncanary = ['node1']\n")
+    return inventory
+
+
+FLEET = """
+profile = {profile!r}
+model = {{"id": "Qwen/{model}", "revision": "r1", "source": "hf"}}
+tensor_parallel_size = 4
+serving = {{"max_model_len": 32768, "gpu_memory_utilization": 0.9, "dtype": "bfloat16", {serving}}}
+rollout_waves = ["canary"]
+"""
+
+
+def plan_cli(inventory: Path, config: Path, monkeypatch, *args):
+    monkeypatch.chdir(inventory.parent)
+    return runner.invoke(app, ["plan", str(inventory), "--model-config", str(config), *args])
+
+
+def test_plan_refuses_an_instance_that_does_not_fit_naming_host_and_instance(tmp_path, monkeypatch):
+    inventory = write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.23.0", model="Qwen3.5-397B-A17B", serving=""))
+    result = plan_cli(inventory, MODELS / "qwen3.5-397b-a17b", monkeypatch, "--json")
+    assert json.loads(result.output)["instances"][0]["verdict"] == "does not fit"
+    assert isinstance(result.exception, FleetError)  # the console entry prints it as one line, exit 1
+    assert str(result.exception).startswith("node1 instance vllm-0: weights and activations need")
+
+
+def test_check_fleet_refuses_what_plan_reports_and_passes_what_fits(tmp_path):
+    inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.23.0", model="Qwen3.5-397B-A17B", serving="")), tmp_path)
+    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: weights and activations need"):
+        check_fleet(inventory, MODELS / "qwen3.5-397b-a17b")
+    assert check_fleet(inventory, MODELS / "qwen3.5-27b").verdict in ("fits", "tight")
+
+
+def test_the_handbook_profile_warns_that_it_matches_no_upstream_row(tmp_path, monkeypatch):
+    inventory = write_fleet(tmp_path, FLEET.format(profile="handbook", model="Qwen2.5-72B-Instruct", serving=""))
+    result = plan_cli(inventory, QWEN25_72B, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "warning: profile handbook matches no upstream vllm-ascend row" in " ".join(result.output.split())
+
+
+def test_a_transformers_too_old_for_the_model_is_refused(tmp_path):
+    inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.13.0", model="Qwen3.5-27B", serving="")), tmp_path)
+    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: transformers 4.57.1 does not know model_type 'qwen3_5'"):
+        check_fleet(inventory, MODELS / "qwen3.5-27b")
+
+
+def test_block_size_and_vllm_use_v1_are_warned_about(tmp_path):
+    fleet = FLEET.format(profile="vllm-ascend-0.13.0", model="Qwen2.5-72B-Instruct",
+                         serving='"block_size": 32, "enable_prefix_caching": True') + 'npu_env = {"VLLM_USE_V1": 1}\n'
+    plan = check_fleet(load_inventory(write_fleet(tmp_path, fleet), tmp_path), QWEN25_72B)
+    codes = {finding.code for report in plan.instances for finding in report.findings}
+    assert {"block-size-overridden", "vllm-use-v1-obsolete"} <= codes
+
+
+def test_bad_host_data_stops_the_plan_before_any_model_is_read(tmp_path):
+    inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="lab", model="x", serving=""),
+                                           '{"chip": "910B3", "npu_count": 4, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 3}'), tmp_path)
+    with pytest.raises(FleetError, match=r"^node1: tensor_parallel_size: 3 does not divide the 4 NPUs"):
+        plan_fleet(inventory, tmp_path / "never-read.json")
+
+
+def test_a_worker_in_no_rollout_wave_is_refused(tmp_path):
+    fleet = FLEET.format(profile="lab", model="x", serving="").replace('["canary"]', '["wave1", "wave2"]')
+    with pytest.raises(FleetError, match=r"^node1: rollout_waves: the host is in none of wave1, wave2; add it"):
+        fleet_node_configs(load_inventory(write_fleet(tmp_path, fleet), tmp_path))
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """An HTTP mirror serving models/<org>/<name>/<revision>/config.json, like the lab's."""
+    revision = tmp_path / "mirror" / "models" / "lab" / "Qwen3-Tiny" / "v1"
+    revision.mkdir(parents=True)
+    (revision / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 32, "intermediate_size": 512, "vocab_size": 2048,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror")))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_lab_plan_reads_the_model_config_from_the_lab_mirror(tmp_path, mirror):
+    # An inventory named lab.py gets the real group_data/lab.py, as inventories/lab.py does.
+    inventory = tmp_path / "lab.py"
+    worker = {"chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "lab_mirror_url": mirror}
+    inventory.write_text(f"workers = [('worker1', {worker!r})]\ncanary = ['worker1']\nwave1 = []\nwave2 = []\n")
+    plan = check_fleet(load_inventory(inventory, PROJECT_ROOT))
+    assert [report.instance.name for report in plan.instances] == ["vllm-0", "vllm-1"]
+    assert all(report.plan.model_type == "qwen3" for report in plan.instances)

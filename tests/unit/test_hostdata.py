@@ -1,0 +1,140 @@
+"""Host and group data: derived instances and every refusal, one line naming host and key."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.hostdata import host_node_config, node_config
+
+WORKER = {
+    "profile": "vllm-ascend-0.13.0",
+    "chip": "910B3",
+    "npu_count": 8,
+    "nvme_mount": "/mnt/nvme",
+    "tensor_parallel_size": 4,
+    "model": {"id": "Qwen/Qwen2.5-72B-Instruct", "revision": "abc123", "source": "modelscope"},
+    "serving": {"max_model_len": 32768, "gpu_memory_utilization": 0.9, "dtype": "float16"},
+    "npu_env": {"HCCL_BUFFSIZE": 200, "HCCL_OP_EXPANSION_MODE": "AIV"},
+}
+
+
+def instance(name, npus, port=8000, hccl=60000, vllm=51000) -> dict:
+    return {"name": name, "npus": npus, "port": port, "hccl_base_port": hccl, "vllm_port": vllm}
+
+
+def config(**changes):
+    return node_config({**WORKER, **changes}, "worker1")
+
+
+# --- Derivation ---
+
+
+def test_8_npus_at_tp4_are_two_instances_with_their_own_npus_and_ports():
+    first, second = config().instances
+    assert (first.npus, second.npus) == ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert (first.port, second.port) == (8000, 8001)
+    # HCCL takes 16 ports from HCCL_IF_BASE_PORT: the ranges must not overlap.
+    assert (first.hccl_base_port, second.hccl_base_port) == (60000, 60016)
+    assert first.vllm_port != second.vllm_port
+
+
+@pytest.mark.parametrize("tp, expected", [(1, 8), (2, 4), (8, 1)])
+def test_one_instance_per_tp_group(tp, expected):
+    instances = config(tensor_parallel_size=tp).instances
+    assert len(instances) == expected
+    assert sorted(npu for i in instances for npu in i.npus) == list(range(8))
+
+
+def test_port_bases_move_every_derived_port():
+    instances = config(instance_ports={"api": 9000, "hccl": 61000, "vllm": 52000}).instances
+    assert [(i.port, i.hccl_base_port, i.vllm_port) for i in instances] == [(9000, 61000, 52000), (9001, 61016, 52016)]
+
+
+def test_given_instances_are_kept_as_written():
+    given = [instance("big", [0, 1, 2, 3, 4, 5, 6, 7], port=8100)]
+    assert [i.name for i in config(tensor_parallel_size=8, instances=given).instances] == ["big"]
+
+
+def test_defaults_model_dir_served_name_and_string_environment():
+    node = config()
+    assert node.model_dir == "/mnt/nvme/models"
+    assert node.model.served_model_name == "Qwen/Qwen2.5-72B-Instruct"
+    assert node.npu_env["HCCL_BUFFSIZE"] == "200"
+
+
+def test_instance_environment_adds_its_npus_and_ports():
+    node = config()
+    env = node.instance_env(node.instances[1])
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert (env["HCCL_IF_BASE_PORT"], env["VLLM_PORT"]) == ("60016", "51016")
+    assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
+
+
+def test_an_http_model_without_url_comes_from_the_lab_mirror():
+    node = config(lab_mirror_url="http://10.213.0.1:8080", model={"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"})
+    assert node.model.url == "http://10.213.0.1:8080"
+
+
+def test_pyinfra_connector_keys_are_not_ours_to_validate():
+    assert config(ssh_user="root", ssh_strict_host_key_checking="yes", _sudo=True).host == "worker1"
+
+
+def test_a_gateway_without_npus_needs_no_model_and_runs_no_instance():
+    gateway = node_config({"profile": "lab", "chip": "910B3", "npu_count": 0, "nvme_mount": None, "lab_role": "gateway",
+                           "gateway": {"listen_port": 80, "upstream_name": "vllm_backend"}}, "gateway")
+    assert gateway.is_gateway and not gateway.is_worker
+    assert gateway.instances == []
+
+
+def test_reads_a_pyinfra_host():
+    host = SimpleNamespace(name="worker7", data=SimpleNamespace(dict=lambda: dict(WORKER)))
+    assert host_node_config(host).host == "worker7"
+
+
+# --- Refusals: `<host>: <key>: <what was expected>` on one line. ---
+
+REFUSALS = {
+    "unknown key": ({"max_len": 4}, "worker1: max_len: unknown key; expected one of: profile, chip,"),
+    "unknown nested key": ({"serving": {**WORKER["serving"], "tp": 4}}, "worker1: serving.tp: unknown key; expected one of: max_model_len,"),
+    "unknown profile": ({"profile": "prod-stack"}, "worker1: profile: unknown profile 'prod-stack'; expected one of: handbook,"),
+    "unknown chip": ({"chip": "910A"}, "worker1: chip: Input should be '910B3' or '910B4'"),
+    "missing serving": ({"serving": None}, "worker1: serving: missing; required on a node with NPUs (npu_count 8)"),
+    "model source": ({"model": {"id": "Qwen/Qwen2.5-72B-Instruct", "revision": "r", "source": "s3"}},
+                     "worker1: model.source: Input should be 'modelscope', 'hf', 'http' or 'rsync'"),
+    "http without url": ({"model": {"id": "a/b", "revision": "r", "source": "http"}}, "worker1: model: source http needs url"),
+    "rsync without peer": ({"model": {"id": "a/b", "revision": "r", "source": "rsync"}}, "worker1: model: source rsync needs peer"),
+    "url on modelscope": ({"model": {"id": "a/b", "revision": "r", "source": "modelscope", "url": "http://x"}},
+                          "worker1: model: url is only for source http, not modelscope"),
+    "tp not dividing": ({"tensor_parallel_size": 3}, "worker1: tensor_parallel_size: 3 does not divide the 8 NPUs; expected a divisor of 8"),
+    "instance not one tp group": ({"instances": [instance("a", [0, 1])]},
+                                  "worker1: instances.a.npus: 2 NPUs but tensor_parallel_size is 4; expected one TP group of 4"),
+    "npu beyond count": ({"instances": [instance("a", [6, 7, 8, 9])]},
+                         "worker1: instances.a.npus: NPU 8 does not exist; npu_count is 8 (NPUs 0-7)"),
+    "shared npu": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [3, 4, 5, 6], 8001, 60016, 51016)]},
+                   "worker1: instances: a and b both use NPU 3; expected each NPU and port used once"),
+    "shared api port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8000, 60016, 51016)]},
+                        "worker1: instances: a API port and b API port both claim port 8000"),
+    "overlapping hccl ranges": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60008, 51016)]},
+                                "worker1: instances: a HCCL_IF_BASE_PORT range and b HCCL_IF_BASE_PORT range both claim port 60008"),
+    "shared vllm port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60016, 51000)]},
+                         "worker1: instances: a VLLM_PORT and b VLLM_PORT both claim port 51000"),
+    "duplicate names": ({"instances": [instance("a", [0, 1, 2, 3]), instance("a", [4, 5, 6, 7], 8001, 60016, 51016)]},
+                        "worker1: instances: two instances are named a; expected distinct names"),
+    "memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": 0.99}},
+                           "worker1: serving.gpu_memory_utilization: --gpu-memory-utilization 0.99 is above 0.98"),
+    "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
+    "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE must be a whole number of MB"),
+    "port range": ({"instance_ports": {"api": 70000}}, "worker1: instance_ports.api: Input should be less than or equal to 65535"),
+}
+
+
+@pytest.mark.parametrize("changes, expected", REFUSALS.values(), ids=REFUSALS.keys())
+def test_bad_data_is_refused_in_one_line_naming_host_and_key(changes, expected):
+    with pytest.raises(FleetError) as caught:
+        config(**changes)
+    message = str(caught.value)
+    assert message.startswith(expected)
+    assert "\n" not in message
