@@ -235,6 +235,8 @@ def test_tokens_file_is_read_only_when_root_owned_and_private(tmp_path):
     path.chmod(0o644)
     with pytest.raises(PermissionError, match="mode 0600"):
         sw.read_tokens_env_file(path)
+    with pytest.raises(FileNotFoundError, match="does not exist: write it"):
+        sw.read_tokens_env_file(tmp_path / "absent.env")
 
 
 def test_a_missing_tool_is_one_line_saying_to_install_it(tmp_path):

@@ -318,7 +318,11 @@ def say(message: str) -> None:
 
 def read_tokens_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines (``export`` and quotes allowed) of a root-owned 0600 file; only the token names."""
-    info = path.stat()
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"tokens file {path} does not exist: write it (root, mode 0600) before "
+                                "staging from a hub that needs a token") from None
     if info.st_uid != 0 or stat.S_IMODE(info.st_mode) & 0o077:
         raise PermissionError(f"tokens file {path} must be owned by root with mode 0600 (it is uid "
                               f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}): chown root and chmod 600 it")
