@@ -146,6 +146,9 @@ class NpuDeviceHolders(FactBase):
             holders.append({"pid": int(pid), "command": command, "unit": unit})
         return holders
 
+    def default(self) -> list[dict]:
+        return []
+
 
 class BootId(FactBase):
     """The node's boot id: changes at every boot, which is how a reboot is proven."""
@@ -170,6 +173,9 @@ class PipPackages(FactBase):
             if sep:
                 packages[re.sub(r"[-_.]+", "-", name).lower()] = version
         return packages
+
+    def default(self) -> dict[str, str]:
+        return {}
 
 
 class SourcedEnvironment(FactBase):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import operation
@@ -42,5 +43,8 @@ def pinned(venv: str, pins: dict[str, str], extra_requirements: list[str], index
     requirements = [f"{name}=={version}" for name, version in pins.items()] + extra_requirements
     indexes = [f"--index-url {shlex.quote(index_url)}"]
     indexes += [f"--extra-index-url {shlex.quote(url)}" for url in extra_index_urls or []]
+    # pip ignores a plain-http index (an internal mirror, the lab's) unless its host is trusted.
+    indexes += [f"--trusted-host {urlsplit(url).hostname}" for url in [index_url, *(extra_index_urls or [])]
+                if url.startswith("http://")]
     yield (f"{venv}/bin/python -m pip install --quiet --disable-pip-version-check {' '.join(indexes)} "
            f"{' '.join(shlex.quote(r) for r in requirements)}")

@@ -152,7 +152,7 @@ def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
 
 def fleet_model_name() -> str:
     """The served model name clients use, from any worker of the inventory."""
-    for worker in inventory.iter_hosts():
+    for worker in inventory:  # every host, also those a --limit leaves out
         config = node_config(worker.data.dict(), worker.name)
         if config.is_worker:
             return config.model.served_model_name

@@ -1,4 +1,8 @@
-"""Every stage in order: what `deploys/full.py` runs."""
+"""Every stage in order: what `deploys/full.py` runs.
+
+One call per line: pyinfra orders operations by the line numbers of the calls that made
+them, so stages called from one loop line would interleave across hosts.
+"""
 
 from ascend_fleet.stages.checks import preflight_stage, verify_stage
 from ascend_fleet.stages.environment import environment_stage
@@ -6,10 +10,14 @@ from ascend_fleet.stages.platform import cann_stage, driver_stage
 from ascend_fleet.stages.python_stack import python_stage
 from ascend_fleet.stages.serving import gateway_stage, serve_stage, weights_stage
 
-STAGES = [preflight_stage, driver_stage, cann_stage, python_stage, environment_stage, weights_stage, serve_stage,
-          gateway_stage, verify_stage]
-
 
 def full_deploy() -> None:
-    for stage in STAGES:
-        stage()
+    preflight_stage()
+    driver_stage()
+    cann_stage()
+    python_stage()
+    environment_stage()
+    weights_stage()
+    serve_stage()
+    gateway_stage()
+    verify_stage()

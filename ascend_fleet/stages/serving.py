@@ -60,7 +60,7 @@ def weights_stage() -> None:
     if not config.is_worker:
         return
     model = config.model
-    weights.model(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
+    weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
                   source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer)
 
 
@@ -99,7 +99,7 @@ def serve_stage() -> None:
 def fleet_backends() -> list[dict]:
     """Every instance of every worker in the inventory, as the gateway addresses it."""
     backends = []
-    for worker in inventory.iter_hosts():
+    for worker in inventory:  # every host, also those a --limit leaves out
         config = node_config(worker.data.dict(), worker.name)
         address = worker.data.get("ssh_hostname") or worker.name
         backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port, "drained": False}
