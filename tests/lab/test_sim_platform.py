@@ -20,7 +20,9 @@ sim = vendor.sim
 PKGS = "/root/pkgs"
 DCMI_FAILED = "dcmi module initialize failed. ret is -8005"
 USER = "groupadd HwHiAiUser && useradd -g HwHiAiUser -d /home/HwHiAiUser -m HwHiAiUser -s /bin/bash"
-TOOLS = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q pciutils net-tools >/dev/null"
+# A node's apt lists are the base image's, not its mirror's: update once, as a deploy would.
+APT_LISTS = "(apt-cache show pciutils >/dev/null 2>&1 || apt-get update -qq)"
+TOOLS = f"{APT_LISTS} && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pciutils net-tools >/dev/null"
 # The driver accepts dkms or /lib/modules/<release>/build; dkms drags in a compiler, so the
 # tests stand in the headers directory (the deploy under test installs dkms for real).
 HEADERS = "mkdir -p /lib/modules/$(uname -r)/build"
