@@ -189,10 +189,18 @@ def node_status(state: LabState, node: NodeSpec) -> dict:
         condition = "running" if boot_id else "booting"
     return {
         "name": node.name, "role": node.role, "groups": node.groups, "address": node.address,
-        "state": condition, "boot_id": boot_id, "supervisor_pid": supervisor.get("pid"),
+        "state": condition, "boot_id": boot_id, "boots": _boots(home), "supervisor_pid": supervisor.get("pid"),
         "chip": node.hardware.chip, "npus": node.hardware.npus,
         "nvme": node.hardware.nvme.model_dump() if node.hardware.nvme else None,
     }
+
+
+def _boots(home: Path) -> int:
+    """How many times the node has booted since `lab up` (the supervisor logs each start)."""
+    try:
+        return (home / "console.log").read_text(errors="replace").count(" supervisor: boot ")
+    except OSError:
+        return 0
 
 
 def _boot_id(home: Path) -> str | None:

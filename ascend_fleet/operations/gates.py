@@ -27,3 +27,16 @@ def passed(description: str, find_problem: Callable[[], str | None]):
         host.noop(description)
         return
     yield f"echo {shlex.quote(f'{host.name}: {problem}')} >&2; exit 1"
+
+
+@operation()
+def stage_begins(stage: str):
+    """
+    Mark the start of a stage on every host, workers and gateway alike. It changes nothing;
+    because all hosts share it, pyinfra cannot run a later stage's operations on one host
+    (the gateway's checks) before an earlier stage's on another (the workers' services).
+
+    + stage: the stage's name
+    """
+    host.noop(f"stage {stage}")
+    yield from ()

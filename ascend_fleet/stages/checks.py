@@ -8,6 +8,7 @@ node that cannot take the stack stops before anything on it changes.
 from __future__ import annotations
 
 import json
+import time
 from hashlib import sha256
 
 from pyinfra import host, inventory
@@ -27,6 +28,7 @@ from ascend_fleet.stages.python_stack import torch_npu_problem
 from ascend_fleet.stages.serving import unit_name
 
 SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
+GATEWAY_SETTLE_SECONDS = 30
 CHAT_PROBE = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 
 
@@ -88,6 +90,7 @@ def foreign_device_holders() -> str | None:
 
 @deploy("Preflight")
 def preflight_stage() -> None:
+    gates.stage_begins(name="Stage: preflight", stage="preflight")
     profile = node_profile()
     config = host_node_config(host)
     if config.is_worker:
@@ -141,13 +144,19 @@ def instance_problem(config: NodeConfig, port: int, name: str) -> str | None:
 
 
 def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
+    """A chat completion through the gateway. An nginx reload finishes asynchronously (old
+    workers drain with the old config), so it gets a few seconds to take effect."""
     body = json.dumps({**CHAT_PROBE, "model": model_name})
-    answer = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{config.gateway.listen_port}/v1/chat/completions",
-                           json_body=body)
-    if answer["status"] != 200 or "choices" not in answer["body"]:
-        return (f"a chat completion through the gateway answers {answer['status'] or 'nothing'}: "
-                f"{answer['body'][:200]}; see /var/log/nginx/error.log")
-    return None
+    url = f"http://127.0.0.1:{config.gateway.listen_port}/v1/chat/completions"
+    deadline = time.monotonic() + GATEWAY_SETTLE_SECONDS
+    while True:
+        answer = host.get_fact(HttpAnswer, url=url, json_body=body)
+        if answer["status"] == 200 and "choices" in answer["body"]:
+            return None
+        if time.monotonic() > deadline:
+            return (f"a chat completion through the gateway answers {answer['status'] or 'nothing'}: "
+                    f"{' '.join(answer['body'].split())[:200]}; see /var/log/nginx/error.log")
+        time.sleep(2)
 
 
 def fleet_model_name() -> str:
@@ -161,6 +170,7 @@ def fleet_model_name() -> str:
 
 @deploy("Verify")
 def verify_stage() -> None:
+    gates.stage_begins(name="Stage: verify", stage="verify")
     config = host_node_config(host)
     if config.is_gateway:
         model_name = fleet_model_name()

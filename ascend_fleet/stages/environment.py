@@ -11,6 +11,7 @@ from pyinfra.operations import files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import ASCEND_HOME
+from ascend_fleet.operations import gates
 from ascend_fleet.operations.environment import service_env_file
 from ascend_fleet.stages.context import runs_npus
 from ascend_fleet.templating import render
@@ -35,6 +36,7 @@ def node_can(test: str) -> bool:
 
 @deploy("Ascend environment")
 def environment_stage() -> None:
+    gates.stage_begins(name="Stage: environment", stage="environment")
     if not runs_npus():
         return
     files.put(name="Login environment", src=rendered("ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),

@@ -71,6 +71,7 @@ def npu_problem(expected: int) -> str | None:
 def driver_stage() -> None:
     """Driver then firmware on a fresh node, firmware then driver on a node that has a driver
     (Huawei's order); one reboot only if either changed; then every NPU must answer healthy."""
+    gates.stage_begins(name="Stage: driver and firmware", stage="driver and firmware")
     if not runs_npus():
         return
     profile = node_profile()
@@ -99,6 +100,7 @@ def driver_stage() -> None:
 @deploy("CANN")
 def cann_stage() -> None:
     """Toolkit, then operator kernels/ops with the toolkit's environment sourced, then NNAL."""
+    gates.stage_begins(name="Stage: CANN", stage="CANN")
     if not runs_npus():
         return
     profile = node_profile()

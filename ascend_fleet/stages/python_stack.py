@@ -28,6 +28,7 @@ def torch_npu_problem(venv: str, expected: int) -> str | None:
 
 @deploy("Python stack")
 def python_stage() -> None:
+    gates.stage_begins(name="Stage: Python stack", stage="Python stack")
     if not runs_npus():
         return
     profile = node_profile()

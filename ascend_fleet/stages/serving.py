@@ -11,7 +11,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config, node_config
-from ascend_fleet.operations import gateway, weights
+from ascend_fleet.operations import gates, gateway, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
@@ -56,6 +56,7 @@ def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[s
 
 @deploy("Weights")
 def weights_stage() -> None:
+    gates.stage_begins(name="Stage: weights", stage="weights")
     config = host_node_config(host)
     if not config.is_worker:
         return
@@ -67,6 +68,7 @@ def weights_stage() -> None:
 @deploy("Serve")
 def serve_stage() -> None:
     """One unit per instance; an instance restarts only when its unit, environment, stack or weights changed."""
+    gates.stage_begins(name="Stage: serve", stage="serve")
     config = host_node_config(host)
     if not config.is_worker:
         return
@@ -110,6 +112,7 @@ def fleet_backends() -> list[dict]:
 @deploy("Gateway")
 def gateway_stage() -> None:
     """Nginx with one upstream over every instance; the config must pass nginx -t before it serves."""
+    gates.stage_begins(name="Stage: gateway", stage="gateway")
     config = host_node_config(host)
     if not config.is_gateway:
         return
