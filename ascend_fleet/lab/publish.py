@@ -26,7 +26,6 @@ from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.mirror import normalize, write_simple_index
-from ascend_fleet.lab.sim import tinymodel
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
@@ -34,6 +33,7 @@ from ascend_fleet.profile import Profile, load_profile
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"
+TINYMODEL_SOURCE = Path(__file__).parent / "sim" / "tinymodel.py"  # a change to the builder rebuilds the model
 # So a node can upgrade the venv's own pip and build tools from the mirror.
 VENV_TOOLS = ("pip", "setuptools", "wheel")
 # Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.
@@ -105,7 +105,9 @@ def cached_wheels(requirements: list[str], python: str, arch: str, what: str, co
     console.print(f"lab: downloading the Python packages of {what} into {WHEELHOUSE} (once)")
     names = download_wheels(requirements, python, arch)
     listing.parent.mkdir(parents=True, exist_ok=True)
-    listing.write_text("\n".join(names) + "\n")
+    partial = listing.with_name(f".{listing.name}.{os.getpid()}")  # another lab up may be reading it
+    partial.write_text("\n".join(names) + "\n")
+    os.replace(partial, listing)
     return [WHEELHOUSE / name for name in names]
 
 
@@ -149,12 +151,19 @@ def link_into(path: Path, directory: Path) -> None:
 
 def publish_tiny_model(models_dir: Path, console: Console) -> Path:
     """The lab's tiny Qwen3 model on the mirror, built once per version of its builder."""
-    key = hashlib.sha256(Path(tinymodel.__file__).read_bytes()).hexdigest()[:12]
+    # Imported here: numpy and tokenizers would add 0.3 s to every `ascend-fleet` command.
+    from ascend_fleet.lab.sim import tinymodel
+
+    key = hashlib.sha256(TINYMODEL_SOURCE.read_bytes()).hexdigest()[:12]
     cached = MODEL_CACHE / key
-    if not (cached / tinymodel.MANIFEST_NAME).exists():
+    if not cached.exists():
         console.print(f"lab: building the tiny model into {cached} (once)")
-        building = cached.with_name(f"{key}.building")
-        shutil.rmtree(building, ignore_errors=True)
+        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+        # Built beside its place and renamed in: the cache never holds half a model.
+        building = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=MODEL_CACHE))
         tinymodel.build_tiny_model(building)
-        building.rename(cached)
+        try:
+            building.rename(cached)
+        except OSError:  # another lab up renamed its build in first
+            shutil.rmtree(building)
     return tinymodel.publish_model(cached, models_dir)

@@ -36,12 +36,12 @@ def arch_of(lab, node) -> str:
 
 
 def test_every_profiles_vendor_files_download_at_their_pinned_sha256(lab, node):
-    arch = arch_of(lab, node)
-    for profile in map(load_profile, DEFAULT_PROFILES):
-        files = profile.vendor_files(arch).values()
-        sums = "".join(f"{profile.sha256_of(name)}  {name}\n" for name in files)
-        urls = " ".join(f"-O {lab.mirror_url}/files/{name}" for name in files)
-        lab.run(node, f"cd {PKGS} && curl -fsS {urls} && printf %s {shlex.quote(sums)} | sha256sum --check --quiet")
+    arch, mirror_url = arch_of(lab, node), lab.mirror_url
+    profiles = [load_profile(name) for name in DEFAULT_PROFILES]
+    files = {name: profile.sha256_of(name) for profile in profiles for name in profile.vendor_files(arch).values()}
+    sums = "".join(f"{digest}  {name}\n" for name, digest in files.items())
+    urls = " ".join(f"-O {mirror_url}/files/{name}" for name in files)
+    lab.run(node, f"cd {PKGS} && curl -fsS {urls} && printf %s {shlex.quote(sums)} | sha256sum --check --quiet")
 
 
 def test_a_venv_installs_torch_npu_from_the_mirror_alone_and_sees_the_npus(lab, node):
