@@ -48,14 +48,15 @@ def environment_stage() -> None:
 
     sysctl_conf = files.put(name="Host tuning (sysctl)", dest=SYSCTL_FILE, mode="644",
                             src=rendered("sysctl-ascend-fleet.conf.j2", sysctls=HOST_SYSCTLS))
-    # A container (a lab node) has a read-only /proc/sys and no cpufreq: the settings are
-    # kept for boot but can only be applied on a real host.
-    if node_can("test -w /proc/sys/vm/swappiness"):
-        server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"], _if=sysctl_conf.did_change)
+    # Applied when they change. A container (a lab node) has a read-only /proc/sys and no
+    # cpufreq: there the settings are kept for boot but can only take effect on a real host.
+    if sysctl_conf.will_change and node_can("test -w /proc/sys/vm/swappiness"):
+        server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"])
     governor_unit = files.put(name=f"CPU governor {CPU_GOVERNOR} unit", dest=f"/etc/systemd/system/{GOVERNOR_UNIT}",
                               mode="644", src=rendered("cpu-governor.service.j2", governor=CPU_GOVERNOR))
-    systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,
-                    daemon_reload=True, _if=governor_unit.did_change)
-    if node_can("test -w /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"):
-        systemd.service(name=f"CPU governor {CPU_GOVERNOR} now", service=GOVERNOR_UNIT, running=True,
-                        restarted=True, _if=governor_unit.did_change)
+    if governor_unit.will_change:
+        systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,
+                        daemon_reload=True)
+        if node_can("test -w /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"):
+            systemd.service(name=f"CPU governor {CPU_GOVERNOR} now", service=GOVERNOR_UNIT, running=True,
+                            restarted=True)

@@ -6,7 +6,6 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command
 from pyinfra.operations import apt, dnf, server
-from pyinfra.operations.util import any_changed
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus
@@ -90,8 +89,9 @@ def driver_stage() -> None:
         changes = [install_firmware(), install_driver()]
     else:
         changes = [install_driver(), install_firmware()]
-    server.reboot(name="Reboot to load the new driver and firmware", reboot_timeout=REBOOT_TIMEOUT_SECONDS,
-                  _if=any_changed(*changes))
+    # Decided from the state the run starts from, so a dry run on a converged node shows no reboot.
+    if any(change.will_change for change in changes):
+        server.reboot(name="Reboot to load the new driver and firmware", reboot_timeout=REBOOT_TIMEOUT_SECONDS)
     expected = int(host.data.npu_count)
     gates.passed(name="Every NPU listed and healthy", description=f"{expected} NPUs listed, all healthy",
                  find_problem=lambda: npu_problem(expected))

@@ -69,8 +69,10 @@ class Lab:
         return result
 
     def pyinfra(self, *args: str, check: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
-        """Run pyinfra on the lab inventory; its output (pyinfra logs to stderr) is in .stdout."""
-        result = subprocess.run([str(BIN / "pyinfra"), "-y", "inventories/lab.py", *args], env=self.env,
+        """Run pyinfra on the lab inventory; its output (pyinfra logs to stderr) is in .stdout.
+        With --dry, without -y: -y would skip the change detection a dry run is for."""
+        yes = [] if "--dry" in args else ["-y"]
+        result = subprocess.run([str(BIN / "pyinfra"), *yes, "inventories/lab.py", *args], env=self.env,
                                 cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 timeout=timeout)
         if check and result.returncode != 0:

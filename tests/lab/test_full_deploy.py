@@ -1,0 +1,173 @@
+"""deploys/full.py on the lab: fresh OS to serving, idempotent, upgrades one node alone, refuses bad input.
+
+The tests run in order on the session lab: the first deploys it, the others start from a
+converged fleet and leave it converged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+
+import pytest
+import requests
+
+from tests.lab.conftest import Lab
+
+pytestmark = pytest.mark.lab
+
+WORKERS = ("worker1", "worker2", "worker3")
+STAGES = ("Preflight", "NPU driver and firmware", "CANN", "Python stack", "Ascend environment", "Weights", "Serve",
+          "Gateway", "Verify")
+TIMINGS: dict[str, float] = {}
+
+
+def totals(output: str) -> dict[str, int]:
+    """pyinfra's own Grand total line: operations, successes (changes), errors, no change."""
+    cells = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", output).groups()
+    return dict(zip(("operations", "changed", "errors", "unchanged"), (0 if c == "-" else int(c) for c in cells)))
+
+
+def planned_changes(dry_output: str) -> list[str]:
+    """Operations a dry run detects changes for (certain or conditional) on some host."""
+    rows = dry_output.split("--> Detected changes:")[1].split("\n\n")[0].splitlines()[2:]
+    return [m[1] for m in (re.match(r"\s+(.+?)\s{2,}(\S.*)$", row) for row in rows)
+            if m and re.search(r"\d+ \(", m[2])]
+
+
+def changed_operations(output: str) -> list[str]:
+    """Names of the operations pyinfra's results table counts as changed on some host."""
+    rows = output.split("--> Results:")[1].splitlines()
+    return [m[1].strip() for m in (re.match(r"\s+(.+?)\s{2,}\d+\s+(\d+)\s+", row) for row in rows) if m]
+
+
+def chat_through_gateway(lab: Lab) -> requests.Response:
+    gateway = next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    return requests.post(f"http://{gateway}/v1/chat/completions", timeout=30, json={
+        "model": "lab/Qwen3-Tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+
+
+def unit_starts(lab: Lab, node: str) -> dict[str, str]:
+    """When each instance's unit last entered the active state (changes only on a (re)start)."""
+    out = lab.run(node, "for u in ascend-fleet-vllm-0 ascend-fleet-vllm-1; do "
+                        "echo $u $(systemctl show -P ActiveEnterTimestampMonotonic $u); done").stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    """The fleet as a fresh lab deploys it: dry run first, then the real run, timed."""
+    dry = lab.pyinfra("--dry", "deploys/full.py")
+    started = time.monotonic()
+    result = lab.pyinfra("deploys/full.py", timeout=3600)
+    TIMINGS["first"] = time.monotonic() - started
+    return {"dry": dry.stdout, "first": result.stdout}
+
+
+def test_dry_run_on_a_fresh_fleet_lists_every_stages_work(deployed):
+    changed = planned_changes(deployed["dry"])
+    for stage in STAGES[1:-1]:  # preflight and verify only check
+        assert any(name.startswith(f"{stage} | ") for name in changed), f"--dry shows no work for {stage}"
+
+
+def test_fresh_fleet_ends_serving_through_nginx_after_one_reboot_each(lab, deployed):
+    assert totals(deployed["first"])["errors"] == 0
+    reply = chat_through_gateway(lab)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+    boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
+    # Each worker booted at lab up and once more for its driver; the gateway never rebooted.
+    assert boots == {"gateway": 1, "worker1": 2, "worker2": 2, "worker3": 2}
+
+
+def test_second_run_changes_nothing_and_is_quick(lab, deployed):
+    started = time.monotonic()
+    again = lab.pyinfra("deploys/full.py")
+    TIMINGS["second"] = time.monotonic() - started
+    counts = totals(again.stdout)
+    assert counts["changed"] == 0 and counts["errors"] == 0, changed_operations(again.stdout)
+    assert TIMINGS["second"] < TIMINGS["first"] / 2
+    print(f"full deploy: first run {TIMINGS['first']:.0f}s, second run {TIMINGS['second']:.0f}s, "
+          f"{counts['operations']} operations unchanged")
+    assert planned_changes(lab.pyinfra("--dry", "deploys/full.py").stdout) == []
+
+
+def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):
+    before = {node: unit_starts(lab, node) for node in WORKERS}
+    boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
+    # worker2 goes back to the previous stack, then up to the current one again: firmware before
+    # driver each time (the node has a driver), one reboot each, its instances restarted.
+    down = lab.pyinfra("deploys/full.py", "--limit", "worker2", "--data", "profile=lab-previous")
+    up = lab.pyinfra("deploys/full.py", "--limit", "worker2")
+    for output, (firmware, driver) in ((down.stdout, ("7.5.0.3.220", "24.1.0")), (up.stdout, ("7.7.0.6.236", "25.2.0"))):
+        changed = changed_operations(output)
+        assert changed.index(f"NPU driver and firmware | NPU firmware {firmware}") < \
+            changed.index(f"NPU driver and firmware | NPU driver {driver}")
+        assert "NPU driver and firmware | Reboot to load the new driver and firmware" in changed
+    after = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
+    assert after == {**boots, "worker2": boots["worker2"] + 2}
+    assert unit_starts(lab, "worker1") == before["worker1"] and unit_starts(lab, "worker3") == before["worker3"]
+    assert all(before["worker2"][u] != t for u, t in unit_starts(lab, "worker2").items())
+    assert chat_through_gateway(lab).status_code == 200
+
+
+def one_error_line(output: str) -> str:
+    errors = [line for line in output.splitlines() if "pyinfra error" in line or re.match(r"\s+\[\w+\] \w+: ", line)]
+    assert errors, output[-3000:]
+    return errors[0]
+
+
+def test_unknown_profile_stops_before_any_host_is_touched(lab, deployed):
+    result = lab.pyinfra("deploys/full.py", "--data", "profile=nosuch", check=False)
+    assert result.returncode != 0
+    line = one_error_line(result.stdout)
+    assert "unknown profile 'nosuch'" in line or "profile 'nosuch'" in line
+    assert "Starting operation" not in result.stdout
+
+
+def test_npu_count_off_the_inventory_stops_that_host_only(lab, deployed):
+    before = unit_starts(lab, "worker1")
+    result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", "npu_count=16",
+                         "--data", "tensor_parallel_size=8", check=False)
+    assert result.returncode != 0
+    assert "worker1: npu-smi lists 8 NPUs but the inventory says npu_count=16" in result.stdout
+    assert totals(result.stdout)["changed"] == 0
+    assert unit_starts(lab, "worker1") == before
+
+
+def test_an_unhealthy_npu_stops_that_host_and_leaves_its_instances_serving(lab, deployed):
+    hardware_file = lab.lab_dir / "nodes" / "worker3" / "ascend-lab" / "hardware.json"
+    original = hardware_file.read_text()
+    hardware = json.loads(original)
+    hardware["npu_health"][5] = "Critical"
+    before = unit_starts(lab, "worker3")
+    try:
+        hardware_file.write_text(json.dumps(hardware))  # in place: the node sees it at once
+        result = lab.pyinfra("deploys/full.py", check=False)
+    finally:
+        hardware_file.write_text(original)
+    assert "worker3: unhealthy: NPU 5 Critical" in result.stdout
+    assert totals(result.stdout)["changed"] == 0
+    assert unit_starts(lab, "worker3") == before
+    assert chat_through_gateway(lab).status_code == 200
+
+
+def test_a_package_with_a_wrong_sha256_is_never_installed(lab, deployed):
+    files = lab.lab_dir / "mirror" / "files"
+    corrupt = files / "corrupt"  # served at <mirror>/files/corrupt/
+    corrupt.mkdir(exist_ok=True)
+    for package in files.glob("*24.1.0*"):  # the previous stack's driver, not on the nodes now
+        (corrupt / package.name).write_bytes(package.read_bytes()[:-64] + b"\0" * 64)
+    mirror = lab.status()["mirror"]["url"]
+    before = unit_starts(lab, "worker1")
+    try:
+        result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", "profile=lab-previous",
+                             "--data", f"vendor_mirror_url={mirror}/files/corrupt", check=False)
+    finally:
+        shutil.rmtree(corrupt)
+    assert result.returncode != 0
+    assert re.search(r"Ascend-hdk-910b-npu-driver_24\.1\.0_linux-\w+\.run from .* has sha256 \w+, "
+                     r"the profile expects \w+", result.stdout)
+    assert "24.1.0" not in lab.run("worker1", "cat /usr/local/Ascend/driver/version.info").stdout
+    assert unit_starts(lab, "worker1") == before
