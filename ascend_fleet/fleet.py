@@ -57,8 +57,9 @@ MODELS_DIR = PROJECT_ROOT / "files" / "models"
 HTTP_TIMEOUT_SECONDS = 10
 
 
-def load_inventory(path: Path, cwd: Path | None = None) -> Inventory:
-    """Load an inventory file as the pyinfra CLI does (group_data/ from cwd and beside the file), offline."""
+def load_inventory(path: Path, cwd: Path | None = None, override_data: dict | None = None) -> Inventory:
+    """Load an inventory file as the pyinfra CLI does (group_data/ from cwd and beside the file, `--data`
+    as override_data), offline."""
     if not path.is_file():
         raise FleetError(f"{path}: no such inventory file; pass e.g. inventories/prod.py")
     # pyinfra_cli patches the stdlib for gevent when imported; pyinfra itself warns that
@@ -68,7 +69,7 @@ def load_inventory(path: Path, cwd: Path | None = None) -> Inventory:
         from pyinfra_cli.inventory import make_inventory
     # The CLI executes inventory and group data files inside a pyinfra State.
     with ctx_state.use(State()):
-        return make_inventory(str(path), cwd=str(cwd or Path.cwd()))
+        return make_inventory(str(path), override_data=override_data, cwd=str(cwd or Path.cwd()))
 
 
 def read_model_config(path: Path) -> dict:

@@ -140,6 +140,10 @@ class NodeConfig(_Strict):
     lab_mirror_url: str | None = None
     lab_role: Literal["worker", "gateway"] | None = None
     rollout_waves: list[str] = Field(default_factory=list, description="group names, in rollout order")
+    fleet_state_dir: str = Field("state", description="the control machine's record of drained instances and "
+                                 "rollout progress (fleetstate.py); relative to where pyinfra runs")
+    serve_only: list[str] = Field(default_factory=list, description="the serve stage changes only these "
+                                  "instances (a model swap, one instance at a time); empty: all")
 
     @model_validator(mode="before")
     @classmethod

@@ -50,6 +50,23 @@ def down_command(lab_dir: LabDir = DEFAULT_LAB_DIR) -> None:
     console.print("lab down: removed" if removed else f"lab down: no lab in {lab_dir}, nothing to remove")
 
 
+@lab_app.command("reset")
+def reset_command(
+    node: Annotated[str, typer.Argument(help="the node to rebuild, e.g. worker2")],
+    keep_nvme: Annotated[bool, typer.Option("--keep-nvme", help="keep the NVMe's files (default: reformat it)")] = False,
+    lab_dir: LabDir = DEFAULT_LAB_DIR,
+) -> None:
+    """Put one node back to bare metal: the base image, an empty NVMe, a new identity; then boot it.
+
+    Deploy it again with `pyinfra inventories/lab.py deploys/full.py --limit NODE`.
+    """
+    started = time.monotonic()
+    with console.status(f"resetting {node} to bare metal"):
+        lab.reset(lab_dir, node, keep_nvme)
+    console.print(f"lab reset: {node} is a fresh OS again{' (NVMe kept)' if keep_nvme else ' with an empty NVMe'}, "
+                  f"booted in {time.monotonic() - started:.1f}s")
+
+
 @lab_app.command("status")
 def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ascend_fleet.lab.lab import ssh_dir
+from ascend_fleet.lab.lab import fleet_state_dir, ssh_dir
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, NodeSpec
 from ascend_fleet.lab.state import LabState
 
@@ -27,6 +27,8 @@ def host_data(lab_dir: Path, node: NodeSpec, mirror_url: str) -> dict:
         "lab_mirror_url": mirror_url,
         "pip_index_url": f"{mirror_url}/simple",
         "vendor_mirror_url": f"{mirror_url}/files",
+        # Each lab keeps its rollout state apart: several labs share inventories/lab.py.
+        "fleet_state_dir": str(fleet_state_dir(lab_dir)),
     }
 
 

@@ -14,8 +14,8 @@ from ascend_fleet.lab import network, processes
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root, start_mirror
-from ascend_fleet.lab.nodes import (node_dir, prepare_node, remove_loop_mount, remove_mount, start_lxcfs, start_node,
-                                   wait_for_ssh)
+from ascend_fleet.lab.nodes import (node_dir, prepare_node, prepare_root, reformat_nvme, remove_loop_mount,
+                                   remove_mount, spawn_supervisor, start_lxcfs, start_node, wait_for_ssh, wipe_root)
 from ascend_fleet.lab.publish import publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
@@ -68,6 +68,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
     try:
         with console.status("creating the lab network, mirror and nodes"):
             public_key = create_login_key(state, spec)
+            state.record("dir", path=str(fleet_state_dir(spec.lab_dir)))  # so `lab down` removes a rollout's record
             network.create_bridge(state, spec)
             start_mirror(state, spec)
             publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
@@ -87,8 +88,34 @@ def up(spec: LabSpec, console: Console) -> LabState:
     return state
 
 
+def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
+    """Rebuild one node from bare metal: stop it, empty its overlay back to the base image, reformat
+    its NVMe (unless keep_nvme: a reinstalled OS on a server whose data disk survived), give it a new
+    identity (host keys, machine id) and boot it. Its hardware file and address stay."""
+    require_root("lab reset")
+    state = LabState.require(lab_dir)
+    spec = state.spec
+    node = spec.node(name)
+    entry = node_processes(state)[node.name]
+    stop_recorded_process(entry)
+    home = node_dir(lab_dir, node.name)
+    wipe_root(home)
+    if node.hardware.nvme and not keep_nvme:
+        reformat_nvme(next(e for e in state.find("loop-mount") if e["mountpoint"] == str(home / "nvme")))
+    public_key = (ssh_dir(lab_dir) / "id_ed25519.pub").read_text().strip()
+    prepare_root(spec, node, base_image(spec.debian_upstream, Console(quiet=True)), home / "upper", public_key)
+    spawn_supervisor(state, entry, home)
+    wait_for_ssh(spec, node)
+    write_known_hosts(spec)  # its new host key
+
+
 def ssh_dir(lab_dir: Path) -> Path:
     return lab_dir / "ssh"
+
+
+def fleet_state_dir(lab_dir: Path) -> Path:
+    """Where rollouts record this lab's drained instances and progress (hostdata `fleet_state_dir`)."""
+    return lab_dir / "fleet"
 
 
 def create_login_key(state: LabState, spec: LabSpec) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -34,10 +35,8 @@ def prepare_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, pub
     state.record("dir", path=str(home))
     for sub in ("upper", "ascend-lab"):
         (home / sub).mkdir(parents=True, exist_ok=True)
-    write_identity(spec, node, home / "upper", public_key)
+    prepare_root(spec, node, base, home / "upper", public_key)
     hardware = node.hardware
-    if hardware.preexisting.profile:
-        preinstall_stack_driver(home / "upper", hardware.preexisting.profile, base)
     (home / "ascend-lab" / "hardware.json").write_text(json.dumps(hardware.hardware_json(node.name, node.role),
                                                                   indent=2) + "\n")
     (home / "ascend-lab" / "mirror").write_text(spec.mirror_url + "\n")
@@ -45,6 +44,28 @@ def prepare_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, pub
     if hardware.nvme:
         create_nvme(state, home, hardware.nvme.size_gb)
     (home / "nspawn.json").write_text(json.dumps(nspawn_argv(spec, node, base, home)))
+
+
+def prepare_root(spec: LabSpec, node: NodeSpec, base: Path, upper: Path, public_key: str) -> None:
+    """The node's own files over the base image: its identity and, on a used server, its old driver."""
+    write_identity(spec, node, upper, public_key)
+    if node.hardware.preexisting.profile:
+        preinstall_stack_driver(upper, node.hardware.preexisting.profile, base)
+
+
+def wipe_root(home: Path) -> None:
+    """Back to the bare base image: the overlay's upper layer (and nspawn's work dir beside it) emptied."""
+    for layer in [home / "upper", *home.glob(".#upper*")]:
+        shutil.rmtree(layer)
+    (home / "upper").mkdir()
+
+
+def reformat_nvme(entry: dict) -> None:
+    """A fresh, empty ext4 on the node's NVMe image, as on a disk that was never used."""
+    run(["umount", entry["mountpoint"]], what=f"unmounting {entry['mountpoint']}")
+    run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", entry["device"]],
+        what=f"formatting {entry['image']}")
+    run(["mount", entry["device"], entry["mountpoint"]], what=f"mounting {entry['image']}")
 
 
 def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) -> None:
@@ -172,6 +193,11 @@ def start_node(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
     home = node_dir(spec.lab_dir, node.name)
     entry = state.record("process", role=f"node {node.name}", marker=str(home), pid=None,
                          child_pidfile=str(home / "nspawn.pid"))
+    spawn_supervisor(state, entry, home)
+
+
+def spawn_supervisor(state: LabState, entry: dict, home: Path) -> None:
+    """Start the node's supervisor and record its PID in the node's (existing) process entry."""
     entry["pid"] = processes.spawn([sys.executable, "-m", "ascend_fleet.lab.supervisor", str(home)],
                                    home / "console.log")
     state.save()

@@ -41,6 +41,8 @@ NODE_GLIBC_MINOR = 36
 MANYLINUX2014_MINOR = 17  # glibc 2.17; older wheels carry the legacy names below
 LEGACY_MANYLINUX = ("manylinux2014", "manylinux2010", "manylinux1")
 REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Revisions of the tiny model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
+LAB_MODEL_REVISIONS = {"v1": 0, "v2": 1}
 
 
 def publish_profiles(profile_names: list[str], mirror_root: Path, arch: str, console: Console) -> None:
@@ -149,21 +151,25 @@ def link_into(path: Path, directory: Path) -> None:
         shutil.copy2(path, target)
 
 
-def publish_tiny_model(models_dir: Path, console: Console) -> Path:
-    """The lab's tiny Qwen3 model on the mirror, built once per version of its builder."""
+def publish_tiny_model(models_dir: Path, console: Console) -> list[Path]:
+    """The lab's tiny Qwen3 model on the mirror, each revision built once per version of its builder."""
     # Imported here: numpy and tokenizers would add 0.3 s to every `ascend-fleet` command.
     from ascend_fleet.lab.sim import tinymodel
 
     key = hashlib.sha256(TINYMODEL_SOURCE.read_bytes()).hexdigest()[:12]
-    cached = MODEL_CACHE / key
-    if not cached.exists():
-        console.print(f"lab: building the tiny model into {cached} (once)")
-        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-        # Built beside its place and renamed in: the cache never holds half a model.
-        building = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=MODEL_CACHE))
-        tinymodel.build_tiny_model(building)
-        try:
-            building.rename(cached)
-        except OSError:  # another lab up renamed its build in first
-            shutil.rmtree(building)
-    return tinymodel.publish_model(cached, models_dir)
+    published = []
+    for revision, seed in LAB_MODEL_REVISIONS.items():
+        # v1 keeps its old cache name: labs that built it before v2 existed reuse it.
+        cached = MODEL_CACHE / (key if revision == "v1" else f"{key}-{revision}")
+        if not cached.exists():
+            console.print(f"lab: building the tiny model {revision} into {cached} (once)")
+            MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+            # Built beside its place and renamed in: the cache never holds half a model.
+            building = Path(tempfile.mkdtemp(prefix=f".{cached.name}.", dir=MODEL_CACHE))
+            tinymodel.build_tiny_model(building, revision=revision, seed=seed)
+            try:
+                building.rename(cached)
+            except OSError:  # another lab up renamed its build in first
+                shutil.rmtree(building)
+        published.append(tinymodel.publish_model(cached, models_dir))
+    return published

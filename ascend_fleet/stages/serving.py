@@ -10,6 +10,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.fleetstate import FleetState, backend_key
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config, node_config
 from ascend_fleet.operations import gates, gateway, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
@@ -81,6 +82,8 @@ def serve_stage() -> None:
               dest=HELPER, mode="755")
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
     for instance in config.instances:
+        if config.serve_only and instance.name not in config.serve_only:
+            continue
         unit = files.put(
             name=f"Unit {unit_name(instance)}", dest=f"/etc/systemd/system/{unit_name(instance)}", mode="644",
             src=StringIO(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
@@ -98,13 +101,15 @@ def serve_stage() -> None:
                         enabled=True, restarted=changed, daemon_reload=changed)
 
 
-def fleet_backends() -> list[dict]:
-    """Every instance of every worker in the inventory, as the gateway addresses it."""
+def fleet_backends(drained: set[str]) -> list[dict]:
+    """Every instance of every worker in the inventory, as the gateway addresses it; those in
+    `drained` (host/instance) are kept out of rotation."""
     backends = []
     for worker in inventory:  # every host, also those a --limit leaves out
         config = node_config(worker.data.dict(), worker.name)
         address = worker.data.get("ssh_hostname") or worker.name
-        backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port, "drained": False}
+        backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,
+                      "drained": backend_key(worker.name, i.name) in drained}
                      for i in config.instances] if config.is_worker else []
     return backends
 
@@ -119,5 +124,6 @@ def gateway_stage() -> None:
     apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
     files.link(name="No default site", path="/etc/nginx/sites-enabled/default", present=False)
     content = render(TEMPLATES / "nginx-gateway.conf.j2", upstream=config.gateway.upstream_name,
-                     listen_port=config.gateway.listen_port, backends=fleet_backends(), **GATEWAY_UPSTREAM)
+                     listen_port=config.gateway.listen_port,
+                     backends=fleet_backends(FleetState(config.fleet_state_dir).drained()), **GATEWAY_UPSTREAM)
     gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG, content=content)

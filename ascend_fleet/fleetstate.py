@@ -1,0 +1,55 @@
+"""What the control machine remembers about a fleet between runs, in its `fleet_state_dir`.
+
+- `gateway.json`: the instances the gateway must keep out of rotation (`drained`, as
+  `host/instance`). The gateway stage reads it on every deploy, so a plain
+  `pyinfra INVENTORY deploys/full.py` never puts back an instance a stopped rollout
+  left drained.
+- `rollout.json`: the steps of the last rollout or model swap and how far it got, so
+  `--resume` continues at the step that failed.
+
+The directory comes from host data (`fleet_state_dir`, relative to the directory pyinfra
+runs in, like group_data/); the lab points it into its own directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+GATEWAY_FILE = "gateway.json"
+ROLLOUT_FILE = "rollout.json"
+
+
+def backend_key(host: str, instance: str) -> str:
+    return f"{host}/{instance}"
+
+
+class FleetState:
+    def __init__(self, directory: Path | str):
+        self.directory = Path(directory)
+
+    def drained(self) -> set[str]:
+        return set(self._read(GATEWAY_FILE, {}).get("drained", []))
+
+    def set_drained(self, keys: set[str]) -> None:
+        self._write(GATEWAY_FILE, {**self._read(GATEWAY_FILE, {}), "drained": sorted(keys)})
+
+    def rollout(self) -> dict | None:
+        return self._read(ROLLOUT_FILE, None)
+
+    def save_rollout(self, record: dict) -> None:
+        self._write(ROLLOUT_FILE, record)
+
+    def _read(self, name: str, default):
+        try:
+            return json.loads((self.directory / name).read_text())
+        except FileNotFoundError:
+            return default
+
+    def _write(self, name: str, document) -> None:
+        """Atomically: a rollout interrupted mid-write leaves the previous state, never half a file."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        partial = self.directory / f".{name}.{os.getpid()}"
+        partial.write_text(json.dumps(document, indent=2) + "\n")
+        os.replace(partial, self.directory / name)

@@ -1,0 +1,167 @@
+"""A bounded load generator: streaming chat completions through the gateway at a fixed concurrency.
+
+Every request's outcome is recorded (status, error, latency, time to first token), so a
+rollout or a model swap can be judged by what clients saw: how many requests, how many
+failed, and the p99 latency. A request counts as failed unless it answers 200, streams at
+least one content chunk and ends with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import requests
+
+# Each request opens its own connection, as independent clients do: a pooled keepalive
+# connection that nginx closes during a reload would fail a request no client sent twice.
+CONNECT_TIMEOUT_SECONDS = 5
+READ_TIMEOUT_SECONDS = 120
+PROMPTS = ("Say hello.", "Name three colours.", "Count to five.", "What is an NPU?")
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    started: float  # seconds since the load started
+    latency: float
+    ttft: float | None
+    ok: bool
+    error: str | None = None
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile: the smallest value with at least fraction of the values at or below it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+@dataclass
+class LoadReport:
+    url: str
+    concurrency: int
+    duration: float
+    results: list[RequestResult] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.results)
+
+    @property
+    def failures(self) -> list[RequestResult]:
+        return [r for r in self.results if not r.ok]
+
+    def summary(self) -> dict:
+        latencies = [r.latency for r in self.results if r.ok]
+        ttfts = [r.ttft for r in self.results if r.ok and r.ttft is not None]
+        rounded = lambda value: None if value is None else round(value, 4)  # noqa: E731
+        return {
+            "url": self.url, "concurrency": self.concurrency, "duration_s": round(self.duration, 1),
+            "requests": self.count, "errors": len(self.failures),
+            "p50_latency_s": rounded(percentile(latencies, 0.5)), "p99_latency_s": rounded(percentile(latencies, 0.99)),
+            "p99_ttft_s": rounded(percentile(ttfts, 0.99)),
+            "first_errors": [f"{r.started:.1f}s: {r.error}" for r in self.failures[:5]],
+        }
+
+    def to_dict(self) -> dict:
+        return {**self.summary(), "results": [asdict(r) for r in self.results]}
+
+
+def stream_chat(url: str, model: str, prompt: str, max_tokens: int, origin: float) -> RequestResult:
+    """One streaming chat completion, read to its end."""
+    started = time.monotonic()
+    ttft = None
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "stream": True}
+    try:
+        with requests.post(f"{url}/v1/chat/completions", json=body, stream=True,
+                           timeout=(CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS),
+                           headers={"Connection": "close"}) as response:
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {' '.join(response.text.split())[:160]}"
+                return RequestResult(started - origin, time.monotonic() - started, None, False, error)
+            done, chunks = False, 0
+            for line in response.iter_lines(decode_unicode=True):
+                if not line.startswith("data: "):
+                    continue
+                payload = line.removeprefix("data: ")
+                if payload == "[DONE]":
+                    done = True
+                    break
+                delta = json.loads(payload)["choices"]
+                if delta and delta[0].get("delta", {}).get("content"):
+                    chunks += 1
+                    ttft = ttft if ttft is not None else time.monotonic() - started
+            latency = time.monotonic() - started
+            if not done or chunks == 0:
+                error = "stream ended before [DONE]" if not done else "stream carried no content"
+                return RequestResult(started - origin, latency, ttft, False, error)
+            return RequestResult(started - origin, latency, ttft, True)
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        return RequestResult(started - origin, time.monotonic() - started, ttft, False,
+                             f"{type(exc).__name__}: {str(exc)[:160]}")
+
+
+class LoadGenerator:
+    """`concurrency` clients sending one request after another until stopped, the deadline or max_requests."""
+
+    def __init__(self, url: str, model: str, concurrency: int = 4, max_tokens: int = 16,
+                 duration: float | None = None, max_requests: int | None = None):
+        self.url, self.model, self.concurrency, self.max_tokens = url.rstrip("/"), model, concurrency, max_tokens
+        self.duration, self.max_requests = duration, max_requests
+        self._results: list[RequestResult] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._origin = 0.0
+
+    def _claim(self) -> bool:
+        """Whether a client may send another request (bounded by count and time)."""
+        if self._stop.is_set() or (self.duration is not None and time.monotonic() - self._origin >= self.duration):
+            return False
+        with self._lock:
+            if self.max_requests is not None and self._sent >= self.max_requests:
+                return False
+            self._sent += 1
+            return True
+
+    def _client(self, index: int) -> None:
+        n = index
+        while self._claim():
+            result = stream_chat(self.url, self.model, PROMPTS[n % len(PROMPTS)], self.max_tokens, self._origin)
+            n += 1
+            with self._lock:
+                self._results.append(result)
+
+    def start(self) -> LoadGenerator:
+        self._origin, self._sent = time.monotonic(), 0
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True, name=f"load-{i}")
+                         for i in range(self.concurrency)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def snapshot(self) -> LoadReport:
+        with self._lock:
+            return LoadReport(self.url, self.concurrency, time.monotonic() - self._origin, list(self._results))
+
+    def wait(self) -> LoadReport:
+        """Until the bound is reached (duration or max_requests), then the report."""
+        for thread in self._threads:
+            thread.join()
+        return self.snapshot()
+
+    def stop(self) -> LoadReport:
+        """Let every request in flight finish, send no more, and report."""
+        self._stop.set()
+        return self.wait()
+
+    def __enter__(self) -> LoadGenerator:
+        return self.start()
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()

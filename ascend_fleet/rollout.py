@@ -1,0 +1,432 @@
+"""Staged rollouts and model swaps, with the gateway draining what is about to change.
+
+A rollout is a list of steps. Each step drains some instances at the gateway (they are
+marked `down` through the gateway deploy, which reads the drained set from the fleet state,
+see fleetstate.py), waits until their `vllm:num_requests_running` is 0, runs a pyinfra
+deploy limited to their hosts (`pyinfra -y INVENTORY DEPLOY --limit HOST ...`, the command
+operators run), gates every instance it changed (/health, /v1/models, a completion, /metrics)
+and puts them back, then checks a completion through the gateway. The first step that fails
+stops everything: its instances stay drained, the others keep serving, the record in the
+fleet state says where `--resume` goes on.
+
+`ascend-fleet rollout` makes one step per wave (inventory groups, split to respect
+--max-unavailable); `ascend-fleet swap-model` stages the new weights everywhere, then makes
+one step per instance slot of each wave (`serve_only`), so a node never loses more than one
+instance at a time, and puts back the old model if any step fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from pyinfra.api import Inventory
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleetstate import FleetState, backend_key
+from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.operations.files.stage_weights import revision_dir
+
+GATEWAY_DEPLOY = "deploys/gateway.py"
+WEIGHTS_DEPLOY = "deploys/weights.py"
+SERVE_DEPLOY = "deploys/serve.py"
+HTTP_TIMEOUT_SECONDS = 10
+# An nginx reload takes effect asynchronously and a restarted instance may still be warming
+# up: gates retry for this long before they fail.
+GATE_SETTLE_SECONDS = 30
+# Requests accepted by nginx workers that still had the old config need a moment to show up.
+DRAIN_SETTLE_SECONDS = 2
+POLL_SECONDS = 1
+RUNNING_METRIC = "vllm:num_requests_running"
+PROBE_PROMPT = "Say hello."
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One instance as the control machine and the gateway reach it."""
+
+    host: str
+    instance: str
+    address: str
+    port: int
+
+    @property
+    def key(self) -> str:
+        return backend_key(self.host, self.instance)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+class Fleet:
+    """An inventory as a rollout sees it: validated host data, instances, gateway and waves."""
+
+    def __init__(self, inventory_path: Path, data: dict):
+        self.inventory_path = inventory_path
+        self.data = data
+        self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
+        self.configs: dict[str, NodeConfig] = {host.name: host_node_config(host) for host in self.inventory}
+        self.addresses = {host.name: host.data.get("ssh_hostname") or host.name for host in self.inventory}
+        self.workers = [name for name, config in self.configs.items() if config.is_worker]
+        self.gateways = [name for name, config in self.configs.items() if config.is_gateway]
+        if not self.workers:
+            raise FleetError(f"{inventory_path}: no host with NPUs (npu_count) to roll out to")
+        if not self.gateways:
+            raise FleetError(f"{inventory_path}: no gateway host (data `gateway`); a rollout drains instances there")
+        first = self.configs[self.workers[0]]
+        self.model_name = first.model.served_model_name
+        self.state = FleetState(first.fleet_state_dir)
+
+    def backends(self, host: str, only: list[str] | None = None) -> list[Backend]:
+        return [Backend(host, i.name, self.addresses[host], i.port) for i in self.configs[host].instances
+                if only is None or i.name in only]
+
+    def all_backends(self) -> list[Backend]:
+        return [backend for host in self.workers for backend in self.backends(host)]
+
+    def gateway_urls(self) -> list[str]:
+        return [f"http://{self.addresses[host]}:{self.configs[host].gateway.listen_port}" for host in self.gateways]
+
+    def waves(self, names: list[str] | None) -> list[tuple[str, list[str]]]:
+        """(wave, workers) in rollout order: the given groups, else the data's rollout_waves, else
+        canary then the rest. Workers the default waves leave out form a last wave, `rest`."""
+        given = names is not None
+        names = names if given else (self.configs[self.workers[0]].rollout_waves or ["canary"])
+        waves, placed = [], set()
+        for name in names:
+            if given and name not in self.inventory.groups:
+                raise FleetError(f"rollout: --waves {name}: no such group in {self.inventory_path}; "
+                                 f"groups: {', '.join(sorted(self.inventory.groups))}")
+            members = [host.name for host in self.inventory.groups.get(name, [])
+                       if host.name in self.workers and host.name not in placed]
+            placed.update(members)
+            if members:
+                waves.append((name, members))
+        rest = [host for host in self.workers if host not in placed]
+        if rest and not given:
+            waves.append(("rest", rest))
+        return waves
+
+
+def split_wave(name: str, hosts: list[str], instances: dict[str, int], max_unavailable: int | None) -> list[tuple[str, list[str]]]:
+    """A wave as batches of whole hosts, each with at most max_unavailable instances (None: one batch)."""
+    if max_unavailable is None:
+        return [(name, hosts)]
+    for host in hosts:
+        if instances[host] > max_unavailable:
+            raise FleetError(f"rollout: {host} runs {instances[host]} instances, more than --max-unavailable "
+                             f"{max_unavailable}; a deploy restarts a whole host, so allow at least {instances[host]}")
+    batches: list[list[str]] = []
+    for host in hosts:
+        if batches and sum(instances[h] for h in batches[-1]) + instances[host] <= max_unavailable:
+            batches[-1].append(host)
+        else:
+            batches.append([host])
+    if len(batches) == 1:
+        return [(name, hosts)]
+    return [(f"{name} ({i}/{len(batches)})", batch) for i, batch in enumerate(batches, start=1)]
+
+
+def step_record(name: str, hosts: list[str], backends: list[Backend], deploy: str, data: dict) -> dict:
+    return {"name": name, "hosts": hosts, "instances": [b.key for b in backends], "deploy": deploy, "data": data,
+            "status": "pending", "seconds": None, "detail": ""}
+
+
+# ------------------------------------------------------------------ checks over HTTP
+
+
+def running_requests(backend: Backend) -> int:
+    """vLLM's num_requests_running on one instance; an instance that does not answer runs nothing."""
+    try:
+        text = requests.get(f"{backend.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS).text
+    except requests.RequestException:
+        return 0
+    return int(sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples if sample.name == RUNNING_METRIC))
+
+
+def instance_problem(backend: Backend, model_name: str, model_path: str | None) -> tuple[str, str] | None:
+    """(gate, what is wrong) for the first gate an instance fails, or None: /health 200, /v1/models
+    names the model (and, for a swap, serves it from model_path), a completion, /metrics."""
+    try:
+        health = requests.get(f"{backend.url}/health", timeout=HTTP_TIMEOUT_SECONDS)
+        if health.status_code != 200:
+            return "health", f"/health answers {health.status_code}"
+        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS).json().get("data", [])
+        card = next((c for c in cards if c.get("id") == model_name), None)
+        if card is None:
+            return "models", f"/v1/models names {[c.get('id') for c in cards]}, not {model_name}"
+        if model_path and card.get("root") != model_path:
+            return "models", f"serves {card.get('root')}, not {model_path}"
+        completion = requests.post(f"{backend.url}/v1/completions", timeout=HTTP_TIMEOUT_SECONDS,
+                                   json={"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})
+        if completion.status_code != 200 or not completion.json().get("choices"):
+            return "completion", f"a completion answers {completion.status_code}: {completion.text[:160]}"
+        metrics = requests.get(f"{backend.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS)
+        if metrics.status_code != 200 or RUNNING_METRIC not in metrics.text:
+            return "metrics", f"/metrics answers {metrics.status_code} without {RUNNING_METRIC}"
+    except (requests.RequestException, ValueError) as exc:
+        return "health", f"does not answer ({type(exc).__name__})"
+    return None
+
+
+def gateway_problem(url: str, model_name: str) -> str | None:
+    try:
+        answer = requests.post(f"{url}/v1/chat/completions", timeout=HTTP_TIMEOUT_SECONDS, json={
+            "model": model_name, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 4})
+    except requests.RequestException as exc:
+        return f"does not answer ({type(exc).__name__})"
+    if answer.status_code != 200 or "choices" not in answer.text:
+        return f"a chat completion answers {answer.status_code}: {' '.join(answer.text.split())[:160]}"
+    return None
+
+
+def retried(check: Callable[[], object], seconds: float = GATE_SETTLE_SECONDS):
+    """check() until it finds no problem or the time is up; the last problem, or None."""
+    deadline = time.monotonic() + seconds
+    while (problem := check()) is not None and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    return problem
+
+
+# ------------------------------------------------------------------ running pyinfra
+
+
+def pyinfra_failure(output: str, hosts: list[str]) -> str:
+    """The line of pyinfra's output that says why: our gates' one-liners (`[host] host: ...`),
+    else the first error pyinfra reported."""
+    ours = re.compile(r"^\s*\[(\S+)\] (\1: .+)$")
+    for line in output.splitlines():
+        match = ours.match(line)
+        if match and match[1] in hosts:
+            return match[2]
+    for line in output.splitlines():
+        if "pyinfra error" in line or re.search(r"\b(Error|error:|Failed)\b", line):
+            return line.strip()
+    return output.strip().splitlines()[-1] if output.strip() else "no output"
+
+
+class Runner:
+    """Runs the steps of one record: drain, wait, deploy, gate, undrain; progress told to `report`."""
+
+    def __init__(self, fleet: Fleet, record: dict, report: Callable[[dict, str], None], drain_timeout: float,
+                 pause: float = 0):
+        self.fleet, self.record, self.report = fleet, record, report
+        self.drain_timeout, self.pause = drain_timeout, pause
+        self.log_dir = fleet.state.directory / "logs"
+
+    def pyinfra(self, deploy: str, hosts: list[str], data: dict, label: str) -> str | None:
+        """Run a deploy on hosts; None, or one line saying why it failed (full output in the log)."""
+        argv = [str(Path(sys.executable).with_name("pyinfra")), "-y", str(self.fleet.inventory_path), deploy]
+        for host in hosts:
+            argv += ["--limit", host]
+        for key, value in data.items():
+            argv += ["--data", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{re.sub(r'[^a-z0-9]+', '-', label.lower())}.log"
+        result = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log.write_text(f"$ {' '.join(argv)}\n{result.stdout}")
+        if result.returncode == 0:
+            return None
+        return f"{pyinfra_failure(result.stdout, hosts)} (log: {log})"
+
+    def set_gateway(self, drained: set[str], label: str) -> str | None:
+        """Record the drained set and apply it with the gateway deploy (nginx -t, then reload)."""
+        self.fleet.state.set_drained(drained)
+        return self.pyinfra(GATEWAY_DEPLOY, self.fleet.gateways, self.fleet.data, label)
+
+    def wait_idle(self, backends: list[Backend], step: dict) -> str | None:
+        time.sleep(DRAIN_SETTLE_SECONDS)
+        deadline = time.monotonic() + self.drain_timeout
+        while (running := {b.key: running_requests(b) for b in backends}) and any(running.values()):
+            busy = {key: n for key, n in running.items() if n}
+            if time.monotonic() > deadline:
+                return (f"{', '.join(f'{k} ({n})' for k, n in busy.items())} still running requests after "
+                        f"{self.drain_timeout:.0f}s; wait, or raise --drain-timeout")
+            self.report(step, f"draining: {sum(busy.values())} requests running")
+            time.sleep(POLL_SECONDS)
+        return None
+
+    def expected_path(self, step: dict, backend: Backend) -> str | None:
+        """Where the instance must serve its model from when the step sets the model (a swap)."""
+        model = step["data"].get("model")
+        if not model:
+            return None
+        return str(revision_dir(self.fleet.configs[backend.host].model_dir, model["id"], model["revision"]))
+
+    def run_step(self, step: dict) -> bool:
+        """One step; on failure the step's instances stay drained and step['detail'] says why."""
+        started = time.monotonic()
+        backends = [b for b in self.fleet.all_backends() if b.key in step["instances"]]
+
+        def fail(where: str, detail: str) -> bool:
+            step.update(status="failed", detail=f"{where}: {detail}", seconds=round(time.monotonic() - started, 1))
+            self.fleet.state.save_rollout(self.record)
+            self.report(step, "failed")
+            return False
+
+        step["status"] = "running"
+        self.fleet.state.save_rollout(self.record)
+        self.report(step, "draining at the gateway")
+        drained = self.fleet.state.drained() | set(step["instances"])
+        if (problem := self.set_gateway(drained, f"drain {step['name']}")) is not None:
+            return fail("gateway", problem)
+        if (problem := self.wait_idle(backends, step)) is not None:
+            return fail("drain", problem)
+        self.report(step, f"deploying {step['deploy']}")
+        if (problem := self.pyinfra(step["deploy"], step["hosts"], step["data"], step["name"])) is not None:
+            return fail("deploy", problem)
+        self.report(step, "gating")
+        for backend in backends:
+            path = self.expected_path(step, backend)
+            problem = retried(lambda b=backend, p=path: instance_problem(b, self.fleet.model_name, p))
+            if problem is not None:
+                gate, detail = problem
+                return fail(f"{backend.host} {backend.instance} gate {gate}", detail)
+        self.report(step, "back into the gateway")
+        if (problem := self.set_gateway(self.fleet.state.drained() - set(step["instances"]),
+                                        f"undrain {step['name']}")) is not None:
+            return fail("gateway", problem)
+        for url in self.fleet.gateway_urls():
+            if (problem := retried(lambda u=url: gateway_problem(u, self.fleet.model_name))) is not None:
+                return fail(f"gateway {url} gate completion", problem)
+        step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
+        self.fleet.state.save_rollout(self.record)
+        self.report(step, "done")
+        return True
+
+    def run(self) -> bool:
+        """Every step not yet done, in order, pausing between them; False at the first failure."""
+        pending = [step for step in self.record["steps"] if step["status"] != "done"]
+        for index, step in enumerate(pending):
+            if not self.run_step(step):
+                return False
+            if self.pause and index < len(pending) - 1:
+                self.report(step, f"done; pausing {self.pause:g}s")
+                time.sleep(self.pause)
+        self.record["finished"] = True
+        self.fleet.state.save_rollout(self.record)
+        return True
+
+
+# ------------------------------------------------------------------ planning the steps
+
+
+def parse_data(pairs: list[str]) -> dict:
+    """`--data KEY=VALUE` as pyinfra reads it (JSON values allowed)."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    data = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise FleetError(f"--data {pair}: expected KEY=VALUE")
+        data[key] = parse_cli_arg(value)
+    return data
+
+
+def check_not_stopped(state: FleetState, resume: bool) -> dict | None:
+    """The unfinished record to resume, or None to start anew; refuses to start over a stopped one."""
+    record = state.rollout()
+    unfinished = record if record and not record.get("finished") else None
+    if resume and unfinished is None:
+        raise FleetError(f"--resume: no stopped rollout is recorded in {state.directory}; run without --resume")
+    if not resume and unfinished is not None:
+        stopped = next((s for s in unfinished["steps"] if s["status"] != "done"), unfinished["steps"][-1])
+        raise FleetError(f"a {unfinished['kind']} stopped at {stopped['name']} ({stopped['detail'] or 'interrupted'}); "
+                         f"fix it and add --resume, or remove {state.directory / 'rollout.json'} to abandon it")
+    return unfinished
+
+
+def check_capacity(fleet: Fleet, steps: list[dict]) -> None:
+    """No step may take every instance out of the gateway."""
+    total = {b.key for b in fleet.all_backends()}
+    for step in steps:
+        if not total - fleet.state.drained() - set(step["instances"]):
+            raise FleetError(f"rollout: step {step['name']} would drain every instance the gateway has; "
+                             "a rollout needs at least two waves (or --max-unavailable below the fleet's size)")
+
+
+def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavailable: int | None) -> dict:
+    steps = []
+    for name, hosts in fleet.waves(waves):
+        counts = {host: len(fleet.configs[host].instances) for host in hosts}
+        for batch_name, batch in split_wave(name, hosts, counts, max_unavailable):
+            backends = [b for host in batch for b in fleet.backends(host)]
+            steps.append(step_record(batch_name, batch, backends, deploy, fleet.data))
+    check_capacity(fleet, steps)
+    return {"kind": "rollout", "inventory": str(fleet.inventory_path), "deploy": deploy, "data": fleet.data,
+            "steps": steps, "finished": False}
+
+
+def model_data(fleet: Fleet, model_id: str, revision: str | None) -> dict:
+    """The data's model with another id and revision; clients keep the served name."""
+    current = fleet.configs[fleet.workers[0]].model
+    return {**current.model_dump(exclude_none=True), "id": model_id, "revision": revision or current.revision,
+            "served_model_name": current.served_model_name}
+
+
+def served_path(backend: Backend) -> str | None:
+    """The model directory an instance serves (vLLM's /v1/models `root`), or None if it does not answer."""
+    try:
+        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS).json().get("data", [])
+    except (requests.RequestException, ValueError):
+        return None
+    return cards[0].get("root") if cards else None
+
+
+def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
+    """Weights first (staged beside the old, nothing restarts), then per wave one step per instance
+    slot: each node loses at most one instance at a time. Instances already on the model are skipped."""
+    steps = []
+    for name, hosts in fleet.waves(waves):
+        slots: dict[str, list[Backend]] = {}
+        for host in hosts:
+            target = str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
+            for backend in fleet.backends(host):
+                if served_path(backend) != target:
+                    slots.setdefault(backend.instance, []).append(backend)
+        for instance, backends in slots.items():
+            data = {**fleet.data, "model": model, "serve_only": [instance]}
+            steps.append(step_record(f"{name} {instance}", sorted({b.host for b in backends}), backends,
+                                     SERVE_DEPLOY, data))
+    check_capacity(fleet, steps)
+    return {"kind": "swap-model", "inventory": str(fleet.inventory_path), "model": model, "steps": steps,
+            "finished": False}
+
+
+def rollback_record(swap: dict, previous: dict[str, str], fleet: Fleet) -> dict:
+    """Steps that put each instance a failed swap touched back on the model it served before."""
+    steps = []
+    for step in swap["steps"]:
+        if step["status"] == "pending":
+            continue
+        by_model: dict[str, list[Backend]] = {}
+        for backend in fleet.all_backends():
+            if backend.key in step["instances"] and previous.get(backend.key):
+                by_model.setdefault(previous[backend.key], []).append(backend)
+        for path, backends in by_model.items():
+            model = model_of_path(fleet, backends[0].host, path)
+            data = {**fleet.data, "model": model, "serve_only": sorted({b.instance for b in backends})}
+            steps.append(step_record(f"back: {step['name']}", sorted({b.host for b in backends}), backends,
+                                     SERVE_DEPLOY, data))
+    return {"kind": "swap-model rollback", "inventory": swap["inventory"], "steps": steps, "finished": False}
+
+
+def model_of_path(fleet: Fleet, host: str, path: str) -> dict:
+    """The model data that serves `path` (<model_dir>/<org>/<name>/<revision>)."""
+    config = fleet.configs[host]
+    org, name, revision = Path(path).relative_to(config.model_dir).parts
+    current = config.model
+    return {**current.model_dump(exclude_none=True), "id": f"{org}/{name}", "revision": revision,
+            "served_model_name": current.served_model_name}

@@ -1,0 +1,95 @@
+"""Rollout planning without a fleet: waves from the example inventory, splitting, refusals, state."""
+
+from pathlib import Path
+
+import pytest
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.loadgen import LoadReport, RequestResult, percentile
+from ascend_fleet.rollout import Fleet, check_not_stopped, parse_data, plan_rollout, pyinfra_failure, split_wave
+
+PROJECT = Path(__file__).resolve().parents[2]
+PROD = PROJECT / "inventories" / "prod.py"
+
+
+@pytest.fixture
+def prod(monkeypatch, tmp_path):
+    monkeypatch.chdir(PROJECT)  # group_data/ is found where pyinfra runs
+    return Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state")})
+
+
+def test_waves_follow_the_datas_rollout_waves(prod):
+    assert prod.waves(None) == [
+        ("canary", ["npu-01.example.internal"]),
+        ("wave1", ["npu-02.example.internal", "npu-03.example.internal"]),
+        ("wave2", ["npu-04.example.internal", "npu-05.example.internal"]),
+    ]
+    assert prod.gateways == ["gw-01.example.internal", "gw-02.example.internal"]
+
+
+def test_an_unknown_wave_is_refused_with_the_groups_there_are(prod):
+    with pytest.raises(FleetError, match=r"--waves wave9: no such group in .*prod.py; groups: .*canary"):
+        prod.waves(["canary", "wave9"])
+
+
+def test_waves_larger_than_max_unavailable_are_split_by_whole_hosts(prod):
+    record = plan_rollout(prod, "deploys/full.py", None, max_unavailable=2)
+    assert [(s["name"], len(s["instances"])) for s in record["steps"]] == [
+        ("canary", 2), ("wave1 (1/2)", 2), ("wave1 (2/2)", 2), ("wave2 (1/2)", 2), ("wave2 (2/2)", 2)]
+    assert record["steps"][1]["instances"] == ["npu-02.example.internal/vllm-0", "npu-02.example.internal/vllm-1"]
+    assert [s["name"] for s in plan_rollout(prod, "deploys/full.py", None, 4)["steps"]] == ["canary", "wave1", "wave2"]
+
+
+def test_max_unavailable_below_a_hosts_instances_is_refused():
+    with pytest.raises(FleetError, match="h1 runs 2 instances, more than --max-unavailable 1"):
+        split_wave("wave1", ["h1"], {"h1": 2}, 1)
+
+
+def test_a_step_that_would_drain_the_whole_fleet_is_refused(prod):
+    with pytest.raises(FleetError, match="step workers would drain every instance the gateway has"):
+        plan_rollout(prod, "deploys/full.py", ["workers"], None)
+
+
+def test_a_stopped_rollout_must_be_resumed_or_abandoned(tmp_path):
+    state = FleetState(tmp_path)
+    assert check_not_stopped(state, resume=False) is None
+    with pytest.raises(FleetError, match="--resume: no stopped rollout"):
+        check_not_stopped(state, resume=True)
+    state.save_rollout({"kind": "rollout", "finished": False, "steps": [
+        {"name": "canary", "status": "done", "detail": ""},
+        {"name": "wave1", "status": "failed", "detail": "worker2 vllm-0 gate health: /health answers 503"}]})
+    with pytest.raises(FleetError, match=r"rollout stopped at wave1 \(worker2 vllm-0 gate health.*add --resume"):
+        check_not_stopped(state, resume=False)
+    assert check_not_stopped(state, resume=True)["steps"][1]["name"] == "wave1"
+
+
+def test_drained_instances_survive_in_the_state_file(tmp_path):
+    FleetState(tmp_path).set_drained({"w2/vllm-1", "w2/vllm-0"})
+    assert FleetState(tmp_path).drained() == {"w2/vllm-0", "w2/vllm-1"}
+
+
+def test_data_is_parsed_as_pyinfra_parses_it():
+    assert parse_data(['npu_env={"HCCL_BUFFSIZE": "256"}', "tensor_parallel_size=4", "profile=lab"]) == {
+        "npu_env": {"HCCL_BUFFSIZE": "256"}, "tensor_parallel_size": 4, "profile": "lab"}
+    with pytest.raises(FleetError, match="--data oops: expected KEY=VALUE"):
+        parse_data(["oops"])
+
+
+def test_a_failed_deploy_is_told_by_the_gates_own_line():
+    output = ("--> Starting operation: Verify | Instance vllm-0 healthy\n"
+              "    [worker1] No changes\n"
+              "    [worker2] worker2: instance ascend-fleet-vllm-0.service (port 8000) /health answers 503; see journalctl\n"
+              "    [worker2] Error: executed 0/1 commands\n")
+    assert pyinfra_failure(output, ["worker2"]).startswith("worker2: instance ascend-fleet-vllm-0.service")
+    assert pyinfra_failure("--> pyinfra error: No hosts remaining!\n", ["worker2"]) == "--> pyinfra error: No hosts remaining!"
+
+
+def test_load_report_counts_errors_and_p99_of_the_successful():
+    results = [RequestResult(i, latency=0.1 * (i + 1), ttft=0.01, ok=True) for i in range(99)]
+    results.append(RequestResult(99, latency=0.05, ttft=None, ok=False, error="HTTP 502: bad gateway"))
+    summary = LoadReport("http://gw", 4, 10.0, results).summary()
+    assert (summary["requests"], summary["errors"]) == (100, 1)
+    assert summary["p99_latency_s"] == pytest.approx(9.9)  # nearest rank: the 99th of 99
+    assert summary["first_errors"] == ["99.0s: HTTP 502: bad gateway"]
+    assert percentile([], 0.99) is None and percentile([3.0], 0.99) == 3.0
