@@ -11,6 +11,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from ascend_fleet.operations.files.npu_metrics import parse_npu_smi_info
 from ascend_fleet.versions import parse_range
 
 ASCEND_HOME = "/usr/local/Ascend"
@@ -84,10 +85,6 @@ class CannPackages(FactBase):
         return {}
 
 
-NPU_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(OK|Warning|Alarm|Critical)\s*\|")
-HBM_ROW = re.compile(r"(\d+)\s*/\s*(\d+)\s*\|\s*$")
-
-
 class NpuStatus(FactBase):
     """What `npu-smi info` says: {"ok": bool, "error": str, "npus": [{"id", "chip", "health",
     "hbm_used_mb", "hbm_total_mb"}]}. ok is False when npu-smi is missing or fails
@@ -103,17 +100,8 @@ class NpuStatus(FactBase):
         body = output[1:]
         if rc != 0:
             return {"ok": False, "error": " ".join(line.strip() for line in body if line.strip()), "npus": []}
-        npus, current = [], None
-        for line in body:
-            row = NPU_ROW.match(line)
-            if row:
-                current = {"id": int(row[1]), "chip": row[2], "health": row[3]}
-                npus.append(current)
-                continue
-            hbm = HBM_ROW.search(line)
-            if current is not None and "hbm_total_mb" not in current and hbm:
-                current["hbm_used_mb"], current["hbm_total_mb"] = int(hbm[1]), int(hbm[2])
-        return {"ok": True, "error": "", "npus": npus}
+        # The same parser feeds the workers' NPU metrics (monitoring stage).
+        return {"ok": True, "error": "", "npus": parse_npu_smi_info(body)}
 
 
 class PciNpuCount(FactBase):
@@ -198,9 +186,9 @@ class HttpAnswer(FactBase):
     """Status and body of an HTTP request made on the node: {"status": 200, "body": "..."};
     status 0 when nothing answered."""
 
-    def command(self, url: str, json_body: str | None = None) -> str:
+    def command(self, url: str, json_body: str | None = None, timeout_seconds: int = 60) -> str:
         post = f"-H 'Content-Type: application/json' --data-binary {shlex.quote(json_body)} " if json_body else ""
-        return (f"body=$(curl -s -m 60 {post}-w '\\n%{{http_code}}' {shlex.quote(url)} 2>/dev/null); "
+        return (f"body=$(curl -s -m {timeout_seconds} {post}-w '\\n%{{http_code}}' {shlex.quote(url)} 2>/dev/null); "
                 f"printf '%s\\n' \"$body\" | tail -n 1; printf '%s\\n' \"$body\" | sed '$d'")
 
     def process(self, output: list[str]) -> dict:

@@ -1,0 +1,131 @@
+"""Read pyinfra facts from many hosts at once, outside a deploy, for commands such as `status`.
+
+Each host gets one SSH connection (paramiko, with the inventory's ssh_* data, as pyinfra
+would connect) and one shell round trip that runs every fact's command; each output is
+handed to the same fact's process(), so a node's state is parsed exactly as a deploy
+parses it. A host that cannot be reached is a HostFacts with an error, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import paramiko
+from pyinfra.api import FactBase
+
+CONNECT_TIMEOUT_SECONDS = 10
+COMMAND_TIMEOUT_SECONDS = 60
+MAX_PARALLEL_HOSTS = 32
+
+
+@dataclass(frozen=True)
+class FactQuery:
+    """One fact to read: its class and the arguments of its command()."""
+
+    fact: type[FactBase]
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HostFacts:
+    host: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    fact_errors: dict[str, str] = field(default_factory=dict)
+    error: str | None = None  # why the host could not be read at all
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+
+def _command_text(query: FactQuery) -> str:
+    command = query.fact().command(**query.arguments)
+    return command if isinstance(command, str) else command.get_raw_value()
+
+
+def fact_script(queries: Mapping[str, FactQuery], marker: str) -> str:
+    """One shell script running every fact command in its own subshell, each output after a marker line."""
+    parts = [f"echo {marker}{name}; ( {_command_text(query)}\n) 2>/dev/null" for name, query in queries.items()]
+    return "\n".join(parts) + "\n"
+
+
+def split_outputs(output: str, marker: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in output.splitlines():
+        if line.startswith(marker):
+            current = sections.setdefault(line[len(marker):], [])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def process_outputs(queries: Mapping[str, FactQuery], sections: Mapping[str, list[str]]) -> tuple[dict, dict]:
+    """Each fact's value as pyinfra would give it (default() for no output, else process()),
+    and {fact: error} for outputs its process() could not read (the value is then None)."""
+    facts, errors = {}, {}
+    for name, query in queries.items():
+        fact, lines = query.fact(), sections.get(name, [])
+        try:
+            facts[name] = fact.process(lines) if any(line.strip() for line in lines) else fact.default()
+        except (ValueError, IndexError, KeyError) as exc:
+            facts[name], errors[name] = None, f"{type(exc).__name__}: {exc}"
+    return facts, errors
+
+
+def _connect(host: str, data: Mapping[str, Any]) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    known_hosts = data.get("ssh_known_hosts_file")
+    if known_hosts:
+        client.load_host_keys(os.path.expanduser(known_hosts))
+    else:
+        client.load_system_host_keys()
+    # pyinfra's default is accept-new; a status read never records a key, so only "yes" is stricter here.
+    strict = str(data.get("ssh_strict_host_key_checking", "accept-new")).lower()
+    client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict == "yes" else paramiko.AutoAddPolicy())
+    key = data.get("ssh_key")
+    client.connect(
+        hostname=data.get("ssh_hostname") or host,
+        port=int(data.get("ssh_port") or 22),
+        username=data.get("ssh_user"),
+        key_filename=os.path.expanduser(key) if key else None,
+        passphrase=data.get("ssh_key_password"),
+        password=data.get("ssh_password"),
+        look_for_keys=not key,
+        timeout=CONNECT_TIMEOUT_SECONDS,
+        banner_timeout=CONNECT_TIMEOUT_SECONDS,
+        auth_timeout=CONNECT_TIMEOUT_SECONDS,
+    )
+    return client
+
+
+def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, FactQuery]) -> HostFacts:
+    """Every fact of one host in one SSH round trip."""
+    marker = f"@@ascend-fleet-{uuid.uuid4().hex}:"
+    try:
+        client = _connect(host, data)
+    except (OSError, paramiko.SSHException) as exc:
+        return HostFacts(host, error=f"cannot connect over SSH: {exc or type(exc).__name__}")
+    try:
+        _stdin, stdout, _stderr = client.exec_command(fact_script(queries, marker), timeout=COMMAND_TIMEOUT_SECONDS)
+        output = stdout.read().decode(errors="replace")
+    except (OSError, paramiko.SSHException) as exc:
+        return HostFacts(host, error=f"reading facts failed: {exc or type(exc).__name__}")
+    finally:
+        client.close()
+    facts, errors = process_outputs(queries, split_outputs(output, marker))
+    return HostFacts(host, facts, errors)
+
+
+def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, FactQuery]]]) -> dict[str, HostFacts]:
+    """{host: (ssh data, queries)} -> {host: HostFacts}, every host read at the same time."""
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_HOSTS, len(hosts))) as pool:
+        futures = {name: pool.submit(read_host_facts, name, data, queries) for name, (data, queries) in hosts.items()}
+        return {name: future.result() for name, future in futures.items()}

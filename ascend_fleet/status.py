@@ -1,0 +1,424 @@
+"""`ascend-fleet status INVENTORY`: every instance of the fleet in one table.
+
+Each host is read over SSH at the same time as the others (ascend_fleet/remote.py) with
+the deploy's own facts: driver, firmware, CANN and the serving venv's packages against
+the host's profile, npu-smi, each instance's unit, /health, /v1/models and /metrics
+(asked on the node, so a firewall between this machine and the workers does not matter),
+and each gateway's nginx config, which says whether it routes to an instance.
+A host that cannot be read is a red row; nothing here raises for a node's state.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import crossplane
+import typer
+from pyinfra.api import Inventory
+from pyinfra.facts.files import FileContents
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, HttpAnswer, NpuStatus, PipPackages
+from ascend_fleet.facts.systemd import UnitState
+from ascend_fleet.fleet import load_inventory
+from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
+from ascend_fleet.stages.serving import GATEWAY_CONFIG, unit_name
+from ascend_fleet.vllm_metrics import InstanceMetrics, parse_metrics
+
+HTTP_TIMEOUT_SECONDS = 5
+VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")
+GATEWAY_SERVICES = ("nginx", "prometheus")
+
+
+@dataclass
+class Version:
+    installed: str | None
+    expected: str
+
+    @property
+    def drift(self) -> bool:
+        return self.installed != self.expected
+
+
+@dataclass
+class InstanceStatus:
+    name: str
+    port: int
+    npus: list[int]
+    unit: dict[str, str] = field(default_factory=dict)
+    npu_health: list[str] = field(default_factory=list)
+    hbm_used_mb: int | None = None
+    hbm_total_mb: int | None = None
+    health: int | None = None  # /health status code, 0 when nothing answered
+    model: str | None = None
+    revision: str | None = None
+    metrics: dict | None = None
+    routed: str = "unknown"  # "yes", "drained", "absent" (by every gateway), "unknown" (no gateway read)
+    problems: list[str] = field(default_factory=list)  # red: it is not serving as it should
+    warnings: list[str] = field(default_factory=list)  # yellow: serving, but not as the inventory says
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class HostStatus:
+    host: str
+    role: str  # worker, gateway, or "worker+gateway"
+    profile: str
+    error: str | None = None  # unreachable
+    versions: dict[str, Version] = field(default_factory=dict)
+    npu_smi_error: str | None = None
+    services: dict[str, dict[str, str]] = field(default_factory=dict)  # gateway: nginx and prometheus units
+    routes: list[dict] | None = None  # gateway: its upstream servers; None until its config is read
+    instances: list[InstanceStatus] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.error is None and all(i.ok for i in self.instances)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["versions"] = {k: {**asdict(v), "drift": v.drift} for k, v in self.versions.items()}
+        data["instances"] = [{**asdict(i), "ok": i.ok} for i in self.instances]
+        data["ok"] = self.ok
+        return data
+
+
+@dataclass
+class FleetStatus:
+    hosts: list[HostStatus]
+    read_at: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(host.ok for host in self.hosts)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "read_at": self.read_at, "seconds": round(self.seconds, 2),
+                "hosts": [host.to_dict() for host in self.hosts]}
+
+
+# What to read on each host.
+
+def worker_queries(config: NodeConfig, profile: Profile) -> dict[str, FactQuery]:
+    queries = {"driver": FactQuery(AscendDriver), "firmware": FactQuery(AscendFirmware),
+               "cann": FactQuery(CannPackages), "npus": FactQuery(NpuStatus),
+               "pip": FactQuery(PipPackages, {"venv": profile.pip.venv})}
+    for instance in config.instances:
+        base = f"http://127.0.0.1:{instance.port}"
+        queries[f"unit:{instance.name}"] = FactQuery(UnitState, {"unit": unit_name(instance)})
+        for path in ("health", "v1/models", "metrics"):
+            queries[f"{path}:{instance.name}"] = FactQuery(
+                HttpAnswer, {"url": f"{base}/{path}", "timeout_seconds": HTTP_TIMEOUT_SECONDS})
+    return queries
+
+
+def gateway_queries() -> dict[str, FactQuery]:
+    return {"gateway_config": FactQuery(FileContents, {"path": GATEWAY_CONFIG}),
+            **{f"service:{name}": FactQuery(UnitState, {"unit": f"{name}.service"}) for name in GATEWAY_SERVICES}}
+
+
+# What the facts mean.
+
+def expected_versions(profile: Profile) -> dict[str, str]:
+    stack = profile.stack
+    return {"driver": stack.driver, "firmware": stack.firmware, "cann": stack.cann,
+            "torch_npu": stack.torch_npu, "vllm_ascend": stack.vllm_ascend}
+
+
+def installed_versions(facts: dict[str, Any]) -> dict[str, str | None]:
+    cann, pip = facts.get("cann") or {}, facts.get("pip") or {}
+    toolkit, kernels = cann.get("toolkit"), cann.get("kernels")
+    return {
+        "driver": (facts.get("driver") or {}).get("version"),
+        "firmware": facts.get("firmware"),
+        # Toolkit and kernels/ops come as one CANN version; a mismatch between them is drift too.
+        "cann": toolkit if kernels in (None, toolkit) else f"{toolkit} (kernels {kernels})",
+        "torch_npu": pip.get("torch-npu"),
+        "vllm_ascend": pip.get("vllm-ascend"),
+    }
+
+
+def unit_problem(unit: dict[str, str], name: str) -> str | None:
+    if unit.get("ActiveState") == "active":
+        return None
+    if unit.get("LoadState") not in (None, "", "loaded"):
+        return f"unit {name} is {unit['LoadState'] or 'unknown'}"
+    why = f", result {unit['Result']}" if unit.get("Result") not in (None, "", "success") else ""
+    last = f": {unit['last_line']}" if unit.get("last_line") else ""
+    return f"unit {unit.get('ActiveState') or 'unknown'}/{unit.get('SubState') or '?'}{why}{last}"
+
+
+def served_model(answer: dict) -> tuple[str | None, str | None]:
+    """(served model name, revision directory it was loaded from) from /v1/models."""
+    try:
+        models = json.loads(answer["body"]).get("data") or []
+    except (ValueError, AttributeError):
+        return None, None
+    if not models:
+        return None, None
+    root = models[0].get("root")
+    return models[0].get("id"), Path(root).name if root else None
+
+
+def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any]) -> InstanceStatus:
+    status = InstanceStatus(instance.name, instance.port, list(instance.npus))
+    status.unit = facts.get(f"unit:{instance.name}") or {}
+    problem = unit_problem(status.unit, unit_name(instance))
+    if problem:
+        status.problems.append(problem)
+
+    npu_smi = facts.get("npus") or {"ok": False, "error": "npu-smi output unreadable", "npus": []}
+    by_id = {npu["id"]: npu for npu in npu_smi["npus"]}
+    mine = [by_id[n] for n in instance.npus if n in by_id]
+    status.npu_health = [npu["health"] for npu in mine]
+    if mine and all("hbm_used_mb" in npu for npu in mine):
+        status.hbm_used_mb = sum(npu["hbm_used_mb"] for npu in mine)
+        status.hbm_total_mb = sum(npu["hbm_total_mb"] for npu in mine)
+    if not npu_smi["ok"]:
+        status.problems.append(f"npu-smi fails: {npu_smi['error']}")
+    elif len(mine) != len(instance.npus):
+        status.problems.append(f"npu-smi lists {len(mine)} of NPUs {','.join(map(str, instance.npus))}")
+    unhealthy = [f"NPU {npu['id']} {npu['health']}" for npu in mine if npu["health"] != "OK"]
+    if unhealthy:
+        status.problems.append(f"unhealthy: {', '.join(unhealthy)}")
+
+    status.health = (facts.get(f"health:{instance.name}") or {}).get("status", 0)
+    if status.health != 200:
+        status.problems.append(f"/health answers {status.health or 'nothing'}")
+        return status
+    status.model, status.revision = served_model(facts.get(f"v1/models:{instance.name}") or {})
+    expected = (config.model.served_model_name, config.model.revision)
+    if (status.model, status.revision) != expected:
+        status.warnings.append(f"serves {status.model}@{status.revision}, the inventory says {'@'.join(expected)}")
+    metrics_answer = facts.get(f"metrics:{instance.name}") or {}
+    if metrics_answer.get("status") == 200:
+        try:
+            status.metrics = parse_metrics(metrics_answer["body"] + "\n").to_dict()
+        except ValueError as exc:
+            status.warnings.append(f"/metrics unreadable: {exc}")
+    return status
+
+
+def gateway_routes(config_lines: list[str] | None) -> list[dict] | None:
+    """The gateway's upstream servers, [{"address": "10.0.0.2", "port": 8000, "down": False}], from
+    its nginx config (crossplane's parser); None when the config file is missing."""
+    if config_lines is None:
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".conf") as copy:
+        copy.write("\n".join(config_lines) + "\n")
+        copy.flush()
+        # A conf.d file is a fragment of the http block: no context or argument checks.
+        parsed = crossplane.parse(copy.name, single=True, check_ctx=False, check_args=False)
+    routes = []
+    for directive in parsed["config"][0]["parsed"] if parsed["config"] else ():
+        if directive["directive"] != "upstream":
+            continue
+        for server in directive.get("block", []):
+            if server["directive"] == "server":
+                address, _, port = server["args"][0].rpartition(":")
+                routes.append({"address": address, "port": int(port) if port.isdigit() else 80,
+                               "down": "down" in server["args"][1:]})
+    return routes
+
+
+def routing(instance_address: str, port: int, gateways: list[HostStatus]) -> str:
+    """yes: every gateway read routes to it; drained: one marks it down; absent: one lacks it."""
+    read = [gw for gw in gateways if gw.routes is not None]
+    if not read:
+        return "unknown"
+    states = []
+    for gateway in read:
+        match = [r for r in gateway.routes if (r["address"], r["port"]) == (instance_address, port)]
+        states.append("absent" if not match else "drained" if any(r["down"] for r in match) else "yes")
+    for state in ("absent", "drained"):
+        if state in states:
+            return state
+    return "yes"
+
+
+def host_status(config: NodeConfig, profile: Profile, facts: HostFacts) -> HostStatus:
+    role = "+".join(r for r, on in (("worker", config.is_worker), ("gateway", config.is_gateway)) if on) or "other"
+    status = HostStatus(config.host, role, config.profile, error=facts.error)
+    if facts.error:
+        status.instances = [InstanceStatus(i.name, i.port, list(i.npus), problems=[f"host: {facts.error}"])
+                            for i in config.instances]
+        return status
+    values = facts.facts
+    status.problems += [f"could not read {name}: {error}" for name, error in facts.fact_errors.items()]
+    if config.is_worker:
+        installed = installed_versions(values)
+        status.versions = {key: Version(installed[key], expected) for key, expected in expected_versions(profile).items()}
+        npu_smi = values.get("npus") or {}
+        status.npu_smi_error = None if npu_smi.get("ok") else npu_smi.get("error")
+        status.instances = [instance_status(config, instance, values) for instance in config.instances]
+    if config.is_gateway:
+        status.services = {name: values.get(f"service:{name}") or {} for name in GATEWAY_SERVICES}
+        for name, unit in status.services.items():
+            problem = unit_problem(unit, f"{name}.service")
+            # Prometheus belongs to the monitoring stage: absent is not a fault of the gateway.
+            if problem and not (name == "prometheus" and unit.get("LoadState") == "not-found"):
+                status.problems.append(f"{name}: {problem}")
+        status.routes = gateway_routes(values.get("gateway_config"))
+        if status.routes is None:
+            status.problems.append(f"no {GATEWAY_CONFIG}: the gateway stage has not run")
+    return status
+
+
+def read_status(inventory: Inventory) -> FleetStatus:
+    started = time.monotonic()
+    configs = [host_node_config(host) for host in inventory]
+    profiles = {name: load_profile(name) for name in {config.profile for config in configs}}
+    hosts = {host.name: host for host in inventory}
+    plans = {}
+    for config in configs:
+        queries = {}
+        if config.is_worker:
+            queries |= worker_queries(config, profiles[config.profile])
+        if config.is_gateway:
+            queries |= gateway_queries()
+        plans[config.host] = (hosts[config.host].data.dict(), queries)
+    facts = read_fleet_facts(plans)
+    statuses = [host_status(config, profiles[config.profile], facts[config.host]) for config in configs]
+    gateways = [status for status, config in zip(statuses, configs) if config.is_gateway]
+    for status, config in zip(statuses, configs):
+        address = hosts[config.host].data.get("ssh_hostname") or config.host
+        for instance in status.instances:
+            instance.routed = routing(address, instance.port, gateways)
+            if instance.routed == "absent":
+                instance.warnings.append("the gateway does not route to it (absent from its upstream)")
+            elif instance.routed == "drained":
+                instance.warnings.append("drained at the gateway")
+    return FleetStatus(statuses, datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic() - started)
+
+
+# How it looks.
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}ms" if value < 10 else f"{value:.0f}s"
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _percentiles(metrics: dict | None, key: str) -> str:
+    if not metrics:
+        return "-"
+    return f"{_seconds(metrics[key]['p50'])}/{_seconds(metrics[key]['p99'])}"
+
+
+def _version_cell(version: Version) -> Text:
+    if not version.drift:
+        return Text(version.installed or "-")
+    return Text(f"{version.installed or 'none'} ≠ {version.expected}", style="bold yellow")
+
+
+def _unit_cell(unit: dict[str, str]) -> Text:
+    state = unit.get("ActiveState") or "?"
+    text = state if state == "active" else f"{state}/{unit.get('SubState') or '?'} {unit.get('Result') or ''}".strip()
+    return Text(text, style="green" if state == "active" else "bold red")
+
+
+def render_table(status: FleetStatus) -> Table:
+    table = Table(title=f"ascend-fleet status, {status.read_at} (read in {status.seconds:.1f}s)",
+                  caption="TTFT and ITL p50/p99 since each instance started; versions against the host's profile",
+                  header_style="bold", show_lines=False)
+    for column in ("host", "instance", "driver", "firmware", "CANN", "torch_npu", "vllm-ascend", "NPUs", "HBM",
+                   "unit", "model", "health", "run/wait", "KV", "TTFT", "ITL", "gateway"):
+        table.add_column(column, overflow="fold")
+    for host in status.hosts:
+        versions = [_version_cell(host.versions[key]) if key in host.versions else "" for key in VERSIONS]
+        if host.error:
+            table.add_row(host.host, "unreachable", *[""] * 15, Text(host.error), style="bold red")
+        if "gateway" in host.role and not host.error:
+            services = ", ".join(f"{name} {unit.get('ActiveState') or '?'}" for name, unit in host.services.items())
+            table.add_row(host.host, "gateway", *[""] * 7, services, "", "", "", "", "", "",
+                          "; ".join(host.problems) or f"{len(host.routes or [])} backends",
+                          style="bold red" if host.problems else None)
+        for index, instance in enumerate(host.instances):
+            metrics = instance.metrics or {}
+            kv = metrics.get("kv_cache_usage")
+            hbm = (f"{instance.hbm_used_mb / 1024:.0f}/{instance.hbm_total_mb / 1024:.0f}G"
+                   if instance.hbm_total_mb else "-")
+            health_word = ",".join(sorted(set(instance.npu_health))) or "-"
+            model = f"{instance.model}@{instance.revision}" if instance.model else "-"
+            gateway = Text(instance.routed, style="green" if instance.routed == "yes" else "yellow")
+            table.add_row(
+                host.host if index == 0 else "", instance.name, *(versions if index == 0 else [""] * len(VERSIONS)),
+                Text(health_word, style="green" if health_word == "OK" else "bold red"), hbm,
+                _unit_cell(instance.unit), Text(model, style="yellow" if instance.warnings else ""),
+                str(instance.health or "-"),
+                f"{_count(metrics.get('running'))}/{_count(metrics.get('waiting'))}",
+                f"{kv:.0%}" if kv is not None else "-",
+                _percentiles(metrics, "ttft"), _percentiles(metrics, "inter_token_latency"), gateway,
+                style="bold red" if instance.problems else None,
+                end_section=index == len(host.instances) - 1,
+            )
+    return table
+
+
+def render_problems(status: FleetStatus) -> list[Text]:
+    lines = []
+    for host in status.hosts:
+        for problem in host.problems + ([host.error] if host.error else []):
+            lines.append(Text(f"{host.host}: {problem}", style="red"))
+        for instance in host.instances:
+            for problem in instance.problems:
+                lines.append(Text(f"{host.host}/{instance.name}: {problem}", style="red"))
+            for warning in instance.warnings:
+                lines.append(Text(f"{host.host}/{instance.name}: {warning}", style="yellow"))
+            for key, version in host.versions.items():
+                if version.drift and instance is host.instances[0]:
+                    lines.append(Text(f"{host.host}: {key} {version.installed or 'not installed'}, "
+                                      f"profile {host.profile} says {version.expected}", style="yellow"))
+    return lines
+
+
+def show(status: FleetStatus, console: Console, as_json: bool) -> None:
+    if as_json:
+        # One line per reading, so --watch --json is a stream a program can follow.
+        print(json.dumps(status.to_dict()), flush=True)
+        return
+    console.print(render_table(status))
+    for line in render_problems(status):
+        console.print(line)
+
+
+def status(
+    inventory: Annotated[Path, typer.Argument(help="a pyinfra inventory, e.g. inventories/prod.py")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output (one JSON line per reading)")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="read again every --interval seconds until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="seconds between readings with --watch")] = 5.0,
+) -> int:
+    """Every instance of the fleet: versions against the profile, NPUs, unit, /health, load,
+    latency and whether the gateway routes to it. Exits 1 when anything is red."""
+    loaded = load_inventory(inventory)
+    console = Console(width=None if Console().is_terminal else 240)
+    if not watch:
+        reading = read_status(loaded)
+        show(reading, console, as_json)
+        return 0 if reading.ok else 1
+    try:
+        while True:
+            reading = read_status(loaded)
+            if console.is_terminal and not as_json:
+                console.clear()
+            show(reading, console, as_json)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0

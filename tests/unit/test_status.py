@@ -1,0 +1,175 @@
+"""status: metrics under old and new vLLM names, facts read in one round trip, rows judged from facts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
+from ascend_fleet.hostdata import node_config
+from ascend_fleet.operations.files.npu_metrics import parse_npu_smi_info, render_metrics
+from ascend_fleet.profile import load_profile
+from ascend_fleet.remote import FactQuery, HostFacts, fact_script, process_outputs, split_outputs
+from ascend_fleet.status import gateway_routes, host_status, routing
+from ascend_fleet.vllm_metrics import histogram_quantile, parse_metrics
+from prometheus_client.parser import text_string_to_metric_families
+
+NEW_NAMES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.25",model_name="m"} 50.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} 100.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 100.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 100.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 25.0
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 0.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.025",model_name="m"} 90.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 2.0
+"""
+OLD_NAMES = NEW_NAMES.replace("kv_cache_usage_perc", "gpu_cache_usage_perc").replace(
+    "inter_token_latency_seconds", "time_per_output_token_seconds")
+
+
+@pytest.mark.parametrize("text", [NEW_NAMES, OLD_NAMES], ids=["new names", "old names"])
+def test_metrics_read_the_same_under_old_and_new_names(text):
+    metrics = parse_metrics(text)
+    assert (metrics.running, metrics.waiting, metrics.kv_cache_usage) == (3, 2, 0.5)
+    assert metrics.ttft.p50 == pytest.approx(0.25) and metrics.ttft.p99 == pytest.approx(0.495)
+    assert metrics.inter_token_latency.p50 == pytest.approx(0.01 + 0.015 * 50 / 90)
+    assert metrics.inter_token_latency.p99 == pytest.approx(0.0475)
+
+
+def test_an_idle_instance_has_no_percentiles_and_inf_bucket_gives_the_last_bound():
+    assert parse_metrics("").ttft.p99 is None
+    assert histogram_quantile(0.99, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+    assert histogram_quantile(0.99, [(0.1, 1.0), (0.5, 1.0), (float("inf"), 10.0)]) == 0.5
+
+
+def test_every_fact_comes_back_from_one_script_and_parses_as_in_a_deploy():
+    queries = {"firmware": FactQuery(AscendFirmware), "cann": FactQuery(CannPackages)}
+    script = fact_script(queries, "@@m:")
+    assert "firmware/version.info" in script and script.count("@@m:") == 2
+    # What the shell would print: the firmware's version.info, and nothing for CANN.
+    output = "@@m:firmware\nVersion=7.7.0.6.236\n@@m:cann\n"
+    facts, errors = process_outputs(queries, split_outputs(output, "@@m:"))
+    assert facts == {"firmware": "7.7.0.6.236", "cann": {}} and errors == {}
+
+
+NPU_SMI = """\
++------------------------------------------------------------------------------------------------+
+| npu-smi 25.2.0                   Version: 25.2.0                                               |
++---------------------------+---------------+----------------------------------------------------+
+| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
+| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
++===========================+===============+====================================================+
+| 0     910B3               | OK            | 93.5        45                0    / 0             |
+| 0                         | 0000:C1:00.0  | 0           0    / 0          3080 / 65536         |
++===========================+===============+====================================================+
+| 1     910B3               | Critical      | 93.5        45                0    / 0             |
+| 0                         | 0000:C2:00.0  | 0           0    / 0          40000 / 65536        |
++===========================+===============+====================================================+
+"""
+
+
+def test_npu_metrics_file_says_what_npu_smi_said():
+    npus = parse_npu_smi_info(NPU_SMI.splitlines())
+    assert [(n["id"], n["health"], n["hbm_used_mb"]) for n in npus] == [(0, "OK", 3080), (1, "Critical", 40000)]
+    assert NpuStatus().process(["rc=0", *NPU_SMI.splitlines()])["npus"] == npus
+    samples = {(s.name, s.labels.get("npu")): s.value
+               for family in text_string_to_metric_families(render_metrics(True, npus)) for s in family.samples}
+    assert samples[("ascend_npu_smi_up", None)] == 1
+    assert samples[("ascend_npu_health", "1")] == 3
+    assert samples[("ascend_npu_hbm_used_bytes", "1")] == 40000 * 1024 * 1024
+    down = {s.name: s.value for f in text_string_to_metric_families(render_metrics(False, [])) for s in f.samples}
+    assert down == {"ascend_npu_smi_up": 0}
+
+
+GATEWAY_CONF = """\
+upstream vllm_backend {
+    least_conn;
+    zone vllm_backend 256k;
+    server 10.0.0.2:8000 max_fails=2 fail_timeout=10s;  # worker1/vllm-0
+    server 10.0.0.2:8001 max_fails=2 fail_timeout=10s down;  # worker1/vllm-1
+    keepalive 64;
+}
+server {
+    listen 80;
+    location /v1/ { proxy_pass http://vllm_backend; }
+}
+"""
+
+
+def test_gateway_routes_come_from_its_nginx_config():
+    routes = gateway_routes(GATEWAY_CONF.splitlines())
+    assert routes == [{"address": "10.0.0.2", "port": 8000, "down": False},
+                      {"address": "10.0.0.2", "port": 8001, "down": True}]
+    assert gateway_routes(None) is None
+
+
+WORKER_DATA = {"profile": "lab", "chip": "910B3", "npu_count": 2, "nvme_mount": "/mnt/nvme",
+               "tensor_parallel_size": 1, "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9},
+               "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http", "url": "http://m"}}
+
+
+def worker_facts(profile, unit_state="active", health=200, driver=None) -> dict:
+    stack = profile.stack
+    facts = {
+        "driver": {"version": driver or stack.driver, "firmware_range": None, "complete": True},
+        "firmware": stack.firmware, "cann": {"toolkit": stack.cann, "kernels": stack.cann},
+        "npus": NpuStatus().process(["rc=0", *NPU_SMI.replace("Critical", "OK      ").splitlines()]),
+        "pip": {"torch-npu": stack.torch_npu, "vllm-ascend": stack.vllm_ascend},
+    }
+    for name, port in (("vllm-0", 8000), ("vllm-1", 8001)):
+        facts[f"unit:{name}"] = {"LoadState": "loaded", "ActiveState": unit_state, "SubState": "x",
+                                 "Result": "exit-code" if unit_state == "failed" else "success",
+                                 "last_line": "ERROR NPU 0 is already in use"}
+        facts[f"health:{name}"] = {"status": health, "body": ""}
+        facts[f"v1/models:{name}"] = {"status": 200, "body": json.dumps(
+            {"data": [{"id": "lab/Qwen3-Tiny", "root": "/mnt/nvme/models/lab/Qwen3-Tiny/v1"}]})}
+        facts[f"metrics:{name}"] = {"status": 200, "body": NEW_NAMES}
+    return facts
+
+
+def test_a_healthy_worker_matches_its_profile():
+    profile = load_profile("lab")
+    config = node_config(WORKER_DATA, "worker1")
+    status = host_status(config, profile, HostFacts("worker1", worker_facts(profile)))
+    assert status.ok and not any(v.drift for v in status.versions.values())
+    first = status.instances[0]
+    assert (first.model, first.revision, first.health, first.npu_health) == ("lab/Qwen3-Tiny", "v1", 200, ["OK"])
+    assert first.metrics["kv_cache_usage"] == 0.5
+
+
+def test_a_failed_unit_is_red_with_systemds_result_and_its_last_log_line():
+    profile = load_profile("lab")
+    config = node_config(WORKER_DATA, "worker1")
+    status = host_status(config, profile, HostFacts("worker1", worker_facts(profile, "failed", health=0, driver="24.1.0")))
+    assert not status.ok and status.versions["driver"].drift
+    assert status.instances[0].problems == ["unit failed/x, result exit-code: ERROR NPU 0 is already in use",
+                                            "/health answers nothing"]
+
+
+def test_an_unreachable_host_is_a_red_row_per_instance():
+    config = node_config(WORKER_DATA, "worker1")
+    status = host_status(config, load_profile("lab"), HostFacts("worker1", error="cannot connect over SSH: timed out"))
+    assert not status.ok and [i.problems for i in status.instances] == [["host: cannot connect over SSH: timed out"]] * 2
+
+
+def test_routing_needs_every_gateway_to_route():
+    from ascend_fleet.status import HostStatus
+    gateway = HostStatus("gw", "gateway", "lab", routes=gateway_routes(GATEWAY_CONF.splitlines()))
+    assert routing("10.0.0.2", 8000, [gateway]) == "yes"
+    assert routing("10.0.0.2", 8001, [gateway]) == "drained"
+    assert routing("10.0.0.3", 8000, [gateway]) == "absent"
+    assert routing("10.0.0.2", 8000, [HostStatus("gw", "gateway", "lab", error="down")]) == "unknown"
