@@ -118,6 +118,24 @@ class Gateway(_Strict):
     upstream_name: Identifier = "vllm_backend"
 
 
+# A Prometheus duration, e.g. 30s, 5m, 1h.
+Duration = Annotated[str, Field(pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$")]
+
+
+class Monitoring(_Strict):
+    """Prometheus on gateway hosts: how often it looks, and when each alert fires (field notes, section 1.9)."""
+
+    scrape_interval: Duration = "15s"
+    evaluation_interval: Duration = "15s"
+    retention: Duration = "15d"
+    instance_down_for: Duration = Field("1m", description="an instance's /metrics unanswered this long")
+    slo_for: Duration = Field("5m", description="KV cache, TTFT and ITL above their limits this long")
+    kv_cache_usage_above: float = Field(0.9, gt=0, le=1)
+    ttft_p99_above_seconds: float = Field(2.0, gt=0)
+    itl_p99_above_seconds: float = Field(0.05, gt=0)
+    alertmanagers: list[str] = Field(default_factory=list, description="host:port of Alertmanagers to notify")
+
+
 class NodeConfig(_Strict):
     """Everything the deploy stages and the planner need to know about one host."""
 
@@ -135,6 +153,7 @@ class NodeConfig(_Strict):
     npu_env: dict[str, str] = Field(default_factory=dict, description="HCCL and vllm-ascend settings for every instance")
     service_user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
     gateway: Gateway | None = None
+    monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")
     pip_index_url: str | None = None
     vendor_mirror_url: str | None = None
     lab_mirror_url: str | None = None

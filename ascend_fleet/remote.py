@@ -43,14 +43,18 @@ class HostFacts:
         return self.error is None
 
 
-def _command_text(query: FactQuery) -> str:
-    command = query.fact().command(**query.arguments)
-    return command if isinstance(command, str) else command.get_raw_value()
+def facts_of(queries: Mapping[str, FactQuery]) -> dict[str, FactBase]:
+    """One fact object per query: a fact may keep state from command() for process() (FileContents does)."""
+    return {name: query.fact() for name, query in queries.items()}
 
 
-def fact_script(queries: Mapping[str, FactQuery], marker: str) -> str:
+def fact_script(queries: Mapping[str, FactQuery], facts: Mapping[str, FactBase], marker: str) -> str:
     """One shell script running every fact command in its own subshell, each output after a marker line."""
-    parts = [f"echo {marker}{name}; ( {_command_text(query)}\n) 2>/dev/null" for name, query in queries.items()]
+    parts = []
+    for name, query in queries.items():
+        command = facts[name].command(**query.arguments)
+        text = command if isinstance(command, str) else command.get_raw_value()
+        parts.append(f"echo {marker}{name}; ( {text}\n) 2>/dev/null")
     return "\n".join(parts) + "\n"
 
 
@@ -65,17 +69,17 @@ def split_outputs(output: str, marker: str) -> dict[str, list[str]]:
     return sections
 
 
-def process_outputs(queries: Mapping[str, FactQuery], sections: Mapping[str, list[str]]) -> tuple[dict, dict]:
+def process_outputs(facts: Mapping[str, FactBase], sections: Mapping[str, list[str]]) -> tuple[dict, dict]:
     """Each fact's value as pyinfra would give it (default() for no output, else process()),
     and {fact: error} for outputs its process() could not read (the value is then None)."""
-    facts, errors = {}, {}
-    for name, query in queries.items():
-        fact, lines = query.fact(), sections.get(name, [])
+    values, errors = {}, {}
+    for name, fact in facts.items():
+        lines = sections.get(name, [])
         try:
-            facts[name] = fact.process(lines) if any(line.strip() for line in lines) else fact.default()
+            values[name] = fact.process(lines) if any(line.strip() for line in lines) else fact.default()
         except (ValueError, IndexError, KeyError) as exc:
-            facts[name], errors[name] = None, f"{type(exc).__name__}: {exc}"
-    return facts, errors
+            values[name], errors[name] = None, f"{type(exc).__name__}: {exc}"
+    return values, errors
 
 
 def _connect(host: str, data: Mapping[str, Any]) -> paramiko.SSHClient:
@@ -107,19 +111,20 @@ def _connect(host: str, data: Mapping[str, Any]) -> paramiko.SSHClient:
 def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, FactQuery]) -> HostFacts:
     """Every fact of one host in one SSH round trip."""
     marker = f"@@ascend-fleet-{uuid.uuid4().hex}:"
+    facts = facts_of(queries)
     try:
         client = _connect(host, data)
     except (OSError, paramiko.SSHException) as exc:
         return HostFacts(host, error=f"cannot connect over SSH: {exc or type(exc).__name__}")
     try:
-        _stdin, stdout, _stderr = client.exec_command(fact_script(queries, marker), timeout=COMMAND_TIMEOUT_SECONDS)
+        _stdin, stdout, _stderr = client.exec_command(fact_script(queries, facts, marker), timeout=COMMAND_TIMEOUT_SECONDS)
         output = stdout.read().decode(errors="replace")
     except (OSError, paramiko.SSHException) as exc:
         return HostFacts(host, error=f"reading facts failed: {exc or type(exc).__name__}")
     finally:
         client.close()
-    facts, errors = process_outputs(queries, split_outputs(output, marker))
-    return HostFacts(host, facts, errors)
+    values, errors = process_outputs(facts, split_outputs(output, marker))
+    return HostFacts(host, values, errors)
 
 
 def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, FactQuery]]]) -> dict[str, HostFacts]:

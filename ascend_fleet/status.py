@@ -328,6 +328,10 @@ def _version_cell(version: Version) -> Text:
     return Text(f"{version.installed or 'none'} ≠ {version.expected}", style="bold yellow")
 
 
+def _service_state(unit: dict[str, str]) -> str:
+    return "not installed" if unit.get("LoadState") == "not-found" else unit.get("ActiveState") or "?"
+
+
 def _unit_cell(unit: dict[str, str]) -> Text:
     state = unit.get("ActiveState") or "?"
     text = state if state == "active" else f"{state}/{unit.get('SubState') or '?'} {unit.get('Result') or ''}".strip()
@@ -346,7 +350,7 @@ def render_table(status: FleetStatus) -> Table:
         if host.error:
             table.add_row(host.host, "unreachable", *[""] * 15, Text(host.error), style="bold red")
         if "gateway" in host.role and not host.error:
-            services = ", ".join(f"{name} {unit.get('ActiveState') or '?'}" for name, unit in host.services.items())
+            services = ", ".join(f"{name} {_service_state(unit)}" for name, unit in host.services.items())
             table.add_row(host.host, "gateway", *[""] * 7, services, "", "", "", "", "", "",
                           "; ".join(host.problems) or f"{len(host.routes or [])} backends",
                           style="bold red" if host.problems else None)

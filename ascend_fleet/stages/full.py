@@ -6,6 +6,7 @@ them, so stages called from one loop line would interleave across hosts.
 
 from ascend_fleet.stages.checks import preflight_stage, verify_stage
 from ascend_fleet.stages.environment import environment_stage
+from ascend_fleet.stages.monitoring import monitoring_stage
 from ascend_fleet.stages.platform import cann_stage, driver_stage
 from ascend_fleet.stages.python_stack import python_stage
 from ascend_fleet.stages.serving import gateway_stage, serve_stage, weights_stage
@@ -20,4 +21,5 @@ def full_deploy() -> None:
     weights_stage()
     serve_stage()
     gateway_stage()
+    monitoring_stage()
     verify_stage()

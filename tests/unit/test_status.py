@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from pyinfra.facts.files import FileContents
 
 from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
 from ascend_fleet.hostdata import node_config
 from ascend_fleet.operations.files.npu_metrics import parse_npu_smi_info, render_metrics
 from ascend_fleet.profile import load_profile
-from ascend_fleet.remote import FactQuery, HostFacts, fact_script, process_outputs, split_outputs
+from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
 from ascend_fleet.status import gateway_routes, host_status, routing
 from ascend_fleet.vllm_metrics import histogram_quantile, parse_metrics
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,13 +58,15 @@ def test_an_idle_instance_has_no_percentiles_and_inf_bucket_gives_the_last_bound
 
 
 def test_every_fact_comes_back_from_one_script_and_parses_as_in_a_deploy():
-    queries = {"firmware": FactQuery(AscendFirmware), "cann": FactQuery(CannPackages)}
-    script = fact_script(queries, "@@m:")
-    assert "firmware/version.info" in script and script.count("@@m:") == 2
-    # What the shell would print: the firmware's version.info, and nothing for CANN.
-    output = "@@m:firmware\nVersion=7.7.0.6.236\n@@m:cann\n"
-    facts, errors = process_outputs(queries, split_outputs(output, "@@m:"))
-    assert facts == {"firmware": "7.7.0.6.236", "cann": {}} and errors == {}
+    queries = {"firmware": FactQuery(AscendFirmware), "cann": FactQuery(CannPackages),
+               "config": FactQuery(FileContents, {"path": "/etc/nginx/conf.d/x.conf"})}
+    facts = facts_of(queries)
+    script = fact_script(queries, facts, "@@m:")
+    assert "firmware/version.info" in script and script.count("@@m:") == 3
+    # What the shell would print: the firmware's version.info, nothing for CANN, no config file.
+    output = f"@@m:firmware\nVersion=7.7.0.6.236\n@@m:cann\n@@m:config\n{facts['config'].missing_flag}\n"
+    values, errors = process_outputs(facts, split_outputs(output, "@@m:"))
+    assert values == {"firmware": "7.7.0.6.236", "cann": {}, "config": None} and errors == {}
 
 
 NPU_SMI = """\

@@ -1,0 +1,144 @@
+"""Stage: monitoring. Prometheus on the gateway group; on every worker, node_exporter with NPU health.
+
+Workers: Debian's prometheus-node-exporter, and a timer that writes what npu-smi says into
+its textfile directory (operations/files/npu_metrics.py explains why a timer). Gateways:
+Debian's prometheus with the fleet's alert rules, its targets in file_sd files generated
+from the inventory (a rollout or swap rewrites them; Prometheus rereads them on its own),
+and prometheus-nginx-exporter reading nginx's stub_status on a loopback-only port.
+Rules and config go through `promtool check` before Prometheus reloads them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from io import StringIO
+
+from pyinfra import host, inventory
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, systemd
+
+from ascend_fleet import PROJECT_ROOT, TEMPLATES
+from ascend_fleet.facts.ascend import HttpAnswer
+from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
+from ascend_fleet.operations import gates
+from ascend_fleet.operations.config import checked_config
+from ascend_fleet.operations.gateway import nginx_config
+from ascend_fleet.templating import render
+
+MONITORING_TEMPLATES = TEMPLATES / "monitoring"
+NPU_METRICS_SCRIPT = "/usr/local/lib/ascend-fleet/npu-metrics"
+NPU_METRICS_UNIT = "ascend-fleet-npu-metrics"
+NPU_METRICS_INTERVAL = "15s"
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+NODE_EXPORTER_PORT = 9100
+NGINX_EXPORTER_PORT = 9113
+NGINX_STATUS_PORT = 8080  # loopback only; the exporter's default scrape URI
+PROMETHEUS_PORT = 9090
+PROMETHEUS_DIR = "/etc/prometheus"
+RULES_FILE = f"{PROMETHEUS_DIR}/ascend-fleet.rules.yml"
+FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"
+NGINX_STATUS_CONFIG = "/etc/nginx/conf.d/ascend-fleet-status.conf"
+PROMETHEUS_READY_SECONDS = 60
+# Not Debian's default job names ("node" scrapes localhost:9100): the first start, on that default
+# config, leaves series behind that would read as a down exporter of ours.
+SCRAPE_JOBS = ("vllm", "npu_node", "nginx")
+
+
+def scrape_targets() -> dict[str, list[dict]]:
+    """file_sd target groups per job, from every host of the inventory (also those a --limit leaves
+    out): each vLLM instance, each worker's node_exporter, each gateway's nginx exporter."""
+    jobs: dict[str, list[dict]] = {job: [] for job in SCRAPE_JOBS}
+    for member in inventory:
+        config = node_config(member.data.dict(), member.name)
+        address = member.data.get("ssh_hostname") or member.name
+        if config.is_worker:
+            model = f"{config.model.id}@{config.model.revision}"
+            jobs["vllm"] += [{"targets": [f"{address}:{i.port}"],
+                              "labels": {"host": member.name, "instance_name": i.name, "model": model}}
+                             for i in config.instances]
+            jobs["npu_node"].append({"targets": [f"{address}:{NODE_EXPORTER_PORT}"], "labels": {"host": member.name}})
+        if config.is_gateway:
+            jobs["nginx"].append({"targets": [f"{address}:{NGINX_EXPORTER_PORT}"], "labels": {"host": member.name}})
+    return jobs
+
+
+def npu_exporter() -> None:
+    """node_exporter, and the NPU metrics timer feeding its textfile collector."""
+    apt.packages(name="node_exporter", packages=["prometheus-node-exporter"], no_recommends=True,
+                 update=True, cache_time=3600)
+    defaults = files.put(name="node_exporter reads the NPU textfile", dest="/etc/default/prometheus-node-exporter",
+                         src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2",
+                                             textfile_dir=TEXTFILE_DIR, port=NODE_EXPORTER_PORT)), mode="644")
+    systemd.service(name="node_exporter running", service="prometheus-node-exporter", running=True, enabled=True,
+                    restarted=defaults.will_change)
+    script = files.put(name="NPU metrics script", src=str(PROJECT_ROOT / "ascend_fleet/operations/files/npu_metrics.py"),
+                       dest=NPU_METRICS_SCRIPT, mode="755")
+    units = [
+        files.put(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=f"/etc/systemd/system/{NPU_METRICS_UNIT}.{kind}",
+                  src=StringIO(render(MONITORING_TEMPLATES / f"npu-metrics.{kind}.j2", script=NPU_METRICS_SCRIPT,
+                                      textfile_dir=TEXTFILE_DIR, interval=NPU_METRICS_INTERVAL)), mode="644")
+        for kind in ("service", "timer")
+    ]
+    changed = script.will_change or any(unit.will_change for unit in units)
+    systemd.service(name="NPU metrics every 15s", service=f"{NPU_METRICS_UNIT}.timer", running=True, enabled=True,
+                    restarted=changed, daemon_reload=changed)
+
+
+def prometheus_problem(port: int) -> str | None:
+    """Prometheus answers ready (it is up and has loaded its config), within a minute."""
+    deadline = time.monotonic() + PROMETHEUS_READY_SECONDS
+    while True:
+        answer = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/-/ready", timeout_seconds=5)
+        if answer["status"] == 200:
+            return None
+        if time.monotonic() > deadline:
+            return (f"Prometheus /-/ready answers {answer['status'] or 'nothing'} on port {port}; "
+                    "see `journalctl -u prometheus`")
+        time.sleep(2)
+
+
+def prometheus_server(config: NodeConfig) -> None:
+    """Prometheus and the nginx exporter on a gateway."""
+    monitoring = config.monitoring
+    # stub_status first: the exporter's package starts it at once, and it exits when nginx does not answer.
+    nginx_config(name="nginx stub_status on loopback (nginx -t, then reload)", dest=NGINX_STATUS_CONFIG,
+                 content=render(MONITORING_TEMPLATES / "nginx-status.conf.j2", status_port=NGINX_STATUS_PORT))
+    apt.packages(name="Prometheus and the nginx exporter", packages=["prometheus", "prometheus-nginx-exporter"],
+                 no_recommends=True, update=True, cache_time=3600)
+    exporter = files.put(name="nginx exporter reads stub_status", dest="/etc/default/prometheus-nginx-exporter",
+                         src=StringIO(render(MONITORING_TEMPLATES / "nginx-exporter.default.j2",
+                                             status_port=NGINX_STATUS_PORT, port=NGINX_EXPORTER_PORT)), mode="644")
+    systemd.service(name="nginx exporter running", service="prometheus-nginx-exporter", running=True, enabled=True,
+                    restarted=exporter.will_change)
+
+    files.directory(name="Prometheus targets directory", path=FILE_SD_DIR, mode="755")
+    for job, groups in scrape_targets().items():
+        files.put(name=f"Targets of {job}", dest=f"{FILE_SD_DIR}/{job}.json", mode="644",
+                  src=StringIO(render(MONITORING_TEMPLATES / "file_sd.json.j2", target_groups=groups)))
+    arguments = files.put(name="Prometheus command line", dest="/etc/default/prometheus", mode="644",
+                          src=StringIO(render(MONITORING_TEMPLATES / "prometheus.default.j2",
+                                              retention=monitoring.retention, port=PROMETHEUS_PORT)))
+    systemd.service(name="Prometheus running", service="prometheus", running=True, enabled=True,
+                    restarted=arguments.will_change)
+    checked_config(name="Alert rules (promtool check rules, then reload)", dest=RULES_FILE,
+                   content=render(MONITORING_TEMPLATES / "ascend-fleet.rules.yml.j2", monitoring=monitoring),
+                   check=f"promtool check rules {RULES_FILE}", service="prometheus", what="alert rules")
+    config_file = f"{PROMETHEUS_DIR}/prometheus.yml"
+    checked_config(name="Prometheus config (promtool check config, then reload)", dest=config_file,
+                   content=render(MONITORING_TEMPLATES / "prometheus.yml.j2", monitoring=monitoring,
+                                  gateway_host=json.dumps(config.host), rules_file=RULES_FILE, jobs=SCRAPE_JOBS,
+                                  file_sd_dir=FILE_SD_DIR, prometheus_port=PROMETHEUS_PORT),
+                   check=f"promtool check config {config_file}", service="prometheus", what="Prometheus config")
+    gates.passed(name="Prometheus ready", description=f"Prometheus ready on port {PROMETHEUS_PORT}",
+                 find_problem=lambda: prometheus_problem(PROMETHEUS_PORT))
+
+
+@deploy("Monitoring")
+def monitoring_stage() -> None:
+    gates.stage_begins(name="Stage: monitoring", stage="monitoring")
+    config = host_node_config(host)
+    if config.is_worker:
+        npu_exporter()
+    if config.is_gateway:
+        prometheus_server(config)

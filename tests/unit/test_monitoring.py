@@ -1,0 +1,160 @@
+"""Monitoring: the Prometheus config and alert rules the monitoring stage writes, checked and
+exercised by promtool (Debian's prometheus package, installed by scripts/setup); the Grafana
+dashboard's queries parse and read old and new vLLM metric names; the npu-smi textfile script."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.hostdata import Monitoring
+from ascend_fleet.stages.monitoring import FILE_SD_DIR, SCRAPE_JOBS
+from ascend_fleet.templating import render
+
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: run scripts/setup (Debian's prometheus)")
+DASHBOARD = TEMPLATES / "monitoring" / "grafana-dashboard.json"
+WORKER1 = {"host": "worker1", "instance_name": "vllm-0", "instance": "10.0.0.2:8000", "job": "vllm"}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120)
+
+
+def write_rules(directory: Path, monitoring: Monitoring = Monitoring()) -> Path:
+    rules = directory / "ascend-fleet.rules.yml"
+    rules.write_text(render(TEMPLATES / "monitoring" / "ascend-fleet.rules.yml.j2", monitoring=monitoring))
+    return rules
+
+
+def test_rules_and_config_pass_promtool_check(tmp_path):
+    rules = write_rules(tmp_path)
+    assert promtool("check", "rules", str(rules)).returncode == 0
+    monitoring = Monitoring(alertmanagers=["alertmanager.example:9093"])
+    config = tmp_path / "prometheus.yml"
+    config.write_text(render(TEMPLATES / "monitoring" / "prometheus.yml.j2", monitoring=monitoring,
+                             gateway_host='"gw-01"', rules_file=str(rules), jobs=SCRAPE_JOBS,
+                             file_sd_dir=FILE_SD_DIR, prometheus_port=9090))
+    result = promtool("check", "config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    parsed = yaml.safe_load(config.read_text())
+    assert [job["job_name"] for job in parsed["scrape_configs"]] == ["prometheus", *SCRAPE_JOBS]
+
+
+def test_a_broken_rule_is_refused_by_promtool(tmp_path):
+    rules = write_rules(tmp_path)
+    rules.write_text(rules.read_text().replace("up{job=\"vllm\"} == 0", "up{job=\"vllm\" == 0"))
+    result = promtool("check", "rules", str(rules))
+    assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr
+
+
+def series(name: str, values: str, **labels) -> dict:
+    label_text = ",".join(f'{k}="{v}"' for k, v in {**WORKER1, **labels}.items() if v is not None)
+    return {"series": f"{name}{{{label_text}}}", "values": values}
+
+
+def histogram(name: str, le_counts: dict[str, str]) -> list[dict]:
+    """Bucket series growing by the given per-step increments, e.g. {"0.5": "0+1x20", "+Inf": "0+1x20"}."""
+    return [series(f"{name}_bucket", values, le=le) for le, values in le_counts.items()]
+
+
+def alert(name: str, eval_time: str, fires: bool, **labels) -> dict:
+    """What promtool should see at eval_time; a label given as None is one the alert does not carry."""
+    exp_labels = {k: v for k, v in {**WORKER1, **labels}.items() if v is not None}
+    return {"eval_time": eval_time, "alertname": name, "exp_alerts": [{"exp_labels": exp_labels}] if fires else []}
+
+
+def run_rule_tests(tmp_path: Path, tests: list[dict], monitoring: Monitoring = Monitoring()) -> None:
+    rules = write_rules(tmp_path, monitoring)
+    # promtool compares annotations too unless a test leaves them out of exp_alerts: drop them here.
+    text = yaml.safe_load(rules.read_text())
+    for rule in text["groups"][0]["rules"]:
+        rule.pop("annotations")
+    rules.write_text(yaml.safe_dump(text))
+    spec = tmp_path / "rules.test.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": [rules.name], "evaluation_interval": "15s", "tests": tests}))
+    result = promtool("test", "rules", str(spec))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_instance_down_fires_after_its_for_duration(tmp_path):
+    run_rule_tests(tmp_path, [{
+        "interval": "15s",
+        "input_series": [series("up", "1 1 0x20")],
+        "alert_rule_test": [alert("InstanceDown", "1m", False),
+                            alert("InstanceDown", "2m", True, severity="critical")],
+    }])
+
+
+@pytest.mark.parametrize("kv_metric", ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
+def test_kv_cache_above_90_percent_for_5_minutes_fires_under_either_name(tmp_path, kv_metric):
+    run_rule_tests(tmp_path, [{
+        "interval": "1m",
+        "input_series": [series(kv_metric, "0.95x10"), series(kv_metric, "0.5x10", instance_name="vllm-1")],
+        "alert_rule_test": [alert("KVCacheNearlyFull", "4m", False),
+                            alert("KVCacheNearlyFull", "6m", True, severity="warning")],
+    }])
+
+
+@pytest.mark.parametrize("itl_metric", ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
+def test_latency_p99_alerts_under_either_itl_name(tmp_path, itl_metric):
+    # Every request: TTFT between 2.5 s and 5 s, ITL between 75 and 100 ms.
+    slow = {"0.1": "0x20", "2.5": "0x20", "5.0": "0+10x20", "+Inf": "0+10x20"}
+    slow_tokens = {"0.05": "0x20", "0.075": "0x20", "0.1": "0+100x20", "+Inf": "0+100x20"}
+    labels = {"severity": "warning", "job": None, "instance": None}
+    run_rule_tests(tmp_path, [{
+        "interval": "1m",
+        "input_series": [*histogram("vllm:time_to_first_token_seconds", slow), *histogram(itl_metric, slow_tokens)],
+        "alert_rule_test": [alert("TTFTHigh", "3m", False), alert("TTFTHigh", "8m", True, **labels),
+                            alert("InterTokenLatencyHigh", "8m", True, **labels)],
+    }])
+
+
+def test_a_growing_queue_fires_and_a_steady_one_does_not(tmp_path):
+    run_rule_tests(tmp_path, [{
+        "interval": "1m",
+        "input_series": [series("vllm:num_requests_waiting", "0+2x20"),
+                         series("vllm:num_requests_waiting", "5x20", instance_name="vllm-1")],
+        "alert_rule_test": [alert("WaitingRequestsGrowing", "12m", True, severity="warning")],
+    }])
+
+
+def test_an_unhealthy_npu_fires_with_its_host_and_npu(tmp_path):
+    node = {"job": "npu_node", "instance": "10.0.0.2:9100", "instance_name": None}
+    run_rule_tests(tmp_path, [{
+        "interval": "15s",
+        "input_series": [series("ascend_npu_health", "0 0 3x10", npu="5", chip="910B3", **node),
+                         series("ascend_npu_health", "0x12", npu="4", chip="910B3", **node)],
+        "alert_rule_test": [alert("NpuUnhealthy", "2m", True, severity="critical", npu="5", chip="910B3", **node)],
+    }])
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def test_dashboard_queries_parse_and_read_both_metric_names(tmp_path):
+    queries = dashboard_queries()
+    assert len(queries) >= 6
+    # Grafana's variables, as Grafana would substitute them.
+    concrete = [re.sub(r"\$__rate_interval", "1m", q).replace("$host", ".*") for q in queries]
+    rules = tmp_path / "dashboard.rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(concrete)]}]}))
+    result = promtool("check", "rules", str(rules))
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = "\n".join(queries)
+    for new, old in (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+                     ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")):
+        for query in queries:
+            if new in query or old in query:
+                assert new in query and old in query and " or " in query, query
+    assert "ascend_npu_health" in text and 'up{job="vllm"' in text
