@@ -18,6 +18,7 @@ from pyinfra.facts.server import Arch, Command, LinuxDistribution
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.fleet import check_fleet
 from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.files.stage_weights import revision_dir
@@ -88,11 +89,24 @@ def foreign_device_holders() -> str | None:
     return None
 
 
+_PLANNED_RUNS: set[int] = set()
+
+
+def check_fleet_plan_once() -> None:
+    """The capacity plan of the whole inventory, once per pyinfra run: an instance that cannot
+    fit stops the run while pyinfra prepares it, before any host is touched."""
+    run = id(host.state)
+    if run not in _PLANNED_RUNS:
+        check_fleet(inventory)
+        _PLANNED_RUNS.add(run)
+
+
 @deploy("Preflight")
 def preflight_stage() -> None:
     gates.stage_begins(name="Stage: preflight", stage="preflight")
     profile = node_profile()
     config = host_node_config(host)
+    check_fleet_plan_once()
     if config.is_worker:
         check_vendor_files(profile, host.get_fact(Arch))
     gates.passed(name="Supported system, architecture and root", description="system, architecture and root OK",

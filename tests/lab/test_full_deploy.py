@@ -126,6 +126,15 @@ def test_unknown_profile_stops_before_any_host_is_touched(lab, deployed):
     assert "Starting operation" not in result.stdout
 
 
+def test_a_plan_that_does_not_fit_stops_before_any_host_is_touched(lab, deployed):
+    # The tiny model knows 4096 positions: no instance can serve a 1M-token context.
+    serving = json.dumps({"max_model_len": 1_000_000, "gpu_memory_utilization": 0.9, "dtype": "float16"})
+    result = lab.pyinfra("deploys/full.py", "--data", f"serving={serving}", check=False)
+    assert result.returncode != 0
+    assert re.search(r"pyinfra error.*: worker\d instance vllm-\d: ", result.stdout), result.stdout[-2000:]
+    assert "Starting operation" not in result.stdout
+
+
 def test_npu_count_off_the_inventory_stops_that_host_only(lab, deployed):
     before = unit_starts(lab, "worker1")
     result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", "npu_count=16",
