@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import time
+from functools import cache
 from hashlib import sha256
+
+import requests
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
@@ -18,10 +21,12 @@ from pyinfra.facts.server import Arch, Command, LinuxDistribution
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
 from ascend_fleet.operations import gates
-from ascend_fleet.operations.files.stage_weights import revision_dir
+from ascend_fleet.operations.files.stage_weights import MANIFEST_NAME, revision_dir
+from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
 from ascend_fleet.stages.platform import npu_problem
@@ -62,11 +67,37 @@ def system_problem(profile: Profile) -> str | None:
     return None
 
 
+@cache
+def mirror_model_bytes(url: str, model_id: str, revision: str) -> int:
+    """A revision's total size, from the HTTP mirror's manifest (read here, on the control machine)."""
+    manifest_url = f"{url.rstrip('/')}/models/{model_id}/{revision}/{MANIFEST_NAME}"
+    try:
+        response = requests.get(manifest_url, timeout=30)
+        response.raise_for_status()
+        return sum(entry["size"] for entry in response.json()["files"].values())
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        raise FleetError(f"weights {model_id}@{revision}: cannot read {manifest_url} ({exc}); "
+                         "check the mirror and model.url") from None
+
+
 def nvme_problem(config: NodeConfig) -> str | None:
-    mount = config.nvme_mount
+    """The NVMe is mounted and, unless this revision is staged already, has room for it plus a margin.
+    The size is known here for an HTTP mirror; a hub's manifest is read by the node, which checks again."""
+    mount, model = config.nvme_mount, config.model
     target = host.get_fact(Command, command=f"findmnt -n -o TARGET --target {mount} 2>/dev/null || echo none")
     if target != mount:
         return f"nvme_mount {mount} is not a mounted filesystem (it is on {target}); mount the local NVMe there"
+    if model.source != "http" or host.get_fact(StagedModel, model_dir=config.model_dir, model_id=model.id,
+                                                revision=model.revision):
+        return None
+    try:
+        needed = mirror_model_bytes(model.url, model.id, model.revision) + DEFAULT_MIN_FREE_MARGIN_BYTES
+    except FleetError as exc:
+        return str(exc)
+    free = host.get_fact(FilesystemSpace, path=mount)["free_bytes"]
+    if free < needed:
+        return (f"{model.id}@{model.revision} needs {needed} bytes on {mount} (weights plus "
+                f"{DEFAULT_MIN_FREE_MARGIN_BYTES} margin) but {free} are free; free space or use a larger NVMe")
     return None
 
 
@@ -113,7 +144,8 @@ def preflight_stage() -> None:
                  find_problem=lambda: system_problem(profile))
     if not config.is_worker:
         return
-    gates.passed(name="Local NVMe mounted", description=f"{config.nvme_mount} mounted",
+    gates.passed(name="Local NVMe mounted, room for the weights",
+                 description=f"{config.nvme_mount} mounted, room for {config.model.id}@{config.model.revision}",
                  find_problem=lambda: nvme_problem(config))
     gates.passed(name="NPU count and health", description=f"{config.npu_count} NPUs, healthy where visible",
                  find_problem=lambda: npus_before_deploy(config))

@@ -135,6 +135,38 @@ def test_a_plan_that_does_not_fit_stops_before_any_host_is_touched(lab, deployed
     assert "Starting operation" not in result.stdout
 
 
+def test_an_nvme_too_small_for_the_weights_stops_before_anything_changes(lab, deployed):
+    # A revision whose manifest claims a 20 GiB shard: more than the lab's 8 GB NVMe holds.
+    models = lab.lab_dir / "mirror" / "models" / "lab" / "Qwen3-Tiny"
+    huge = models / "huge"
+    huge.mkdir()
+    try:
+        manifest = json.loads((models / "v1" / "ascend-fleet-manifest.json").read_text())
+        manifest["revision"] = "huge"
+        next(iter(manifest["files"].values()))["size"] = 20 * 1024**3
+        (huge / "ascend-fleet-manifest.json").write_text(json.dumps(manifest))
+        model = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "huge", "source": "http"})
+        before = unit_starts(lab, "worker2")
+        result = lab.pyinfra("deploys/full.py", "--limit", "worker2", "--data", f"model={model}", check=False)
+    finally:
+        shutil.rmtree(huge)
+    assert result.returncode != 0
+    assert re.search(r"worker2: lab/Qwen3-Tiny@huge needs \d+ bytes on /mnt/nvme .* but \d+ are free", result.stdout)
+    assert "Stage: driver and firmware" not in result.stdout
+    assert unit_starts(lab, "worker2") == before
+
+
+def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, deployed):
+    instances = json.dumps([
+        {"name": "vllm-0", "npus": [0, 1, 2, 3], "port": 8000, "hccl_base_port": 60000, "vllm_port": 51000},
+        {"name": "vllm-1", "npus": [3, 4, 5, 6], "port": 8001, "hccl_base_port": 60016, "vllm_port": 51016},
+    ])
+    result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", f"instances={instances}", check=False)
+    assert result.returncode != 0
+    assert re.search(r"pyinfra error.*worker1: .*NPU 3", result.stdout), result.stdout[-2000:]
+    assert "Starting operation" not in result.stdout
+
+
 def test_npu_count_off_the_inventory_stops_that_host_only(lab, deployed):
     before = unit_starts(lab, "worker1")
     result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", "npu_count=16",
