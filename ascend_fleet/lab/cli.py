@@ -105,4 +105,4 @@ def print_status(report: dict) -> None:
                       f"{node['npus']} x {node['chip']}" if node["npus"] else "-", nvme,
                       (node["boot_id"] or "-")[:8])
     console.print(table)
-    console.print(f"log in: ascend-fleet lab ssh NODE    inventory: pyinfra inventories/lab.py ...")
+    console.print("log in: ascend-fleet lab ssh NODE    inventory: pyinfra inventories/lab.py ...")
