@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,10 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyinfra.api import Inventory
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleet import ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.hostdata import Model, NodeConfig, host_node_config
 from ascend_fleet.operations.files.stage_weights import revision_dir
+from ascend_fleet.planner import check_blue_green
+from ascend_fleet.profile import load_profile
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
 WEIGHTS_DEPLOY = "deploys/weights.py"
@@ -324,7 +327,9 @@ class Runner:
 
 def parse_data(pairs: list[str]) -> dict:
     """`--data KEY=VALUE` as pyinfra reads it (JSON values allowed)."""
-    from pyinfra_cli.util import parse_cli_arg
+    with warnings.catch_warnings():  # importing pyinfra_cli patches the stdlib for gevent, late here
+        warnings.simplefilter("ignore")
+        from pyinfra_cli.util import parse_cli_arg
 
     data = {}
     for pair in pairs:
@@ -374,6 +379,22 @@ def model_data(fleet: Fleet, model_id: str, revision: str | None) -> dict:
     current = fleet.configs[fleet.workers[0]].model
     return {**current.model_dump(exclude_none=True), "id": model_id, "revision": revision or current.revision,
             "served_model_name": current.served_model_name}
+
+
+def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
+    """Why HBM cannot hold the old and the new model at once on some instance (the planner's
+    check_blue_green), or None when it can everywhere."""
+    configs = ModelConfigs()
+    for host in fleet.workers:
+        config = fleet.configs[host]
+        profile = load_profile(config.profile)
+        replacement = config.model_copy(update={"model": Model(**model)})
+        pairs = zip(plan_node(config, profile, configs.shape(config)),
+                    plan_node(replacement, profile, configs.shape(replacement)))
+        for current, new in pairs:
+            for finding in check_blue_green(current.plan, new.plan):
+                return f"{host} {current.instance.name}: {finding.message}"
+    return None
 
 
 def served_path(backend: Backend) -> str | None:

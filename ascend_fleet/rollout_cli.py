@@ -18,6 +18,7 @@ from ascend_fleet.rollout import (
     WEIGHTS_DEPLOY,
     Fleet,
     Runner,
+    blue_green_problem,
     check_not_stopped,
     parse_data,
     plan_rollout,
@@ -142,6 +143,12 @@ def swap_model(
     if stopped and not stopped.get("finished") and stopped["kind"] == "rollout":
         raise FleetError(f"a rollout of {stopped['deploy']} is stopped; finish it with --resume before a swap")
     new = model_data(fleet, model, revision)
+    # Blue/green (both models resident, then a gateway switch) needs HBM for both; swaps here go
+    # one instance per node at a time, which needs none, and the planner says whether more was possible.
+    hbm = blue_green_problem(fleet, new)
+    strategy = ("one instance per node at a time (HBM could hold both models; blue/green is not built yet)"
+                if hbm is None else f"one instance per node at a time (blue/green refused: {hbm})")
+    progress_console.print(f"swap-model: {strategy}", highlight=False)
     previous = {b.key: served_path(b) for b in fleet.all_backends()}
     with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
         problem = Runner(fleet, {}, lambda *_: None, drain_timeout).pyinfra(
@@ -155,7 +162,7 @@ def swap_model(
         rollback = rollback_record(record, previous, fleet)
         run_record(fleet, rollback, drain_timeout, 0, as_json, "putting the previous model back")
     if as_json:
-        print(json.dumps({"ok": ok, **record, "rollback": rollback}, indent=2))
+        print(json.dumps({"ok": ok, "strategy": strategy, **record, "rollback": rollback}, indent=2))
     if not ok:
         step, back = failed_step(record), "done" if rollback.get("finished") else "FAILED, see the table"
         raise FleetError(f"swap-model stopped at {step['name']}: {step['detail']}; putting the previous model "

@@ -25,7 +25,7 @@ GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 START_TIMEOUT_SECONDS = 1800
 STOP_TIMEOUT_SECONDS = 120
 START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
-GATEWAY_UPSTREAM = {"max_fails": 2, "fail_timeout": 10, "read_timeout": 3600}
+GATEWAY_UPSTREAM = {"max_fails": 2, "fail_timeout": 10, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
 
 
 def unit_name(instance: Instance) -> str:

@@ -93,3 +93,18 @@ def test_load_report_counts_errors_and_p99_of_the_successful():
     assert summary["p99_latency_s"] == pytest.approx(9.9)  # nearest rank: the 99th of 99
     assert summary["first_errors"] == ["99.0s: HTTP 502: bad gateway"]
     assert percentile([], 0.99) is None and percentile([3.0], 0.99) == 3.0
+
+
+def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_first():
+    from ascend_fleet import TEMPLATES
+    from ascend_fleet.stages.serving import GATEWAY_UPSTREAM
+    from ascend_fleet.templating import render
+
+    backends = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
+                {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]
+    config = render(TEMPLATES / "nginx-gateway.conf.j2", upstream="vllm_backend", listen_port=80, backends=backends,
+                    **GATEWAY_UPSTREAM)
+    assert "server 10.0.0.11:8000 max_fails=2 fail_timeout=10s;  # w1/vllm-0" in config
+    assert "server 10.0.0.12:8000 max_fails=2 fail_timeout=10s down;  # w2/vllm-0" in config
+    # vLLM's uvicorn drops idle keepalive connections after 5 s: nginx must let go first.
+    assert "keepalive_timeout 4s;" in config
