@@ -278,7 +278,7 @@ class Runner:
             self.report(step, "failed")
             return False
 
-        step["status"] = "running"
+        step.update(status="running", detail="")
         self.fleet.state.save_rollout(self.record)
         self.report(step, "draining at the gateway")
         drained = self.fleet.state.drained() | set(step["instances"])

@@ -1,0 +1,176 @@
+"""Rollouts, model swaps and a node rebuilt from bare metal, on a serving lab under load.
+
+A load generator streams chat completions through the gateway the whole time; every
+request it sent is counted, and the rollout and the swap must fail none of them.
+The tests run in order on the session lab and leave it serving lab/Qwen3-Tiny v1.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import time
+from contextlib import contextmanager
+
+import pytest
+import requests
+
+from ascend_fleet.loadgen import LoadGenerator
+from tests.lab.conftest import PROJECT, Lab
+
+pytestmark = pytest.mark.lab
+
+MODEL = "lab/Qwen3-Tiny"
+NPU_ENV = runpy.run_path(str(PROJECT / "group_data" / "all.py"))["npu_env"]
+FAULT_DROPIN = "/etc/systemd/system/ascend-fleet-vllm-0.service.d/fault.conf"
+LOAD_RESULTS: dict[str, dict] = {}
+
+
+def address(lab: Lab, node: str) -> str:
+    return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
+
+
+@pytest.fixture(scope="module")
+def serving(lab):
+    lab.pyinfra("deploys/full.py", timeout=3600)
+    return f"http://{address(lab, 'gateway')}"
+
+
+@contextmanager
+def under_load(gateway: str, name: str):
+    """Streaming chat through the gateway while the block runs; the report is kept under `name`."""
+    generator = LoadGenerator(gateway, MODEL, concurrency=3, max_tokens=16).start()
+    try:
+        yield generator
+    finally:
+        report = generator.stop()
+        LOAD_RESULTS[name] = report.summary()
+        print(f"load during {name}: {json.dumps(LOAD_RESULTS[name])}")
+
+
+def buffsize_data(size: int) -> str:
+    return "npu_env=" + json.dumps({**{k: str(v) for k, v in NPU_ENV.items()}, "HCCL_BUFFSIZE": str(size)})
+
+
+def instance_env(lab: Lab, node: str) -> str:
+    return lab.run(node, "cat /etc/ascend-fleet/instances/vllm-0.env /etc/ascend-fleet/instances/vllm-1.env").stdout
+
+
+def unit_starts(lab: Lab, node: str) -> str:
+    return lab.run(node, "systemctl show -P ActiveEnterTimestampMonotonic ascend-fleet-vllm-0 ascend-fleet-vllm-1").stdout
+
+
+def gateway_config(lab: Lab) -> str:
+    return lab.run("gateway", "cat /etc/nginx/conf.d/ascend-fleet.conf").stdout
+
+
+def rollout(lab: Lab, *args: str, check: bool = True):
+    result = lab.cli("rollout", "inventories/lab.py", "deploys/serve.py", *args, check=check, timeout=3600)
+    return result, json.loads(result.stdout) if "--json" in args and result.stdout.strip() else None
+
+
+def test_a_config_change_rolls_out_canary_wave1_wave2_without_failing_a_request(lab, serving):
+    with under_load(serving, "config rollout") as load:
+        result, record = rollout(lab, "--data", buffsize_data(256), "--json")
+    assert record["ok"], result.stderr
+    assert [(s["name"], s["hosts"], s["status"]) for s in record["steps"]] == [
+        ("canary", ["worker1"], "done"), ("wave1", ["worker2"], "done"), ("wave2", ["worker3"], "done")]
+    for node in lab.workers:
+        assert instance_env(lab, node).count("HCCL_BUFFSIZE=256") == 2
+    summary = LOAD_RESULTS["config rollout"]
+    assert summary["requests"] > 20 and summary["errors"] == 0, summary
+    assert " down;" not in gateway_config(lab)
+
+
+def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_it(lab, serving):
+    # worker2's vllm-0 comes back from its restart "started" but never loads (/health stays 503).
+    lab.run("worker2", f"mkdir -p {FAULT_DROPIN.rsplit('/', 1)[0]} && printf '%s\\n' '[Service]' "
+                       "'Environment=VLLM_SIM_LOAD_BASE_SECONDS=100000' 'ExecStartPost=' 'ExecStartPost=/bin/true' "
+                       f"> {FAULT_DROPIN} && systemctl daemon-reload")
+    wave2_before = unit_starts(lab, "worker3")
+    with under_load(serving, "stopped rollout") as load:
+        result, record = rollout(lab, "--data", buffsize_data(512), "--json", check=False)
+        assert result.returncode != 0
+        assert [s["status"] for s in record["steps"]] == ["done", "failed", "pending"]
+        line = result.stderr.strip().splitlines()[-1]
+        assert "rollout stopped at wave1" in line and "worker2" in line and "/health answers 503" in line
+        assert "--resume" in line
+        # The canary keeps the new config, wave2 is untouched, worker2 is out of the gateway.
+        assert instance_env(lab, "worker1").count("HCCL_BUFFSIZE=512") == 2
+        assert instance_env(lab, "worker3").count("HCCL_BUFFSIZE=256") == 2
+        assert unit_starts(lab, "worker3") == wave2_before
+        config = gateway_config(lab)
+        worker2 = address(lab, "worker2")
+        assert f"{worker2}:8000 max_fails=2 fail_timeout=10s down;" in config
+        assert f"{address(lab, 'worker3')}:8000 max_fails=2 fail_timeout=10s;" in config
+        # A fresh rollout is refused while this one is stopped.
+        refused, _ = rollout(lab, "--data", buffsize_data(512), check=False)
+        assert "add --resume" in refused.stderr
+        # The operator's fix: remove the fault and restart the instance.
+        lab.run("worker2", f"rm -r {FAULT_DROPIN.rsplit('/', 1)[0]} && systemctl daemon-reload && "
+                           "systemctl restart ascend-fleet-vllm-0")
+        resumed, record = rollout(lab, "--resume", "--json")
+    assert record["ok"], resumed.stderr
+    assert [s["status"] for s in record["steps"]] == ["done", "done", "done"]
+    assert instance_env(lab, "worker3").count("HCCL_BUFFSIZE=512") == 2
+    assert " down;" not in gateway_config(lab)
+    summary = LOAD_RESULTS["stopped rollout"]
+    assert summary["requests"] > 20 and summary["errors"] == 0, summary
+
+
+def served_roots(lab: Lab) -> set[str]:
+    roots = set()
+    for node in lab.workers:
+        for port in (8000, 8001):
+            cards = requests.get(f"http://{address(lab, node)}:{port}/v1/models", timeout=10).json()["data"]
+            roots.add(cards[0]["root"])
+    return roots
+
+
+def test_a_model_swap_under_load_fails_no_request_and_keeps_the_served_name(lab, serving):
+    with under_load(serving, "model swap to v2"):
+        result = lab.cli("swap-model", "inventories/lab.py", "--model", MODEL, "--revision", "v2", "--json",
+                         timeout=3600)
+    record = json.loads(result.stdout)
+    assert record["ok"] and len(record["steps"]) == 6  # one step per instance slot of each wave
+    assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v2"}
+    # v1 is still staged beside v2: swapping back needs no download.
+    assert lab.run("worker1", f"ls /mnt/nvme/models/{MODEL}").stdout.split() == ["v1", "v2"]
+    summary = LOAD_RESULTS["model swap to v2"]
+    assert summary["requests"] > 20 and summary["errors"] == 0, summary
+    with under_load(serving, "model swap back to v1"):
+        lab.cli("swap-model", "inventories/lab.py", "--model", MODEL, "--revision", "v1", timeout=3600)
+    assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v1"}
+    assert LOAD_RESULTS["model swap back to v1"]["errors"] == 0, LOAD_RESULTS["model swap back to v1"]
+
+
+def requests_served(lab: Lab, node: str) -> float:
+    """Prompt tokens an instance has processed: grows only when the gateway sends it requests."""
+    total = 0.0
+    for port in (8000, 8001):
+        text = requests.get(f"http://{address(lab, node)}:{port}/metrics", timeout=10).text
+        total += sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prompt_tokens_total"))
+    return total
+
+
+def test_a_node_rebuilt_from_bare_metal_comes_back_into_the_gateway_while_the_others_serve(lab, serving):
+    with under_load(serving, "rebuild of worker3") as load:
+        lab.cli("lab", "reset", "worker3")
+        assert lab.run("worker3", "test -e /opt/ascend-fleet/venv || test -e /mnt/nvme/models",
+                       check=False).returncode != 0, "worker3 kept its stack or its weights"
+        during = load.snapshot()
+        lab.pyinfra("deploys/full.py", "--limit", "worker3", timeout=3600)
+        ok_while_rebuilding = sum(r.ok for r in load.snapshot().results) - sum(r.ok for r in during.results)
+        after_deploy = requests_served(lab, "worker3")
+        # Nginx retries a backend it saw fail once its fail_timeout (10 s) is over.
+        deadline = time.monotonic() + 60
+        while requests_served(lab, "worker3") == after_deploy and time.monotonic() < deadline:
+            time.sleep(2)
+        back_in_gateway = requests_served(lab, "worker3") > after_deploy
+    assert ok_while_rebuilding > 10  # the other workers served the whole time
+    assert back_in_gateway, "the gateway sends worker3 no requests after its rebuild"
+    boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
+    assert boots["worker3"] >= 2
+    summary = LOAD_RESULTS["rebuild of worker3"]
+    # Only streams in flight on worker3 when it was powered off may fail.
+    assert summary["errors"] <= 6, summary
