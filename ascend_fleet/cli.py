@@ -6,17 +6,19 @@ import click
 import typer
 from rich.console import Console
 
+from ascend_fleet.bench import bench
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.cli import lab_app
 from ascend_fleet.plan_cli import plan
-from ascend_fleet.status import status
 from ascend_fleet.rollout_cli import rollout_app
+from ascend_fleet.status import status
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(lab_app, name="lab")
 app.command("plan")(plan)
-app.command("status")(status)
 app.add_typer(rollout_app)  # rollout, swap-model, load
+app.command("status")(status)
+app.command("bench")(bench)
 
 err_console = Console(stderr=True)
 

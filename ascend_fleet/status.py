@@ -100,7 +100,7 @@ class HostStatus:
 @dataclass
 class FleetStatus:
     hosts: list[HostStatus]
-    read_at: str
+    read_at: str  # when the reading started
     seconds: float
 
     @property
@@ -280,7 +280,7 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts) -> HostS
 
 
 def read_status(inventory: Inventory) -> FleetStatus:
-    started = time.monotonic()
+    started, read_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     configs = [host_node_config(host) for host in inventory]
     profiles = {name: load_profile(name) for name in {config.profile for config in configs}}
     hosts = {host.name: host for host in inventory}
@@ -303,7 +303,7 @@ def read_status(inventory: Inventory) -> FleetStatus:
                 instance.warnings.append("the gateway does not route to it (absent from its upstream)")
             elif instance.routed == "drained":
                 instance.warnings.append("drained at the gateway")
-    return FleetStatus(statuses, datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic() - started)
+    return FleetStatus(statuses, read_at, time.monotonic() - started)
 
 
 # How it looks.

