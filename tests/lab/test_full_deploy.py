@@ -136,12 +136,12 @@ def test_a_plan_that_does_not_fit_stops_before_any_host_is_touched(lab, deployed
 
 
 def test_an_nvme_too_small_for_the_weights_stops_before_anything_changes(lab, deployed):
-    # A revision whose manifest claims a 20 GiB shard: more than the lab's 8 GB NVMe holds.
+    # A revision like v1 whose manifest claims a 20 GiB shard: more than the lab's 8 GB NVMe holds.
     models = lab.lab_dir / "mirror" / "models" / "lab" / "Qwen3-Tiny"
     huge = models / "huge"
-    huge.mkdir()
+    shutil.copytree(models / "v1", huge)
     try:
-        manifest = json.loads((models / "v1" / "ascend-fleet-manifest.json").read_text())
+        manifest = json.loads((huge / "ascend-fleet-manifest.json").read_text())
         manifest["revision"] = "huge"
         next(iter(manifest["files"].values()))["size"] = 20 * 1024**3
         (huge / "ascend-fleet-manifest.json").write_text(json.dumps(manifest))
@@ -167,28 +167,39 @@ def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, de
     assert "Starting operation" not in result.stdout
 
 
+def rewrite_hardware(lab: Lab, node: str, **changes) -> str:
+    """Change a running node's simulated hardware in place (the node sees it at once); returns the original."""
+    hardware_file = lab.lab_dir / "nodes" / node / "ascend-lab" / "hardware.json"
+    original = hardware_file.read_text()
+    hardware_file.write_text(json.dumps({**json.loads(original), **changes}))
+    return original
+
+
+def restore_hardware(lab: Lab, node: str, original: str) -> None:
+    (lab.lab_dir / "nodes" / node / "ascend-lab" / "hardware.json").write_text(original)
+
+
 def test_npu_count_off_the_inventory_stops_that_host_only(lab, deployed):
     before = unit_starts(lab, "worker1")
-    result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", "npu_count=16",
-                         "--data", "tensor_parallel_size=8", check=False)
+    original = rewrite_hardware(lab, "worker1", npu_count=4, npu_health=["OK"] * 4)
+    try:
+        result = lab.pyinfra("deploys/full.py", "--limit", "worker1", check=False)
+    finally:
+        restore_hardware(lab, "worker1", original)
     assert result.returncode != 0
-    assert "worker1: npu-smi lists 8 NPUs but the inventory says npu_count=16" in result.stdout
+    assert "worker1: npu-smi lists 4 NPUs but the inventory says npu_count=8" in result.stdout
     # The host stopped at preflight: no later stage started on it.
     assert "Stage: driver and firmware" not in result.stdout
     assert unit_starts(lab, "worker1") == before
 
 
 def test_an_unhealthy_npu_stops_that_host_and_leaves_its_instances_serving(lab, deployed):
-    hardware_file = lab.lab_dir / "nodes" / "worker3" / "ascend-lab" / "hardware.json"
-    original = hardware_file.read_text()
-    hardware = json.loads(original)
-    hardware["npu_health"][5] = "Critical"
     before = unit_starts(lab, "worker3")
+    original = rewrite_hardware(lab, "worker3", npu_health=["OK"] * 5 + ["Critical"] + ["OK"] * 2)
     try:
-        hardware_file.write_text(json.dumps(hardware))  # in place: the node sees it at once
         result = lab.pyinfra("deploys/full.py", check=False)
     finally:
-        hardware_file.write_text(original)
+        restore_hardware(lab, "worker3", original)
     assert "worker3: unhealthy: NPU 5 Critical" in result.stdout
     assert totals(result.stdout)["changed"] == 0
     assert unit_starts(lab, "worker3") == before
