@@ -334,7 +334,8 @@ def _service_state(unit: dict[str, str]) -> str:
 
 def _unit_cell(unit: dict[str, str]) -> Text:
     state = unit.get("ActiveState") or "?"
-    text = state if state == "active" else f"{state}/{unit.get('SubState') or '?'} {unit.get('Result') or ''}".strip()
+    result = unit.get("Result") if unit.get("Result") not in (None, "", "success") else ""
+    text = state if state == "active" else f"{state}/{unit.get('SubState') or '?'} {result}".strip()
     return Text(text, style="green" if state == "active" else "bold red")
 
 
@@ -377,19 +378,18 @@ def render_table(status: FleetStatus) -> Table:
 
 
 def render_problems(status: FleetStatus) -> list[Text]:
+    """One line per problem (red) and warning (yellow), naming host and instance."""
     lines = []
     for host in status.hosts:
         for problem in host.problems + ([host.error] if host.error else []):
             lines.append(Text(f"{host.host}: {problem}", style="red"))
+        for key, version in host.versions.items():
+            if version.drift:
+                lines.append(Text(f"{host.host}: {key} {version.installed or 'not installed'}, "
+                                  f"profile {host.profile} says {version.expected}", style="yellow"))
         for instance in host.instances:
-            for problem in instance.problems:
-                lines.append(Text(f"{host.host}/{instance.name}: {problem}", style="red"))
-            for warning in instance.warnings:
-                lines.append(Text(f"{host.host}/{instance.name}: {warning}", style="yellow"))
-            for key, version in host.versions.items():
-                if version.drift and instance is host.instances[0]:
-                    lines.append(Text(f"{host.host}: {key} {version.installed or 'not installed'}, "
-                                      f"profile {host.profile} says {version.expected}", style="yellow"))
+            lines += [Text(f"{host.host}/{instance.name}: {p}", style="red") for p in instance.problems]
+            lines += [Text(f"{host.host}/{instance.name}: {w}", style="yellow") for w in instance.warnings]
     return lines
 
 
