@@ -53,7 +53,7 @@ def down_command(lab_dir: LabDir = DEFAULT_LAB_DIR) -> None:
 @lab_app.command("reset")
 def reset_command(
     node: Annotated[str, typer.Argument(help="the node to rebuild, e.g. worker2")],
-    keep_nvme: Annotated[bool, typer.Option("--keep-nvme", help="keep the NVMe's files (default: reformat it)")] = False,
+    keep_nvme: Annotated[bool, typer.Option("--keep-nvme", help="keep the NVMe's files (default: empty it)")] = False,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
     """Put one node back to bare metal: the base image, an empty NVMe, a new identity; then boot it.

@@ -14,7 +14,7 @@ from ascend_fleet.lab import network, processes
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root, start_mirror
-from ascend_fleet.lab.nodes import (node_dir, prepare_node, prepare_root, reformat_nvme, remove_loop_mount,
+from ascend_fleet.lab.nodes import (node_dir, empty_nvme, prepare_node, prepare_root, remove_loop_mount,
                                    remove_mount, spawn_supervisor, start_lxcfs, start_node, wait_for_ssh, wipe_root)
 from ascend_fleet.lab.publish import publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
@@ -89,7 +89,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
 
 
 def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
-    """Rebuild one node from bare metal: stop it, empty its overlay back to the base image, reformat
+    """Rebuild one node from bare metal: stop it, empty its overlay back to the base image, empty
     its NVMe (unless keep_nvme: a reinstalled OS on a server whose data disk survived), give it a new
     identity (host keys, machine id) and boot it. Its hardware file and address stay."""
     require_root("lab reset")
@@ -101,7 +101,7 @@ def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
     home = node_dir(lab_dir, node.name)
     wipe_root(home)
     if node.hardware.nvme and not keep_nvme:
-        reformat_nvme(next(e for e in state.find("loop-mount") if e["mountpoint"] == str(home / "nvme")))
+        empty_nvme(home / "nvme")
     public_key = (ssh_dir(lab_dir) / "id_ed25519.pub").read_text().strip()
     prepare_root(spec, node, base_image(spec.debian_upstream, Console(quiet=True)), home / "upper", public_key)
     spawn_supervisor(state, entry, home)
