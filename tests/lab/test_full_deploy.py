@@ -1,6 +1,7 @@
 """deploys/full.py on the lab: fresh OS to serving, idempotent, upgrades one node alone, refuses bad input.
 
-The tests run in order on the session lab: the first deploys it, the others start from a
+The module has a lab of its own, so it starts from fresh nodes whatever other modules deployed
+on the session lab. The tests run in order: the first deploys it, the others start from a
 converged fleet and leave it converged.
 """
 
@@ -14,7 +15,7 @@ import time
 import pytest
 import requests
 
-from tests.lab.conftest import Lab
+from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 
 pytestmark = pytest.mark.lab
 
@@ -54,6 +55,17 @@ def unit_starts(lab: Lab, node: str) -> dict[str, str]:
     out = lab.run(node, "for u in ascend-fleet-vllm-0 ascend-fleet-vllm-1; do "
                         "echo $u $(systemctl show -P ActiveEnterTimestampMonotonic $u); done").stdout
     return dict(line.split() for line in out.splitlines())
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """Fresh nodes: 3 workers and a gateway nobody has deployed to (overrides the session lab here)."""
+    require_root()
+    fresh = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}", f"10.213.{TEST_NET + 3}.0/24")
+    fresh.down()
+    fresh.up(3)
+    yield fresh
+    fresh.down()
 
 
 @pytest.fixture(scope="module")
