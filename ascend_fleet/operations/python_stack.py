@@ -6,6 +6,7 @@ import re
 import shlex
 from urllib.parse import urlsplit
 
+from packaging.specifiers import SpecifierSet
 from pyinfra import host
 from pyinfra.api import operation
 
@@ -16,9 +17,10 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def public_version(version: str) -> str:
-    """2.13.0+cpu -> 2.13.0: a pin names the public version, the wheel may carry a local label."""
-    return version.split("+", 1)[0]
+def satisfies(installed: str, pin: str) -> bool:
+    """Whether an installed version meets `==pin` as pip reads it: pin 2.13.0 takes 2.13.0+cpu,
+    pin 0.32.0+cpu takes only that build."""
+    return bool(installed) and SpecifierSet(f"=={pin}").contains(installed, prereleases=True)
 
 
 @operation()
@@ -35,7 +37,7 @@ def pinned(venv: str, pins: dict[str, str], extra_requirements: list[str], index
     """
     installed = host.get_fact(PipPackages, venv=venv)
     wrong = {name: version for name, version in pins.items()
-             if public_version(installed.get(normalize(name), "")) != version}
+             if not satisfies(installed.get(normalize(name), ""), version)}
     missing = [req for req in extra_requirements if normalize(re.split(r"[<>=!~ ;\[]", req)[0]) not in installed]
     if not wrong and not missing:
         host.noop(f"{', '.join(f'{n} {v}' for n, v in pins.items())} installed")
@@ -48,3 +50,20 @@ def pinned(venv: str, pins: dict[str, str], extra_requirements: list[str], index
                 if url.startswith("http://")]
     yield (f"{venv}/bin/python -m pip install --quiet --disable-pip-version-check {' '.join(indexes)} "
            f"{' '.join(shlex.quote(r) for r in requirements)}")
+
+
+@operation()
+def absent(venv: str, packages: list[str]):
+    """
+    Uninstall distributions from the virtualenv (builds a pinned package pulled in that break the stack).
+
+    + venv: the virtualenv's path
+    + packages: distribution names; those not installed are skipped
+    """
+    installed = host.get_fact(PipPackages, venv=venv)
+    present = [name for name in packages if normalize(name) in installed]
+    if not present:
+        host.noop(f"{', '.join(packages)} not installed")
+        return
+    yield (f"{venv}/bin/python -m pip uninstall --yes --quiet --disable-pip-version-check "
+           f"{' '.join(shlex.quote(name) for name in present)}")

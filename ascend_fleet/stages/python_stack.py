@@ -33,10 +33,16 @@ def python_stage() -> None:
         return
     profile = node_profile()
     python = f"python{profile.stack.python}"
-    if package_family() == "apt":
+    family = package_family()
+    libraries = profile.pip.system_packages.get(family, [])
+    if family == "apt":
         apt.packages(name=f"{python} with venv", packages=[python, f"{python}-venv"], no_recommends=True)
+        if libraries:
+            apt.packages(name="Libraries the stack links against", packages=libraries, no_recommends=True)
     else:
         dnf.packages(name=python, packages=[python])
+        if libraries:
+            dnf.packages(name="Libraries the stack links against", packages=libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
     python_stack.pinned(
@@ -45,6 +51,8 @@ def python_stage() -> None:
         index_url=profile.pip.index_url or host.data.pip_index_url,
         extra_index_urls=profile.pip.extra_index_urls,
     )
+    if profile.pip.remove:
+        python_stack.absent(name="Packages the stack must not have", venv=venv, packages=profile.pip.remove)
     expected = int(host.data.npu_count)
     gates.passed(name="torch_npu sees every NPU", description=f"torch.npu.is_available(), {expected} devices",
                  find_problem=lambda: torch_npu_problem(venv, expected))

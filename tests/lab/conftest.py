@@ -25,8 +25,8 @@ TEST_LAB_DIR = Path(f"/var/lib/ascend-fleet/test-{TEST_NET}")
 class Lab:
     """A lab brought up with the CLI, and the ways tests talk to it."""
 
-    def __init__(self, lab_dir: Path, name: str, subnet: str):
-        self.lab_dir, self.name, self.subnet = lab_dir, name, subnet
+    def __init__(self, lab_dir: Path, name: str, subnet: str, inventory: str = "inventories/lab.py"):
+        self.lab_dir, self.name, self.subnet, self.inventory = lab_dir, name, subnet, inventory
         self.env = {**os.environ, "ASCEND_FLEET_LAB_DIR": str(lab_dir)}
 
     def cli(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -69,10 +69,10 @@ class Lab:
         return result
 
     def pyinfra(self, *args: str, check: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
-        """Run pyinfra on the lab inventory; its output (pyinfra logs to stderr) is in .stdout.
+        """Run pyinfra on the lab's inventory; its output (pyinfra logs to stderr) is in .stdout.
         With --dry, without -y: -y would skip the change detection a dry run is for."""
         yes = [] if "--dry" in args else ["-y"]
-        result = subprocess.run([str(BIN / "pyinfra"), *yes, "inventories/lab.py", *args], env=self.env,
+        result = subprocess.run([str(BIN / "pyinfra"), *yes, self.inventory, *args], env=self.env,
                                 cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 timeout=timeout)
         if check and result.returncode != 0:

