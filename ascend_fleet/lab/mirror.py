@@ -18,7 +18,8 @@ from ascend_fleet.lab.state import LabState
 from ascend_fleet.templating import render
 
 CONTENT_DIRS = ("files", "simple", "packages", "models")
-START_TIMEOUT_SECONDS = 15
+# Generous: on a loaded 2-core machine nginx can take a while to bind.
+START_TIMEOUT_SECONDS = 60
 
 
 def mirror_root(lab_dir: Path) -> Path:

@@ -39,8 +39,8 @@ def stop(pid: int, marker: str, grace: float = 30.0) -> None:
     Each process was started as the leader of its own group, so the group also holds what
     it started (nginx workers, systemd-nspawn) even when the leader already died.
     """
-    if _exists(pid) and not is_ours(pid, marker):
-        return  # the PID now belongs to someone else
+    if _belongs_to_someone_else(pid, marker):
+        return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         if not is_ours(pid, marker):
             break
@@ -54,9 +54,15 @@ def stop(pid: int, marker: str, grace: float = 30.0) -> None:
         pass
 
 
-def _exists(pid: int) -> bool:
+def _belongs_to_someone_else(pid: int, marker: str) -> bool:
+    """A live process with this PID but without our marker: the PID was reused. A zombie is still
+    ours (its PID cannot be reused until it is reaped), and so is its process group."""
     _reap(pid)
-    return Path(f"/proc/{pid}").exists()
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and not is_ours(pid, marker)
 
 
 def _reap(pid: int) -> None:

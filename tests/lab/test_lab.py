@@ -72,8 +72,14 @@ def lab_footprint(lab_dir: Path, name: str, pids: list[int]) -> list[str]:
     mounts = Path("/proc/mounts").read_text()
     leftovers += [f"mount {line.split()[1]}" for line in mounts.splitlines() if str(lab_dir) in line]
     leftovers += [f"link {p.name}" for p in Path("/sys/class/net").iterdir() if p.name.startswith(f"af-{name}")]
-    leftovers += [f"process {pid}" for pid in pids if Path(f"/proc/{pid}").exists()
-                  and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    # Each lab process leads its own process group: nothing of those groups may be left (nginx workers).
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) in pids and state != "Z":
+            leftovers.append(f"process {stat.parent.name} (group {pgrp})")
     nft = os.popen("nft list tables").read()
     leftovers += [f"nft table af_{name}"] if f"af_{name}" in nft else []
     return leftovers
