@@ -33,7 +33,7 @@ from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
 from ascend_fleet.stages.serving import GATEWAY_CONFIG, unit_name
-from ascend_fleet.vllm_metrics import InstanceMetrics, parse_metrics
+from ascend_fleet.vllm_metrics import parse_metrics
 
 HTTP_TIMEOUT_SECONDS = 5
 VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")

@@ -70,7 +70,7 @@ def rollout(lab: Lab, *args: str, check: bool = True):
 
 
 def test_a_config_change_rolls_out_canary_wave1_wave2_without_failing_a_request(lab, serving):
-    with under_load(serving, "config rollout") as load:
+    with under_load(serving, "config rollout"):
         result, record = rollout(lab, "--data", buffsize_data(256), "--json")
     assert record["ok"], result.stderr
     assert [(s["name"], s["hosts"], s["status"]) for s in record["steps"]] == [
@@ -88,7 +88,7 @@ def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_i
                        "'Environment=VLLM_SIM_LOAD_BASE_SECONDS=100000' 'ExecStartPost=' 'ExecStartPost=/bin/true' "
                        f"> {FAULT_DROPIN} && systemctl daemon-reload")
     wave2_before = unit_starts(lab, "worker3")
-    with under_load(serving, "stopped rollout") as load:
+    with under_load(serving, "stopped rollout"):
         result, record = rollout(lab, "--data", buffsize_data(512), "--json", check=False)
         assert result.returncode != 0
         assert [s["status"] for s in record["steps"]] == ["done", "failed", "pending"]
