@@ -77,7 +77,7 @@ def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) 
     context = dict(node=node, nodes=spec.nodes, host_address=spec.host_address, mirror_url=spec.mirror_url,
                    lab_public_key=public_key)
     render_tree(TEMPLATES / "lab" / "node", upper, context)
-    enable_unit(upper, "ascend-lab-proc.service", "sysinit.target")
+    enable_unit(upper, "ascend-lab-proc.service", "multi-user.target")
     if node.hardware.preexisting.cuda_env:
         render_tree(TEMPLATES / "lab" / "cuda", upper, context)
     ssh_dir = upper / "etc" / "ssh"

@@ -42,6 +42,9 @@ def test_reboot_brings_the_node_back_with_a_new_boot_id_and_its_files(lab):
     assert lab.run(node, "cat /root/marker").stdout.strip() == "written-before-reboot"
     assert lab.run(node, "systemctl is-system-running --wait").stdout.strip() in ("running", "degraded")
     assert lab.run(node, "findmnt -n -o FSTYPE /mnt/nvme").stdout.strip() == "ext4"
+    # The node's own /proc views come back with it (they failed once at an early-boot cgroup race).
+    assert lab.run(node, "systemctl is-active ascend-lab-proc").stdout.strip() == "active"
+    assert float(lab.run(node, "cut -d' ' -f1 /proc/uptime").stdout) < 300
 
 
 def test_nodes_reach_each_other_and_the_mirror_and_nothing_else(lab):
