@@ -30,7 +30,9 @@ RESET = ("rm -rf /usr/local/Ascend /etc/ascend_install.info /etc/Ascend /var/lib
          "/usr/local/sbin/npu-smi /etc/systemd/system/ascend-sim-driver.service "
          "/etc/systemd/system/sysinit.target.wants/ascend-sim-driver.service /dev/davinci* /dev/devmm_svm "
          f"/dev/hisi_hdc /lib/modules/$(uname -r)/build {PKGS}; userdel -r HwHiAiUser 2>/dev/null; "
-         f"groupdel HwHiAiUser 2>/dev/null; mkdir -p {PKGS}")
+         f"groupdel HwHiAiUser 2>/dev/null; mkdir -p {PKGS}; "
+         # An earlier deploy on the shared lab installs dkms, which would answer the headers question.
+         "if dpkg -s dkms >/dev/null 2>&1; then apt-get remove -y -q dkms >/dev/null; fi")
 HDK_FLAGS = "--nox11 --full --quiet"
 
 
