@@ -163,9 +163,9 @@ class SimServer:
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
 
-    def get(self, path: str) -> tuple[int, bytes]:
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, bytes]:
         conn = self.connection()
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read()
 
@@ -392,3 +392,18 @@ def test_sigterm_finishes_the_in_flight_stream_and_exits_0(site_dir, node_root, 
         assert server.process.wait(timeout=STARTUP_TIMEOUT) == 0
     finally:
         server.kill()
+
+
+def test_api_key_from_the_environment_guards_v1_only(site_dir, node_root, model_dir, tmp_path):
+    """As real vLLM: with VLLM_API_KEY set, /v1 needs the Bearer key; /health and /metrics stay open."""
+    server = SimServer(site_dir, node_root, tmp_path / "key.log", "2,3", [str(model_dir), "-tp", "2"],
+                       {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2", "VLLM_API_KEY": "s3cret-key"})
+    try:
+        server.health_statuses()
+        assert server.get("/v1/models") == (401, b'{"error":"Unauthorized"}')
+        assert server.get("/v1/models", {"Authorization": "Bearer wrong-key"})[0] == 401
+        assert server.get("/v1/models", {"Authorization": "Bearer s3cret-key"})[0] == 200
+        assert server.get("/metrics")[0] == 200
+    finally:
+        server.kill()
+    assert "s3cret-key" not in server.output()

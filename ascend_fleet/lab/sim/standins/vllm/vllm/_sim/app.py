@@ -1,7 +1,9 @@
 """vLLM's OpenAI-compatible HTTP surface over the simulated engine."""
 
 import asyncio
+import hashlib
 import json
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vllm._sim.engine import Engine, RequestError
 
@@ -176,8 +180,31 @@ def completion_prompt_ids(engine: Engine, prompt) -> list[int]:
     return list(prompt) if isinstance(prompt, list) else engine.codec.encode(prompt)
 
 
-def create_app(state: ServingState, load: Callable[[], Awaitable[None]]) -> FastAPI:
-    """The FastAPI app; `load` runs at start-up and /health turns 200 once it is done."""
+class AuthenticationMiddleware:
+    """vLLM's API key check: every /v1 request needs `Authorization: Bearer <one of the keys>`,
+    else 401 {"error": "Unauthorized"}; OPTIONS and other paths (/health, /metrics) stay open."""
+
+    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
+        self.app = app
+        self.token_digests = [hashlib.sha256(token.encode()).digest() for token in tokens]
+
+    def verify(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode()).digest()
+        return any(secrets.compare_digest(digest, known) for known in self.token_digests)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS"
+                or not scope["path"].startswith("/v1") or self.verify(Headers(scope=scope))):
+            return await self.app(scope, receive, send)
+        await JSONResponse(content={"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+
+
+def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_keys: list[str] | None = None) -> FastAPI:
+    """The FastAPI app; `load` runs at start-up and /health turns 200 once it is done.
+    With `api_keys`, /v1 requests must carry one of them as a Bearer token."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -185,6 +212,8 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]]) -> Fast
         yield
 
     app = FastAPI(lifespan=lifespan)
+    if api_keys:
+        app.add_middleware(AuthenticationMiddleware, tokens=api_keys)
     engine = state.engine
 
     @app.exception_handler(RequestValidationError)

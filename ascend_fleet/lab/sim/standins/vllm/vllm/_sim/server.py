@@ -3,6 +3,7 @@
 Environment (beside vLLM's and Ascend's own: ASCEND_RT_VISIBLE_DEVICES,
 HCCL_IF_BASE_PORT, HCCL_IF_IP, VLLM_PORT, VLLM_HOST_IP, ASCEND_TOOLKIT_HOME):
 
+    VLLM_API_KEY                        as in vLLM: the key /v1 requests need when --api-key is not given
     VLLM_SIM_LOAD_BASE_SECONDS          fixed part of the simulated weight load (default 1.0)
     VLLM_SIM_LOAD_SECONDS_PER_GIB       load time per GiB of safetensors shards (default 2.0)
     VLLM_SIM_ITL_SECONDS                time per output token (default 0.02)
@@ -229,12 +230,18 @@ class Instance:
         self.claims.sockets.append(sock)
         log.info("Starting vLLM API server 0 on http://%s:%d", self.args.host or "0.0.0.0", self.args.port)
         config = uvicorn.Config(
-            create_app(self.state, self.load),
+            create_app(self.state, self.load, api_keys(self.args)),
             log_level=self.args.uvicorn_log_level,
             access_log=not self.args.disable_uvicorn_access_log,
             timeout_keep_alive=5,
         )
         await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def api_keys(args) -> list[str]:
+    """vLLM's keys: --api-key (one or more), else VLLM_API_KEY; none leaves /v1 open."""
+    keys = args.api_key or os.environ.get("VLLM_API_KEY")
+    return ([keys] if isinstance(keys, str) else list(keys)) if keys else []
 
 
 def run(argv: list[str], entry: str) -> int:
