@@ -1,9 +1,11 @@
 """What the control machine remembers about a fleet between runs, in its `fleet_state_dir`.
 
 - `gateway.json`: the instances the gateway must keep out of rotation (`drained`, as
-  `host/instance`). The gateway stage reads it on every deploy, so a plain
+  `host/instance`), and which colour of instances each worker serves with (`colours`,
+  blue unless recorded; a blue/green swap flips it). Every deploy reads it (the gateway
+  stage, and hostdata.host_node_config for the instances), so a plain
   `pyinfra INVENTORY deploys/full.py` never puts back an instance a stopped rollout
-  left drained.
+  left drained, nor starts the colour a swap stopped.
 - `rollout.json`: the steps of the last rollout or model swap and how far it got, so
   `--resume` continues at the step that failed.
 
@@ -19,6 +21,12 @@ from pathlib import Path
 
 GATEWAY_FILE = "gateway.json"
 ROLLOUT_FILE = "rollout.json"
+BLUE, GREEN = "blue", "green"
+COLOURS = (BLUE, GREEN)
+
+
+def other_colour(colour: str) -> str:
+    return GREEN if colour == BLUE else BLUE
 
 
 def backend_key(host: str, instance: str) -> str:
@@ -34,6 +42,13 @@ class FleetState:
 
     def set_drained(self, keys: set[str]) -> None:
         self._write(GATEWAY_FILE, {**self._read(GATEWAY_FILE, {}), "drained": sorted(keys)})
+
+    def colour(self, host: str) -> str:
+        return self._read(GATEWAY_FILE, {}).get("colours", {}).get(host, BLUE)
+
+    def set_colours(self, colours: dict[str, str]) -> None:
+        document = self._read(GATEWAY_FILE, {})
+        self._write(GATEWAY_FILE, {**document, "colours": {**document.get("colours", {}), **colours}})
 
     def rollout(self) -> dict | None:
         return self._read(ROLLOUT_FILE, None)

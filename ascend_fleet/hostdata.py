@@ -17,6 +17,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleetstate import BLUE, COLOURS, FleetState
 from ascend_fleet.planner import (
     CHIPS,
     DTYPE_BYTES,
@@ -163,6 +164,11 @@ class NodeConfig(_Strict):
                                  "rollout progress (fleetstate.py); relative to where pyinfra runs")
     serve_only: list[str] = Field(default_factory=list, description="the serve stage changes only these "
                                   "instances (a model swap, one instance at a time); empty: all")
+    colour: Literal[COLOURS] = Field(BLUE, description="which of two instance sets serves: blue is `instances`, "
+                                     "green the same beside them (colour_instances); a blue/green swap flips it "
+                                     "and the fleet state records it, see host_node_config")
+    reboot_timeout: int = Field(900, gt=0, description="seconds the driver stage waits for a node to answer "
+                                "SSH again after its reboot before it reports the node as not back")
 
     @model_validator(mode="before")
     @classmethod
@@ -226,6 +232,22 @@ def derive_instances(npu_count: int, tensor_parallel_size: int, ports: InstanceP
     ]
 
 
+def colour_instances(instances: list[Instance], colour: str, npu_count: int) -> list[Instance]:
+    """The instances of a colour. Green runs beside blue for a swap: `-green` names, each port
+    len(instances) slots further on, and the next NPUs when the node has them, else the same
+    NPUs (then HBM must hold both models: the planner's check_blue_green)."""
+    if colour == BLUE:
+        return instances
+    used = [npu for instance in instances for npu in instance.npus]
+    span = max(used) - min(used) + 1 if used else 0
+    shift = span if max(used, default=0) + span < npu_count else 0
+    slots = len(instances)
+    return [instance.model_copy(update={
+        "name": f"{instance.name}-{colour}", "npus": [npu + shift for npu in instance.npus],
+        "port": instance.port + slots, "hccl_base_port": instance.hccl_base_port + slots * HCCL_PORT_COUNT,
+        "vllm_port": instance.vllm_port + slots * VLLM_PORT_SPAN}) for instance in instances]
+
+
 def node_config(data: Mapping, host: str = "host") -> NodeConfig:
     """Validate one host's merged data; a problem is a FleetError naming host, key and expectation."""
     ours = {key: value for key, value in data.items() if not key.startswith(PYINFRA_KEY_PREFIXES)}
@@ -241,9 +263,15 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
     return config
 
 
-def host_node_config(host) -> NodeConfig:
-    """NodeConfig of a pyinfra Host: host.data already merges inventory, group and all data."""
-    return node_config(host.data.dict(), host.name)
+def host_node_config(host, colour: str | None = None) -> NodeConfig:
+    """NodeConfig of a pyinfra Host: host.data already merges inventory, group and all data. Its
+    instances are those of `colour`, else of the data's `colour` (a swap starting the other set),
+    else of the colour the fleet state records as serving."""
+    data = host.data.dict()
+    if colour is None and "colour" not in data:
+        state_dir = data.get("fleet_state_dir") or NodeConfig.model_fields["fleet_state_dir"].default
+        colour = FleetState(state_dir).colour(host.name)
+    return node_config({**data, "colour": colour} if colour else data, host.name)
 
 
 def _with_derived_values(config: NodeConfig) -> NodeConfig:
@@ -252,6 +280,7 @@ def _with_derived_values(config: NodeConfig) -> NodeConfig:
         derived["model_dir"] = f"{config.nvme_mount.rstrip('/')}/models"
     if not config.instances and config.is_worker and config.npu_count % config.tensor_parallel_size == 0:
         derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports)
+    derived["instances"] = colour_instances(derived.get("instances", config.instances), config.colour, config.npu_count)
     return config.model_copy(update=derived)
 
 

@@ -20,7 +20,7 @@ from pyinfra.operations import apt, files, systemd
 
 from ascend_fleet import PROJECT_ROOT, TEMPLATES
 from ascend_fleet.facts.ascend import HttpAnswer
-from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
+from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
@@ -50,7 +50,7 @@ def scrape_targets() -> dict[str, list[dict]]:
     out): each vLLM instance, each worker's node_exporter, each gateway's nginx exporter."""
     jobs: dict[str, list[dict]] = {job: [] for job in SCRAPE_JOBS}
     for member in inventory:
-        config = node_config(member.data.dict(), member.name)
+        config = host_node_config(member)  # the instances of the colour it serves with
         address = member.data.get("ssh_hostname") or member.name
         if config.is_worker:
             model = f"{config.model.id}@{config.model.revision}"

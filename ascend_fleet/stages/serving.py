@@ -7,12 +7,14 @@ from io import StringIO
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
+from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.fleetstate import FleetState, backend_key
-from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config, node_config
-from ascend_fleet.operations import gates, gateway, weights
+from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
+from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
+from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.operations import gates, gateway, private, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
@@ -20,6 +22,9 @@ from ascend_fleet.templating import render
 
 HELPER = "/usr/local/lib/ascend-fleet/ascend-fleet-instance"
 INSTANCE_ENV_DIR = "/etc/ascend-fleet/instances"
+# Root-only (0600) env files of the control machine's credentials (ascend_fleet/credentials.py).
+HUB_TOKENS_FILE = "/etc/ascend-fleet/hub-tokens.env"  # workers: the weights stager's hub tokens
+GATEWAY_API_KEY_FILE = "/etc/ascend-fleet/api-key.env"  # gateways: the key of the verify stage's probe
 GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 # A 72B model takes about 8 minutes to load on 4 cards (field notes); leave room for bigger ones.
 START_TIMEOUT_SECONDS = 1800
@@ -30,6 +35,11 @@ GATEWAY_UPSTREAM = {"max_fails": 2, "fail_timeout": 10, "read_timeout": 3600, "u
 
 def unit_name(instance: Instance) -> str:
     return f"ascend-fleet-{instance.name}.service"
+
+
+def instance_env_file(instance: Instance) -> str:
+    """Root-only: it holds the API key when one is configured."""
+    return f"{INSTANCE_ENV_DIR}/{instance.name}.env"
 
 
 def stack_fingerprint(profile: Profile) -> str:
@@ -61,9 +71,12 @@ def weights_stage() -> None:
     config = host_node_config(host)
     if not config.is_worker:
         return
-    model = config.model
+    model, tokens = config.model, hub_tokens()
+    private.private_file(name="Hub tokens (root only)", dest=HUB_TOKENS_FILE,
+                         content=env_lines(tokens) if tokens else None)
     weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
-                  source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer)
+                  source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer,
+                  tokens_env_file=HUB_TOKENS_FILE if tokens else None)
 
 
 @deploy("Serve")
@@ -81,6 +94,8 @@ def serve_stage() -> None:
     files.put(name="Instance start checks", src=StringIO(render(TEMPLATES / "ascend-fleet-instance.sh.j2")),
               dest=HELPER, mode="755")
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
+    if not config.serve_only:
+        retire_instances(config)
     for instance in config.instances:
         if config.serve_only and instance.name not in config.serve_only:
             continue
@@ -91,22 +106,39 @@ def serve_stage() -> None:
                                 weights_marker=f"{model_path}/{MARKER_NAME}",
                                 args=vllm_args(config, instance, model_path), start_timeout=START_TIMEOUT_SECONDS,
                                 stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)))
-        environment = files.put(
-            name=f"Environment of {instance.name}", dest=f"{INSTANCE_ENV_DIR}/{instance.name}.env", mode="600",
-            src=StringIO(render(TEMPLATES / "vllm-instance.env.j2", instance=instance,
-                                settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
-                                model_id=model.id, revision=model.revision)))
+        environment = private.private_file(
+            name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance),
+            content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance,
+                           settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
+                           model_id=model.id, revision=model.revision, api_key=api_key()))
         changed = unit.will_change or environment.will_change
         systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
                         enabled=True, restarted=changed, daemon_reload=changed)
 
 
+def retire_instances(config: NodeConfig) -> None:
+    """Stop and remove the units of the colour that does not serve: the old set once a blue/green
+    swap switched the gateway away from it (and drained it), or a new set that failed its gate."""
+    retired = other_colour(config.colour)
+    for instance in host_node_config(host, retired).instances:
+        unit_file = f"/etc/systemd/system/{unit_name(instance)}"
+        if not host.get_fact(File, path=unit_file):
+            continue
+        systemd.service(name=f"Instance {instance.name} stopped ({retired} does not serve)",
+                        service=unit_name(instance), running=False, enabled=False)
+        files.file(name=f"No unit {unit_name(instance)}", path=unit_file, present=False)
+        files.file(name=f"No environment of {instance.name}", path=f"{INSTANCE_ENV_DIR}/{instance.name}.env",
+                   present=False)
+        systemd.daemon_reload(name=f"Units without {instance.name}")
+
+
 def fleet_backends(drained: set[str]) -> list[dict]:
     """Every instance of every worker in the inventory, as the gateway addresses it; those in
-    `drained` (host/instance) are kept out of rotation."""
+    `drained` (host/instance) are kept out of rotation. Each worker's instances are those of the
+    colour it serves with (host_node_config)."""
     backends = []
     for worker in inventory:  # every host, also those a --limit leaves out
-        config = node_config(worker.data.dict(), worker.name)
+        config = host_node_config(worker)
         address = worker.data.get("ssh_hostname") or worker.name
         backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,
                       "drained": backend_key(worker.name, i.name) in drained}
@@ -127,3 +159,6 @@ def gateway_stage() -> None:
                      listen_port=config.gateway.listen_port,
                      backends=fleet_backends(FleetState(config.fleet_state_dir).drained()), **GATEWAY_UPSTREAM)
     gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG, content=content)
+    key = api_key()
+    private.private_file(name="API key for the gateway checks (root only)", dest=GATEWAY_API_KEY_FILE,
+                         content=env_lines({API_KEY_NAME: key}) if key else None)
