@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import requests
 
+from ascend_fleet.credentials import api_headers
+
 # Each request opens its own connection, as independent clients do: a pooled keepalive
 # connection that nginx closes during a reload would fail a request no client sent twice.
 CONNECT_TIMEOUT_SECONDS = 5
@@ -80,7 +82,7 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, origin: floa
     try:
         with requests.post(f"{url}/v1/chat/completions", json=body, stream=True,
                            timeout=(CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS),
-                           headers={"Connection": "close"}) as response:
+                           headers={"Connection": "close", **api_headers()}) as response:
             if response.status_code != 200:
                 error = f"HTTP {response.status_code}: {' '.join(response.text.split())[:160]}"
                 return RequestResult(started - origin, time.monotonic() - started, None, False, error)

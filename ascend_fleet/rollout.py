@@ -31,6 +31,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from pyinfra.api import Inventory
 
+from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key
@@ -165,14 +166,15 @@ def instance_problem(backend: Backend, model_name: str, model_path: str | None) 
         health = requests.get(f"{backend.url}/health", timeout=HTTP_TIMEOUT_SECONDS)
         if health.status_code != 200:
             return "health", f"/health answers {health.status_code}"
-        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS).json().get("data", [])
+        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS,
+                             headers=api_headers()).json().get("data", [])
         card = next((c for c in cards if c.get("id") == model_name), None)
         if card is None:
             return "models", f"/v1/models names {[c.get('id') for c in cards]}, not {model_name}"
         if model_path and card.get("root") != model_path:
             return "models", f"serves {card.get('root')}, not {model_path}"
         completion = requests.post(f"{backend.url}/v1/completions", timeout=HTTP_TIMEOUT_SECONDS,
-                                   json={"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})
+                                   headers=api_headers(), json={"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})
         if completion.status_code != 200 or not completion.json().get("choices"):
             return "completion", f"a completion answers {completion.status_code}: {completion.text[:160]}"
         metrics = requests.get(f"{backend.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS)
@@ -185,7 +187,7 @@ def instance_problem(backend: Backend, model_name: str, model_path: str | None) 
 
 def gateway_problem(url: str, model_name: str) -> str | None:
     try:
-        answer = requests.post(f"{url}/v1/chat/completions", timeout=HTTP_TIMEOUT_SECONDS, json={
+        answer = requests.post(f"{url}/v1/chat/completions", timeout=HTTP_TIMEOUT_SECONDS, headers=api_headers(), json={
             "model": model_name, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 4})
     except requests.RequestException as exc:
         return f"does not answer ({type(exc).__name__})"
@@ -400,7 +402,8 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
 def served_path(backend: Backend) -> str | None:
     """The model directory an instance serves (vLLM's /v1/models `root`), or None if it does not answer."""
     try:
-        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS).json().get("data", [])
+        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS,
+                             headers=api_headers()).json().get("data", [])
     except (requests.RequestException, ValueError):
         return None
     return cards[0].get("root") if cards else None
