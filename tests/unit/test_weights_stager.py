@@ -292,6 +292,18 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def list_directory(self, path):
+        """A directory as nginx's `autoindex_format json` lists it (dot files left out)."""
+        entries = [{"name": entry.name, "type": "directory" if entry.is_dir() else "file",
+                    **({} if entry.is_dir() else {"size": entry.stat().st_size})}
+                   for entry in sorted(Path(path).iterdir()) if not entry.name.startswith(".")]
+        body = json.dumps(entries).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
     def send_head(self):
         RangeHandler.requests.append((self.path, self.headers.get("Range")))
         wanted = self.headers.get("Range", "")
@@ -309,10 +321,10 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         return f
 
 
-def run_stager(tmp_path, url, revision="v1", margin=0) -> tuple[int, str]:
+def run_stager(tmp_path, url, revision="v1", margin=0, peers=()) -> tuple[int, str]:
     argv = ["--host", "worker1", "--model-id", "lab/Qwen3-Tiny", "--revision", revision,
             "--model-dir", str(tmp_path / "models"), "--source", "http", "--url", url,
-            "--min-free-margin-bytes", str(margin)]
+            "--min-free-margin-bytes", str(margin), *(word for peer in peers for word in ("--peer-url", peer))]
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sw.sys, "stderr", err)
@@ -381,3 +393,58 @@ def test_an_existing_unverified_directory_is_never_replaced(tmp_path, mirror):
 
     assert code == 1 and "exists but is not a verified stage (it has no marker)" in err
     assert [p.name for p in target.iterdir()] == ["config.json"]
+
+
+# ---------------------------------------------------------------- spread over peers
+
+
+def serve_as_peer(model_dir: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A node's weights server as templates/weights-peer-nginx.conf.j2 lays it out."""
+    root = model_dir.parent / "peer-root"
+    root.mkdir()
+    (root / sw.PEER_PUBLISHED_PATH).symlink_to(model_dir)
+    (root / sw.PEER_STAGING_PATH).symlink_to(model_dir / sw.PARTIAL_DIR_NAME)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def test_spread_takes_what_a_peer_holds_from_it_and_refuses_its_corrupt_copy(tmp_path, mirror, capsys):
+    root, url = mirror
+    source = root / "models/lab/Qwen3-Tiny/v1"
+    names = sorted(json.loads((source / sw.MANIFEST_NAME).read_text())["files"])
+    peer_dir = tmp_path / "peer/models"
+    staging = peer_dir / ".partial/lab/Qwen3-Tiny/v1"
+    (staging / ".incoming").mkdir(parents=True)
+    good, bad, unverified = "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    (staging / good).write_bytes((source / good).read_bytes())
+    blob = bytearray((source / bad).read_bytes())
+    blob[-10] ^= 0xFF  # a verified copy that rotted on the peer's disk
+    (staging / bad).write_bytes(bytes(blob))
+    (staging / ".incoming" / unverified).write_bytes((source / unverified).read_bytes()[:500])
+    server, peer = serve_as_peer(peer_dir)
+    RangeHandler.requests.clear()
+    try:
+        assert run_stager(tmp_path / "node", url, peers=[peer]) == (0, "")
+    finally:
+        server.shutdown()
+
+    target = tmp_path / "node/models/lab/Qwen3-Tiny/v1"
+    assert {name: (target / name).read_bytes() for name in names} == {
+        name: (source / name).read_bytes() for name in names}
+    asked = [path for path, _ in RangeHandler.requests]
+    from_origin = {path.rsplit("/", 1)[1] for path in asked if path.startswith("/models/")}
+    from_peer = {path.rsplit("/", 1)[1] for path in asked if path.startswith("/staging/") and not path.endswith("/")}
+    assert good in from_peer and good not in from_origin  # a peer's verified copy spares the origin
+    assert bad in from_peer and bad in from_origin  # refused from the peer, fetched whole from the origin
+    assert unverified not in from_peer and ".incoming" not in " ".join(asked)  # a fetch in progress is never offered
+    out = capsys.readouterr().out
+    assert f"refused {bad} from {peer}: it sha256" in out
+    assert "refused 1 bad copies from peers" in out
+
+
+def test_spread_skips_a_peer_that_does_not_answer(tmp_path, mirror, capsys):
+    _, url = mirror
+    assert run_stager(tmp_path, url, peers=["http://127.0.0.1:9"]) == (0, "")  # discard port: refused
+    assert "from the origin, 0 from peers (none)" in capsys.readouterr().out
+    assert (tmp_path / "models/lab/Qwen3-Tiny/v1" / sw.MARKER_NAME).is_file()

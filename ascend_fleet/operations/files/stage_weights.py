@@ -9,8 +9,13 @@ Layout under MODEL_DIR, all on one filesystem so that publishing is a rename:
 
     <org>/<name>/<revision>/                             published; never modified again
     <org>/<name>/<revision>/.ascend-fleet-staged.json    the marker: id, revision, manifest sha256, files
-    .partial/<org>/<name>/<revision>/                    fetches in progress, kept across runs
+    .partial/<org>/<name>/<revision>/                    verified files of a revision still being staged
+    .partial/<org>/<name>/<revision>/.incoming/          fetches in progress, kept across runs
     .partial/<org>/<name>/<revision>.lock                one stager per revision at a time
+
+A file enters the partial directory only by a rename after its digest matched the
+manifest, so what lies there (not hidden) is verified: the ``peers`` spread serves
+exactly that directory and published revisions to the fleet (``--peer-url``).
 
 Flow: read the source's manifest (size and digest of every file); check free
 space for what is still to fetch plus a margin; fetch what the partial
@@ -19,8 +24,10 @@ safetensors header of every shard the index names; write the marker; rename
 the directory into place. Directories of other revisions are never touched.
 
 A source is anything with ``manifest()`` (file -> size and digest) and
-``fetch(names, partial)``; the verification and publishing around it do not
-depend on where bytes come from, so a fleet-wide ``peers`` source can slot in.
+``fetch(names, incoming)``; the verification and publishing around it do not
+depend on where bytes come from. With ``--peer-url`` the source is only the
+origin: each file comes from a fleet node that holds a verified copy when one
+does, from the origin when none does yet (class Spread).
 
 Tokens (MODELSCOPE_API_TOKEN, HF_TOKEN) come from a root-only 0600 env file and
 reach child processes through their environment, never their command line.
@@ -33,16 +40,20 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import http.client
 import json
 import os
+import random
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -52,6 +63,10 @@ INDEX_NAME = "model.safetensors.index.json"
 MARKER_NAME = ".ascend-fleet-staged.json"
 JOURNAL_NAME = ".ascend-fleet-verified.json"  # in the partial directory only: files verified so far
 PARTIAL_DIR_NAME = ".partial"
+INCOMING_DIR_NAME = ".incoming"  # in the partial directory: what is being fetched, not yet verified
+# Where a node's nginx serves its weights to the fleet (templates/weights-peer-nginx.conf.j2):
+# whole published revisions, and the verified files of revisions being staged.
+PEER_PUBLISHED_PATH, PEER_STAGING_PATH = "published", "staging"
 SOURCES = ("http", "modelscope", "hf", "rsync")
 TOKEN_NAMES = ("MODELSCOPE_API_TOKEN", "HF_TOKEN")
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
@@ -61,6 +76,13 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAl
 CHUNK_BYTES = 4 * 1024 * 1024
 HTTP_TIMEOUT_SECONDS = 60
 HTTP_ATTEMPTS = 3
+# Spreading over the fleet (class Spread): files one node fetches at once, of which from the
+# origin (its link is the scarce one: the fleet shares it), and how often peers are asked what
+# they hold. A peer that failed is asked again after PEER_RETRY_SECONDS; one that sends nothing
+# for PEER_TIMEOUT_SECONDS is given up for that file.
+FETCHERS, ORIGIN_FETCHERS = 4, 1
+PEER_POLL_SECONDS, PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 0.5, 5, 30
+IDLE_SECONDS = 0.2
 # A safetensors header is JSON of tensor names and offsets; 100 MB is far beyond any real one.
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 SHA256_HEX_LEN, SHA1_HEX_LEN = 64, 40
@@ -121,7 +143,7 @@ def checked_file_name(name: object) -> str:
     if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
         raise ValueError(f"manifest lists an unusable file name {name!r}")
     parts = PurePosixPath(name).parts
-    if any(part in ("", ".", "..") for part in parts) or parts[0] in (MARKER_NAME, JOURNAL_NAME):
+    if any(part in ("", ".", "..") for part in parts) or parts[0] in (MARKER_NAME, JOURNAL_NAME, INCOMING_DIR_NAME):
         raise ValueError(f"manifest lists an unusable file name {name!r}")
     return name
 
@@ -311,6 +333,10 @@ class Job:
     def partial(self) -> Path:
         return partial_dir(self.model_dir, self.model_id, self.revision)
 
+    @property
+    def incoming(self) -> Path:
+        return self.partial / INCOMING_DIR_NAME
+
 
 def say(message: str) -> None:
     print(message, flush=True)
@@ -335,8 +361,8 @@ def read_tokens_env_file(path: Path) -> dict[str, str]:
     return tokens
 
 
-def http_get(url: str, headers: dict[str, str]):
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT_SECONDS)
+def http_get(url: str, headers: dict[str, str], timeout: float = HTTP_TIMEOUT_SECONDS):
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
 def http_json(job: Job, url: str, headers: dict[str, str] | None = None):
@@ -352,14 +378,14 @@ def http_json(job: Job, url: str, headers: dict[str, str] | None = None):
         raise job.error(f"{url} is not JSON: check the source URL") from None
 
 
-def download_resuming(url: str, dest: Path, size: int) -> None:
+def download_resuming(url: str, dest: Path, size: int, timeout: float = HTTP_TIMEOUT_SECONDS) -> None:
     """Fetch url into dest, continuing from dest's current length with an HTTP Range request."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     have = dest.stat().st_size if dest.exists() else 0
     if have >= size:
         return
     headers = {"Range": f"bytes={have}-"} if have else {}
-    with http_get(url, headers) as response:
+    with http_get(url, headers, timeout) as response:
         if have and response.status != 206:  # the server ignored the range: start over
             have = 0
         say(f"fetching {dest.name}: {size - have} bytes" + (f" (resuming at {have})" if have else ""))
@@ -376,7 +402,8 @@ def parsed_or_fail(job: Job, where: str, what_to_do: str, parse, *args):
 
 
 class Source:
-    """Where a revision comes from: its manifest, and a way to fetch named files into a directory."""
+    """Where a revision comes from: its manifest, and a way to fetch named files into a directory
+    (``<directory>/<name>``, resuming what is there)."""
 
     def __init__(self, job: Job):
         self.job = job
@@ -387,12 +414,16 @@ class Source:
     def manifest(self) -> dict:
         raise NotImplementedError
 
-    def fetch(self, names: list[str], partial: Path) -> None:
+    def fetch(self, names: list[str], incoming: Path) -> None:
         raise NotImplementedError
 
     def batches(self, names: list[str]) -> list[list[str]]:
         """Fetch groups; each is verified before the next starts. Tools with their own scheduling take all."""
         return [names]
+
+    def fetch_all(self, files: dict, pending: list[str], journal: Journal) -> None:
+        """Fetch and verify every pending file into the partial directory."""
+        fetch_and_verify(self.job, self, files, pending, journal)
 
 
 class HttpMirror(Source):
@@ -417,9 +448,9 @@ class HttpMirror(Source):
     def batches(self, names: list[str]) -> list[list[str]]:
         return [[name] for name in names]
 
-    def fetch(self, names: list[str], partial: Path) -> None:
+    def fetch(self, names: list[str], incoming: Path) -> None:
         for name in names:
-            self._fetch_one(name, partial / name)
+            self._fetch_one(name, incoming / name)
 
     def _fetch_one(self, name: str, dest: Path) -> None:
         url = self.base + urllib.parse.quote(name)
@@ -503,11 +534,11 @@ class Hub(Source):
         return parsed_or_fail(self.job, self.listing_url(), "check the model id and revision",
                               self.files_from_listing)
 
-    def fetch(self, names: list[str], partial: Path) -> None:
+    def fetch(self, names: list[str], incoming: Path) -> None:
         env = {key: value for key, value in self.job.tokens.items() if key == self.TOKEN_NAME}
         if self.endpoint != self.DEFAULT_ENDPOINT:
             env.update(self.endpoint_env())
-        run_tool(self.job, self.download_argv(names, partial), env)
+        run_tool(self.job, self.download_argv(names, incoming), env)
 
 
 class ModelScope(Hub):
@@ -572,8 +603,179 @@ class Peer(Source):
         return parsed_or_fail(self.job, self.describe(), "stage it there first",
                               lambda: files_from_marker(json.loads(raw), self.job.model_id, self.job.revision))
 
-    def fetch(self, names: list[str], partial: Path) -> None:
-        run_tool(self.job, rsync_argv(self.peer, self.remote_dir, partial), stdin="\0".join(names).encode())
+    def fetch(self, names: list[str], incoming: Path) -> None:
+        incoming.mkdir(parents=True, exist_ok=True)
+        run_tool(self.job, rsync_argv(self.peer, self.remote_dir, incoming), stdin="\0".join(names).encode())
+
+
+WAIT = "wait"
+
+
+class Spread(Source):
+    """The origin and the fleet: each file comes from a peer that serves a verified copy of it when
+    one does, else from the origin, so the origin sends each file about once and a file spreads
+    as soon as one node has verified it.
+
+    A peer is another node's nginx (templates/weights-peer-nginx.conf.j2): ``/published/`` its
+    published revisions, ``/staging/`` the verified files of revisions it is still staging; its
+    JSON listings say what it holds. Every copy is verified against the origin's manifest here,
+    whoever sent it: a copy that does not match is deleted and never served on, and that peer is
+    not asked for that file again. A peer that fails is skipped; the file resumes from another.
+    Rarest file first, from the least busy holder; the origin is asked for one file at a time,
+    each node starting at its own place in the list (origin_start, 0 to 1) so they ask for
+    different files.
+    """
+
+    def __init__(self, job: Job, origin: Source, peer_urls: list[str], origin_start: float):
+        super().__init__(job)
+        self.origin, self.origin_start = origin, origin_start
+        self.peers = [url.rstrip("/") for url in peer_urls]
+        self.lock = threading.Lock()
+        self.holdings: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}  # peer -> name -> URL
+        self.polled = {peer: threading.Event() for peer in self.peers}
+        self.refused: dict[str, set[str]] = {}  # name -> peers whose copy did not verify
+        self.busy: dict[str, str | None] = {}  # name -> the peer (None: the origin) it is being fetched from
+        self.load: Counter = Counter()  # peer -> files being fetched from it
+        self.counts: Counter = Counter()  # "origin", each peer, "refused"
+        self.done = threading.Event()
+        self.failure: StageError | None = None
+        self.files: dict = {}
+        self.waiting: list[str] = []
+        self.journal: Journal | None = None
+
+    def describe(self) -> str:
+        return f"{self.origin.describe()} spread over {len(self.peers)} peers"
+
+    def manifest(self) -> dict:
+        return self.origin.manifest()  # the digests always come from the origin, never from a peer
+
+    def revision_url(self, peer: str, where: str) -> str:
+        parts = model_path_parts(self.job.model_id, self.job.revision)
+        return "/".join((peer, where, *map(urllib.parse.quote, parts), ""))
+
+    def listing(self, peer: str) -> dict[str, str]:
+        """name -> URL of each file of the revision that the peer serves at the manifest's size."""
+        for where in (PEER_PUBLISHED_PATH, PEER_STAGING_PATH):
+            try:
+                return self.walk(self.revision_url(peer, where), "")
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    raise
+        return {}
+
+    def walk(self, base: str, prefix: str) -> dict[str, str]:
+        with http_get(base + urllib.parse.quote(prefix), {}, PEER_RETRY_SECONDS) as response:
+            entries = json.load(response)
+        found = {}
+        for entry in entries:
+            name = prefix + entry["name"]
+            if entry["type"] == "directory" and any(known.startswith(name + "/") for known in self.files):
+                found.update(self.walk(base, name + "/"))
+            elif entry["type"] == "file" and self.files.get(name, {}).get("size") == entry["size"]:
+                found[name] = base + urllib.parse.quote(name)
+        return found
+
+    def poll(self, peer: str) -> None:
+        while not self.done.is_set():
+            try:
+                held, pause = self.listing(peer), PEER_POLL_SECONDS
+            except (OSError, ValueError, TypeError, KeyError, http.client.HTTPException):
+                held, pause = {}, PEER_RETRY_SECONDS  # down, or not serving: skipped until it answers
+            with self.lock:
+                self.holdings[peer] = held
+            self.polled[peer].set()
+            self.done.wait(pause)
+
+    def fetch_all(self, files: dict, pending: list[str], journal: Journal) -> None:
+        self.files, self.journal = files, journal
+        start = int(self.origin_start * len(pending)) % max(len(pending), 1)
+        self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
+        pollers = [threading.Thread(target=self.poll, args=(peer,), daemon=True) for peer in self.peers]
+        for thread in pollers:
+            thread.start()
+        for event in self.polled.values():  # what peers hold before anything is asked of the origin
+            event.wait(2 * PEER_RETRY_SECONDS)
+        fetchers = [threading.Thread(target=self.fetcher, daemon=True) for _ in range(FETCHERS)]
+        for thread in fetchers:
+            thread.start()
+        for thread in fetchers:
+            thread.join()
+        self.done.set()
+        for thread in pollers:
+            thread.join()
+        if self.failure:
+            raise self.failure
+        by_peer = ", ".join(f"{peer} {self.counts[peer]}" for peer in self.peers if self.counts[peer])
+        say(f"fetched {len(pending)} files: {self.counts['origin']} from the origin, "
+            f"{sum(self.counts[peer] for peer in self.peers)} from peers ({by_peer or 'none'}); "
+            f"refused {self.counts['refused']} bad copies from peers")
+
+    def fetcher(self) -> None:
+        while True:
+            with self.lock:
+                task = None if self.failure else self.next_task()
+            if task is None:
+                return
+            if task == WAIT:
+                time.sleep(IDLE_SECONDS)
+                continue
+            name, peer = task
+            try:
+                self.fetch_one(name, peer)
+            except StageError as error:
+                with self.lock:
+                    self.failure = self.failure or error
+            finally:
+                with self.lock:
+                    del self.busy[name]
+                    self.load[peer] -= 1
+
+    def next_task(self) -> tuple[str, str | None] | str | None:
+        """(name, peer or None for the origin), WAIT, or None when every file left is being fetched."""
+        left = [name for name in self.waiting if name not in self.busy]
+        if not left:
+            return None
+        offered = {name: holders for name in left
+                   if (holders := [peer for peer in self.peers if name in self.holdings[peer]
+                                   and peer not in self.refused.get(name, ())])}
+        if offered:
+            name = min(offered, key=lambda n: (len(offered[n]), random.random()))
+            peer = min(offered[name], key=lambda p: (self.load[p], random.random()))
+        elif list(self.busy.values()).count(None) < ORIGIN_FETCHERS:
+            name, peer = left[0], None
+        else:
+            return WAIT
+        self.busy[name] = peer
+        self.load[peer] += 1
+        return name, peer
+
+    def fetch_one(self, name: str, peer: str | None) -> None:
+        entry, incoming = self.files[name], self.job.incoming / name
+        resumed = incoming.is_file() and incoming.stat().st_size > 0
+        if peer is None:
+            self.origin.fetch([name], self.job.incoming)
+        else:
+            try:
+                download_resuming(self.holdings[peer][name], incoming, entry["size"], PEER_TIMEOUT_SECONDS)
+            except (OSError, KeyError, http.client.HTTPException) as error:
+                say(f"{name}: {peer} failed ({str(error) or type(error).__name__}); fetching the rest elsewhere")
+                with self.lock:
+                    self.holdings[peer] = {}  # until it answers a listing again
+                return
+        problem, short = check_fetched(self.job, name, entry)
+        with self.lock:
+            if problem is None:
+                admit(self.job, name, self.journal)
+                self.waiting.remove(name)
+                self.counts[peer or "origin"] += 1
+                say(f"verified {name} from {peer or 'the origin'}")
+            elif peer is not None:
+                self.refused.setdefault(name, set()).add(peer)
+                self.counts["refused"] += 1
+                say(f"refused {name} from {peer}: it {problem}; fetching it elsewhere")
+            elif not (short or resumed):  # the origin's own whole copy is wrong: nothing to fall back on
+                raise self.job.error(f"{name} {problem}; nothing was published: rerun (and if it fails "
+                                     f"again, fix the copy at {self.origin.describe()})")
 
 
 class Journal:
@@ -615,11 +817,12 @@ def existing_ancestor(path: Path) -> Path:
 
 
 def bytes_still_to_fetch(files: dict, partial: Path) -> int:
-    """Bytes the partial directory lacks; a file longer than expected counts whole (it is fetched again)."""
+    """Bytes the partial directory lacks, verified or incoming; a file longer than expected counts
+    whole (it is fetched again)."""
     missing = 0
     for name, entry in files.items():
-        path = partial / name
-        have = path.stat().st_size if path.is_file() else 0
+        have = max((path.stat().st_size for path in (partial / name, partial / INCOMING_DIR_NAME / name)
+                    if path.is_file()), default=0)
         missing += entry["size"] - have if have <= entry["size"] else entry["size"]
     return missing
 
@@ -662,36 +865,53 @@ def revision_lock(job: Job):
 
 
 def verify_present(job: Job, files: dict, journal: Journal) -> list[str]:
-    """Verify files an earlier run completed; return the names still to fetch (bad copies are removed)."""
+    """Verify files an earlier run completed; return the names still to fetch. A bad copy is removed;
+    a short one (left by a stager without the incoming directory) goes back to incoming to resume."""
     pending = []
     for name, entry in files.items():
         path = job.partial / name
         if journal.trusts(name, path):
             continue
-        if path.is_file() and path.stat().st_size == entry["size"]:
-            if file_problem(path, entry) is None:
-                journal.record(name, path)
-                continue
-            path.unlink()
-        elif path.is_file() and path.stat().st_size > entry["size"]:
-            path.unlink()
+        if path.is_file() and path.stat().st_size == entry["size"] and file_problem(path, entry) is None:
+            journal.record(name, path)
+            continue
+        if path.is_file() and path.stat().st_size < entry["size"] and not (job.incoming / name).exists():
+            (job.incoming / name).parent.mkdir(parents=True, exist_ok=True)
+            path.rename(job.incoming / name)
+        path.unlink(missing_ok=True)
         pending.append(name)
     return pending
 
 
+def admit(job: Job, name: str, journal: Journal) -> None:
+    """A fetched file whose digest matched moves from incoming into the partial directory (and is
+    from then on served to peers), in one rename."""
+    path = job.partial / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(job.incoming / name, path)
+    journal.record(name, path)
+
+
+def check_fetched(job: Job, name: str, entry: dict) -> tuple[str | None, bool]:
+    """(problem, short) of a fetched file in incoming; a wrong copy, unlike a short one, is removed
+    at once, so no rerun resumes or trusts it."""
+    path = job.incoming / name
+    problem = file_problem(path, entry)
+    short = problem is not None and path.is_file() and path.stat().st_size < entry["size"]
+    if problem is not None and not short:
+        path.unlink(missing_ok=True)
+    return problem, short
+
+
 def fetch_and_verify(job: Job, source: Source, files: dict, pending: list[str], journal: Journal) -> None:
     for batch in source.batches(pending):
-        source.fetch(batch, job.partial)
+        source.fetch(batch, job.incoming)
         for name in batch:
-            path = job.partial / name
-            problem = file_problem(path, files[name])
+            problem, short = check_fetched(job, name, files[name])
             if problem is None:
-                journal.record(name, path)
+                admit(job, name, journal)
                 say(f"verified {name}")
                 continue
-            short = path.is_file() and path.stat().st_size < files[name]["size"]
-            if not short:  # a wrong copy must not survive to be trusted by a rerun
-                path.unlink(missing_ok=True)
             raise job.error(f"{name} {problem}; nothing was published: rerun "
                             + ("to resume" if short else f"(and if it fails again, fix the copy at {source.describe()})"))
 
@@ -766,7 +986,7 @@ def stage(job: Job, source: Source, margin: int) -> None:
         journal = Journal(job.partial)
         pending = verify_present(job, files, journal)
         say(f"{len(files) - len(pending)} of {len(files)} files already verified")
-        fetch_and_verify(job, source, files, pending, journal)
+        source.fetch_all(files, pending, journal)
         check_shards(job, files)
         publish(job, source, files)
 
@@ -781,6 +1001,12 @@ def make_source(job: Job, args: argparse.Namespace) -> Source:
     return Peer(job, args.peer)
 
 
+def make_spread_source(job: Job, args: argparse.Namespace) -> Source:
+    """The origin alone, or spread over the fleet when peers are given."""
+    origin = make_source(job, args)
+    return Spread(job, origin, args.peer_url, args.origin_start) if args.peer_url else origin
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", required=True, help="the inventory name, for messages")
@@ -790,6 +1016,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--source", required=True, choices=SOURCES)
     parser.add_argument("--url", help="http: the mirror; modelscope/hf: another hub endpoint")
     parser.add_argument("--peer", help="rsync: [user@]host of a node that staged this revision")
+    parser.add_argument("--peer-url", action="append", default=[],
+                        help="http://host:port of a fleet node's weights server (repeatable): fetch from peers, "
+                             "the source being the origin")
+    parser.add_argument("--origin-start", type=float, default=0.0,
+                        help="with --peer-url: where in the file list (0 to 1) this node starts asking the origin")
     parser.add_argument("--tokens-env-file", type=Path)
     parser.add_argument("--min-free-margin-bytes", type=int, default=0)
     args = parser.parse_args(argv)
@@ -797,6 +1028,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--source http needs --url")
     if args.source == "rsync" and not args.peer:
         parser.error("--source rsync needs --peer")
+    if args.source == "rsync" and args.peer_url:
+        parser.error("--peer-url spreads what an origin (http, modelscope, hf) serves, not --source rsync")
+    if not 0 <= args.origin_start < 1:
+        parser.error("--origin-start must be at least 0 and below 1")
     return args
 
 
@@ -807,7 +1042,7 @@ def main(argv: list[str]) -> int:
         model_path_parts(job.model_id, job.revision)
         if args.tokens_env_file:
             job.tokens = read_tokens_env_file(args.tokens_env_file)
-        stage(job, make_source(job, args), args.min_free_margin_bytes)
+        stage(job, make_spread_source(job, args), args.min_free_margin_bytes)
     except StageError as error:
         print(error, file=sys.stderr)
         return 1
