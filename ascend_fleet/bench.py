@@ -30,6 +30,7 @@ from pyinfra.api import Inventory
 from rich.console import Console
 from rich.table import Table
 
+from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import NodeConfig, host_node_config
@@ -225,6 +226,8 @@ def describe_run(target: Target, options: dict, slo_results: list[dict], compare
 
 def run_bench(command: list[str], venv: Path, log: Path) -> None:
     env = {**os.environ, **serving_env(BENCH_CACHE / "cache")}
+    if key := api_key():  # vllm bench serve sends OPENAI_API_KEY as the Bearer key
+        env["OPENAI_API_KEY"] = key
     with log.open("w") as out, console.status(f"vllm bench serve through the gateway (log in {log})"):
         out.write(f"$ {' '.join(command)}\n")
         out.flush()

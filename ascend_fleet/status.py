@@ -32,7 +32,7 @@ from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
-from ascend_fleet.stages.serving import GATEWAY_CONFIG, unit_name
+from ascend_fleet.stages.serving import GATEWAY_CONFIG, instance_env_file, unit_name
 from ascend_fleet.vllm_metrics import parse_metrics
 
 HTTP_TIMEOUT_SECONDS = 5
@@ -121,9 +121,10 @@ def worker_queries(config: NodeConfig, profile: Profile) -> dict[str, FactQuery]
     for instance in config.instances:
         base = f"http://127.0.0.1:{instance.port}"
         queries[f"unit:{instance.name}"] = FactQuery(UnitState, {"unit": unit_name(instance)})
-        for path in ("health", "v1/models", "metrics"):
-            queries[f"{path}:{instance.name}"] = FactQuery(
-                HttpAnswer, {"url": f"{base}/{path}", "timeout_seconds": HTTP_TIMEOUT_SECONDS})
+        for path in ("health", "v1/models", "metrics"):  # the instance's own key, when it has one, opens /v1
+            queries[f"{path}:{instance.name}"] = FactQuery(HttpAnswer, {
+                "url": f"{base}/{path}", "timeout_seconds": HTTP_TIMEOUT_SECONDS,
+                "api_key_file": instance_env_file(instance)})
     return queries
 
 

@@ -11,6 +11,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from ascend_fleet.credentials import API_KEY_NAME
 from ascend_fleet.operations.files.npu_metrics import parse_npu_smi_info
 from ascend_fleet.versions import parse_range
 
@@ -186,9 +187,15 @@ class HttpAnswer(FactBase):
     """Status and body of an HTTP request made on the node: {"status": 200, "body": "..."};
     status 0 when nothing answered."""
 
-    def command(self, url: str, json_body: str | None = None, timeout_seconds: int = 60) -> str:
+    def command(self, url: str, json_body: str | None = None, timeout_seconds: int = 60,
+                api_key_file: str | None = None) -> str:
         post = f"-H 'Content-Type: application/json' --data-binary {shlex.quote(json_body)} " if json_body else ""
-        return (f"body=$(curl -s -m {timeout_seconds} {post}-w '\\n%{{http_code}}' {shlex.quote(url)} 2>/dev/null); "
+        # The API key (a VLLM_API_KEY= line of a root-only env file) is read on the node and reaches
+        # curl as a config line on stdin: no command line, here or in ps, holds it.
+        key = (f"key=$(sed -n 's/^{API_KEY_NAME}=//p' {shlex.quote(api_key_file)} 2>/dev/null | tail -n 1); "
+               if api_key_file else "key=; ")
+        return (f"{key}body=$( {{ [ -z \"$key\" ] || printf 'header = \"Authorization: Bearer %s\"\\n' \"$key\"; }} | "
+                f"curl -s -K - -m {timeout_seconds} {post}-w '\\n%{{http_code}}' {shlex.quote(url)} 2>/dev/null); "
                 f"printf '%s\\n' \"$body\" | tail -n 1; printf '%s\\n' \"$body\" | sed '$d'")
 
     def process(self, output: list[str]) -> dict:

@@ -31,7 +31,7 @@ from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
-from ascend_fleet.stages.serving import unit_name
+from ascend_fleet.stages.serving import GATEWAY_API_KEY_FILE, instance_env_file, unit_name
 
 SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
 GATEWAY_SETTLE_SECONDS = 30
@@ -177,12 +177,12 @@ def model_problem(config: NodeConfig, venv: str) -> str | None:
     return None
 
 
-def instance_problem(config: NodeConfig, port: int, name: str) -> str | None:
+def instance_problem(config: NodeConfig, port: int, name: str, api_key_file: str) -> str | None:
     health = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/health")
     if health["status"] != 200:
         return (f"instance {name} (port {port}) /health answers {health['status'] or 'nothing'}; "
                 f"see `journalctl -u {name}`")
-    models = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/v1/models")
+    models = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/v1/models", api_key_file=api_key_file)
     served = [m.get("id") for m in json.loads(models["body"] or "{}").get("data", [])]
     if config.model.served_model_name not in served:
         return f"instance {name} serves {served}, not {config.model.served_model_name}"
@@ -196,7 +196,7 @@ def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
     url = f"http://127.0.0.1:{config.gateway.listen_port}/v1/chat/completions"
     deadline = time.monotonic() + GATEWAY_SETTLE_SECONDS
     while True:
-        answer = host.get_fact(HttpAnswer, url=url, json_body=body)
+        answer = host.get_fact(HttpAnswer, url=url, json_body=body, api_key_file=GATEWAY_API_KEY_FILE)
         if answer["status"] == 200 and "choices" in answer["body"]:
             return None
         if time.monotonic() > deadline:
@@ -233,4 +233,5 @@ def verify_stage() -> None:
                  find_problem=lambda: model_problem(config, venv))
     for instance in config.instances:
         gates.passed(name=f"Instance {instance.name} healthy", description=f"{instance.name} /health 200, model served",
-                     find_problem=lambda i=instance: instance_problem(config, i.port, unit_name(i)))
+                     find_problem=lambda i=instance: instance_problem(config, i.port, unit_name(i),
+                                                                      instance_env_file(i)))
