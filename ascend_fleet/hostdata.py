@@ -53,6 +53,10 @@ class Model(_Strict):
     source: Literal["modelscope", "hf", "http", "rsync"]
     url: str | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
     peer: str | None = Field(None, description="rsync: a host that already holds the weights")
+    peers: bool | None = Field(None, description="spread over the fleet: each file from a node that verified it, "
+                               "the source only for what none holds yet; default: when more than one worker "
+                               "stages this revision")
+    peer_port: Port = Field(8090, description="where each worker's nginx serves its verified weights to peers")
     served_model_name: str = Field(description="what /v1/models names; defaults to id")
 
     @model_validator(mode="before")
@@ -72,6 +76,9 @@ class Model(_Strict):
             raise ValueError(f"url is only for source http, not {self.source}")
         if self.peer and self.source != "rsync":
             raise ValueError(f"peer is only for source rsync, not {self.source}")
+        if self.peers and self.source == "rsync":
+            raise ValueError("peers spreads what an origin (modelscope, hf, http) serves; source rsync already "
+                             "copies from a peer")
         return self
 
 
