@@ -10,9 +10,13 @@ stops everything: its instances stay drained, the others keep serving, the recor
 fleet state says where `--resume` goes on.
 
 `ascend-fleet rollout` makes one step per wave (inventory groups, split to respect
---max-unavailable); `ascend-fleet swap-model` stages the new weights everywhere, then makes
-one step per instance slot of each wave (`serve_only`), so a node never loses more than one
-instance at a time, and puts back the old model if any step fails.
+--max-unavailable); `ascend-fleet swap-model` stages the new weights everywhere, then, when
+the planner says each node can hold both models, makes one blue/green step per wave: the
+node's other colour of instances (hostdata.colour_instances) starts on the new model beside
+the serving one, is gated, the fleet state's colour flips and the gateway deploy points at
+it, and the old colour is drained and stopped by the serve stage. Otherwise it makes one
+step per instance slot of each wave (`serve_only`), so a node never loses more than one
+instance at a time. Either way a failure puts back the old model.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ from pyinfra.api import Inventory
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import ModelConfigs, load_inventory, plan_node
-from ascend_fleet.fleetstate import FleetState, backend_key
+from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.hostdata import Model, NodeConfig, host_node_config
 from ascend_fleet.operations.files.stage_weights import revision_dir
-from ascend_fleet.planner import check_blue_green
+from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.profile import load_profile
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
@@ -94,6 +98,14 @@ class Fleet:
     def backends(self, host: str, only: list[str] | None = None) -> list[Backend]:
         return [Backend(host, i.name, self.addresses[host], i.port) for i in self.configs[host].instances
                 if only is None or i.name in only]
+
+    def other_config(self, host: str) -> NodeConfig:
+        """The host's data with the instances of the colour that does not serve."""
+        return host_node_config(self.inventory.get_host(host), other_colour(self.configs[host].colour))
+
+    def backends_in(self, host: str, colour: str) -> list[Backend]:
+        config = host_node_config(self.inventory.get_host(host), colour)
+        return [Backend(host, i.name, self.addresses[host], i.port) for i in config.instances]
 
     def all_backends(self) -> list[Backend]:
         return [backend for host in self.workers for backend in self.backends(host)]
@@ -271,6 +283,8 @@ class Runner:
 
     def run_step(self, step: dict) -> bool:
         """One step; on failure the step's instances stay drained and step['detail'] says why."""
+        if step.get("colours"):
+            return self.run_blue_green_step(step)
         started = time.monotonic()
         backends = [b for b in self.fleet.all_backends() if b.key in step["instances"]]
 
@@ -307,6 +321,59 @@ class Runner:
                 return fail(f"gateway {url} gate completion", problem)
         step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
         self.fleet.state.save_rollout(self.record)
+        self.report(step, "done")
+        return True
+
+    def run_blue_green_step(self, step: dict) -> bool:
+        """Start the other colour on the new model beside the serving one, gate it, flip the recorded
+        colour and point the gateway at it, drain the old colour and stop it. Until the flip the old
+        colour serves untouched; a failure before it stops the new colour again."""
+        started = time.monotonic()
+        state, hosts = self.fleet.state, step["hosts"]
+        old = {host: state.colour(host) for host in hosts}
+        new_backends = [b for host in hosts for b in self.fleet.backends_in(host, step["colours"][host])]
+        old_backends = [b for host in hosts for b in self.fleet.backends_in(host, old[host])]
+
+        def fail(where: str, detail: str, flipped: bool = False) -> bool:
+            if flipped:
+                state.set_colours(old)
+                self.set_gateway(state.drained(), f"back to {step['name']}")
+            self.report(step, "stopping the new instances")
+            self.pyinfra(SERVE_DEPLOY, hosts, step["data_back"], f"stop new {step['name']}")
+            step.update(status="failed", detail=f"{where}: {detail}", seconds=round(time.monotonic() - started, 1))
+            state.save_rollout(self.record)
+            self.report(step, "failed")
+            return False
+
+        step.update(status="running", detail="")
+        state.save_rollout(self.record)
+        self.report(step, "starting the new instances beside the serving ones")
+        if (problem := self.pyinfra(SERVE_DEPLOY, hosts, step["data"], f"start {step['name']}")) is not None:
+            return fail("deploy", problem)
+        self.report(step, "gating the new instances")
+        for backend in new_backends:
+            path = self.expected_path(step, backend)
+            if (problem := retried(lambda b=backend, p=path: instance_problem(b, self.fleet.model_name, p))) is not None:
+                gate, detail = problem
+                return fail(f"{backend.host} {backend.instance} gate {gate}", detail)
+        self.report(step, "switching the gateway")
+        state.set_colours(step["colours"])
+        if (problem := self.set_gateway(state.drained(), f"switch {step['name']}")) is not None:
+            return fail("gateway", problem, flipped=True)
+        for url in self.fleet.gateway_urls():
+            if (problem := retried(lambda u=url: gateway_problem(u, self.fleet.model_name))) is not None:
+                return fail(f"gateway {url} gate completion", problem, flipped=True)
+        if (problem := self.wait_idle(old_backends, step)) is not None:
+            return fail("drain", problem, flipped=True)
+        self.report(step, "stopping the old instances")
+        if (problem := self.pyinfra(SERVE_DEPLOY, hosts, step["data_done"], f"stop old {step['name']}")) is not None:
+            step.update(status="failed", detail=f"the new model serves, stopping the old instances failed: {problem}",
+                        seconds=round(time.monotonic() - started, 1))
+            state.save_rollout(self.record)
+            self.report(step, "failed")
+            return False
+        step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
+        state.save_rollout(self.record)
         self.report(step, "done")
         return True
 
@@ -364,9 +431,18 @@ def check_capacity(fleet: Fleet, steps: list[dict]) -> None:
                              "a rollout needs at least two waves (or --max-unavailable below the fleet's size)")
 
 
-def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavailable: int | None) -> dict:
+def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavailable: int | None,
+                 limit: list[str] | None = None) -> dict:
+    """One step per wave (split by max_unavailable); with `limit`, only those workers, in their waves."""
+    for host in limit or []:
+        if host not in fleet.workers:
+            raise FleetError(f"rollout: --limit {host}: not a worker of {fleet.inventory_path}; "
+                             f"workers: {', '.join(fleet.workers)}")
     steps = []
-    for name, hosts in fleet.waves(waves):
+    for name, members in fleet.waves(waves):
+        hosts = [host for host in members if not limit or host in limit]
+        if not hosts:
+            continue
         counts = {host: len(fleet.configs[host].instances) for host in hosts}
         for batch_name, batch in split_wave(name, hosts, counts, max_unavailable):
             backends = [b for host in batch for b in fleet.backends(host)]
@@ -384,18 +460,24 @@ def model_data(fleet: Fleet, model_id: str, revision: str | None) -> dict:
 
 
 def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
-    """Why HBM cannot hold the old and the new model at once on some instance (the planner's
-    check_blue_green), or None when it can everywhere."""
+    """Why some node cannot run its other colour of instances on the new model beside the serving
+    ones: they would share a port, or share NPUs whose HBM cannot hold both models (the planner's
+    check_blue_green); None when every node can."""
     configs = ModelConfigs()
     for host in fleet.workers:
         config = fleet.configs[host]
         profile = load_profile(config.profile)
-        replacement = config.model_copy(update={"model": Model(**model)})
+        replacement = fleet.other_config(host).model_copy(update={"model": Model(**model)})
+        records = [i.record() for i in (*config.instances, *replacement.instances)]
+        for finding in check_node_instances(records):
+            if finding.code != "shared-npu":
+                return f"{host}: {finding.message}"
         pairs = zip(plan_node(config, profile, configs.shape(config)),
                     plan_node(replacement, profile, configs.shape(replacement)))
         for current, new in pairs:
-            for finding in check_blue_green(current.plan, new.plan):
-                return f"{host} {current.instance.name}: {finding.message}"
+            if set(current.instance.npus) & set(new.instance.npus):
+                for finding in check_blue_green(current.plan, new.plan):
+                    return f"{host} {current.instance.name}: {finding.message}"
     return None
 
 
@@ -429,10 +511,46 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
             "finished": False}
 
 
+def blue_green_step(fleet: Fleet, name: str, hosts: list[str], model: dict, previous: dict) -> dict:
+    """A step that moves hosts to their other colour on `model`; `previous` is the model the
+    serving colour keeps if the step fails."""
+    colours = {host: other_colour(fleet.state.colour(host)) for host in hosts}
+    new = [b for host in hosts for b in fleet.backends_in(host, colours[host])]
+    data = {**fleet.data, "model": model, "colour": next(iter(colours.values())),
+            "serve_only": sorted({b.instance for b in new})}
+    step = step_record(name, hosts, new, SERVE_DEPLOY, data)
+    # After the flip the recorded colour serves `model`; before it the old colour keeps `previous`.
+    return {**step, "colours": colours, "data_done": {**fleet.data, "model": model},
+            "data_back": {**fleet.data, "model": previous}}
+
+
+def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
+    """One blue/green step per wave, for the hosts not yet serving the model everywhere."""
+    steps = []
+    for name, hosts in fleet.waves(waves):
+        target = {host: str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
+                  for host in hosts}
+        paths = {host: {served_path(b) for b in fleet.backends(host)} for host in hosts}
+        moving = [host for host in hosts if paths[host] != {target[host]}]
+        if moving:
+            served = next((p for p in paths[moving[0]] if p), None)
+            previous = model_of_path(fleet, moving[0], served) if served else fleet.configs[moving[0]].model.model_dump(
+                exclude_none=True)
+            steps.append(blue_green_step(fleet, name, moving, model, previous))
+    return {"kind": "swap-model", "inventory": str(fleet.inventory_path), "model": model,
+            "steps": steps, "finished": False}
+
+
 def rollback_record(swap: dict, previous: dict[str, str], fleet: Fleet) -> dict:
-    """Steps that put each instance a failed swap touched back on the model it served before."""
+    """Steps that put each instance a failed swap touched back on the model it served before: a
+    blue/green step back for each wave that switched, an instance step for each instance swapped."""
     steps = []
     for step in swap["steps"]:
+        if step.get("colours"):
+            if step["status"] == "done":
+                steps.append(blue_green_step(fleet, f"back: {step['name']}", step["hosts"],
+                                             step["data_back"]["model"], step["data_done"]["model"]))
+            continue
         if step["status"] == "pending":
             continue
         by_model: dict[str, list[Backend]] = {}

@@ -21,6 +21,7 @@ from ascend_fleet.rollout import (
     blue_green_problem,
     check_not_stopped,
     parse_data,
+    plan_blue_green,
     plan_rollout,
     plan_swap,
     rollback_record,
@@ -96,6 +97,8 @@ def rollout(
         "--max-unavailable", min=1, help="most instances out of the gateway at once; larger waves are split")] = None,
     pause: Annotated[float, typer.Option("--pause", help="seconds to wait after each wave")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue the stopped rollout at the step that failed")] = False,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="only this worker (repeatable), e.g. one rebuilt from bare metal")] = None,
     data: Data = None,
     drain_timeout: DrainTimeout = 600,
     as_json: AsJson = False,
@@ -108,7 +111,7 @@ def rollout(
     fleet = Fleet(inventory, parse_data(data or []))
     record = check_not_stopped(fleet.state, resume)
     if record is None:
-        record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable)
+        record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit)
     elif record["kind"] != "rollout" or record["deploy"] != deploy or (data and record["data"] != fleet.data):
         raise FleetError(f"--resume: the stopped {record['kind']} is of {record.get('deploy')} with data "
                          f"{json.dumps(record['data'])}; resume it with the same DEPLOY and no --data")
@@ -133,8 +136,10 @@ def swap_model(
     drain_timeout: DrainTimeout = 600,
     as_json: AsJson = False,
 ) -> None:
-    """Serve another model (or revision) without failing a request: stage its weights beside the
-    old, then restart one instance per node at a time onto it, gated, under the same served name.
+    """Serve another model (or revision) without failing a request, under the same served name:
+    stage its weights beside the old; then, where the planner says a node can hold both models,
+    blue/green per wave (start the node's other instances on it, gate, switch the gateway, drain
+    and stop the old), else restart one instance per node at a time onto it, gated.
 
     Any failure puts every instance it changed back on the model it served before.
     """
@@ -143,11 +148,11 @@ def swap_model(
     if stopped and not stopped.get("finished") and stopped["kind"] == "rollout":
         raise FleetError(f"a rollout of {stopped['deploy']} is stopped; finish it with --resume before a swap")
     new = model_data(fleet, model, revision)
-    # Blue/green (both models resident, then a gateway switch) needs HBM for both; swaps here go
-    # one instance per node at a time, which needs none, and the planner says whether more was possible.
-    hbm = blue_green_problem(fleet, new)
-    strategy = ("one instance per node at a time (HBM could hold both models; blue/green is not built yet)"
-                if hbm is None else f"one instance per node at a time (blue/green refused: {hbm})")
+    # Blue/green keeps both models resident until the gateway switch; one instance per node at a
+    # time needs no room beside the serving model.
+    refused = blue_green_problem(fleet, new)
+    strategy = ("blue/green per wave" if refused is None
+                else f"one instance per node at a time (blue/green refused: {refused})")
     progress_console.print(f"swap-model: {strategy}", highlight=False)
     previous = {b.key: served_path(b) for b in fleet.all_backends()}
     with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
@@ -155,7 +160,8 @@ def swap_model(
             WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
     if problem is not None:
         raise FleetError(f"swap-model: staging the weights failed, nothing was restarted: {problem}")
-    record = plan_swap(fleet, new, waves.split(",") if waves else None)
+    wave_names = waves.split(",") if waves else None
+    record = plan_swap(fleet, new, wave_names) if refused else plan_blue_green(fleet, new, wave_names)
     ok = run_record(fleet, record, drain_timeout, 0, as_json, f"swap to {new['id']}@{new['revision']}")
     rollback = None
     if not ok:
