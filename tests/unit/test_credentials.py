@@ -1,0 +1,134 @@
+"""Credentials: where the control machine's tokens and API key come from, how they reach a node
+(a root-only file, never a printed command) and how node-side probes send the key."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api import FileUploadCommand
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import File, Sha256File
+
+from ascend_fleet.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
+from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.ascend import HttpAnswer
+from ascend_fleet.operations.private import private_file
+
+SECRET = "hf_0123456789abcdef"
+
+
+def secrets_file(tmp_path, text: str, mode: int = 0o600):
+    path = tmp_path / "secrets.env"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_environment_wins_over_the_secrets_file(tmp_path):
+    path = secrets_file(tmp_path, "export HF_TOKEN='from-file'\nVLLM_API_KEY=file-key\nOTHER=ignored\n")
+    environ = {SECRETS_FILE_VARIABLE: str(path), "VLLM_API_KEY": "env-key"}
+    assert control_credentials(environ) == {"HF_TOKEN": "from-file", "VLLM_API_KEY": "env-key"}
+    assert control_credentials({}) == {}
+
+
+def test_a_secrets_file_others_can_read_is_refused_without_showing_it(tmp_path):
+    path = secrets_file(tmp_path, f"HF_TOKEN={SECRET}\n", mode=0o644)
+    with pytest.raises(FleetError, match="must be yours and private.*mode 0644.*chmod 600") as error:
+        control_credentials({SECRETS_FILE_VARIABLE: str(path)})
+    assert SECRET not in str(error.value)
+
+
+def test_a_value_that_would_break_an_env_file_is_refused_by_name_only():
+    with pytest.raises(FleetError, match="VLLM_API_KEY holds a blank") as error:
+        control_credentials({"VLLM_API_KEY": "two words"})
+    assert "two words" not in str(error.value)
+
+
+def test_api_headers_carry_the_key_only_when_set(monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.delenv(SECRETS_FILE_VARIABLE, raising=False)
+    assert api_headers() == {}
+    monkeypatch.setenv("VLLM_API_KEY", "k-1")
+    assert api_headers() == {"Authorization": "Bearer k-1"}
+
+
+class FakeHost:
+    """What private_file reads of a node: the File and Sha256File facts."""
+
+    name = "worker1"
+
+    def __init__(self, file: dict | None, sha256: str | None = None):
+        self.facts = {File: file, Sha256File: sha256}
+        self.noops: list[str] = []
+
+    def get_fact(self, fact, **_arguments):
+        return self.facts[fact]
+
+    def noop(self, message: str) -> None:
+        self.noops.append(message)
+
+
+def commands(fake: FakeHost, content: str | None) -> list:
+    with ctx_host.use(fake):
+        return list(private_file._inner(dest="/etc/ascend-fleet/hub-tokens.env", content=content))
+
+
+def test_private_file_is_uploaded_into_a_0600_file_and_no_command_holds_its_text():
+    steps = commands(FakeHost(None), env_lines({"HF_TOKEN": SECRET}))
+    assert steps[0] == "install -m 600 -o root -g root /dev/null /etc/ascend-fleet/hub-tokens.env.new"
+    assert isinstance(steps[1], FileUploadCommand) and steps[1].dest == "/etc/ascend-fleet/hub-tokens.env.new"
+    assert steps[2] == "mv /etc/ascend-fleet/hub-tokens.env.new /etc/ascend-fleet/hub-tokens.env"
+    assert not any(SECRET in str(step) for step in steps)
+
+
+def test_private_file_is_left_alone_when_current_and_private_and_fixed_when_readable():
+    content = env_lines({"HF_TOKEN": SECRET})
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    private = {"mode": 600, "user": "root", "group": "root"}
+    fake = FakeHost(private, digest)
+    assert commands(fake, content) == [] and fake.noops
+    assert len(commands(FakeHost({**private, "mode": 644}, digest), content)) == 3
+
+
+def test_private_file_without_content_is_removed():
+    assert commands(FakeHost({"mode": 600, "user": "root", "group": "root"}), None) == [
+        "rm -f /etc/ascend-fleet/hub-tokens.env"]
+    assert commands(FakeHost(None), None) == []
+
+
+class RecordingHandler(BaseHTTPRequestHandler):
+    seen: list[str | None] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        RecordingHandler.seen.append(self.headers.get("Authorization"))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}')
+
+    def log_message(self, *_args):
+        pass
+
+
+def test_http_answer_sends_the_key_of_the_env_file_without_it_on_a_command_line(tmp_path):
+    key_file = tmp_path / "instance.env"
+    key_file.write_text(f"HOME=/var/lib/x\nVLLM_API_KEY={SECRET}\n")
+    server = HTTPServer(("127.0.0.1", 0), RecordingHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1/models"
+        fact = HttpAnswer()
+        with_key = fact.command(url, timeout_seconds=5, api_key_file=str(key_file))
+        without_key = fact.command(url, timeout_seconds=5)
+        answers = [fact.process(subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                               check=True).stdout.splitlines())
+                   for command in (with_key, without_key)]
+    finally:
+        server.shutdown()
+    assert SECRET not in with_key
+    assert [answer["status"] for answer in answers] == [200, 200]
+    assert RecordingHandler.seen == [f"Bearer {SECRET}", None]
