@@ -92,6 +92,35 @@ def ssh_command(
     os.execvp(argv[0], argv)
 
 
+@lab_app.command("bench-weights")
+def bench_weights_command(
+    nodes: Annotated[int, typer.Option("--nodes", help="number of workers")] = 6,
+    size: Annotated[float, typer.Option("--size", help="model size in GB")] = 0.25,
+    rate: Annotated[float, typer.Option("--rate", help="every link's rate, Mbit/s")] = 64,
+    shards: Annotated[int, typer.Option("--shards", help="number of safetensors shards")] = 64,
+    name: Annotated[str, typer.Option("--name", help="the bench lab's name")] = "bw",
+    subnet: Annotated[str, typer.Option("--subnet", help="the bench lab's subnet")] = "10.213.250.0/24",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    lab_dir: LabDir = DEFAULT_LAB_DIR,
+) -> None:
+    """Stage a synthetic model to one worker, then to all, over links limited to one rate: peers vs origin.
+
+    Runs in a lab of its own (<lab-dir>-bench-weights), which it takes down at the end.
+    """
+    from ascend_fleet.lab.benchweights import run_bench  # numpy and the tiny model builder: only here
+
+    result = run_bench(nodes, size, rate, shards, name, subnet, lab_dir, console)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    runs = result["runs"]
+    console.print(f"bench-weights: {nodes} workers, {size:g} GB in {shards} shards, every link {rate:g} Mbit/s")
+    console.print(f"  one worker:            {runs['one']['seconds']:7.1f}s")
+    console.print(f"  all {nodes}, from peers:    {runs['peers']['seconds']:7.1f}s   ratio: {result['ratio']:.2f}")
+    console.print(f"  all {nodes}, from origin:   {runs['origin']['seconds']:7.1f}s   origin ratio: "
+                  f"{result['origin_ratio']:.2f}")
+
+
 def print_status(report: dict) -> None:
     table = Table(title=f"lab {report['name']} ({report['subnet']}, mirror {report['mirror']['url']}"
                         f"{'' if report['mirror']['running'] else ' DOWN'})")

@@ -154,6 +154,7 @@ REMOVERS = {
     "bridge": network.remove_link,
     "nft-table": network.remove_nft_table,
     "dir": lambda entry: remove_dir(Path(entry["path"])),
+    "lab": lambda entry: down(Path(entry["path"])),  # a lab of its own that a benchmark brought up
 }
 
 

@@ -36,6 +36,8 @@ def staged(
     peer: str | None = None,
     tokens_env_file: str | None = None,
     min_free_margin_bytes: int = DEFAULT_MIN_FREE_MARGIN_BYTES,
+    peer_urls: list[str] | None = None,
+    origin_start: float = 0.0,
 ):
     """
     Stage one revision of a model on the node's NVMe, verified, at ``<model_dir>/<org>/<name>/<revision>/``.
@@ -50,6 +52,10 @@ def staged(
     + tokens_env_file: path on the node of a root-only 0600 file with ``MODELSCOPE_API_TOKEN=`` /
       ``HF_TOKEN=`` lines; tokens never appear in a command line
     + min_free_margin_bytes: free space to leave on the NVMe beyond the weights
+    + peer_urls: ``http://host:port`` of other nodes' weights servers (``ascend_fleet.stages.peers``):
+      each file comes from one that serves a verified copy, the source being only the origin of
+      what none holds yet
+    + origin_start: with peer_urls, where in the file list (0 to 1) this node starts asking the origin
 
     Nothing to do when the revision's marker is there, names this id and revision,
     and every file it lists has its size. Otherwise the node fetches into
@@ -86,7 +92,7 @@ def staged(
                                   "install it (the weights stager is a python3 script)")
     yield from files.put._inner(src=str(STAGER_SOURCE), dest=STAGER_ON_NODE, mode="0755")
     yield stager_command(host.name, model_id, revision, source, model_dir, url, peer, tokens_env_file,
-                         min_free_margin_bytes)
+                         min_free_margin_bytes, peer_urls or [], origin_start)
 
 
 def check_arguments(model_id: str, revision: str, source: str, url: str | None, peer: str | None) -> None:
@@ -114,6 +120,8 @@ def stager_command(
     peer: str | None,
     tokens_env_file: str | None,
     min_free_margin_bytes: int,
+    peer_urls: list[str] = (),
+    origin_start: float = 0.0,
 ) -> StringCommand:
     """The node-side stager's command line: paths and names only, never a token."""
     options = {
@@ -122,4 +130,7 @@ def stager_command(
         "--min-free-margin-bytes": str(min_free_margin_bytes),
     }
     words = [word for flag, value in options.items() if value is not None for word in (flag, QuoteString(value))]
+    words += [word for url in peer_urls for word in ("--peer-url", QuoteString(url))]
+    if peer_urls:
+        words += ["--origin-start", f"{origin_start:.6f}"]
     return StringCommand("python3", STAGER_ON_NODE, *words)

@@ -18,6 +18,7 @@ from ascend_fleet.operations import gates, gateway, private, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
+from ascend_fleet.stages.peers import fleet_spread, weights_server
 from ascend_fleet.templating import render
 
 HELPER = "/usr/local/lib/ascend-fleet/ascend-fleet-instance"
@@ -74,9 +75,13 @@ def weights_stage() -> None:
     model, tokens = config.model, hub_tokens()
     private.private_file(name="Hub tokens (root only)", dest=HUB_TOKENS_FILE,
                          content=env_lines(tokens) if tokens else None)
+    spread = fleet_spread(config)
+    if spread:
+        weights_server(config)
     weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
                   source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer,
-                  tokens_env_file=HUB_TOKENS_FILE if tokens else None)
+                  tokens_env_file=HUB_TOKENS_FILE if tokens else None,
+                  peer_urls=spread.peer_urls if spread else None, origin_start=spread.origin_start if spread else 0.0)
 
 
 @deploy("Serve")

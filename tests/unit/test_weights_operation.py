@@ -67,6 +67,13 @@ def test_stager_command_is_what_the_stager_parses():
     assert "--peer" not in words
 
 
+def test_stager_command_spreads_over_the_peers_it_is_given():
+    peers = ["http://10.213.0.12:8090", "http://10.213.0.13:8090"]
+    args = parse_args(stager_words(peer_urls=peers, origin_start=1 / 3)[2:])
+    assert args.peer_url == peers and args.source == "http" and abs(args.origin_start - 1 / 3) < 1e-6
+    assert "--peer-url" not in stager_words() and "--origin-start" not in stager_words()
+
+
 def test_stager_command_never_carries_a_token_only_the_file_naming_them():
     line = " ".join(stager_words(source="modelscope", url=None, tokens_env_file="/root/tokens.env"))
     assert "TOKEN" not in line and "/root/tokens.env" in line

@@ -967,10 +967,10 @@ def publish(job: Job, source: Source, files: dict) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    say(f"published {job.target}")
 
 
 def stage(job: Job, source: Source, margin: int) -> None:
+    started = time.monotonic()
     with revision_lock(job):
         problems = published_problems(job)
         if problems == []:
@@ -989,6 +989,7 @@ def stage(job: Job, source: Source, margin: int) -> None:
         source.fetch_all(files, pending, journal)
         check_shards(job, files)
         publish(job, source, files)
+        say(f"published {job.target} in {time.monotonic() - started:.1f}s")
 
 
 def make_source(job: Job, args: argparse.Namespace) -> Source:
