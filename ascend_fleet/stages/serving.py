@@ -7,14 +7,14 @@ from io import StringIO
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
-from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
-from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
+from ascend_fleet.facts.systemd import InstanceEnvironments
+from ascend_fleet.fleetstate import FleetState, backend_key
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
-from ascend_fleet.operations import gates, gateway, private, weights
+from ascend_fleet.operations import gates, gateway, private, units, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
@@ -117,24 +117,24 @@ def serve_stage() -> None:
                            settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
                            model_id=model.id, revision=model.revision, api_key=api_key()))
         changed = unit.will_change or environment.will_change
+        units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=unit_name(instance))
         systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
                         enabled=True, restarted=changed, daemon_reload=changed)
 
 
 def retire_instances(config: NodeConfig) -> None:
-    """Stop and remove the units of the colour that does not serve: the old set once a blue/green
-    swap switched the gateway away from it (and drained it), or a new set that failed its gate."""
-    retired = other_colour(config.colour)
-    for instance in host_node_config(host, retired).instances:
-        unit_file = f"/etc/systemd/system/{unit_name(instance)}"
-        if not host.get_fact(File, path=unit_file):
+    """Stop and remove every instance the node runs but its data no longer lists: the other colour
+    once a blue/green swap switched the gateway away from it (and drained it), a new colour that
+    failed its gate, an instance dropped from the data."""
+    listed = {instance.name for instance in config.instances}
+    for name in host.get_fact(InstanceEnvironments, directory=INSTANCE_ENV_DIR):
+        if name in listed:
             continue
-        systemd.service(name=f"Instance {instance.name} stopped ({retired} does not serve)",
-                        service=unit_name(instance), running=False, enabled=False)
-        files.file(name=f"No unit {unit_name(instance)}", path=unit_file, present=False)
-        files.file(name=f"No environment of {instance.name}", path=f"{INSTANCE_ENV_DIR}/{instance.name}.env",
-                   present=False)
-        systemd.daemon_reload(name=f"Units without {instance.name}")
+        unit = f"ascend-fleet-{name}.service"
+        systemd.service(name=f"Instance {name} stopped (not in the data)", service=unit, running=False, enabled=False)
+        files.file(name=f"No unit {unit}", path=f"/etc/systemd/system/{unit}", present=False)
+        files.file(name=f"No environment of {name}", path=f"{INSTANCE_ENV_DIR}/{name}.env", present=False)
+        systemd.daemon_reload(name=f"Units without {name}")
 
 
 def fleet_backends(drained: set[str]) -> list[dict]:
