@@ -9,15 +9,34 @@ from pyinfra.api import FactBase
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result")
 
 
+class InstanceEnvironments(FactBase):
+    """Names of the instances with an environment file (`<name>.env`) in a directory; [] if none."""
+
+    default = list
+
+    def command(self, directory: str) -> str:
+        return f"ls {shlex.quote(directory)} 2>/dev/null | sed -n 's/[.]env$//p'; true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line]
+
+
 class UnitState(FactBase):
     """Where a unit is and why: {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
     "Result": "exit-code", "last_line": "ERROR ... NPU 0 is already in use"}. last_line is the
-    last thing the unit's own processes logged (not systemd's messages about it), "" if nothing."""
+    last thing the unit's own processes logged (not systemd's messages about it), "" if nothing:
+    the main process's own last line when it failed (its error, not the start check's "exited
+    before /health answered"), else the unit's."""
 
     def command(self, unit: str) -> str:
         quoted = shlex.quote(unit)
+        journal = f"journalctl --no-pager -q -o cat -n 1 _SYSTEMD_UNIT={quoted}"
         return (f"systemctl show --property={','.join(UNIT_PROPERTIES)} {quoted} 2>/dev/null; "
-                f"echo \"last_line=$(journalctl --no-pager -q -o cat -n 1 _SYSTEMD_UNIT={quoted} 2>/dev/null)\"; true")
+                f"main=$(systemctl show -P ExecMainPID {quoted} 2>/dev/null); "
+                f"line=; if [ \"$(systemctl show -P ExecMainStatus {quoted} 2>/dev/null)\" != 0 ]; then "
+                f"line=$({journal} _PID=$main 2>/dev/null); fi; "
+                f"[ -n \"$line\" ] || line=$({journal} 2>/dev/null); "
+                f"echo \"last_line=$line\"; true")
 
     def process(self, output: list[str]) -> dict[str, str]:
         state = dict(line.split("=", 1) for line in output if "=" in line)
