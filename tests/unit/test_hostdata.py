@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.hostdata import host_node_config, node_config
 
 WORKER = {
@@ -92,6 +93,27 @@ def test_a_gateway_without_npus_needs_no_model_and_runs_no_instance():
 def test_reads_a_pyinfra_host():
     host = SimpleNamespace(name="worker7", data=SimpleNamespace(dict=lambda: dict(WORKER)))
     assert host_node_config(host).host == "worker7"
+
+
+def test_green_instances_take_the_next_ports_and_share_the_npus_when_blue_uses_them_all():
+    green = config(colour="green").instances
+    assert [(i.name, i.npus, i.port, i.hccl_base_port, i.vllm_port) for i in green] == [
+        ("vllm-0-green", [0, 1, 2, 3], 8002, 60032, 51032), ("vllm-1-green", [4, 5, 6, 7], 8003, 60048, 51048)]
+
+
+def test_green_instances_take_the_npus_past_blues_when_the_node_has_them():
+    (green,) = config(colour="green", instances=[instance("vllm-0", [0, 1, 2, 3])]).instances
+    assert (green.name, green.npus, green.port, green.hccl_base_port) == ("vllm-0-green", [4, 5, 6, 7], 8001, 60016)
+
+
+def test_the_colour_comes_from_the_fleet_state_unless_the_data_names_one(tmp_path):
+    FleetState(tmp_path).set_colours({"worker7": "green"})
+    data = {**WORKER, "fleet_state_dir": str(tmp_path)}
+    worker7 = SimpleNamespace(name="worker7", data=SimpleNamespace(dict=lambda: data))
+    assert [i.port for i in host_node_config(worker7).instances] == [8002, 8003]
+    assert [i.port for i in host_node_config(worker7, "blue").instances] == [8000, 8001]
+    worker8 = SimpleNamespace(name="worker8", data=SimpleNamespace(dict=lambda: data))
+    assert host_node_config(worker8).colour == "blue"
 
 
 # --- Refusals: `<host>: <key>: <what was expected>` on one line. ---

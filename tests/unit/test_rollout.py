@@ -7,10 +7,24 @@ import pytest
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.loadgen import LoadReport, RequestResult, percentile
-from ascend_fleet.rollout import Fleet, check_not_stopped, parse_data, plan_rollout, pyinfra_failure, split_wave
+from ascend_fleet import rollout
+from ascend_fleet.fleet import ModelConfigs
+from ascend_fleet.rollout import (
+    Fleet,
+    blue_green_problem,
+    check_not_stopped,
+    model_data,
+    parse_data,
+    plan_blue_green,
+    plan_rollout,
+    pyinfra_failure,
+    rollback_record,
+    split_wave,
+)
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
+QWEN25_72B = PROJECT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct"
 
 
 @pytest.fixture
@@ -108,3 +122,58 @@ def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_firs
     assert "server 10.0.0.12:8000 max_fails=2 fail_timeout=10s down;  # w2/vllm-0" in config
     # vLLM's uvicorn drops idle keepalive connections after 5 s: nginx must let go first.
     assert "keepalive_timeout 4s;" in config
+
+
+def test_limit_plans_only_those_workers_in_their_wave(prod):
+    record = plan_rollout(prod, "deploys/full.py", None, None, limit=["npu-04.example.internal"])
+    assert [(s["name"], s["hosts"]) for s in record["steps"]] == [("wave2", ["npu-04.example.internal"])]
+    with pytest.raises(FleetError, match="--limit gw-01.example.internal: not a worker of .*prod.py; workers: npu-01"):
+        plan_rollout(prod, "deploys/full.py", None, None, limit=["gw-01.example.internal"])
+
+
+ONE_INSTANCE = [{"name": "vllm-0", "npus": [0, 1, 2, 3], "port": 8000, "hccl_base_port": 60000, "vllm_port": 51000}]
+
+
+@pytest.fixture
+def staged_configs(monkeypatch, tmp_path):
+    """The 72B's config.json where the planner looks, for the served revision and the next."""
+    for revision in ("495f39366efef23836d0cfae4fbe635880d2be31", "next"):
+        directory = tmp_path / "models" / "Qwen" / "Qwen2.5-72B-Instruct" / revision
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text((QWEN25_72B / "config.json").read_text())
+    monkeypatch.setattr(rollout, "ModelConfigs", lambda: ModelConfigs(models_dir=tmp_path / "models"))
+
+
+def test_blue_green_is_refused_when_both_models_would_share_npus_without_the_hbm(prod, staged_configs):
+    new = model_data(prod, "Qwen/Qwen2.5-72B-Instruct", "next")
+    assert "npu-01.example.internal vllm-0: blue/green keeps both models resident" in blue_green_problem(prod, new)
+
+
+def test_blue_green_fits_when_the_node_has_npus_free_beside_the_serving_ones(monkeypatch, tmp_path, staged_configs):
+    monkeypatch.chdir(PROJECT)
+    fleet = Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
+    assert blue_green_problem(fleet, model_data(fleet, "Qwen/Qwen2.5-72B-Instruct", "next")) is None
+
+
+def test_a_blue_green_swap_moves_each_wave_to_its_other_colour_and_back_on_failure(monkeypatch, tmp_path):
+    monkeypatch.chdir(PROJECT)
+    fleet = Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
+    old = fleet.configs["npu-01.example.internal"].model
+    served = f"/mnt/nvme/models/{old.id}/{old.revision}"
+    monkeypatch.setattr(rollout, "served_path", lambda backend: served)
+    new = model_data(fleet, old.id, "next")
+    record = plan_blue_green(fleet, new, None)
+    canary = record["steps"][0]
+    assert [s["name"] for s in record["steps"]] == ["canary", "wave1", "wave2"]
+    assert canary["colours"] == {"npu-01.example.internal": "green"}
+    assert canary["instances"] == ["npu-01.example.internal/vllm-0-green"]
+    assert (canary["data"]["colour"], canary["data"]["serve_only"], canary["data"]["model"]["revision"]) == (
+        "green", ["vllm-0-green"], "next")
+    assert canary["data_back"]["model"]["revision"] == old.revision
+    assert canary["data"]["model"]["served_model_name"] == old.served_model_name
+    # The canary switched, wave1 failed: the canary goes back to blue on the old model.
+    canary["status"], record["steps"][1]["status"] = "done", "failed"
+    fleet.state.set_colours(canary["colours"])
+    back = rollback_record(record, {}, fleet)
+    assert [(s["name"], s["colours"], s["data"]["model"]["revision"]) for s in back["steps"]] == [
+        ("back: canary", {"npu-01.example.internal": "blue"}, old.revision)]
