@@ -45,6 +45,7 @@ from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.profile import load_profile
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
+MONITORING_DEPLOY = "deploys/monitoring.py"
 WEIGHTS_DEPLOY = "deploys/weights.py"
 SERVE_DEPLOY = "deploys/serve.py"
 HTTP_TIMEOUT_SECONDS = 10
@@ -366,12 +367,15 @@ class Runner:
         if (problem := self.wait_idle(old_backends, step)) is not None:
             return fail("drain", problem, flipped=True)
         self.report(step, "stopping the old instances")
-        if (problem := self.pyinfra(SERVE_DEPLOY, hosts, step["data_done"], f"stop old {step['name']}")) is not None:
-            step.update(status="failed", detail=f"the new model serves, stopping the old instances failed: {problem}",
-                        seconds=round(time.monotonic() - started, 1))
-            state.save_rollout(self.record)
-            self.report(step, "failed")
-            return False
+        # Prometheus scrapes the instances that serve now, not the stopped ones.
+        for deploy, hosts_of, what in ((SERVE_DEPLOY, hosts, "stopping the old instances"),
+                                       (MONITORING_DEPLOY, self.fleet.gateways, "Prometheus targets")):
+            if (problem := self.pyinfra(deploy, hosts_of, step["data_done"], f"{what} {step['name']}")) is not None:
+                step.update(status="failed", detail=f"the new model serves; {what} failed: {problem}",
+                            seconds=round(time.monotonic() - started, 1))
+                state.save_rollout(self.record)
+                self.report(step, "failed")
+                return False
         step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
         state.save_rollout(self.record)
         self.report(step, "done")
@@ -531,12 +535,16 @@ def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
         target = {host: str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
                   for host in hosts}
         paths = {host: {served_path(b) for b in fleet.backends(host)} for host in hosts}
-        moving = [host for host in hosts if paths[host] != {target[host]}]
-        if moving:
+        by_colour: dict[str, list[str]] = {}  # a step flips hosts of one colour
+        for host in hosts:
+            if paths[host] != {target[host]}:
+                by_colour.setdefault(fleet.state.colour(host), []).append(host)
+        for colour, moving in by_colour.items():
             served = next((p for p in paths[moving[0]] if p), None)
             previous = model_of_path(fleet, moving[0], served) if served else fleet.configs[moving[0]].model.model_dump(
                 exclude_none=True)
-            steps.append(blue_green_step(fleet, name, moving, model, previous))
+            step_name = name if len(by_colour) == 1 else f"{name} ({colour})"
+            steps.append(blue_green_step(fleet, step_name, moving, model, previous))
     return {"kind": "swap-model", "inventory": str(fleet.inventory_path), "model": model,
             "steps": steps, "finished": False}
 
