@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import shlex
 from io import StringIO
 
@@ -33,6 +34,7 @@ def private_file(dest: str, content: str | None):
         host.noop(f"{dest} is current")
         return
     staged = f"{dest}.new"
+    yield f"mkdir -p {shlex.quote(posixpath.dirname(dest))}"
     yield f"install -m 600 -o root -g root /dev/null {shlex.quote(staged)}"
     yield FileUploadCommand(StringIO(content), staged)
     yield f"mv {shlex.quote(staged)} {shlex.quote(dest)}"

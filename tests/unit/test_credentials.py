@@ -80,9 +80,10 @@ def commands(fake: FakeHost, content: str | None) -> list:
 
 def test_private_file_is_uploaded_into_a_0600_file_and_no_command_holds_its_text():
     steps = commands(FakeHost(None), env_lines({"HF_TOKEN": SECRET}))
-    assert steps[0] == "install -m 600 -o root -g root /dev/null /etc/ascend-fleet/hub-tokens.env.new"
-    assert isinstance(steps[1], FileUploadCommand) and steps[1].dest == "/etc/ascend-fleet/hub-tokens.env.new"
-    assert steps[2] == "mv /etc/ascend-fleet/hub-tokens.env.new /etc/ascend-fleet/hub-tokens.env"
+    assert steps[:2] == ["mkdir -p /etc/ascend-fleet",
+                         "install -m 600 -o root -g root /dev/null /etc/ascend-fleet/hub-tokens.env.new"]
+    assert isinstance(steps[2], FileUploadCommand) and steps[2].dest == "/etc/ascend-fleet/hub-tokens.env.new"
+    assert steps[3] == "mv /etc/ascend-fleet/hub-tokens.env.new /etc/ascend-fleet/hub-tokens.env"
     assert not any(SECRET in str(step) for step in steps)
 
 
@@ -92,7 +93,7 @@ def test_private_file_is_left_alone_when_current_and_private_and_fixed_when_read
     private = {"mode": 600, "user": "root", "group": "root"}
     fake = FakeHost(private, digest)
     assert commands(fake, content) == [] and fake.noops
-    assert len(commands(FakeHost({**private, "mode": 644}, digest), content)) == 3
+    assert len(commands(FakeHost({**private, "mode": 644}, digest), content)) == 4
 
 
 def test_private_file_without_content_is_removed():
