@@ -70,7 +70,7 @@ def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: s
         with console.status(f"building a {size_gb:g} GB model in {shards} shards on the mirror"):
             publish_bench_model(spec, size_gb, shards)
         with console.status("installing every worker's weights server (unshaped)"):
-            stage(spec, workers, WARMUP_MODEL)
+            stage(spec, workers, WARMUP_MODEL, "warmup")
         limit_links(spec, rate_mbit)
         model = {"id": BENCH_MODEL, "revision": "v1", "source": "http"}
         runs = {}
@@ -78,7 +78,7 @@ def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: s
                                     ("origin", workers, False)):
             with console.status(f"staging to {len(hosts)} worker(s), {label}"):
                 empty_models(spec, workers)
-                runs[label] = stage(spec, hosts, {**model, "peers": peers})
+                runs[label] = stage(spec, hosts, {**model, "peers": peers}, label)
             console.print(f"  {label}: {runs[label].seconds:.1f}s (pyinfra {runs[label].wall_seconds:.1f}s)")
     finally:
         with console.status("taking the bench lab down"):
@@ -91,7 +91,8 @@ def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: s
     one = runs["one"].seconds
     return {"workers": nodes, "size_gb": size_gb, "shards": shards, "rate_mbit": rate_mbit,
             "runs": {label: asdict(run) for label, run in runs.items()},
-            "ratio": runs["peers"].seconds / one, "origin_ratio": runs["origin"].seconds / one}
+            "ratio": runs["peers"].seconds / one, "origin_ratio": runs["origin"].seconds / one,
+            "logs": str(logs_dir(spec))}
 
 
 def publish_bench_model(spec: LabSpec, size_gb: float, shards: int) -> None:
@@ -111,7 +112,12 @@ def empty_models(spec: LabSpec, workers: list[str]) -> None:
                        capture_output=True)
 
 
-def stage(spec: LabSpec, hosts: list[str], model: dict) -> Run:
+def logs_dir(spec: LabSpec) -> Path:
+    """Where each run's pyinfra output is kept (the stagers' lines: which file came from where)."""
+    return spec.lab_dir.with_name(f"{spec.lab_dir.name}-logs")
+
+
+def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
     """The weights deploy on hosts (the whole lab is its inventory); its stagers' times."""
     argv = [PYINFRA, "-y", "-vvv", "inventories/lab.py", "deploys/weights.py", "--data", f"model={json.dumps(model)}"]
     for host in hosts:
@@ -120,10 +126,11 @@ def stage(spec: LabSpec, hosts: list[str], model: dict) -> Run:
     result = subprocess.run(argv, cwd=PROJECT, env={**os.environ, "ASCEND_FLEET_LAB_DIR": str(spec.lab_dir)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.monotonic() - started
+    log = logs_dir(spec) / f"{label}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(result.stdout)
     times = {host: float(seconds) for host, seconds in PUBLISHED_LINE.findall(result.stdout)}
     if result.returncode != 0 or sorted(times) != sorted(hosts):
-        log = spec.lab_dir.with_name(f"{spec.lab_dir.name}-failed-run.log")
-        log.write_text(result.stdout)
         raise FleetError(f"bench-weights: staging {model['id']} to {', '.join(hosts)} failed (exit "
                          f"{result.returncode}; published on {', '.join(sorted(times)) or 'none'}): see {log}")
     return Run(max(times.values()), wall, times)

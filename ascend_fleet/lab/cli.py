@@ -119,6 +119,7 @@ def bench_weights_command(
     console.print(f"  all {nodes}, from peers:    {runs['peers']['seconds']:7.1f}s   ratio: {result['ratio']:.2f}")
     console.print(f"  all {nodes}, from origin:   {runs['origin']['seconds']:7.1f}s   origin ratio: "
                   f"{result['origin_ratio']:.2f}")
+    console.print(f"  each run's pyinfra output: {result['logs']}")
 
 
 def print_status(report: dict) -> None:

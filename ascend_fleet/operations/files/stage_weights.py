@@ -42,6 +42,7 @@ import fcntl
 import hashlib
 import http.client
 import json
+import math
 import os
 import random
 import shutil
@@ -81,7 +82,7 @@ HTTP_ATTEMPTS = 3
 # they hold. A peer that failed is asked again after PEER_RETRY_SECONDS; one that sends nothing
 # for PEER_TIMEOUT_SECONDS is given up for that file.
 FETCHERS, ORIGIN_FETCHERS = 4, 1
-PEER_POLL_SECONDS, PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 0.5, 5, 30
+PEER_POLL_SECONDS, PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 0.3, 5, 30
 IDLE_SECONDS = 0.2
 # A safetensors header is JSON of tensor names and offsets; 100 MB is far beyond any real one.
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
@@ -621,9 +622,11 @@ class Spread(Source):
     JSON listings say what it holds. Every copy is verified against the origin's manifest here,
     whoever sent it: a copy that does not match is deleted and never served on, and that peer is
     not asked for that file again. A peer that fails is skipped; the file resumes from another.
-    Rarest file first, from the least busy holder; the origin is asked for one file at a time,
-    each node starting at its own place in the list (origin_start, 0 to 1) so they ask for
-    different files.
+    The origin is kept busy with one file at a time that no peer holds: first this node's share
+    of the list (it starts at origin_start, 0 to 1, a different place on each node; a share is
+    the list over the fleet's size), then from the far end of the list backwards, so a node done
+    with its share meets the node still on the next share instead of following it. Beside it,
+    the rarest file that peers hold, from the least busy holder.
     """
 
     def __init__(self, job: Job, origin: Source, peer_urls: list[str], origin_start: float):
@@ -640,7 +643,8 @@ class Spread(Source):
         self.done = threading.Event()
         self.failure: StageError | None = None
         self.files: dict = {}
-        self.waiting: list[str] = []
+        self.waiting: list[str] = []  # the files not yet verified, in the order this node asks the origin
+        self.own_share: set[str] = set()
         self.journal: Journal | None = None
 
     def describe(self) -> str:
@@ -655,7 +659,7 @@ class Spread(Source):
 
     def listing(self, peer: str) -> dict[str, str]:
         """name -> URL of each file of the revision that the peer serves at the manifest's size."""
-        for where in (PEER_PUBLISHED_PATH, PEER_STAGING_PATH):
+        for where in (PEER_STAGING_PATH, PEER_PUBLISHED_PATH):
             try:
                 return self.walk(self.revision_url(peer, where), "")
             except urllib.error.HTTPError as error:
@@ -690,6 +694,7 @@ class Spread(Source):
         self.files, self.journal = files, journal
         start = int(self.origin_start * len(pending)) % max(len(pending), 1)
         self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
+        self.own_share = set(self.waiting[:math.ceil(len(pending) / (len(self.peers) + 1))])
         pollers = [threading.Thread(target=self.poll, args=(peer,), daemon=True) for peer in self.peers]
         for thread in pollers:
             thread.start()
@@ -735,14 +740,15 @@ class Spread(Source):
         left = [name for name in self.waiting if name not in self.busy]
         if not left:
             return None
-        offered = {name: holders for name in left
-                   if (holders := [peer for peer in self.peers if name in self.holdings[peer]
-                                   and peer not in self.refused.get(name, ())])}
-        if offered:
-            name = min(offered, key=lambda n: (len(offered[n]), random.random()))
+        offered = {name: [peer for peer in self.peers if name in self.holdings[peer]
+                          and peer not in self.refused.get(name, ())] for name in left}
+        unheld = [name for name in left if not offered[name]]
+        if unheld and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
+            own = [name for name in unheld if name in self.own_share]
+            name, peer = own[0] if own else unheld[-1], None
+        elif len(unheld) < len(left):
+            name = min(left, key=lambda n: (len(offered[n]) or len(self.peers) + 1, random.random()))
             peer = min(offered[name], key=lambda p: (self.load[p], random.random()))
-        elif list(self.busy.values()).count(None) < ORIGIN_FETCHERS:
-            name, peer = left[0], None
         else:
             return WAIT
         self.busy[name] = peer
