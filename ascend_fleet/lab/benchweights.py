@@ -43,15 +43,19 @@ BENCH_MODEL = "bench/Synthetic"
 WARMUP_MODEL = {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"}
 MODEL_DIR = "/mnt/nvme/models"
 PUBLISHED_LINE = re.compile(r"^\s*\[(\S+)\] published \S+ in ([\d.]+)s$", re.MULTILINE)
+# nginx's combined log: "GET <path> HTTP/1.1" <status> <body bytes>
+MIRROR_GET = re.compile(r'"GET (\S+) HTTP/[\d.]+" \d{3} (\d+)')
 
 
 @dataclass
 class Run:
-    """One staging: the slowest stager's time, pyinfra's wall time, and every host's stager time."""
+    """One staging: the slowest stager's time, pyinfra's wall time, every host's stager time, and
+    the bytes of the model the origin (the mirror) sent."""
 
     seconds: float
     wall_seconds: float
     hosts: dict[str, float]
+    origin_bytes: int
 
 
 def bench_lab_dir(lab_dir: Path) -> Path:
@@ -122,6 +126,8 @@ def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
     argv = [PYINFRA, "-y", "-vvv", "inventories/lab.py", "deploys/weights.py", "--data", f"model={json.dumps(model)}"]
     for host in hosts:
         argv += ["--limit", host]
+    access_log = mirror_root(spec.lab_dir) / "run" / "access.log"
+    log_offset = access_log.stat().st_size
     started = time.monotonic()
     result = subprocess.run(argv, cwd=PROJECT, env={**os.environ, "ASCEND_FLEET_LAB_DIR": str(spec.lab_dir)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -133,4 +139,8 @@ def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
     if result.returncode != 0 or sorted(times) != sorted(hosts):
         raise FleetError(f"bench-weights: staging {model['id']} to {', '.join(hosts)} failed (exit "
                          f"{result.returncode}; published on {', '.join(sorted(times)) or 'none'}): see {log}")
-    return Run(max(times.values()), wall, times)
+    with access_log.open() as f:
+        f.seek(log_offset)
+        sent = sum(int(size) for path, size in MIRROR_GET.findall(f.read())
+                   if path.startswith(f"/models/{model['id']}/"))
+    return Run(max(times.values()), wall, times, sent)

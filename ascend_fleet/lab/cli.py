@@ -115,10 +115,11 @@ def bench_weights_command(
         return
     runs = result["runs"]
     console.print(f"bench-weights: {nodes} workers, {size:g} GB in {shards} shards, every link {rate:g} Mbit/s")
-    console.print(f"  one worker:            {runs['one']['seconds']:7.1f}s")
-    console.print(f"  all {nodes}, from peers:    {runs['peers']['seconds']:7.1f}s   ratio: {result['ratio']:.2f}")
-    console.print(f"  all {nodes}, from origin:   {runs['origin']['seconds']:7.1f}s   origin ratio: "
-                  f"{result['origin_ratio']:.2f}")
+    rows = (("one worker", "one", ""), (f"all {nodes}, from peers", "peers", f"ratio: {result['ratio']:.2f}"),
+            (f"all {nodes}, from origin", "origin", f"origin ratio: {result['origin_ratio']:.2f}"))
+    for title, key, ratio in rows:
+        console.print(f"  {title + ':':22} {runs[key]['seconds']:7.1f}s   origin sent "
+                      f"{runs[key]['origin_bytes'] / 1e6:7.1f} MB   {ratio}")
     console.print(f"  each run's pyinfra output: {result['logs']}")
 
 

@@ -31,7 +31,8 @@ def limit_links(spec: LabSpec, rate_mbit: float) -> None:
     for link in shaped_links(spec):
         namespace, device = link[:-2], link[-2:]
         run(["tc", *namespace, "qdisc", "replace", *device, "root", "tbf", "rate", f"{rate_mbit}mbit",
-             "burst", str(BURST_BYTES), "latency", f"{LATENCY_MS}ms"], what=f"limiting {device[1]} to {rate_mbit} Mbit/s")
+             "burst", str(BURST_BYTES), "latency", f"{LATENCY_MS}ms"],
+            what=f"limiting {device[1]} to {rate_mbit} Mbit/s")
 
 
 def clear_links(spec: LabSpec) -> None:

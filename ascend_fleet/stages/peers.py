@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyinfra import host, inventory
+from pyinfra import inventory
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 

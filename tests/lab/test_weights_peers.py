@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 
 import pytest
@@ -98,6 +97,13 @@ def origin_served_since(lab, since: int, revision: str) -> list[tuple[str, str]]
     return [(client, path[len(prefix):]) for client, path, _ in GET_LINE.findall(log) if path.startswith(prefix)]
 
 
+def wait_for_ssh(lab, node: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while lab.run(node, "true", check=False).returncode != 0:
+        assert time.monotonic() < deadline, f"{node} booted but sshd did not answer in {timeout:.0f}s"
+        time.sleep(1)
+
+
 def address(lab, worker: str) -> str:
     return next(node["address"] for node in lab.status()["nodes"] if node["name"] == worker)
 
@@ -127,6 +133,7 @@ def test_a_worker_killed_mid_transfer_leaves_the_others_finishing_and_resumes_wh
 
     hold.unlink()
     lab.wait_running(victim, timeout=180)
+    wait_for_ssh(lab, victim)
     kept = verified_files(lab, victim, "v1")
     assert 6 <= len(kept) < len(spread_model), kept
     peers_before = {worker: log_size(lab, worker) for worker in others}
@@ -165,7 +172,8 @@ def test_a_corrupt_copy_on_a_peer_is_refused_and_never_passed_on(lab, spread_mod
     assert result.returncode == 0, result.stdout[-4000:]
     for worker in pullers:
         assert sha256s(lab, worker, f"{MODEL_DIR}/{MODEL}/v2") == spread_model
-    refusals = re.findall(r"^\s*\[(\S+)\] refused (\S+) from http://([\d.]+):\d+: it sha256", result.stdout, re.M)
+    refusals = re.findall(r"^\s*\[(\S+)\] refused (\S+) from http://([\d.]+):\d+: it sha256", result.stdout,
+                          re.MULTILINE)
     assert refusals, result.stdout[-4000:]
     assert {(name, peer) for _, name, peer in refusals} == {(shard, address(lab, source))}  # only worker1's copy
     served_by_source = [(client, name) for client, name, status in served_since(lab, source, before[source])
