@@ -1,0 +1,311 @@
+"""Faults injected for real on the lab: each run ends with one clear line naming the host and what
+to do, leaves nothing half-installed in use, stops nothing that was serving, and a plain rerun
+converges. docs/faults.md lists every fault with the test that covers it (some live in
+test_full_deploy.py and test_weights.py).
+
+The module starts from a serving fleet (a full deploy; a rerun if another module deployed the
+session lab) and leaves it serving: no node held down, no link slowed, no NPU held.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from tests.lab.conftest import BIN, PROJECT, Lab
+from tests.lab.test_full_deploy import chat_through_gateway, totals
+
+pytestmark = pytest.mark.lab
+
+PREVIOUS_FIRMWARE = "Ascend-hdk-910b-npu-firmware_7.5.0.3.220.run"  # profiles/lab-previous.yaml
+PREVIOUS_TOOLKIT = "Ascend-cann-toolkit_8.3.RC2"
+PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
+UNITS = ("ascend-fleet-vllm-0.service", "ascend-fleet-vllm-1.service")
+GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
+V2 = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "v2", "source": "http"})
+V2_DIR = "/mnt/nvme/models/lab/Qwen3-Tiny/v2"
+V2_PARTIAL = "/mnt/nvme/models/.partial/lab/Qwen3-Tiny/v2"
+
+
+@pytest.fixture(scope="module")
+def serving(lab):
+    """The whole fleet deployed and answering through the gateway."""
+    lab.pyinfra("deploys/full.py", timeout=3600)
+    assert chat_through_gateway(lab).status_code == 200
+
+
+def error_lines(output: str, host: str) -> list[str]:
+    """The lines of a run's output that name the host and say it failed."""
+    return [line.strip() for line in output.splitlines() if host in line and re.search(
+        r"did not|cannot|rejected|fails|failed|error|Error|exit", line)]
+
+
+def all_serving(lab: Lab) -> None:
+    """Every instance of every worker active and the gateway answering (several requests,
+    so each instance gets some)."""
+    for worker in lab.workers:
+        states = lab.run(worker, f"systemctl is-active {' '.join(UNITS)}", check=False).stdout.split()
+        assert states == ["active", "active"], f"{worker}: {states}"
+    assert all(chat_through_gateway(lab).status_code == 200 for _ in range(6))
+
+
+def converged(lab: Lab, deploy: str, *args: str) -> None:
+    """A plain rerun succeeds, and the one after it changes nothing."""
+    lab.pyinfra(deploy, *args)
+    again = totals(lab.pyinfra(deploy, *args).stdout)
+    assert again["changed"] == 0 and again["errors"] == 0, again
+
+
+def interrupted(lab: Lab, marker: str, *args: str) -> subprocess.CompletedProcess:
+    """Run pyinfra and send it SIGINT (Ctrl-C) as soon as its output shows marker."""
+    process = subprocess.Popen([str(BIN / "pyinfra"), "-y", lab.inventory, *args], cwd=PROJECT,
+                               env={**lab.env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            process.send_signal(signal.SIGINT)
+            break
+    rest, _ = process.communicate(timeout=300)
+    output = "".join(seen) + rest
+    assert marker in output, output[-3000:]
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+def node_watcher(lab: Lab, node: str, pattern: str, action: str) -> str:
+    """Start a watcher on the node that waits (up to 120 s) for a process whose command line
+    matches pattern, then runs action with $p set to its pid; returns the watcher's pid."""
+    script = (f"for i in $(seq 2400); do p=$(pgrep -f -o -- {pattern!r}) && break; sleep 0.05; done; "
+              f"[ -n \"$p\" ] && {{ {action}; }}")
+    return lab.run(node, f"setsid sh -c {json.dumps(script)} >/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
+
+
+# Kills the sshd session that runs $p: walks up from $p to the first sshd process.
+KILL_SSH_SESSION = ("q=$p; while [ \"$q\" -gt 1 ] && [ \"$(cat /proc/$q/comm)\" != sshd ]; do "
+                    "q=$(awk '{print $4}' /proc/$q/stat); done; [ \"$q\" -gt 1 ] && kill -KILL $q")
+
+
+def host_link(lab: Lab, node: str) -> str:
+    """The host side of the node's veth (the lab's link to it)."""
+    peer = re.search(r"eth0@if(\d+)", lab_ip(lab, node, "-o", "link", "show", "eth0"))[1]
+    return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                          check=True).stdout.split(f"\n{peer}: ")[1].split("@")[0]
+
+
+def lab_ip(lab: Lab, node: str, *args: str) -> str:
+    return subprocess.run(["ip", "-n", f"af-{lab.name}-{node}", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@contextmanager
+def slow_link(lab: Lab, node: str, rate: str = "1mbit"):
+    """Traffic to the node at `rate` (the 4.5 MB model then takes half a minute to fetch)."""
+    link = host_link(lab, node)
+    subprocess.run(["tc", "qdisc", "replace", "dev", link, "root", "tbf", "rate", rate, "burst", "32kb",
+                    "latency", "2s"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
+
+
+def unit_state(lab: Lab, node: str, unit: str) -> dict[str, str]:
+    out = lab.run(node, f"systemctl show -p ActiveState -p SubState -p NRestarts {unit}").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def install_previous_firmware(lab: Lab, node: str) -> None:
+    """What an operator's hand install leaves: the previous stack's firmware (7.5, outside
+    driver 25.2.0's 7.7 range) installed over the profile's."""
+    lab.run(node, f"cd /root && curl -fsS -O {lab.mirror_url}/files/{PREVIOUS_FIRMWARE} && "
+                  f"chmod +x {PREVIOUS_FIRMWARE} && ./{PREVIOUS_FIRMWARE} --nox11 --upgrade --quiet </dev/null "
+                  f">/dev/null; rc=$?; rm -f {PREVIOUS_FIRMWARE}; [ $rc = 0 ] || [ $rc = 2 ]")
+
+
+def test_an_instance_that_crash_loops_stops_retrying_is_routed_around_and_shown(lab, serving):
+    unit = UNITS[1]
+    # Another process waits for vllm-1's first NPU; when vLLM dies it takes the NPU, so every
+    # restart systemd makes fails on it.
+    holder = lab.run("worker1", "setsid sh -c 'exec 3<>/dev/davinci4; flock -x 3; exec sleep 900' "
+                                ">/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
+    try:
+        lab.run("worker1", f"kill -KILL $(systemctl show -P MainPID {unit})")
+        # systemd gives up (failed, no restart scheduled) within StartLimitBurst starts, 10 s apart.
+        deadline = time.monotonic() + 120
+        while unit_state(lab, "worker1", unit)["SubState"] != "failed":
+            assert time.monotonic() < deadline, unit_state(lab, "worker1", unit)
+            time.sleep(2)
+        time.sleep(15)  # longer than RestartSec: no further start comes
+        state = unit_state(lab, "worker1", unit)
+        assert state["ActiveState"] == "failed" and int(state["NRestarts"]) <= 3, state
+        assert all(chat_through_gateway(lab).status_code == 200 for _ in range(8))  # routed around it
+        status = lab.cli("status", lab.inventory, "--json", check=False)
+        assert status.returncode == 1
+        shown = status.stdout[status.stdout.index('"worker1"'):]
+        assert "failed/failed" in shown and "NPU 4" in shown and "already in use" in shown, shown[:3000]
+    finally:
+        lab.run("worker1", f"kill {holder}", check=False)
+    converged(lab, "deploys/serve.py", "--limit", "worker1")
+    all_serving(lab)
+
+
+def test_a_gateway_config_nginx_rejects_keeps_the_old_one_serving(lab, serving):
+    # An operator's leftover file defines the same upstream, so any new config fails nginx -t;
+    # the hand edit makes the deployed config differ from what the gateway stage renders.
+    lab.run("gateway", "echo 'upstream vllm_backend { server 127.0.0.1:9; }' > /etc/nginx/conf.d/zz-leftover.conf; "
+                       f"echo '# edited by hand' >> {GATEWAY_CONFIG}")
+    try:
+        before = lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
+        result = lab.pyinfra("deploys/gateway.py", check=False)
+        assert result.returncode != 0
+        line = next(line for line in error_lines(result.stdout, "gateway") if "rejected" in line)
+        assert "previous one keeps serving" in line and 'duplicate upstream "vllm_backend"' in line, line
+        assert lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout == before
+        assert lab.run("gateway", f"ls {GATEWAY_CONFIG}.new {GATEWAY_CONFIG}.previous", check=False).returncode != 0
+        all_serving(lab)
+    finally:
+        lab.run("gateway", "rm -f /etc/nginx/conf.d/zz-leftover.conf")
+    converged(lab, "deploys/gateway.py")
+    assert "edited by hand" not in lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
+
+
+def test_a_vendor_mirror_that_is_down_stops_the_fetch_with_one_line(lab, serving):
+    toolkit = lab.run("worker1", f"ls {PACKAGE_DIR} | grep cann-toolkit").stdout.strip()
+    lab.run("worker1", f"rm {PACKAGE_DIR}/{toolkit}")  # so the CANN stage has to fetch it again
+    installed = lab.run("worker1", "cat /usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info").stdout
+    down = re.sub(r":\d+$", ":9", lab.mirror_url)  # the mirror's address, nothing listening
+    result = lab.pyinfra("deploys/cann.py", "--limit", "worker1", "--data", f"vendor_mirror_url={down}/files",
+                         check=False)
+    assert result.returncode != 0
+    line = next(line for line in error_lines(result.stdout, "worker1") if "cannot download" in line)
+    assert toolkit in line and "vendor mirror is up" in line, line
+    assert lab.run("worker1", f"ls {PACKAGE_DIR}").stdout.split().count(f"{toolkit}.partial") == 0
+    assert lab.run("worker1", "cat /usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info").stdout == installed
+    all_serving(lab)
+    converged(lab, "deploys/cann.py", "--limit", "worker1")
+
+
+def test_ssh_dropped_during_a_cann_install_then_a_rerun_converges(lab, serving):
+    watcher = node_watcher(lab, "worker1", f"{PACKAGE_DIR}/{PREVIOUS_TOOLKIT}", KILL_SSH_SESSION)
+    try:
+        result = lab.pyinfra("deploys/cann.py", "--limit", "worker1", "--data", "profile=lab-previous", check=False)
+    finally:
+        lab.run("worker1", f"kill {watcher}", check=False)
+    assert result.returncode != 0
+    assert error_lines(result.stdout, "worker1"), result.stdout[-3000:]
+    assert "Starting operation: CANN | CANN kernels" not in result.stdout  # the run stopped at the toolkit
+    all_serving(lab)
+    converged(lab, "deploys/cann.py", "--limit", "worker1", "--data", "profile=lab-previous")
+    # Back to the profile's CANN: the same stage, the lab's own data.
+    converged(lab, "deploys/cann.py", "--limit", "worker1")
+    all_serving(lab)
+
+
+def test_ssh_dropped_during_a_weight_download_then_a_rerun_resumes(lab, serving):
+    watcher = node_watcher(lab, "worker1", "stage_weights", f"while [ ! -s {V2_PARTIAL}/model-00001-of-00002"
+                                                            ".safetensors ]; do sleep 0.1; done; " + KILL_SSH_SESSION)
+    try:
+        with slow_link(lab, "worker1"):
+            result = lab.pyinfra("deploys/weights.py", "--limit", "worker1", "--data", f"model={V2}", check=False)
+    finally:
+        lab.run("worker1", f"kill {watcher}", check=False)
+    try:
+        assert result.returncode != 0
+        assert error_lines(result.stdout, "worker1"), result.stdout[-3000:]
+        # Nothing unfinished is published: v2 is either absent or complete with its marker.
+        listing = lab.run("worker1", f"ls -A {V2_DIR} 2>/dev/null; true").stdout.split()
+        assert not listing or ".ascend-fleet-staged.json" in listing
+        all_serving(lab)
+        converged(lab, "deploys/weights.py", "--limit", "worker1", "--data", f"model={V2}")
+        assert ".ascend-fleet-staged.json" in lab.run("worker1", f"ls -A {V2_DIR}").stdout
+    finally:
+        lab.run("worker1", f"rm -rf {V2_DIR} {V2_PARTIAL}")
+
+
+def test_the_nvme_filling_up_during_weight_staging_stops_with_one_line(lab, serving):
+    fill = ("f=$(findmnt -n -o AVAIL -b --target /mnt/nvme); "
+            "fallocate -l $((f - 65536)) /mnt/nvme/filler")
+    watcher = node_watcher(lab, "worker2", "stage_weights", f"while [ ! -s {V2_PARTIAL}/model-00001-of-00002"
+                                                            f".safetensors ]; do sleep 0.1; done; {fill}")
+    try:
+        with slow_link(lab, "worker2"):
+            result = lab.pyinfra("deploys/weights.py", "--limit", "worker2", "--data", f"model={V2}", check=False)
+        assert result.returncode != 0
+        line = next(line for line in error_lines(result.stdout, "worker2") if "weights lab/Qwen3-Tiny@v2" in line)
+        assert "No space left" in line or "space" in line, line
+        assert lab.run("worker2", f"test -e {V2_DIR}", check=False).returncode != 0
+        all_serving(lab)
+    finally:
+        lab.run("worker2", f"kill {watcher}; rm -f /mnt/nvme/filler", check=False)
+    try:
+        converged(lab, "deploys/weights.py", "--limit", "worker2", "--data", f"model={V2}")
+    finally:
+        lab.run("worker2", f"rm -rf {V2_DIR} {V2_PARTIAL}")
+
+
+def test_sigint_during_the_serve_stage_then_a_rerun_converges(lab, serving):
+    # A changed environment restarts worker1's instances; Ctrl-C lands during the first restart.
+    env = json.dumps({"OMP_NUM_THREADS": 2, "HCCL_BUFFSIZE": 256})
+    result = interrupted(lab, "Starting operation: Serve | Instance vllm-0 serving",
+                         "deploys/serve.py", "--limit", "worker1", "--data", f"npu_env={env}")
+    assert result.returncode != 0
+    assert all(chat_through_gateway(lab).status_code == 200 for _ in range(6))
+    converged(lab, "deploys/serve.py", "--limit", "worker1")
+    all_serving(lab)
+
+
+def test_sigint_during_the_driver_stage_then_a_rerun_converges(lab, serving):
+    # Ctrl-C while worker1's driver goes to the previous stack; the rerun of the same command
+    # must finish the job (the reboot), then the lab's own stack comes back.
+    result = interrupted(lab, "Starting operation: NPU driver and firmware | NPU driver 24.1.0",
+                         "deploys/driver.py", "--limit", "worker1", "--data", "profile=lab-previous")
+    assert result.returncode != 0
+    assert all(chat_through_gateway(lab).status_code == 200 for _ in range(6))
+    converged(lab, "deploys/driver.py", "--limit", "worker1", "--data", "profile=lab-previous")
+    assert "24.1.0" in lab.run("worker1", "npu-smi info").stdout  # the previous driver is the one loaded
+    converged(lab, "deploys/driver.py", "--limit", "worker1")
+    assert "25.2.0" in lab.run("worker1", "npu-smi info").stdout
+    converged(lab, "deploys/serve.py", "--limit", "worker1")
+    all_serving(lab)
+
+
+def test_firmware_outside_the_drivers_range_is_replaced_and_the_node_serves_again(lab, serving):
+    install_previous_firmware(lab, "worker3")
+    lab.reboot("worker3")
+    assert "dcmi module initialize failed" in lab.run("worker3", "npu-smi info 2>&1", check=False).stdout
+    # Preflight lets it through (no driver answers, so the PCI bus counts the NPUs); the driver
+    # stage puts the profile's firmware back and reboots once.
+    boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}["worker3"]
+    converged(lab, "deploys/full.py", "--limit", "worker3")
+    assert {n["name"]: n["boots"] for n in lab.status()["nodes"]}["worker3"] == boots + 1
+    assert "7.7.0.6.236" in lab.run("worker3", "npu-smi info -t board -i 0").stdout
+    all_serving(lab)
+
+
+def test_a_node_that_does_not_come_back_from_its_reboot_is_reported_and_the_others_complete(lab, serving):
+    install_previous_firmware(lab, "worker3")  # so the driver stage reinstalls it and reboots worker3 only
+    hold = lab.lab_dir / "nodes" / "worker3" / "hold"
+    hold.touch()
+    try:
+        started = time.monotonic()
+        result = lab.pyinfra("deploys/driver.py", "--limit", "workers", "--data", "reboot_timeout=20", check=False)
+        elapsed = time.monotonic() - started
+        assert result.returncode != 0
+        line = next(line for line in error_lines(result.stdout, "worker3") if "did not come back" in line)
+        assert "within 20s" in line and "rerun" in line, line
+        assert elapsed < 240, f"the run took {elapsed:.0f}s"
+        assert re.search(r"Every NPU listed and healthy\s+2\s+", result.stdout), result.stdout[-3000:]
+        assert all(chat_through_gateway(lab).status_code == 200 for _ in range(6))
+    finally:
+        hold.unlink(missing_ok=True)
+    lab.wait_running("worker3", timeout=180)
+    converged(lab, "deploys/driver.py", "--limit", "worker3")
+    assert "7.7.0.6.236" in lab.run("worker3", "npu-smi info -t board -i 0").stdout
+    all_serving(lab)
