@@ -1,0 +1,139 @@
+"""Secrets and exposure on the lab: hub tokens and the vLLM API key planted in the control
+machine's environment reach the nodes only as root-only 0600 env files; nothing else on any
+node (files, journal, process list, Nginx logs) and nothing the tools print holds them. With the
+key set, the instances and the gateway refuse /v1 without it; the public listener never serves
+/metrics or /health. The module ends with a deploy without the key, so later modules find the
+lab serving openly as before."""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.lab.conftest import BIN, PROJECT, Lab
+
+pytestmark = pytest.mark.lab
+
+WORKER_PRIVATE_FILES = {"/etc/ascend-fleet/hub-tokens.env", "/etc/ascend-fleet/instances/vllm-0.env",
+                        "/etc/ascend-fleet/instances/vllm-1.env"}
+GATEWAY_PRIVATE_FILES = {"/etc/ascend-fleet/api-key.env"}
+INSTANCE_PORTS = (8000, 8001)
+# Every file of the node (also /run, /tmp and the NVMe), its journal, its process list (arguments
+# of every process) and what /proc says each process was started with; not /proc's environ files,
+# where a process's environment is, by design, the key vLLM reads. The planted values come on
+# stdin (grep -f), so no command line on the node ever holds them.
+SCAN = r"""
+scan=$(mktemp -d /dev/shm/scan.XXXXXX)
+journalctl --no-pager -o cat > "$scan/journal" 2>&1
+ps -eww -o user,pid,args > "$scan/ps"
+for cmdline in /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$cmdline"; echo; done > "$scan/cmdlines" 2>/dev/null
+grep -raoF -f /dev/stdin --devices=skip --exclude-dir=proc --exclude-dir=sys / "$scan" 2>/dev/null | sort -u
+rm -rf "$scan"
+"""
+
+
+def address(lab: Lab, node: str) -> str:
+    return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
+
+
+@pytest.fixture(scope="module")
+def planted(lab: Lab):
+    """Unique tokens and key in the control environment, a full deploy with them (verbose, with
+    --diff), then the tools that talk to the fleet; afterwards the fleet is deployed without them."""
+    values = {"HF_TOKEN": f"hf_{secrets.token_hex(16)}", "MODELSCOPE_API_TOKEN": f"ms-{secrets.token_hex(16)}",
+              "VLLM_API_KEY": f"key-{secrets.token_hex(16)}"}
+    keyed = copy.copy(lab)
+    keyed.env = {**lab.env, **values}
+    outputs = {"pyinfra full.py -vv --diff": keyed.pyinfra("-vv", "--diff", "deploys/full.py", timeout=3600).stdout}
+    for name, args in {"status --json": ("status", "inventories/lab.py", "--json"),
+                       "load --json": ("load", "inventories/lab.py", "--requests", "8", "--concurrency", "2", "--json"),
+                       "rollout canary --json": ("rollout", "inventories/lab.py", "deploys/serve.py", "--waves",
+                                                 "canary", "--json")}.items():
+        result = keyed.cli(*args, check=False, timeout=1800)
+        outputs[name] = result.stdout + result.stderr
+    yield keyed, values, outputs
+    lab.pyinfra("deploys/full.py", timeout=3600)
+
+
+def scan_node(lab: Lab, node: str, values: dict[str, str]) -> dict[str, set[str]]:
+    """{planted name: files of the node holding its value}."""
+    result = subprocess.run([str(BIN / "ascend-fleet"), "lab", "ssh", node, "--", SCAN], env=lab.env, cwd=PROJECT,
+                            input="\n".join(values.values()) + "\n", capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    found: dict[str, set[str]] = {name: set() for name in values}
+    for line in result.stdout.splitlines():
+        path, _, value = line.rpartition(":")
+        name = next(name for name, planted_value in values.items() if planted_value == value)
+        found[name].add(path if not path.startswith("/dev/shm/scan.") else path.rsplit("/", 1)[1])
+    return found
+
+
+def test_the_tools_work_with_the_key_and_print_no_secret(planted):
+    lab, values, outputs = planted
+    status = json.loads(outputs["status --json"])
+    assert status["ok"], outputs["status --json"][-3000:]
+    load = json.loads(outputs["load --json"])
+    assert load["requests"] == 8 and load["errors"] == 0, load
+    assert json.loads(outputs["rollout canary --json"])["ok"], outputs["rollout canary --json"][-3000:]
+    logs = {str(path): path.read_text(errors="replace")
+            for path in (lab.lab_dir / "fleet").rglob("*") if path.is_file()}
+    assert any(path.parent.name == "logs" for path in map(Path, logs)), f"the rollout kept no pyinfra log: {sorted(logs)}"
+    for name, text in {**outputs, **logs}.items():
+        leaked = [key for key, value in values.items() if value in text]
+        assert not leaked, f"{name} shows {leaked}"
+
+
+def test_the_planted_values_are_only_in_root_only_env_files(planted):
+    lab, values, _ = planted
+    for node in lab.nodes:
+        found = scan_node(lab, node, values)
+        if node == "gateway":
+            assert found == {"HF_TOKEN": set(), "MODELSCOPE_API_TOKEN": set(), "VLLM_API_KEY": GATEWAY_PRIVATE_FILES}
+            private = GATEWAY_PRIVATE_FILES
+        else:
+            hub_tokens = {"/etc/ascend-fleet/hub-tokens.env"}
+            assert found == {"HF_TOKEN": hub_tokens, "MODELSCOPE_API_TOKEN": hub_tokens,
+                             "VLLM_API_KEY": WORKER_PRIVATE_FILES - hub_tokens}, (node, found)
+            private = WORKER_PRIVATE_FILES
+        modes = lab.run(node, f"stat -c '%n %a %U %G' {' '.join(sorted(private))}").stdout.split("\n")
+        assert sorted(line.split(" ", 1)[1] for line in modes if line) == ["600 root root"] * len(private), modes
+
+
+def test_units_run_as_the_service_user_root_owned_and_not_world_writable(planted):
+    lab, _, _ = planted
+    worker = lab.workers[0]
+    files = lab.run(worker, "stat -c '%n %a %U %G' /etc/systemd/system/ascend-fleet-vllm-*.service "
+                            "/etc/ascend-fleet /etc/ascend-fleet/instances").stdout.splitlines()
+    for line in files:
+        name, mode, user, group = line.split()
+        assert (user, group) == ("root", "root") and int(mode[-1]) & 2 == 0 and int(mode[-2]) & 2 == 0, line
+    for unit in ("ascend-fleet-vllm-0", "ascend-fleet-vllm-1"):
+        pid = lab.run(worker, f"systemctl show -P MainPID {unit}").stdout.strip()
+        owner = lab.run(worker, f"ps -o user= -p {pid}").stdout.strip()
+        devices = lab.run(worker, f"ls -l /proc/{pid}/fd | grep -o '/dev/davinci[0-9]*' | sort -u").stdout.split()
+        assert owner == "vllm" and len(devices) == 4, (unit, owner, devices)
+
+
+def test_v1_needs_the_key_and_the_public_listener_hides_health_and_metrics(planted):
+    lab, values, _ = planted
+    gateway = f"http://{address(lab, 'gateway')}"
+    body = {"model": "lab/Qwen3-Tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    key = {"Authorization": f"Bearer {values['VLLM_API_KEY']}"}
+    assert requests.post(f"{gateway}/v1/chat/completions", json=body, timeout=30).status_code == 401
+    assert requests.post(f"{gateway}/v1/chat/completions", json=body, timeout=30,
+                         headers={"Authorization": "Bearer not-the-key"}).status_code == 401
+    answer = requests.post(f"{gateway}/v1/chat/completions", json=body, headers=key, timeout=30)
+    assert answer.status_code == 200 and answer.json()["choices"], answer.text
+    for path in ("/metrics", "/health"):
+        assert requests.get(f"{gateway}{path}", headers=key, timeout=10).status_code == 404
+    worker = f"http://{address(lab, lab.workers[0])}"
+    for port in INSTANCE_PORTS:  # the gateway and Prometheus reach the instances' own ports
+        assert requests.get(f"{worker}:{port}/v1/models", timeout=10).status_code == 401
+        assert requests.get(f"{worker}:{port}/metrics", timeout=10).status_code == 200
+        assert requests.get(f"{worker}:{port}/health", timeout=10).status_code == 200
