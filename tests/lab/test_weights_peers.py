@@ -28,8 +28,8 @@ pytestmark = pytest.mark.lab
 MODEL = "lab/Spread"
 MODEL_DIR = "/mnt/nvme/models"
 WEIGHTS_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"
-# 32 shards of 1 MB over 16 Mbit/s links: a worker needs about 16 s, time enough to kill one midway.
-SIZE_MB, SHARDS, RATE_MBIT = 32, 32, 16
+# 24 shards of 2 MB over 24 Mbit/s links: a worker needs about 16 s, time enough to kill one midway.
+SIZE_MB, SHARDS, RATE_MBIT = 48, 24, 24
 GET_LINE = re.compile(r'^(\S+) .*"GET (\S+) HTTP/[\d.]+" (\d{3})', re.MULTILINE)
 
 
@@ -108,19 +108,23 @@ def address(lab, worker: str) -> str:
     return next(node["address"] for node in lab.status()["nodes"] if node["name"] == worker)
 
 
-def test_a_worker_killed_mid_transfer_leaves_the_others_finishing_and_resumes_what_it_lacks(lab, spread_model):
+def test_a_worker_killed_mid_transfer_leaves_the_others_finishing_and_resumes_what_it_lacks(
+        lab, spread_model, tmp_path):
     victim, others = "worker2", ["worker1", "worker3"]
-    run = subprocess.Popen(stage_argv("v1", lab.workers), env=lab.env, cwd=PROJECT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "pyinfra.log"  # a file, not a pipe: -vvv would fill a pipe nobody reads meanwhile
+    with log.open("w") as out:
+        run = subprocess.Popen(stage_argv("v1", lab.workers), env=lab.env, cwd=PROJECT, stdout=out,
+                               stderr=subprocess.STDOUT)
     hold = node_dir(lab.lab_dir, victim) / "hold"
     try:
         deadline = time.monotonic() + 300
-        while len(verified_files(lab, victim, "v1")) < 6:  # mid-transfer: some shards verified, most not
+        while len([name for name in verified_files(lab, victim, "v1") if name.endswith(".safetensors")]) < 4:
             assert time.monotonic() < deadline and run.poll() is None, "the victim never got going"
             time.sleep(0.3)
         hold.touch()
         lab.run(victim, "systemctl reboot --force --force", check=False, timeout=30)  # power cut; stays down
-        output, _ = run.communicate(timeout=600)
+        run.wait(timeout=600)
+        output = log.read_text()
     except BaseException:
         run.kill()
         hold.unlink(missing_ok=True)  # the node comes back for the tests after this one
@@ -135,7 +139,7 @@ def test_a_worker_killed_mid_transfer_leaves_the_others_finishing_and_resumes_wh
     lab.wait_running(victim, timeout=180)
     wait_for_ssh(lab, victim)
     kept = verified_files(lab, victim, "v1")
-    assert 6 <= len(kept) < len(spread_model), kept
+    assert 4 <= len(kept) < len(spread_model), kept  # mid-transfer: some shards verified, not all
     peers_before = {worker: log_size(lab, worker) for worker in others}
     origin_before = (lab.lab_dir / "mirror" / "run" / "access.log").stat().st_size
 
