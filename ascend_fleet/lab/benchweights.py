@@ -18,6 +18,7 @@ them); pyinfra's wall time is shown beside them. peers/one is the `ratio` (targe
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -27,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
 from ascend_fleet.errors import FleetError
@@ -35,6 +37,7 @@ from ascend_fleet.lab.mirror import mirror_root
 from ascend_fleet.lab.shaping import limit_links
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 
 PROJECT = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -65,7 +68,13 @@ def bench_lab_dir(lab_dir: Path) -> Path:
 def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: str, subnet: str,
               lab_dir: Path, console: Console) -> dict:
     """Bring up the bench lab, stage the three ways, take the lab down; the figures as a dict."""
-    spec = LabSpec.build(nodes, name=name, subnet=subnet, lab_dir=bench_lab_dir(lab_dir), profiles=["lab"])
+    with tempfile.TemporaryDirectory(prefix="bench-weights-") as scratch:
+        hardware = Path(scratch) / "hardware.yaml"
+        # Disks just big enough: the model, the stage's free-space margin, a spare GB.
+        nvme_gb = math.ceil(size_gb + DEFAULT_MIN_FREE_MARGIN_BYTES / 1024**3 + 1)
+        hardware.write_text(yaml.safe_dump({"defaults": {"nvme": {"size_gb": nvme_gb}}}))
+        spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=bench_lab_dir(lab_dir),
+                             profiles=["lab"])
     parent = LabState.load(lab_dir) or LabState(lab_dir, None, [])
     entry = parent.record("lab", path=str(spec.lab_dir))
     try:
