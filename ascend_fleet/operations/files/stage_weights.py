@@ -636,7 +636,7 @@ class Spread(Source):
         self.lock = threading.Lock()
         self.holdings: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}  # peer -> name -> URL
         self.polled = {peer: threading.Event() for peer in self.peers}
-        self.refused: dict[str, set[str]] = {}  # name -> peers whose copy did not verify
+        self.avoided: dict[str, set[str]] = {}  # name -> peers not asked for it again (bad or cut-off copy)
         self.busy: dict[str, str | None] = {}  # name -> the peer (None: the origin) it is being fetched from
         self.load: Counter = Counter()  # peer -> files being fetched from it
         self.counts: Counter = Counter()  # "origin", each peer, "refused"
@@ -741,7 +741,7 @@ class Spread(Source):
         if not left:
             return None
         offered = {name: [peer for peer in self.peers if name in self.holdings[peer]
-                          and peer not in self.refused.get(name, ())] for name in left}
+                          and peer not in self.avoided.get(name, ())] for name in left}
         unheld = [name for name in left if not offered[name]]
         if unheld and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
             own = [name for name in unheld if name in self.own_share]
@@ -775,8 +775,12 @@ class Spread(Source):
                 self.waiting.remove(name)
                 self.counts[peer or "origin"] += 1
                 say(f"verified {name} from {peer or 'the origin'}")
+            elif peer is not None and short:  # the peer hung up (it died?): the bytes so far are kept
+                self.avoided.setdefault(name, set()).add(peer)
+                say(f"{name}: {peer} stopped sending at {incoming.stat().st_size} of {entry['size']} bytes; "
+                    "resuming it from another holder")
             elif peer is not None:
-                self.refused.setdefault(name, set()).add(peer)
+                self.avoided.setdefault(name, set()).add(peer)
                 self.counts["refused"] += 1
                 say(f"refused {name} from {peer}: it {problem}; fetching it elsewhere")
             elif not (short or resumed):  # the origin's own whole copy is wrong: nothing to fall back on
