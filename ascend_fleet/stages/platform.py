@@ -9,12 +9,14 @@ from pyinfra.operations import apt, dnf, server
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus
-from ascend_fleet.operations import gates, vendor
+from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile, package_family, runs_npus
 
 HDK_USER = "HwHiAiUser"
-REBOOT_TIMEOUT_SECONDS = 900
+# npu-smi's words when no driver is loaded in this boot (also right after a driver install).
+DRIVER_NOT_LOADED = "dcmi module initialize failed"
 # What the driver installer needs: it builds its kernel module with dkms and refuses without lspci/ifconfig.
 DRIVER_PREREQUISITES = {
     "apt": ["dkms", "gcc", "make", "pciutils", "net-tools"],
@@ -85,13 +87,18 @@ def driver_stage() -> None:
         return vendor.firmware(name=f"NPU firmware {stack.firmware}", version=stack.firmware,
                                package=names["firmware"])
 
-    if host.get_fact(AscendDriver):
+    installed = host.get_fact(AscendDriver)
+    if installed:
         changes = [install_firmware(), install_driver()]
     else:
         changes = [install_driver(), install_firmware()]
+    # An earlier run that installed but never got to its reboot (interrupted, the node lost) left
+    # a driver that is installed but not loaded: npu-smi says so, and the reboot finishes the job.
+    not_loaded = installed and DRIVER_NOT_LOADED in host.get_fact(NpuStatus)["error"]
     # Decided from the state the run starts from, so a dry run on a converged node shows no reboot.
-    if any(change.will_change for change in changes):
-        server.reboot(name="Reboot to load the new driver and firmware", reboot_timeout=REBOOT_TIMEOUT_SECONDS)
+    if not_loaded or any(change.will_change for change in changes):
+        reboot.rebooted(name="Reboot to load the new driver and firmware", why="to load the new driver and firmware",
+                        reboot_timeout=host_node_config(host).reboot_timeout)
     expected = int(host.data.npu_count)
     gates.passed(name="Every NPU listed and healthy", description=f"{expected} NPUs listed, all healthy",
                  find_problem=lambda: npu_problem(expected))
