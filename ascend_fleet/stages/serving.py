@@ -19,6 +19,7 @@ from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_di
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
 from ascend_fleet.stages.peers import fleet_spread, weights_server
+from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
 
 HELPER = "/usr/local/lib/ascend-fleet/ascend-fleet-instance"
@@ -91,6 +92,9 @@ def serve_stage() -> None:
     config = host_node_config(host)
     if not config.is_worker:
         return
+    # Read when the stage runs: an NPU that failed since preflight gets no instance (re)started on it.
+    gates.passed(name="Every NPU listed and healthy before serving", description=f"{config.npu_count} NPUs healthy",
+                 find_problem=lambda: npu_problem(config.npu_count))
     profile, model = node_profile(), config.model
     model_path = str(revision_dir(config.model_dir, model.id, model.revision))
     user = config.service_user
