@@ -24,7 +24,9 @@ from tests.lab.test_full_deploy import chat_through_gateway, restore_hardware, r
 
 pytestmark = pytest.mark.lab
 
-PREVIOUS_FIRMWARE = "Ascend-hdk-910b-npu-firmware_7.5.0.3.220.run"  # profiles/lab-previous.yaml
+# profiles/lab-previous.yaml
+PREVIOUS_FIRMWARE = "Ascend-hdk-910b-npu-firmware_7.5.0.3.220.run"
+PREVIOUS_DRIVER = "Ascend-hdk-910b-npu-driver_24.1.0_linux-$(uname -m).run"
 PREVIOUS_TOOLKIT = "Ascend-cann-toolkit_8.3.RC2"
 PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
 UNITS = ("ascend-fleet-vllm-0.service", "ascend-fleet-vllm-1.service")
@@ -42,9 +44,10 @@ def serving(lab):
 
 
 def error_lines(output: str, host: str) -> list[str]:
-    """The lines of a run's output that name the host and say it failed."""
+    """The lines of a run's output that name the host and say it failed (the tool's own lines
+    start with `host: `)."""
     return [line.strip() for line in output.splitlines() if host in line and re.search(
-        r"did not|cannot|rejected|fails|failed|error|Error|exit", line)]
+        rf"{host}: |did not|cannot|rejected|fails|failed|error|Error|exit", line)]
 
 
 def all_serving(lab: Lab) -> None:
@@ -123,12 +126,12 @@ def unit_state(lab: Lab, node: str, unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def install_previous_firmware(lab: Lab, node: str) -> None:
-    """What an operator's hand install leaves: the previous stack's firmware (7.5, outside
-    driver 25.2.0's 7.7 range) installed over the profile's."""
-    lab.run(node, f"cd /root && curl -fsS -O {lab.mirror_url}/files/{PREVIOUS_FIRMWARE} && "
-                  f"chmod +x {PREVIOUS_FIRMWARE} && ./{PREVIOUS_FIRMWARE} --nox11 --upgrade --quiet </dev/null "
-                  f">/dev/null; rc=$?; rm -f {PREVIOUS_FIRMWARE}; [ $rc = 0 ] || [ $rc = 2 ]")
+def hand_install(lab: Lab, node: str, package: str) -> None:
+    """What an operator's hand install leaves: a vendor package from the mirror installed over what
+    the deploy put there (active at the next reboot)."""
+    lab.run(node, f"cd /root && curl -fsS -O {lab.mirror_url}/files/{package} && chmod +x {package} && "
+                  f"./{package} --nox11 --upgrade --quiet </dev/null >/dev/null; rc=$?; rm -f {package}; "
+                  "[ $rc = 0 ] || [ $rc = 2 ]")
 
 
 def test_an_instance_that_crash_loops_stops_retrying_is_routed_around_and_shown(lab, serving):
@@ -280,7 +283,7 @@ def test_sigint_during_the_driver_stage_then_a_rerun_converges(lab, serving):
 
 
 def test_firmware_outside_the_drivers_range_is_replaced_and_the_node_serves_again(lab, serving):
-    install_previous_firmware(lab, "worker3")
+    hand_install(lab, "worker3", PREVIOUS_FIRMWARE)  # 7.5: outside driver 25.2.0's 7.7 range
     lab.reboot("worker3")
     assert "dcmi module initialize failed" in lab.run("worker3", "npu-smi info 2>&1", check=False).stdout
     # Preflight lets it through (no driver answers, so the PCI bus counts the NPUs); the driver
@@ -293,7 +296,7 @@ def test_firmware_outside_the_drivers_range_is_replaced_and_the_node_serves_agai
 
 
 def test_a_node_that_does_not_come_back_from_its_reboot_is_reported_and_the_others_complete(lab, serving):
-    install_previous_firmware(lab, "worker3")  # so the driver stage reinstalls it and reboots worker3 only
+    hand_install(lab, "worker3", PREVIOUS_FIRMWARE)  # so the driver stage reinstalls it and reboots worker3 only
     hold = lab.lab_dir / "nodes" / "worker3" / "hold"
     hold.touch()
     try:
@@ -336,13 +339,17 @@ def test_an_npu_turning_unhealthy_after_preflight_gets_no_instance_restarted_on_
 
 
 def test_a_driver_installed_but_never_rebooted_is_rebooted_by_the_rerun(lab, serving):
-    # What a run stopped between the driver install and its reboot leaves (Ctrl-C, SSH lost):
-    # the profile's driver installed again in this boot, so it is installed but not loaded.
-    lab.run("worker1", f"{PACKAGE_DIR}/Ascend-hdk-910b-npu-driver_25.2.0_linux-$(uname -m).run --nox11 --upgrade "
-                       "--quiet </dev/null >/dev/null; [ $? = 0 ] || [ $? = 2 ]")
+    # What a run stopped between its installs and their reboot leaves (Ctrl-C, SSH lost): the
+    # previous stack's firmware and driver installed, the lab's still loaded, npu-smi failing.
+    for package in (PREVIOUS_FIRMWARE, PREVIOUS_DRIVER):
+        hand_install(lab, "worker1", package)
     assert "dcmi module initialize failed" in lab.run("worker1", "npu-smi info 2>&1", check=False).stdout
     boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}["worker1"]
-    converged(lab, "deploys/driver.py", "--limit", "worker1")
+    # Both installed versions match lab-previous: only the driver that is not loaded asks for the reboot.
+    converged(lab, "deploys/driver.py", "--limit", "worker1", "--data", "profile=lab-previous")
     assert {n["name"]: n["boots"] for n in lab.status()["nodes"]}["worker1"] == boots + 1
+    assert "24.1.0" in lab.run("worker1", "npu-smi info").stdout
+    converged(lab, "deploys/driver.py", "--limit", "worker1")
     assert "25.2.0" in lab.run("worker1", "npu-smi info").stdout
+    converged(lab, "deploys/serve.py", "--limit", "worker1")
     all_serving(lab)
