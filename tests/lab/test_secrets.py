@@ -8,9 +8,11 @@ lab serving openly as before."""
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import secrets
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,18 @@ def planted(lab: Lab):
         outputs[name] = result.stdout + result.stderr
     yield keyed, values, outputs
     lab.pyinfra("deploys/full.py", timeout=3600)
+    gateway = f"http://{address(lab, 'gateway')}"
+    assert requests.get(f"{gateway}/v1/models", timeout=10).status_code == 200, "the lab still requires the key"
+
+
+def raw_get(host: str, port: int, path: str, headers: dict[str, str]) -> int:
+    """Status of a GET sent with the path exactly as written (requests would resolve its dot segments)."""
+    connection = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        connection.request("GET", path, headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
 
 def scan_node(lab: Lab, node: str, values: dict[str, str]) -> dict[str, set[str]]:
@@ -91,8 +105,10 @@ def test_the_tools_work_with_the_key_and_print_no_secret(planted):
 
 def test_the_planted_values_are_only_in_root_only_env_files(planted):
     lab, values, _ = planted
-    for node in lab.nodes:
-        found = scan_node(lab, node, values)
+    nodes = lab.nodes
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        scans = dict(zip(nodes, pool.map(lambda node: scan_node(lab, node, values), nodes)))
+    for node, found in scans.items():
         if node == "gateway":
             assert found == {"HF_TOKEN": set(), "MODELSCOPE_API_TOKEN": set(), "VLLM_API_KEY": GATEWAY_PRIVATE_FILES}
             private = GATEWAY_PRIVATE_FILES
@@ -130,8 +146,10 @@ def test_v1_needs_the_key_and_the_public_listener_hides_health_and_metrics(plant
                          headers={"Authorization": "Bearer not-the-key"}).status_code == 401
     answer = requests.post(f"{gateway}/v1/chat/completions", json=body, headers=key, timeout=30)
     assert answer.status_code == 200 and answer.json()["choices"], answer.text
-    for path in ("/metrics", "/health"):
-        assert requests.get(f"{gateway}{path}", headers=key, timeout=10).status_code == 404
+    for path in ("/metrics", "/health", "/v1/../metrics", "/v1/%2e%2e/health"):  # not even for a keyed client
+        assert raw_get(address(lab, "gateway"), 80, path, key) == 404, path
+    # nginx routes it as /v1/models but forwards it as written: no route and no way around the key.
+    assert raw_get(address(lab, "gateway"), 80, "/metrics/../v1/models", {}) in (401, 404)
     worker = f"http://{address(lab, lab.workers[0])}"
     for port in INSTANCE_PORTS:  # the gateway and Prometheus reach the instances' own ports
         assert requests.get(f"{worker}:{port}/v1/models", timeout=10).status_code == 401
