@@ -42,8 +42,9 @@ def package_fetched(file_name: str, sha256: str, url: str | None = None, local_p
     if local_path:
         yield from files.put._inner(src=local_path, dest=partial)
     else:
-        # A mirror that is down or answers an error is one line naming it, not curl's alone.
-        yield (f"curl -fsSL --retry 3 -o {shlex.quote(partial)} {shlex.quote(url)} || {{ rc=$?; "
+        # A mirror that is down or answers an error is one line naming it, not curl's alone; one
+        # that drops connections fails in about a minute (3 retries), not after the kernel's SYN retries.
+        yield (f"curl -fsSL --connect-timeout 15 --retry 3 -o {shlex.quote(partial)} {shlex.quote(url)} || {{ rc=$?; "
                f"rm -f {shlex.quote(partial)}; echo \"{host.name}: {file_name}: cannot download {url} (curl exit $rc); "
                f"check that the vendor mirror is up and vendor_mirror_url is right, then rerun\" >&2; exit 1; }}")
     # A corrupt copy never becomes the package an installer runs.
