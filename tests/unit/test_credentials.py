@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api import FileUploadCommand
+from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha256File
 
@@ -62,9 +64,15 @@ class FakeHost:
 
     name = "worker1"
 
-    def __init__(self, file: dict | None, sha256: str | None = None):
+    def __init__(self, file: dict | None, sha256: str | None = None, global_arguments: dict | None = None,
+                 temp_dir: str = "/tmp"):
         self.facts = {File: file, Sha256File: sha256}
         self.noops: list[str] = []
+        self.current_op_global_arguments = global_arguments
+        self.temp_dir = temp_dir
+
+    def get_temp_filename(self) -> str:
+        return f"{self.temp_dir}/pyinfra-0123abcd"
 
     def get_fact(self, fact, **_arguments):
         return self.facts[fact]
@@ -84,6 +92,19 @@ def test_private_file_is_uploaded_into_a_0600_file_and_no_command_holds_its_text
                          "install -m 600 -o root -g root /dev/null /etc/ascend-fleet/hub-tokens.env.new"]
     assert isinstance(steps[2], FileUploadCommand) and steps[2].dest == "/etc/ascend-fleet/hub-tokens.env.new"
     assert steps[3] == "mv /etc/ascend-fleet/hub-tokens.env.new /etc/ascend-fleet/hub-tokens.env"
+    assert not any(SECRET in str(step) for step in steps)
+
+
+def test_under_sudo_the_login_users_upload_lands_in_a_file_it_made_0600_and_never_in_an_existing_one(tmp_path):
+    steps = commands(FakeHost(None, global_arguments={"_sudo": True}, temp_dir=str(tmp_path)),
+                     env_lines({"HF_TOKEN": SECRET}))
+    create, upload = steps[2], steps[3]
+    assert isinstance(create, StringCommand) and create.connector_arguments["_sudo"] is False
+    assert isinstance(upload, FileUploadCommand) and upload.remote_temp_filename == f"{tmp_path}/pyinfra-0123abcd"
+    subprocess.run(["sh", "-c", create.get_raw_value()], check=True)
+    assert stat.S_IMODE(os.stat(upload.remote_temp_filename).st_mode) == 0o600
+    # One left there by someone else (here: the first run's) is refused, not written into.
+    assert subprocess.run(["sh", "-c", create.get_raw_value()], capture_output=True).returncode != 0
     assert not any(SECRET in str(step) for step in steps)
 
 
