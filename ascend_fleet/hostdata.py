@@ -176,6 +176,14 @@ class NodeConfig(_Strict):
                                      "and the fleet state records it, see host_node_config")
     reboot_timeout: int = Field(900, gt=0, description="seconds the driver stage waits for a node to answer "
                                 "SSH again after its reboot before it reports the node as not back")
+    instance_firewall: bool = Field(True, description="workers: nftables lets only the gateway hosts, "
+                                    "instance_allowed_sources and loopback reach the instance ports, and only "
+                                    "workers the weights peer port (ascend_fleet/firewall.py); false where the "
+                                    "site's own firewall does it")
+    instance_allowed_sources: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="addresses, networks (CIDR) or names resolved on the control machine "
+        "that may reach the instance ports besides the gateway hosts, e.g. a gateway's address on the serving "
+        "network or an outside Prometheus")
 
     @model_validator(mode="before")
     @classmethod

@@ -4,8 +4,9 @@ A rollout is a list of steps. Each step drains some instances at the gateway (th
 marked `down` through the gateway deploy, which reads the drained set from the fleet state,
 see fleetstate.py), waits until their `vllm:num_requests_running` is 0, runs a pyinfra
 deploy limited to their hosts (`pyinfra -y INVENTORY DEPLOY --limit HOST ...`, the command
-operators run), gates every instance it changed (/health, /v1/models, a completion, /metrics)
-and puts them back, then checks a completion through the gateway. The first step that fails
+operators run), gates every instance it changed (/health, /v1/models, a completion, /metrics,
+asked on the instance's own node over SSH: the instance firewall keeps the control machine
+off the instance ports) and puts them back, then checks a completion through the gateway. The first step that fails
 stops everything: its instances stay drained, the others keep serving, the record in the
 fleet state says where `--resume` goes on.
 
@@ -37,12 +38,15 @@ from pyinfra.api import Inventory
 
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.fleet import ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
-from ascend_fleet.hostdata import Model, NodeConfig, host_node_config
+from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
 from ascend_fleet.operations.files.stage_weights import revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.profile import load_profile
+from ascend_fleet.remote import FactQuery, read_host_facts
+from ascend_fleet.stages.serving import instance_env_file
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
 MONITORING_DEPLOY = "deploys/monitoring.py"
@@ -61,12 +65,13 @@ PROBE_PROMPT = "Say hello."
 
 @dataclass(frozen=True)
 class Backend:
-    """One instance as the control machine and the gateway reach it."""
+    """One instance: where the gateway reaches it, and its root-only env file (its API key) on its node."""
 
     host: str
     instance: str
     address: str
     port: int
+    env_file: str
 
     @property
     def key(self) -> str:
@@ -96,9 +101,11 @@ class Fleet:
         self.model_name = first.model.served_model_name
         self.state = FleetState(first.fleet_state_dir)
 
+    def backend(self, host: str, instance: Instance) -> Backend:
+        return Backend(host, instance.name, self.addresses[host], instance.port, instance_env_file(instance))
+
     def backends(self, host: str, only: list[str] | None = None) -> list[Backend]:
-        return [Backend(host, i.name, self.addresses[host], i.port) for i in self.configs[host].instances
-                if only is None or i.name in only]
+        return [self.backend(host, i) for i in self.configs[host].instances if only is None or i.name in only]
 
     def other_config(self, host: str) -> NodeConfig:
         """The host's data with the instances of the colour that does not serve."""
@@ -106,7 +113,7 @@ class Fleet:
 
     def backends_in(self, host: str, colour: str) -> list[Backend]:
         config = host_node_config(self.inventory.get_host(host), colour)
-        return [Backend(host, i.name, self.addresses[host], i.port) for i in config.instances]
+        return [self.backend(host, i) for i in config.instances]
 
     def all_backends(self) -> list[Backend]:
         return [backend for host in self.workers for backend in self.backends(host)]
@@ -162,40 +169,57 @@ def step_record(name: str, hosts: list[str], backends: list[Backend], deploy: st
 # ------------------------------------------------------------------ checks over HTTP
 
 
-def running_requests(backend: Backend) -> int:
+def instance_answers(fleet: Fleet, backend: Backend, asks: dict[str, tuple[str, dict | None]]) -> dict[str, dict]:
+    """{name: {"status": 200, "body": ...}} for each (path, JSON body to POST or None), asked on the
+    instance's own node over SSH with the instance's own key; status 0 when nothing answered."""
+    queries = {name: FactQuery(HttpAnswer, {"url": f"http://127.0.0.1:{backend.port}{path}",
+                                            "json_body": json.dumps(body) if body else None,
+                                            "timeout_seconds": HTTP_TIMEOUT_SECONDS, "api_key_file": backend.env_file})
+               for name, (path, body) in asks.items()}
+    facts = read_host_facts(backend.host, fleet.inventory.get_host(backend.host).data.dict(), queries)
+    return {name: facts.facts.get(name) or {"status": 0, "body": facts.error or ""} for name in asks}
+
+
+def running_requests(fleet: Fleet, backend: Backend) -> int:
     """vLLM's num_requests_running on one instance; an instance that does not answer runs nothing."""
-    try:
-        text = requests.get(f"{backend.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS).text
-    except requests.RequestException:
+    metrics = instance_answers(fleet, backend, {"metrics": ("/metrics", None)})["metrics"]
+    if metrics["status"] != 200:
         return 0
-    return int(sum(sample.value for family in text_string_to_metric_families(text)
+    return int(sum(sample.value for family in text_string_to_metric_families(metrics["body"])
                    for sample in family.samples if sample.name == RUNNING_METRIC))
 
 
-def instance_problem(backend: Backend, model_name: str, model_path: str | None) -> tuple[str, str] | None:
+def instance_problem(fleet: Fleet, backend: Backend, model_name: str, model_path: str | None) -> tuple[str, str] | None:
     """(gate, what is wrong) for the first gate an instance fails, or None: /health 200, /v1/models
     names the model (and, for a swap, serves it from model_path), a completion, /metrics."""
-    try:
-        health = requests.get(f"{backend.url}/health", timeout=HTTP_TIMEOUT_SECONDS)
-        if health.status_code != 200:
-            return "health", f"/health answers {health.status_code}"
-        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS,
-                             headers=api_headers()).json().get("data", [])
-        card = next((c for c in cards if c.get("id") == model_name), None)
-        if card is None:
-            return "models", f"/v1/models names {[c.get('id') for c in cards]}, not {model_name}"
-        if model_path and card.get("root") != model_path:
-            return "models", f"serves {card.get('root')}, not {model_path}"
-        completion = requests.post(f"{backend.url}/v1/completions", timeout=HTTP_TIMEOUT_SECONDS,
-                                   headers=api_headers(), json={"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})
-        if completion.status_code != 200 or not completion.json().get("choices"):
-            return "completion", f"a completion answers {completion.status_code}: {completion.text[:160]}"
-        metrics = requests.get(f"{backend.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS)
-        if metrics.status_code != 200 or RUNNING_METRIC not in metrics.text:
-            return "metrics", f"/metrics answers {metrics.status_code} without {RUNNING_METRIC}"
-    except (requests.RequestException, ValueError) as exc:
-        return "health", f"does not answer ({type(exc).__name__})"
+    health = instance_answers(fleet, backend, {"health": ("/health", None)})["health"]
+    if health["status"] != 200:
+        return "health", f"/health answers {health['status'] or 'nothing'}"
+    answers = instance_answers(fleet, backend, {
+        "models": ("/v1/models", None), "metrics": ("/metrics", None),
+        "completion": ("/v1/completions", {"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})})
+    cards = json_field(answers["models"]["body"], "data") or []
+    card = next((c for c in cards if c.get("id") == model_name), None)
+    if card is None:
+        return "models", f"/v1/models names {[c.get('id') for c in cards]}, not {model_name}"
+    if model_path and card.get("root") != model_path:
+        return "models", f"serves {card.get('root')}, not {model_path}"
+    completion = answers["completion"]
+    if completion["status"] != 200 or not json_field(completion["body"], "choices"):
+        return "completion", f"a completion answers {completion['status']}: {completion['body'][:160]}"
+    metrics = answers["metrics"]
+    if metrics["status"] != 200 or RUNNING_METRIC not in metrics["body"]:
+        return "metrics", f"/metrics answers {metrics['status']} without {RUNNING_METRIC}"
     return None
+
+
+def json_field(body: str, key: str):
+    """body[key] of a JSON object, or None when the body is not one."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    return document.get(key) if isinstance(document, dict) else None
 
 
 def gateway_problem(url: str, model_name: str) -> str | None:
@@ -266,7 +290,7 @@ class Runner:
     def wait_idle(self, backends: list[Backend], step: dict) -> str | None:
         time.sleep(DRAIN_SETTLE_SECONDS)
         deadline = time.monotonic() + self.drain_timeout
-        while (running := {b.key: running_requests(b) for b in backends}) and any(running.values()):
+        while (running := {b.key: running_requests(self.fleet, b) for b in backends}) and any(running.values()):
             busy = {key: n for key, n in running.items() if n}
             if time.monotonic() > deadline:
                 return (f"{', '.join(f'{k} ({n})' for k, n in busy.items())} still running requests after "
@@ -309,7 +333,7 @@ class Runner:
         self.report(step, "gating")
         for backend in backends:
             path = self.expected_path(step, backend)
-            problem = retried(lambda b=backend, p=path: instance_problem(b, self.fleet.model_name, p))
+            problem = retried(lambda b=backend, p=path: instance_problem(self.fleet, b, self.fleet.model_name, p))
             if problem is not None:
                 gate, detail = problem
                 return fail(f"{backend.host} {backend.instance} gate {gate}", detail)
@@ -354,7 +378,7 @@ class Runner:
         self.report(step, "gating the new instances")
         for backend in new_backends:
             path = self.expected_path(step, backend)
-            if (problem := retried(lambda b=backend, p=path: instance_problem(b, self.fleet.model_name, p))) is not None:
+            if (problem := retried(lambda b=backend, p=path: instance_problem(self.fleet, b, self.fleet.model_name, p))) is not None:
                 gate, detail = problem
                 return fail(f"{backend.host} {backend.instance} gate {gate}", detail)
         self.report(step, "switching the gateway")
@@ -485,13 +509,9 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
     return None
 
 
-def served_path(backend: Backend) -> str | None:
+def served_path(fleet: Fleet, backend: Backend) -> str | None:
     """The model directory an instance serves (vLLM's /v1/models `root`), or None if it does not answer."""
-    try:
-        cards = requests.get(f"{backend.url}/v1/models", timeout=HTTP_TIMEOUT_SECONDS,
-                             headers=api_headers()).json().get("data", [])
-    except (requests.RequestException, ValueError):
-        return None
+    cards = json_field(instance_answers(fleet, backend, {"models": ("/v1/models", None)})["models"]["body"], "data")
     return cards[0].get("root") if cards else None
 
 
@@ -504,7 +524,7 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
         for host in hosts:
             target = str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
             for backend in fleet.backends(host):
-                if served_path(backend) != target:
+                if served_path(fleet, backend) != target:
                     slots.setdefault(backend.instance, []).append(backend)
         for instance, backends in slots.items():
             data = {**fleet.data, "model": model, "serve_only": [instance]}
@@ -534,7 +554,7 @@ def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
     for name, hosts in fleet.waves(waves):
         target = {host: str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
                   for host in hosts}
-        paths = {host: {served_path(b) for b in fleet.backends(host)} for host in hosts}
+        paths = {host: {served_path(fleet, b) for b in fleet.backends(host)} for host in hosts}
         by_colour: dict[str, list[str]] = {}  # a step flips hosts of one colour
         for host in hosts:
             if paths[host] != {target[host]}:

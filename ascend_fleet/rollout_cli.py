@@ -154,7 +154,7 @@ def swap_model(
     strategy = ("blue/green per wave" if refused is None
                 else f"one instance per node at a time (blue/green refused: {refused})")
     progress_console.print(f"swap-model: {strategy}", highlight=False)
-    previous = {b.key: served_path(b) for b in fleet.all_backends()}
+    previous = {b.key: served_path(fleet, b) for b in fleet.all_backends()}
     with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
         problem = Runner(fleet, {}, lambda *_: None, drain_timeout).pyinfra(
             WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")

@@ -152,6 +152,9 @@ def nspawn_argv(spec: LabSpec, node: NodeSpec, base: Path, home: Path) -> list[s
         # No machined or D-Bus on a plain host: don't register, and stay in the supervisor's cgroup.
         "--register=no", "--keep-unit",
         f"--network-namespace-path=/run/netns/{spec.netns(node)}",
+        # The namespace is the node's own, as a server's network is: its nftables rules (the
+        # instance firewall) touch nothing outside it.
+        "--capability=CAP_NET_ADMIN",
         "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=pipe",
         f"--bind-ro={home / 'ascend-lab'}:/etc/ascend-lab",
         f"--bind-ro={lxcfs_dir(spec.lab_dir)}:/var/lib/lxcfs",

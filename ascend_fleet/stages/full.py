@@ -6,6 +6,7 @@ them, so stages called from one loop line would interleave across hosts.
 
 from ascend_fleet.stages.checks import preflight_stage, verify_stage
 from ascend_fleet.stages.environment import environment_stage
+from ascend_fleet.stages.firewall import firewall_stage
 from ascend_fleet.stages.monitoring import monitoring_stage
 from ascend_fleet.stages.platform import cann_stage, driver_stage
 from ascend_fleet.stages.python_stack import python_stage
@@ -18,6 +19,7 @@ def full_deploy() -> None:
     cann_stage()
     python_stage()
     environment_stage()
+    firewall_stage()  # before the weights peer port and the instances listen
     weights_stage()
     serve_stage()
     gateway_stage()

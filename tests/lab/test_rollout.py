@@ -15,7 +15,6 @@ import time
 from contextlib import contextmanager
 
 import pytest
-import requests
 
 from ascend_fleet.loadgen import LoadGenerator
 from tests.lab.conftest import PROJECT, Lab
@@ -120,12 +119,16 @@ def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_i
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
 
 
+def instance_get(lab: Lab, node: str, port: int, path: str) -> str:
+    """An instance's answer, asked on its node: the instance firewall keeps this machine off its port."""
+    return lab.run(node, f"curl -fsS -m 10 http://127.0.0.1:{port}{path}").stdout
+
+
 def served_roots(lab: Lab) -> set[str]:
     roots = set()
     for node in lab.workers:
         for port in (8000, 8001):
-            cards = requests.get(f"http://{address(lab, node)}:{port}/v1/models", timeout=10).json()["data"]
-            roots.add(cards[0]["root"])
+            roots.add(json.loads(instance_get(lab, node, port, "/v1/models"))["data"][0]["root"])
     return roots
 
 
@@ -170,7 +173,7 @@ def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_requ
     assert [s["status"] for s in record["steps"]] == ["done", "done", "done"]
     for node in lab.workers:
         assert units(lab, node) == ["ascend-fleet-vllm-0-green.service"]
-        cards = requests.get(f"http://{address(lab, node)}:8001/v1/models", timeout=10).json()["data"]
+        cards = json.loads(instance_get(lab, node, 8001, "/v1/models"))["data"]
         assert (cards[0]["id"], cards[0]["root"]) == (MODEL, f"/mnt/nvme/models/{MODEL}/v2")
         assert "ASCEND_RT_VISIBLE_DEVICES=4,5,6,7" in lab.run(
             node, "cat /etc/ascend-fleet/instances/vllm-0-green.env").stdout
@@ -192,7 +195,7 @@ def requests_served(lab: Lab, node: str) -> float:
     """Prompt tokens an instance has processed: grows only when the gateway sends it requests."""
     total = 0.0
     for port in (8000, 8001):
-        text = requests.get(f"http://{address(lab, node)}:{port}/metrics", timeout=10).text
+        text = instance_get(lab, node, port, "/metrics")
         total += sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prompt_tokens_total"))
     return total
 

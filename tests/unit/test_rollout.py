@@ -160,7 +160,7 @@ def test_a_blue_green_swap_moves_each_wave_to_its_other_colour_and_back_on_failu
     fleet = Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
     old = fleet.configs["npu-01.example.internal"].model
     served = f"/mnt/nvme/models/{old.id}/{old.revision}"
-    monkeypatch.setattr(rollout, "served_path", lambda backend: served)
+    monkeypatch.setattr(rollout, "served_path", lambda fleet, backend: served)
     new = model_data(fleet, old.id, "next")
     record = plan_blue_green(fleet, new, None)
     canary = record["steps"][0]

@@ -1,0 +1,57 @@
+"""Stage: the instance firewall. On each worker, an nftables table of its own lets only the
+gateway hosts (and instance_allowed_sources) reach the vLLM instance ports, and only workers
+the weights peer port (ascend_fleet/firewall.py says why and who); a unit loads it at boot."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host, inventory
+from pyinfra.api import deploy
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, files, systemd
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.firewall import (
+    FAMILY,
+    RULES_FILE,
+    TABLE,
+    UNIT,
+    firewall_rules,
+    instance_ports,
+    instance_sources,
+    peer_sources,
+)
+from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.operations import gates
+from ascend_fleet.operations.firewall import nft_table, nft_table_absent
+from ascend_fleet.templating import render
+
+UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+
+
+@deploy("Instance firewall")
+def firewall_stage() -> None:
+    gates.stage_begins(name="Stage: firewall", stage="firewall")
+    config = host_node_config(host)
+    if not config.is_worker:
+        return
+    if not config.instance_firewall:
+        if host.get_fact(File, path=UNIT_FILE):
+            systemd.service(name="Instance firewall not loaded at boot", service=UNIT, running=False, enabled=False)
+        files.file(name=f"No unit {UNIT}", path=UNIT_FILE, present=False)
+        nft_table_absent(name=f"No nftables table {FAMILY} {TABLE} (instance_firewall: false)", path=RULES_FILE,
+                         family=FAMILY, table=TABLE)
+        return
+    # Resolved now, while the deploy is prepared: a name that does not resolve changes no host.
+    rules = firewall_rules(instance_ports(host), instance_sources(config, inventory), config.model.peer_port,
+                           peer_sources(config, inventory))
+    apt.packages(name="nftables", packages=["nftables"], no_recommends=True, update=True, cache_time=3600)
+    files.directory(name="ascend-fleet configuration", path="/etc/ascend-fleet", mode="755")
+    nft_table(name="Instance ports for the gateway and monitoring only (nft -c, then nft -f)", path=RULES_FILE,
+              rules=rules.text, family=FAMILY, table=TABLE, comment=rules.comment)
+    unit = files.put(name=f"Unit {UNIT}", dest=UNIT_FILE, mode="644",
+                     src=StringIO(render(TEMPLATES / "instance-firewall.service.j2", family=FAMILY, table=TABLE,
+                                         rules_file=RULES_FILE)))
+    systemd.service(name="Instance firewall loaded at every boot", service=UNIT, running=True, enabled=True,
+                    daemon_reload=unit.will_change)
