@@ -16,6 +16,10 @@ from pyinfra.operations import files
 from ascend_fleet.facts.ascend import ASCEND_HOME, AscendDriver, AscendFirmware, CannPackages
 
 PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
+# Where a worker's peer server (templates/weights-peer-nginx.conf.j2) serves PACKAGE_DIR's verified files.
+PEER_PACKAGES_PATH = "packages"
+# A peer is a fleet node on the same network: one that does not answer this fast is down.
+PEER_CONNECT_TIMEOUT_SECONDS = 3
 INSTALL_TIMEOUT_SECONDS = 1800
 # Huawei's installers exit 2 for "done, takes effect after a reboot".
 SUCCESS_CODES = (0, 2)
@@ -23,7 +27,7 @@ SUCCESS_CODES = (0, 2)
 
 @operation()
 def package_fetched(file_name: str, sha256: str, url: str | None = None, local_path: str | None = None,
-                    dest_dir: str = PACKAGE_DIR):
+                    dest_dir: str = PACKAGE_DIR, peer_urls: list[str] | None = None):
     """
     Put a vendor package on the node, checked against its sha256 before it takes its final name.
 
@@ -32,6 +36,7 @@ def package_fetched(file_name: str, sha256: str, url: str | None = None, local_p
     + url: download it from here (an HTTP mirror) ...
     + local_path: ... or upload this file from the control machine (files/)
     + dest_dir: where packages are kept on the node
+    + peer_urls: other workers' peer servers, asked in order before the origin (url or local_path)
     """
     dest = f"{dest_dir}/{file_name}"
     if host.get_fact(Sha256File, path=dest) == sha256:
@@ -39,6 +44,11 @@ def package_fetched(file_name: str, sha256: str, url: str | None = None, local_p
         return
     partial = f"{dest}.partial"
     yield f"mkdir -p {shlex.quote(dest_dir)}"
+    if peer_urls:
+        yield from_peers_command(file_name, sha256, partial, dest, peer_urls)
+        # Read again when the run gets here: the origin is asked only if no peer had a verified copy.
+        if host.get_fact(Sha256File, path=dest) == sha256:
+            return
     if local_path:
         yield from files.put._inner(src=local_path, dest=partial)
     else:
@@ -48,11 +58,55 @@ def package_fetched(file_name: str, sha256: str, url: str | None = None, local_p
                f"rm -f {shlex.quote(partial)}; echo \"{host.name}: {file_name}: cannot download {url} (curl exit $rc); "
                f"check that the vendor mirror is up and vendor_mirror_url is right, then rerun\" >&2; exit 1; }}")
     # A corrupt copy never becomes the package an installer runs.
-    yield (f"actual=$(sha256sum {shlex.quote(partial)} | cut -d' ' -f1); "
-           f"if [ \"$actual\" != {sha256} ]; then rm -f {shlex.quote(partial)}; "
+    yield (f"{verify_command(partial, sha256)} || {{ rm -f {shlex.quote(partial)}; "
            f"echo \"{file_name} from {url or local_path} has sha256 $actual, the profile expects {sha256}: "
-           f"the copy is corrupt or the profile is wrong; fix it and rerun\" >&2; exit 1; fi; "
-           f"mv {shlex.quote(partial)} {shlex.quote(dest)} && chmod 0755 {shlex.quote(dest)}")
+           f"the copy is corrupt or the profile is wrong; fix it and rerun\" >&2; exit 1; }}; "
+           f"{install_command(partial, dest)}")
+
+
+@operation()
+def package_seeded(seeder: str, file_name: str, sha256: str, url: str | None = None, local_path: str | None = None,
+                   peer_urls: list[str] | None = None):
+    """
+    Fetch a package on its seeder before the rest of the fleet asks the peers for it (pyinfra runs
+    an operation on every host before the next), so the origin sends it once, not once per worker.
+
+    + seeder: the worker that fetches it now; on the others this does nothing
+    + file_name, sha256, url, local_path, peer_urls: as package_fetched (a rebuilt seeder takes it
+      from a peer that holds it)
+    """
+    if host.name != seeder:
+        host.noop(f"{seeder} fetches {file_name} for the fleet; this worker takes it from a peer next")
+        return
+    yield from package_fetched._inner(file_name=file_name, sha256=sha256, url=url, local_path=local_path,
+                                      peer_urls=peer_urls)
+
+
+def verify_command(path: str, sha256: str) -> str:
+    """Shell: true when the file's sha256 is the expected one; leaves it in $actual."""
+    return f"actual=$(sha256sum {shlex.quote(path)} | cut -d' ' -f1) && [ \"$actual\" = {sha256} ]"
+
+
+def install_command(partial: str, dest: str) -> str:
+    """Shell: a verified copy takes its final name (the only name peers serve)."""
+    return f"mv {shlex.quote(partial)} {shlex.quote(dest)} && chmod 0755 {shlex.quote(dest)}"
+
+
+def from_peers_command(file_name: str, sha256: str, partial: str, dest: str, peer_urls: list[str]) -> str:
+    """Shell: take the package from the first peer whose copy matches the profile's sha256; a copy
+    that does not is deleted (never installed, never served on) and the next peer asked. A peer that
+    is down fails its connect in seconds; one that stalls is left after 30 s below 1 kB/s.
+    Succeeds either way: when no peer had it, dest is still missing and the origin is next."""
+    peers = " ".join(shlex.quote(f"{peer.rstrip('/')}/{PEER_PACKAGES_PATH}/{file_name}") for peer in peer_urls)
+    return (f"for src in {peers}; do "
+            f"if curl -fsS --connect-timeout {PEER_CONNECT_TIMEOUT_SECONDS} --speed-limit 1024 --speed-time 30 "
+            f"-o {shlex.quote(partial)} \"$src\" 2>/dev/null; then "
+            f"if {verify_command(partial, sha256)}; then {install_command(partial, dest)} && "
+            f"echo \"{file_name} from $src, sha256 verified\" && exit 0; fi; "
+            f"echo \"{host.name}: {file_name} from $src has sha256 $actual, the profile expects {sha256}: "
+            f"refused and deleted, trying the next source (that peer fetches it again at its next deploy)\" >&2; "
+            f"fi; rm -f {shlex.quote(partial)}; done; "
+            f"echo \"{file_name}: no peer holds a verified copy, fetching it from the origin\"")
 
 
 def installer_command(package: str, flags: str, env_script: str | None = None) -> str:

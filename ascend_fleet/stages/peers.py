@@ -1,27 +1,35 @@
-"""Spreading a model's weights over the fleet: which peers a worker fetches from, and the
-read-only nginx through which it serves its own verified files to them.
+"""Spreading a model's weights and the profile's vendor packages over the fleet: which peers a
+worker fetches from, and the read-only nginx through which it serves its own verified files to them.
 
-A worker spreads when its model's ``peers`` is true, or unset and more than one worker of the
-inventory (``--limit`` or not) stages the same model revision. Every such worker serves its
+A worker spreads its weights when its model's ``peers`` is true, or unset and more than one worker
+of the inventory (``--limit`` or not) stages the same model revision. Every such worker serves its
 model directory (templates/weights-peer-nginx.conf.j2) and its stager fetches each file from a
 peer that holds a verified copy, else from the model's source (the origin).
+
+Vendor packages follow the same rule (more than one worker of the inventory needs the package,
+off with ``peers: false``): each worker serves its package directory, and one worker of the run,
+the package's seeder, fetches it (from a peer, else the origin) before the others ask the peers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
-from pyinfra import inventory
+from pyinfra import inventory, state
 from pyinfra.api import deploy
+from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.hostdata import NodeConfig, node_config
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.files.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
+from ascend_fleet.operations.vendor import PACKAGE_DIR, PEER_PACKAGES_PATH
+from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
-WEIGHTS_SERVER_CONFIG = "/etc/nginx/conf.d/ascend-fleet-weights.conf"
+PEER_SERVER_CONFIG = "/etc/nginx/conf.d/ascend-fleet-weights.conf"
 
 
 @dataclass(frozen=True)
@@ -42,8 +50,7 @@ def fleet_spread(config: NodeConfig) -> Spread | None:
     for worker in inventory:  # every host, also those a --limit leaves out: they may hold the weights
         other = node_config(worker.data.dict(), worker.name)
         if other.is_worker and (other.model.id, other.model.revision) == (model.id, model.revision):
-            address = worker.data.get("ssh_hostname") or worker.name
-            members[worker.name] = f"http://{address}:{other.model.peer_port}"
+            members[worker.name] = peer_server_url(worker, other)
     if len(members) < 2:
         return None
     names = sorted(members)
@@ -51,13 +58,71 @@ def fleet_spread(config: NodeConfig) -> Spread | None:
                   names.index(config.host) / len(names))
 
 
-@deploy("Weights server for peers")
-def weights_server(config: NodeConfig) -> None:
-    """nginx serving this worker's published revisions and verified staging files, read-only."""
+def peer_server_url(worker, config: NodeConfig) -> str:
+    """Where a worker's peer server answers the fleet."""
+    return f"http://{worker.data.get('ssh_hostname') or worker.name}:{config.model.peer_port}"
+
+
+@dataclass(frozen=True)
+class PackageSpread:
+    """Where one worker takes one vendor package: the seeder (the first worker of the run that needs
+    it) fetches it before everyone else; every worker asks peer_urls, in order, before the origin."""
+
+    seeder: str
+    peer_urls: list[str]
+
+
+def package_spread(host_name: str, holders: dict[str, str], in_run: set[str]) -> PackageSpread | None:
+    """How host_name takes a package that the workers `holders` (name -> peer server URL) need, of
+    which `in_run` run now; None when it is alone. The seeder is asked first (it holds the package by
+    the time the others fetch), then the other workers from this one's place on, so that a fleet
+    whose seeder is gone does not queue on one peer."""
+    if host_name not in holders or len(holders) < 2:
+        return None
+    seeder = min(name for name in holders if name in in_run)
+    names = sorted(holders)
+    place = names.index(host_name)
+    others = [name for name in names[place + 1:] + names[:place] if name != seeder]
+    order = others if host_name == seeder else [seeder, *others]
+    return PackageSpread(seeder, [holders[name] for name in order])
+
+
+def package_holders(file_name: str) -> dict[str, str]:
+    """Workers of the inventory (also those a --limit leaves out) that spread packages and whose
+    profile, on their architecture, has this package: name -> peer server URL."""
+    holders = {}
+    for worker in inventory:
+        config = node_config(worker.data.dict(), worker.name)
+        if not config.is_worker or config.model.peers is False:
+            continue
+        # Another worker's architecture is read only if it is connected (in this run); one left out
+        # by --limit counts as holding the package if any of its profile's architectures has it.
+        arches = [arch_of(worker)] if worker in state.activated_hosts else load_profile(config.profile).arch
+        if any(file_name in load_profile(config.profile).vendor_files(arch).values() for arch in arches):
+            holders[worker.name] = peer_server_url(worker, config)
+    return holders
+
+
+@cache
+def arch_of(worker) -> str:
+    """A connected worker's architecture, read once per run (every worker asks it of every other)."""
+    return worker.get_fact(Arch)
+
+
+def spread_of_package(host_name: str, file_name: str) -> PackageSpread | None:
+    """How this worker takes a vendor package over the fleet, or None when it fetches it alone."""
+    return package_spread(host_name, package_holders(file_name), {h.name for h in state.activated_hosts})
+
+
+@deploy("Peer server")
+def peer_server(config: NodeConfig) -> None:
+    """nginx serving this worker's published revisions, verified staging files and verified vendor
+    packages to the fleet, read-only."""
     apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
     files.link(name="No default site", path="/etc/nginx/sites-enabled/default", present=False)
     content = render(TEMPLATES / "weights-peer-nginx.conf.j2", port=config.model.peer_port,
                      model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,
-                     published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH)
-    checked_config(name="Weights server config (nginx -t, then reload)", dest=WEIGHTS_SERVER_CONFIG,
-                   content=content, check="nginx -t", service="nginx", what="weights server config")
+                     published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,
+                     packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR)
+    checked_config(name="Peer server config (nginx -t, then reload)", dest=PEER_SERVER_CONFIG,
+                   content=content, check="nginx -t", service="nginx", what="peer server config")

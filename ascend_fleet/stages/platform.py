@@ -13,6 +13,7 @@ from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile, package_family, runs_npus
+from ascend_fleet.stages.peers import peer_server, spread_of_package
 
 HDK_USER = "HwHiAiUser"
 # npu-smi's words when no driver is loaded in this boot (also right after a driver install).
@@ -25,14 +26,23 @@ DRIVER_PREREQUISITES = {
 
 
 def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
-    """Put the profile's packages of these kinds on the node, verified; kind -> file name."""
+    """Put the profile's packages of these kinds on the node, verified; kind -> file name. Over the
+    fleet, each package comes from a peer that verified it; its seeder asks the origin only if none did."""
     names = {kind: name for kind, name in profile.vendor_files(host.get_fact(Arch)).items() if kind in kinds}
-    for name in names.values():
+    spreads = {name: spread_of_package(host.name, name) for name in names.values()}
+    if any(spreads.values()):
+        peer_server(host_node_config(host))
+    for name, spread in spreads.items():
         if profile.packages.source == "mirror":
             source = {"url": f"{host.data.vendor_mirror_url}/{name}"}
         else:
             source = {"local_path": str(PROJECT_ROOT / "files" / name)}
-        vendor.package_fetched(name=f"Fetch {name}", file_name=name, sha256=profile.sha256_of(name), **source)
+        sha256 = profile.sha256_of(name)
+        peer_urls = spread.peer_urls if spread else None
+        if spread:
+            vendor.package_seeded(name=f"Fetch {name} on {spread.seeder} for the fleet", seeder=spread.seeder,
+                                  file_name=name, sha256=sha256, peer_urls=peer_urls, **source)
+        vendor.package_fetched(name=f"Fetch {name}", file_name=name, sha256=sha256, peer_urls=peer_urls, **source)
     return names
 
 

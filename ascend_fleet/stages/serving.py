@@ -18,7 +18,7 @@ from ascend_fleet.operations import gates, gateway, private, units, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile
-from ascend_fleet.stages.peers import fleet_spread, weights_server
+from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
 
@@ -78,7 +78,7 @@ def weights_stage() -> None:
                          content=env_lines(tokens) if tokens else None)
     spread = fleet_spread(config)
     if spread:
-        weights_server(config)
+        peer_server(config)
     weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
                   source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer,
                   tokens_env_file=HUB_TOKENS_FILE if tokens else None,

@@ -15,6 +15,7 @@ import time
 import pytest
 import requests
 
+from ascend_fleet.operations.vendor import PACKAGE_DIR
 from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 
 pytestmark = pytest.mark.lab
@@ -224,6 +225,8 @@ def test_a_package_with_a_wrong_sha256_is_never_installed(lab, deployed):
     corrupt.mkdir(exist_ok=True)
     for package in files.glob("*24.1.0*"):  # the previous stack's driver, not on the nodes now
         (corrupt / package.name).write_bytes(package.read_bytes()[:-64] + b"\0" * 64)
+        for worker in lab.workers:  # nor on a peer (worker2 went back to it above), so the origin is asked
+            lab.run(worker, f"rm -f {PACKAGE_DIR}/{package.name}")
     mirror = lab.status()["mirror"]["url"]
     before = unit_starts(lab, "worker1")
     try:

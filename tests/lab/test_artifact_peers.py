@@ -1,0 +1,129 @@
+"""Vendor packages spread over the fleet like the weights: the driver and CANN stages on every
+worker at once ask the origin (the lab mirror) once per package, the others take it from a peer;
+a corrupt copy on a peer is refused by the worker fetching it, which takes it from elsewhere.
+
+Every run is the real deploy, `pyinfra inventories/lab.py deploys/driver.py deploys/cann.py`. The
+mirror logs what the origin sent (<lab>/mirror/run/access.log); each worker's nginx logs what it
+sent its peers (PEER_LOG).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from ascend_fleet.lab.mirror import mirror_root
+from ascend_fleet.operations.vendor import PACKAGE_DIR, PEER_PACKAGES_PATH
+from ascend_fleet.profile import load_profile
+
+pytestmark = pytest.mark.lab
+
+PEER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"
+PEER_PORT = 8090
+MIRROR_GET = re.compile(r'"GET /files/(\S+) HTTP/[\d.]+" (\d{3})')
+PEER_GET = re.compile(rf'^(\S+) .*"GET /{PEER_PACKAGES_PATH}/(\S+) HTTP/[\d.]+" (\d{{3}})', re.MULTILINE)
+
+
+class Logs:
+    """What the origin and each worker's peer server sent from now on."""
+
+    def __init__(self, lab):
+        self.lab = lab
+        self.mirror_log = mirror_root(lab.lab_dir) / "run" / "access.log"
+        self.mirror_offset = self.mirror_log.stat().st_size
+        self.peer_offsets = {worker: self.peer_log_size(worker) for worker in lab.workers}
+
+    def peer_log_size(self, worker: str) -> int:
+        return int(self.lab.run(worker, f"stat -c %s {PEER_LOG} 2>/dev/null || echo 0").stdout)
+
+    def from_origin(self) -> Counter:
+        """Package -> how many times the origin sent it whole (200)."""
+        with self.mirror_log.open() as f:
+            f.seek(self.mirror_offset)
+            return Counter(name for name, status in MIRROR_GET.findall(f.read()) if status == "200")
+
+    def from_peer(self, worker: str) -> list[tuple[str, str, str]]:
+        """(client address, package, status) of each package request the worker's peer server answered."""
+        text = self.lab.run(worker, f"tail -c +{self.peer_offsets[worker] + 1} {PEER_LOG}").stdout
+        return PEER_GET.findall(text)
+
+
+def packages_of(lab, worker: str) -> dict[str, str]:
+    """The lab profile's packages on this worker's architecture: file name -> sha256."""
+    profile = load_profile("lab")
+    arch = lab.run(worker, "uname -m").stdout.strip()
+    return {name: profile.sha256_of(name) for name in profile.vendor_files(arch).values()}
+
+
+def sha256s(lab, worker: str, names) -> dict[str, str]:
+    out = lab.run(worker, f"cd {PACKAGE_DIR} && sha256sum {' '.join(names)}", check=False).stdout
+    return {name: digest for digest, name in (line.split() for line in out.splitlines())}
+
+
+def address(lab, worker: str) -> str:
+    return next(node["address"] for node in lab.status()["nodes"] if node["name"] == worker)
+
+
+@pytest.fixture(scope="module")
+def packages(lab):
+    """The lab profile's packages (one architecture in the lab), none on any worker."""
+    wanted = packages_of(lab, lab.workers[0])
+    assert all(packages_of(lab, worker) == wanted for worker in lab.workers[1:])
+    for worker in lab.workers:
+        lab.run(worker, f"cd {PACKAGE_DIR} 2>/dev/null && rm -f {' '.join(wanted)} || true")
+    return wanted
+
+
+@pytest.fixture(scope="module")
+def fetched(lab, packages):
+    """The driver and CANN stages run on every worker at once; what the origin and the peers sent."""
+    logs = Logs(lab)
+    lab.pyinfra("deploys/driver.py", "deploys/cann.py", timeout=1800)
+    return logs
+
+
+def test_each_package_leaves_the_origin_once_for_the_whole_fleet(lab, packages, fetched):
+    assert fetched.from_origin() == Counter({name: 1 for name in packages})
+    seeder, *others = sorted(lab.workers)
+    served = Counter((client, name) for client, name, status in fetched.from_peer(seeder) if status == "200")
+    assert served == Counter({(address(lab, other), name): 1 for other in others for name in packages})
+
+
+def test_every_worker_holds_the_verified_packages_and_runs_the_stack(lab, packages, fetched):
+    stack = load_profile("lab").stack
+    for worker in lab.workers:
+        assert sha256s(lab, worker, packages) == packages, worker
+        assert lab.run(worker, f"ls -A {PACKAGE_DIR} | grep -c partial || true").stdout.strip() == "0"
+        assert f"Version={stack.driver}" in lab.run(worker, "cat /usr/local/Ascend/driver/version.info").stdout
+        toolkit = lab.run(worker, "cat /usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info").stdout
+        assert f"version={stack.cann}" in toolkit, (worker, toolkit)
+        nnal = lab.run(worker, "cat /usr/local/Ascend/nnal/atb/latest/version.info").stdout
+        assert f"Version={stack.nnal}" in nnal, (worker, nnal)
+
+
+def test_a_corrupt_copy_on_a_peer_is_refused_and_the_package_taken_from_another(lab, packages, fetched):
+    first, fetcher, corrupt = sorted(lab.workers)  # the fetcher asks the worker after it first
+    package = next(name for name in packages if "nnal" in name)
+    lab.run(corrupt, f"printf rotten | dd of={PACKAGE_DIR}/{package} bs=1 seek=4096 conv=notrunc status=none")
+    lab.run(fetcher, f"rm {PACKAGE_DIR}/{package}")
+    # A fetch in progress is never offered, even under a package's name.
+    lab.run(first, f"cp {PACKAGE_DIR}/{package} {PACKAGE_DIR}/{package}.partial")
+    url = f"http://{address(lab, first)}:{PEER_PORT}/{PEER_PACKAGES_PATH}/{package}"
+    assert lab.run(fetcher, f"curl -s -o /dev/null -w '%{{http_code}}' {url}.partial").stdout == "404"
+    lab.run(first, f"rm {PACKAGE_DIR}/{package}.partial")
+
+    logs = Logs(lab)
+    result = lab.pyinfra("-vvv", "deploys/cann.py", "--limit", fetcher)  # -vvv: the commands' output
+    assert re.search(rf"{fetcher}: {re.escape(package)} from http://{re.escape(address(lab, corrupt))}:\S+ has "
+                     rf"sha256 \w+, the profile expects {packages[package]}: refused", result.stdout), result.stdout[-3000:]
+    assert sha256s(lab, fetcher, [package]) == {package: packages[package]}
+    assert (address(lab, fetcher), package, "200") in logs.from_peer(corrupt)
+    assert (address(lab, fetcher), package, "200") in logs.from_peer(first)
+    assert not logs.from_origin()
+
+    # The corrupt peer's own next deploy replaces its copy, again from a peer.
+    lab.pyinfra("deploys/cann.py", "--limit", corrupt)
+    assert sha256s(lab, corrupt, [package]) == {package: packages[package]}
+    assert not logs.from_origin()

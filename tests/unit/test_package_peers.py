@@ -1,0 +1,101 @@
+"""Vendor packages over the fleet: which worker seeds a package and whom each worker asks, and the
+peers' fetch command run for real against local HTTP servers (a good copy, a corrupt one, a dead port)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+from pyinfra.context import ctx_host
+
+from ascend_fleet.operations import vendor
+from ascend_fleet.stages.peers import PackageSpread, package_spread
+
+HOLDERS = {name: f"http://{name}:8090" for name in ("worker1", "worker2", "worker3", "worker4")}
+EVERYONE = set(HOLDERS)
+
+
+def test_the_first_worker_of_the_run_seeds_and_everyone_else_asks_it_first():
+    assert package_spread("worker1", HOLDERS, EVERYONE) == PackageSpread(
+        "worker1", ["http://worker2:8090", "http://worker3:8090", "http://worker4:8090"])
+    assert package_spread("worker3", HOLDERS, EVERYONE) == PackageSpread(
+        "worker1", ["http://worker1:8090", "http://worker4:8090", "http://worker2:8090"])
+
+
+def test_a_limited_run_seeds_on_its_first_worker_and_still_asks_the_workers_left_out():
+    spread = package_spread("worker3", HOLDERS, {"worker3", "worker4"})
+    assert spread == PackageSpread("worker3", ["http://worker4:8090", "http://worker1:8090", "http://worker2:8090"])
+    assert package_spread("worker4", HOLDERS, {"worker3", "worker4"}).peer_urls[0] == "http://worker3:8090"
+
+
+def test_a_worker_alone_or_not_spreading_fetches_by_itself():
+    assert package_spread("worker1", {"worker1": HOLDERS["worker1"]}, {"worker1"}) is None
+    assert package_spread("worker5", HOLDERS, EVERYONE | {"worker5"}) is None  # peers: false, or another profile
+
+
+PACKAGE = "Ascend-cann-nnal_8.5.0_linux-x86_64.run"
+GOOD = b"#!/bin/sh\necho nnal\n" * 1000
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def peer_holding(tmp_path: Path, name: str, content: bytes | None):
+    root = tmp_path / name / vendor.PEER_PACKAGES_PATH
+    root.mkdir(parents=True)
+    if content is not None:
+        (root / PACKAGE).write_bytes(content)
+    return serve(tmp_path / name)
+
+
+def dead_url() -> str:
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def fetch_from_peers(tmp_path: Path, peer_urls: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+    dest = tmp_path / "node" / PACKAGE
+    dest.parent.mkdir()
+    with ctx_host.use(SimpleNamespace(name="worker2")):
+        command = vendor.from_peers_command(PACKAGE, hashlib.sha256(GOOD).hexdigest(), f"{dest}.partial", str(dest),
+                                            peer_urls)
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60), dest
+
+
+def test_a_corrupt_copy_is_refused_and_the_package_taken_from_the_next_peer(tmp_path):
+    servers = [peer_holding(tmp_path, "missing", None), peer_holding(tmp_path, "corrupt", GOOD[:-8] + b"rotten!\n"),
+               peer_holding(tmp_path, "good", GOOD)]
+    try:
+        result, dest = fetch_from_peers(tmp_path, [dead_url()] + [url for _, url in servers])
+    finally:
+        for server, _ in servers:
+            server.shutdown()
+    assert result.returncode == 0
+    assert dest.read_bytes() == GOOD
+    assert not Path(f"{dest}.partial").exists()
+    refused = [line for line in result.stderr.splitlines() if "refused" in line]
+    assert len(refused) == 1 and refused[0].startswith(f"worker2: {PACKAGE} from {servers[1][1]}/"), result.stderr
+    assert f"from {servers[2][1]}/packages/{PACKAGE}, sha256 verified" in result.stdout
+
+
+def test_no_verified_copy_on_any_peer_leaves_nothing_for_the_origin_to_replace(tmp_path):
+    server, url = peer_holding(tmp_path, "corrupt", b"not the package")
+    try:
+        result, dest = fetch_from_peers(tmp_path, [url, dead_url()])
+    finally:
+        server.shutdown()
+    assert result.returncode == 0 and "fetching it from the origin" in result.stdout
+    assert list(dest.parent.iterdir()) == []  # neither the corrupt copy nor a .partial
+
