@@ -2,7 +2,8 @@
 machine's environment reach the nodes only as root-only 0600 env files; nothing else on any
 node (files, journal, process list, Nginx logs) and nothing the tools print holds them. With the
 key set, the instances and the gateway refuse /v1 without it; the public listener never serves
-/metrics or /health. The module ends with a deploy without the key, so later modules find the
+/metrics or /health, and each worker's firewall lets only the gateway (nginx, Prometheus) reach
+the instance ports and only workers the weights peer port. The module ends with a deploy without the key, so later modules find the
 lab serving openly as before."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import http.client
 import json
 import secrets
+import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from ascend_fleet.loadgen import LoadGenerator
 from tests.lab.conftest import BIN, PROJECT, Lab
+from tests.lab.test_full_deploy import totals
 
 pytestmark = pytest.mark.lab
 
@@ -26,6 +30,8 @@ WORKER_PRIVATE_FILES = {"/etc/ascend-fleet/hub-tokens.env", "/etc/ascend-fleet/i
                         "/etc/ascend-fleet/instances/vllm-1.env"}
 GATEWAY_PRIVATE_FILES = {"/etc/ascend-fleet/api-key.env"}
 INSTANCE_PORTS = (8000, 8001)
+PEER_PORT = 8090  # the weights peer port (model.peer_port's default)
+FIREWALL_RULES = "/etc/ascend-fleet/instance-firewall.nft"
 # Every file of the node (also /run, /tmp and the NVMe), its journal, its process list (arguments
 # of every process) and what /proc says each process was started with; not /proc's environ files,
 # where a process's environment is, by design, the key vLLM reads. The planted values come on
@@ -63,6 +69,28 @@ def planted(lab: Lab):
     lab.pyinfra("deploys/full.py", timeout=3600)
     gateway = f"http://{address(lab, 'gateway')}"
     assert requests.get(f"{gateway}/v1/models", timeout=10).status_code == 200, "the lab still requires the key"
+
+
+def answer_from(lab: Lab, node: str, url: str) -> str:
+    """The HTTP status a node gets for a URL, or "refused" when the connection is refused."""
+    result = lab.run(node, f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {url}", check=False)
+    return "refused" if result.returncode == 7 else result.stdout.strip()
+
+
+def connect_from_here(address: str, port: int) -> str:
+    """Whether this machine (the lab host, where the tools run) can open a TCP connection."""
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "dropped"
+    return "open"
+
+
+def loaded_rules(lab: Lab, node: str) -> str:
+    """The comment of the node's loaded firewall table (the digest of its rules), "" if none is loaded."""
+    return lab.run(node, "nft list table inet ascend_fleet 2>/dev/null | sed -n 2p; true").stdout.strip()
 
 
 def raw_get(host: str, port: int, path: str, headers: dict[str, str]) -> int:
@@ -152,6 +180,45 @@ def test_v1_needs_the_key_and_the_public_listener_hides_health_and_metrics(plant
     assert raw_get(address(lab, "gateway"), 80, "/metrics/../v1/models", {}) in (401, 404)
     worker = f"http://{address(lab, lab.workers[0])}"
     for port in INSTANCE_PORTS:  # the gateway and Prometheus reach the instances' own ports
-        assert requests.get(f"{worker}:{port}/v1/models", timeout=10).status_code == 401
-        assert requests.get(f"{worker}:{port}/metrics", timeout=10).status_code == 200
-        assert requests.get(f"{worker}:{port}/health", timeout=10).status_code == 200
+        assert answer_from(lab, "gateway", f"{worker}:{port}/v1/models") == "401"
+        assert answer_from(lab, "gateway", f"{worker}:{port}/metrics") == "200"
+        assert answer_from(lab, "gateway", f"{worker}:{port}/health") == "200"
+
+
+def test_instance_ports_answer_the_gateway_and_loopback_only_and_the_peer_port_workers_only(planted):
+    lab, _, _ = planted
+    worker, other_worker = address(lab, "worker1"), "worker2"
+    for port in INSTANCE_PORTS:
+        assert answer_from(lab, "gateway", f"http://{worker}:{port}/health") == "200"
+        assert answer_from(lab, "worker1", f"http://127.0.0.1:{port}/health") == "200"
+        assert answer_from(lab, other_worker, f"http://{worker}:{port}/health") == "refused"
+        assert connect_from_here(worker, port) == "refused"
+    assert answer_from(lab, other_worker, f"http://{worker}:{PEER_PORT}/published/") == "200"
+    assert answer_from(lab, "gateway", f"http://{worker}:{PEER_PORT}/published/") == "refused"
+    assert connect_from_here(worker, PEER_PORT) == "refused"
+    # Nothing else is touched: SSH (every lab.run) and node_exporter answer this machine as before.
+    assert connect_from_here(worker, 22) == connect_from_here(worker, 9100) == "open"
+
+
+def test_the_firewall_comes_off_and_on_under_load_a_rerun_changes_nothing_and_a_reboot_keeps_it(planted, monkeypatch):
+    lab, values, _ = planted
+    monkeypatch.setenv("VLLM_API_KEY", values["VLLM_API_KEY"])  # the load generator's key
+    worker = address(lab, "worker3")
+    rules = loaded_rules(lab, "worker3")
+    assert rules.startswith('comment "ascend-fleet rules sha256:'), rules
+    generator = LoadGenerator(f"http://{address(lab, 'gateway')}", "lab/Qwen3-Tiny", concurrency=2).start()
+    try:
+        lab.pyinfra("--data", "instance_firewall=false", "deploys/firewall.py")
+        assert loaded_rules(lab, "worker3") == "" and connect_from_here(worker, INSTANCE_PORTS[0]) == "open"
+        assert lab.run("worker3", f"test ! -e {FIREWALL_RULES}", check=False).returncode == 0
+        lab.pyinfra("deploys/firewall.py")
+    finally:
+        load = generator.stop().summary()
+    assert load["requests"] > 10 and load["errors"] == 0, load
+    assert loaded_rules(lab, "worker3") == rules and connect_from_here(worker, INSTANCE_PORTS[0]) == "refused"
+    again = lab.pyinfra("deploys/firewall.py").stdout
+    assert totals(again)["changed"] == 0, again[-3000:]
+    assert lab.run("worker3", "systemctl is-enabled ascend-fleet-firewall.service").stdout.strip() == "enabled"
+    lab.reboot("worker3")
+    assert loaded_rules(lab, "worker3") == rules
+    assert connect_from_here(worker, INSTANCE_PORTS[0]) == "refused"
