@@ -35,9 +35,8 @@ GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 V2 = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "v2", "source": "http"})
 V2_DIR = "/mnt/nvme/models/lab/Qwen3-Tiny/v2"
 V2_PARTIAL = "/mnt/nvme/models/.partial/lab/Qwen3-Tiny/v2"
-# The stager fetches into .incoming (a file leaves it only verified), in an order of its own.
-FIRST_BYTES_ARRIVING = (f"while [ -z \"$(find {V2_PARTIAL}/.incoming -type f -size +0 2>/dev/null)\" ]; "
-                        "do sleep 0.1; done")
+# What the staging watcher did, on the node (read back when a test fails).
+WATCH_LOG = "/root/staging-watcher.log"
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +93,27 @@ def node_watcher(lab: Lab, node: str, pattern: str, action: str) -> str:
     script = (f"for i in $(seq 2400); do p=$(pgrep -f -o -- '[{pattern[0]}]{pattern[1:]}') && break; sleep 0.05; done; "
               f"[ -n \"$p\" ] && {{ {action}; }}")
     return lab.run(node, f"setsid sh -c {shlex.quote(script)} >/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
+
+
+def staging_watcher(lab: Lab, node: str, action: str) -> str:
+    """Start a watcher on the node that waits (up to 10 min) for the stager's first file in its
+    incoming directory (it fetches there, in an order of its own, and writes a file in chunks of
+    CHUNK_BYTES: a small one lands at once), freezes the stager (SIGSTOP) so nothing more lands
+    whatever the link's speed, runs action with $p set to the stager's pid, and lets the stager go
+    on (SIGCONT). It logs each step to WATCH_LOG."""
+    incoming = f"{V2_PARTIAL}/.incoming"
+    script = (f"exec >{WATCH_LOG} 2>&1; "
+              f"for i in $(seq 6000); do [ -n \"$(find {incoming} -type f 2>/dev/null)\" ] && break; "
+              "sleep 0.1; done; "
+              f"p=$(pgrep -o -f '^python3 {STAGER_ON_NODE}'); "
+              "[ -n \"$p\" ] || { echo 'no stager running'; exit 1; }; kill -STOP $p; "
+              f"echo \"$(date +%T.%N) stager $p frozen with: $(du -sb {incoming})\"; "
+              f"{{ {action}; }}; echo \"$(date +%T.%N) action exit $?\"; kill -CONT $p")
+    return lab.run(node, f"setsid sh -c {shlex.quote(script)} >/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
+
+
+def watcher_log(lab: Lab, node: str) -> str:
+    return lab.run(node, f"cat {WATCH_LOG}", check=False).stdout
 
 
 # Kills the sshd session that runs $p: walks up from $p to the first sshd process.
@@ -219,17 +239,15 @@ def test_ssh_dropped_during_a_cann_install_then_a_rerun_converges(lab, serving):
     all_serving(lab)
 
 
-@pytest.mark.skip(reason="open (issue 9): since the stager spreads over peers, the stage completes before the watcher drops its SSH session; the watcher needs rework")
 def test_ssh_dropped_during_a_weight_download_then_a_rerun_resumes(lab, serving):
-    # The stager's own run, not a fact that names its file and exits at once (no sshd above it then).
-    watcher = node_watcher(lab, "worker1", f"python3 {STAGER_ON_NODE}", f"{FIRST_BYTES_ARRIVING}; {KILL_SSH_SESSION}")
+    watcher = staging_watcher(lab, "worker1", KILL_SSH_SESSION)
     try:
         with slow_link(lab, "worker1"):
             result = lab.pyinfra("deploys/weights.py", "--limit", "worker1", "--data", f"model={V2}", check=False)
     finally:
         lab.run("worker1", f"kill {watcher}", check=False)
     try:
-        assert result.returncode != 0
+        assert result.returncode != 0, watcher_log(lab, "worker1")
         assert error_lines(result.stdout, "worker1"), result.stdout[-3000:]
         # Nothing unfinished is published: v2 is either absent or complete with its marker.
         listing = lab.run("worker1", f"ls -A {V2_DIR} 2>/dev/null; true").stdout.split()
@@ -243,13 +261,13 @@ def test_ssh_dropped_during_a_weight_download_then_a_rerun_resumes(lab, serving)
 
 def test_the_nvme_filling_up_during_weight_staging_stops_with_one_line(lab, serving):
     fill = "fallocate -l $(($(findmnt -n -o AVAIL -b --target /mnt/nvme) - 65536)) /mnt/nvme/filler"
-    watcher = node_watcher(lab, "worker2", "stage_weights", f"{FIRST_BYTES_ARRIVING}; {fill}")
+    watcher = staging_watcher(lab, "worker2", fill)
     try:
         try:
             with slow_link(lab, "worker2"):
                 result = lab.pyinfra("deploys/weights.py", "--limit", "worker2", "--data", f"model={V2}",
                                      check=False)
-            assert result.returncode != 0
+            assert result.returncode != 0, watcher_log(lab, "worker2")
             line = next(line for line in error_lines(result.stdout, "worker2") if "Qwen3-Tiny@v2" in line)
             assert "No space left" in line, line
             assert lab.run("worker2", f"test -e {V2_DIR}", check=False).returncode != 0
