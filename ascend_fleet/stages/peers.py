@@ -25,6 +25,8 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.hostdata import NodeConfig, node_config
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.files.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
+from ascend_fleet.operations.files.peer_wheels import PEER_WHEELS_PATH
+from ascend_fleet.operations.python_stack import WHEEL_DIR
 from ascend_fleet.operations.vendor import PACKAGE_DIR, PEER_PACKAGES_PATH
 from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
@@ -87,31 +89,36 @@ def package_spread(host_name: str, holders: dict[str, str], in_run: set[str]) ->
     return PackageSpread(seeder, [holders[name] for name in order])
 
 
-def package_holders(file_name: str) -> dict[str, str]:
-    """Workers of the inventory (also those a --limit leaves out) that spread packages and whose
-    profile, on their architecture, has this package: name -> peer server URL."""
-    holders = {}
+@cache
+def package_servers() -> dict[str, tuple[str, frozenset[str]]]:
+    """Workers of the inventory (also those a --limit leaves out) that spread packages: name -> their
+    peer server's URL and the artifacts their profile has on their architecture (package files, the
+    stack's wheels). Read once a run."""
+    servers = {}
     for worker in inventory:
         config = node_config(worker.data.dict(), worker.name)
         if not config.is_worker or config.model.peers is False:
             continue
-        # Another worker's architecture is read only if it is connected (in this run); one left out
-        # by --limit counts as holding the package if any of its profile's architectures has it.
-        arches = [arch_of(worker)] if worker in state.activated_hosts else load_profile(config.profile).arch
-        if any(file_name in load_profile(config.profile).vendor_files(arch).values() for arch in arches):
-            holders[worker.name] = peer_server_url(worker, config)
-    return holders
+        profile = load_profile(config.profile)
+        # A worker in this run says its architecture; one a --limit leaves out may hold the files of
+        # any architecture its profile has.
+        arches = [worker.get_fact(Arch)] if worker in state.activated_hosts else profile.arch
+        artifacts = {name for arch in arches for name in profile.vendor_files(arch).values()}
+        artifacts |= {wheels_of(config.profile, arch) for arch in arches}
+        servers[worker.name] = (peer_server_url(worker, config), frozenset(artifacts))
+    return servers
 
 
-@cache
-def arch_of(worker) -> str:
-    """A connected worker's architecture, read once per run (every worker asks it of every other)."""
-    return worker.get_fact(Arch)
+def wheels_of(profile_name: str, arch: str) -> str:
+    """The artifact a profile's Python stack is on one architecture (its wheels spread as one)."""
+    return f"wheels of {profile_name} on {arch}"
 
 
-def spread_of_package(host_name: str, file_name: str) -> PackageSpread | None:
-    """How this worker takes a vendor package over the fleet, or None when it fetches it alone."""
-    return package_spread(host_name, package_holders(file_name), {h.name for h in state.activated_hosts})
+def spread_of_package(host_name: str, artifact: str) -> PackageSpread | None:
+    """How this worker takes an artifact (a vendor package's file name, or wheels_of) over the fleet,
+    or None when it fetches it alone."""
+    holders = {name: url for name, (url, artifacts) in package_servers().items() if artifact in artifacts}
+    return package_spread(host_name, holders, {worker.name for worker in state.activated_hosts})
 
 
 @deploy("Peer server")
@@ -123,6 +130,7 @@ def peer_server(config: NodeConfig) -> None:
     content = render(TEMPLATES / "weights-peer-nginx.conf.j2", port=config.model.peer_port,
                      model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,
                      published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,
-                     packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR)
+                     packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR,
+                     wheels=PEER_WHEELS_PATH, wheel_dir=WHEEL_DIR)
     checked_config(name="Peer server config (nginx -t, then reload)", dest=PEER_SERVER_CONFIG,
                    content=content, check="nginx -t", service="nginx", what="peer server config")

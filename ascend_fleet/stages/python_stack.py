@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, dnf, pip
 
 from ascend_fleet.facts.ascend import VenvPython
+from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_script
 from ascend_fleet.stages.context import node_profile, package_family, runs_npus
+from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 
 
 TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
@@ -45,12 +48,15 @@ def python_stage() -> None:
             dnf.packages(name="Libraries the stack links against", packages=libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
-    python_stack.pinned(
-        name="Pinned serving stack", venv=venv, pins=profile.pip_pins(),
-        extra_requirements=profile.pip.extra_requirements,
-        index_url=profile.pip.index_url or host.data.pip_index_url,
-        extra_index_urls=profile.pip.extra_index_urls,
-    )
+    stack = {"venv": venv, "pins": profile.pip_pins(), "extra_requirements": profile.pip.extra_requirements,
+             "index_url": profile.pip.index_url or host.data.pip_index_url,
+             "extra_index_urls": profile.pip.extra_index_urls}
+    spread = spread_of_package(host.name, wheels_of(profile.name, host.get_fact(Arch)))
+    if spread:
+        peer_server(host_node_config(host))
+        python_stack.pinned_seeded(name=f"Pinned serving stack on {spread.seeder} for the fleet",
+                                   seeder=spread.seeder, peer_urls=spread.peer_urls, **stack)
+    python_stack.pinned(name="Pinned serving stack", peer_urls=spread.peer_urls if spread else None, **stack)
     if profile.pip.remove:
         python_stack.absent(name="Packages the stack must not have", venv=venv, packages=profile.pip.remove)
     expected = int(host.data.npu_count)

@@ -1,16 +1,18 @@
-"""Vendor packages spread over the fleet like the weights: the driver and CANN stages on every
-worker at once ask the origin (the lab mirror) once per package, the others take it from a peer;
-a corrupt copy on a peer is refused by the worker fetching it, which takes it from elsewhere.
+"""Vendor packages and wheels spread over the fleet like the weights: the driver, CANN and Python
+stages on every worker at once ask the origin (the lab mirror) once per package and per wheel, the
+others take it from a peer; a corrupt copy on a peer is refused by the worker fetching it, which
+takes it from elsewhere.
 
-Every run is the real deploy, `pyinfra inventories/lab.py deploys/driver.py deploys/cann.py`. The
-mirror logs what the origin sent (<lab>/mirror/run/access.log); each worker's nginx logs what it
-sent its peers (PEER_LOG).
+Every run is the real deploy (`pyinfra inventories/lab.py deploys/driver.py deploys/cann.py`,
+`deploys/python_stack.py`). The mirror logs what the origin sent (<lab>/mirror/run/access.log);
+each worker's nginx logs what it sent its peers (PEER_LOG).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from urllib.parse import unquote
 
 import pytest
 
@@ -22,8 +24,8 @@ pytestmark = pytest.mark.lab
 
 PEER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"
 PEER_PORT = 8090
-MIRROR_GET = re.compile(r'"GET /files/(\S+) HTTP/[\d.]+" (\d{3})')
-PEER_GET = re.compile(rf'^(\S+) .*"GET /{PEER_PACKAGES_PATH}/(\S+) HTTP/[\d.]+" (\d{{3}})', re.MULTILINE)
+MIRROR_GET = re.compile(r'"GET /(files|packages)/(\S+) HTTP/[\d.]+" (\d{3})')
+PEER_GET = re.compile(r'^(\S+) .*"GET /(?:packages|wheels)/(\S+) HTTP/[\d.]+" (\d{3})', re.MULTILINE)
 
 
 class Logs:
@@ -38,16 +40,17 @@ class Logs:
     def peer_log_size(self, worker: str) -> int:
         return int(self.lab.run(worker, f"stat -c %s {PEER_LOG} 2>/dev/null || echo 0").stdout)
 
-    def from_origin(self) -> Counter:
-        """Package -> how many times the origin sent it whole (200)."""
+    def from_origin(self, what: str = "files") -> Counter:
+        """Vendor package (files) or wheel (packages) -> how many times the origin sent it whole (200)."""
         with self.mirror_log.open() as f:
             f.seek(self.mirror_offset)
-            return Counter(name for name, status in MIRROR_GET.findall(f.read()) if status == "200")
+            return Counter(unquote(name) for where, name, status in MIRROR_GET.findall(f.read())
+                           if where == what and status == "200")
 
     def from_peer(self, worker: str) -> list[tuple[str, str, str]]:
-        """(client address, package, status) of each package request the worker's peer server answered."""
+        """(client address, file, status) of each package or wheel request the worker's peer server answered."""
         text = self.lab.run(worker, f"tail -c +{self.peer_offsets[worker] + 1} {PEER_LOG}").stdout
-        return PEER_GET.findall(text)
+        return [(client, unquote(name), status) for client, name, status in PEER_GET.findall(text)]
 
 
 def packages_of(lab, worker: str) -> dict[str, str]:
@@ -127,3 +130,64 @@ def test_a_corrupt_copy_on_a_peer_is_refused_and_the_package_taken_from_another(
     lab.pyinfra("deploys/cann.py", "--limit", corrupt)
     assert sha256s(lab, corrupt, [package]) == {package: packages[package]}
     assert not logs.from_origin()
+
+
+VENV = load_profile("lab").pip.venv
+WHEEL_DIR = "/var/cache/ascend-fleet/wheels"
+PINNED = "vllm-ascend"
+
+
+def wheels_on(lab, worker: str) -> dict[str, str]:
+    out = lab.run(worker, f"cd {WHEEL_DIR} && sha256sum *", check=False).stdout
+    return {name: digest for digest, name in (line.split() for line in out.splitlines())}
+
+
+def installed_version(lab, worker: str, distribution: str) -> str:
+    out = lab.run(worker, f"{VENV}/bin/python -m pip show {distribution} 2>/dev/null || true").stdout
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Version:")), "")
+
+
+@pytest.fixture(scope="module")
+def wheels_fetched(lab, fetched):
+    """The Python stage on every worker at once, each lacking a pinned distribution (or the whole
+    virtualenv, on a fresh lab), no wheel kept and pip's cache empty."""
+    for worker in lab.workers:
+        lab.run(worker, f"rm -rf {WHEEL_DIR} /root/.cache/pip; [ ! -x {VENV}/bin/python ] || "
+                        f"{VENV}/bin/python -m pip uninstall --yes --quiet {PINNED}")
+    logs = Logs(lab)
+    lab.pyinfra("deploys/python_stack.py", timeout=1800)
+    return logs
+
+
+def test_each_wheel_leaves_the_origin_once_and_every_worker_runs_the_pinned_stack(lab, wheels_fetched):
+    seeder, *others = sorted(lab.workers)
+    wheels = wheels_on(lab, seeder)
+    assert any(name.startswith("vllm_ascend-") for name in wheels), wheels
+    assert wheels_fetched.from_origin("packages") == Counter({name: 1 for name in wheels})
+    served = Counter((client, name) for client, name, status in wheels_fetched.from_peer(seeder) if status == "200")
+    assert served == Counter({(address(lab, other), name): 1 for other in others for name in wheels})
+    pin = load_profile("lab").stack.vllm_ascend
+    for worker in lab.workers:
+        assert wheels_on(lab, worker) == wheels, worker
+        assert installed_version(lab, worker, PINNED) == pin, worker
+
+
+def test_a_corrupt_wheel_on_a_peer_is_refused_and_taken_from_another(lab, wheels_fetched):
+    first, fetcher, corrupt = sorted(lab.workers)
+    wheel = next(name for name in wheels_on(lab, first) if name.startswith("vllm_ascend-"))
+    lab.run(corrupt, f"printf rotten | dd of={WHEEL_DIR}/{wheel} bs=1 seek=100 conv=notrunc status=none")
+    lab.run(fetcher, f"rm {WHEEL_DIR}/{wheel} && {VENV}/bin/python -m pip uninstall --yes --quiet {PINNED}")
+    logs = Logs(lab)
+    result = lab.pyinfra("-vvv", "deploys/python_stack.py", "--limit", fetcher)
+    assert re.search(rf"wheel {re.escape(wheel)} from http://{re.escape(address(lab, corrupt))}:\S+ has sha256 \w+, "
+                     r"the origin index gives \w+: refused", result.stdout), result.stdout[-3000:]
+    assert wheels_on(lab, fetcher)[wheel] == wheels_on(lab, first)[wheel]
+    assert installed_version(lab, fetcher, PINNED) == load_profile("lab").stack.vllm_ascend
+    assert (address(lab, fetcher), wheel, "200") in logs.from_peer(first)
+    assert not logs.from_origin("packages")
+
+    # The corrupt peer's next install checks its wheels again: the rotten one is deleted, fetched anew.
+    lab.run(corrupt, f"{VENV}/bin/python -m pip uninstall --yes --quiet {PINNED}")
+    lab.pyinfra("deploys/python_stack.py", "--limit", corrupt)
+    assert wheels_on(lab, corrupt)[wheel] == wheels_on(lab, first)[wheel]
+    assert not logs.from_origin("packages")

@@ -1,11 +1,13 @@
-"""Vendor packages over the fleet: which worker seeds a package and whom each worker asks, and the
-peers' fetch command run for real against local HTTP servers (a good copy, a corrupt one, a dead port)."""
+"""Vendor packages and wheels over the fleet: which worker seeds an artifact and whom each worker
+asks, and the peers' fetch (the packages' shell command, the wheels' helper) run for real against
+local HTTP servers (a good copy, a corrupt one, a dead port)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import http.server
+import json
 import socket
 import subprocess
 import threading
@@ -15,6 +17,7 @@ from types import SimpleNamespace
 from pyinfra.context import ctx_host
 
 from ascend_fleet.operations import vendor
+from ascend_fleet.operations.files import peer_wheels
 from ascend_fleet.stages.peers import PackageSpread, package_spread
 
 HOLDERS = {name: f"http://{name}:8090" for name in ("worker1", "worker2", "worker3", "worker4")}
@@ -71,7 +74,7 @@ def fetch_from_peers(tmp_path: Path, peer_urls: list[str]) -> tuple[subprocess.C
     with ctx_host.use(SimpleNamespace(name="worker2")):
         command = vendor.from_peers_command(PACKAGE, hashlib.sha256(GOOD).hexdigest(), f"{dest}.partial", str(dest),
                                             peer_urls)
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60), dest
+    return subprocess.run(["sh", "-c", command], check=False, capture_output=True, text=True, timeout=60), dest
 
 
 def test_a_corrupt_copy_is_refused_and_the_package_taken_from_the_next_peer(tmp_path):
@@ -99,3 +102,84 @@ def test_no_verified_copy_on_any_peer_leaves_nothing_for_the_origin_to_replace(t
     assert result.returncode == 0 and "fetching it from the origin" in result.stdout
     assert list(dest.parent.iterdir()) == []  # neither the corrupt copy nor a .partial
 
+
+
+# ---------------------------------------------------------------- wheels
+
+
+def index_page(files: dict[str, bytes]) -> str:
+    return "".join(f'<a href="../../packages/{name}#sha256={hashlib.sha256(blob).hexdigest()}">{name}</a>\n'
+                   for name, blob in files.items())
+
+
+WHEEL = "vllm_ascend-0.13.0-py3-none-any.whl"
+SDIST = "pathlib2-2.3.7.post1.tar.gz"
+UNLISTED = "evil-1.0-py3-none-any.whl"
+
+
+def test_project_of_wheels_and_sdists_and_the_digests_of_an_index_page():
+    assert peer_wheels.project_of(WHEEL) == "vllm-ascend"
+    assert peer_wheels.project_of(SDIST) == "pathlib2"
+    page = index_page({WHEEL: b"w"}) + '<a href="../x-1.0.tar.gz">x-1.0.tar.gz</a>'
+    assert peer_wheels.digests_in_page(page) == {WHEEL: hashlib.sha256(b"w").hexdigest()}
+
+
+def wheel_peer(tmp_path: Path, name: str, files: dict[str, bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A peer server's /wheels/ as nginx's JSON autoindex shows it."""
+    root = tmp_path / name
+    (root / "wheels").mkdir(parents=True)
+    for file_name, blob in files.items():
+        (root / "wheels" / file_name).write_bytes(blob)
+    (root / "wheels" / "index.json").write_text(json.dumps([{"name": n, "type": "file"} for n in files]))
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def translate_path(self, path):
+            return str(root / "wheels" / "index.json") if path == "/wheels/" else super().translate_path(path)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def test_wheels_from_peers_are_checked_against_the_origin_index_not_the_peer(tmp_path, capsys):
+    good = {WHEEL: b"the wheel", SDIST: b"the sdist"}
+    index = tmp_path / "index"
+    for name, blob in good.items():
+        (index / peer_wheels.project_of(name)).mkdir(parents=True)
+        (index / peer_wheels.project_of(name) / "index.html").write_text(index_page({name: blob}))
+    servers = [serve(index),
+               wheel_peer(tmp_path, "corrupt", {WHEEL: b"a rotten wheel", UNLISTED: b"not on the index"}),
+               wheel_peer(tmp_path, "good", good)]
+    wheel_dir = tmp_path / "node"
+    try:
+        code = peer_wheels.main(["--wheel-dir", str(wheel_dir), "--index-url", servers[0][1],
+                                 "--peer", dead_url(), "--peer", servers[1][1], "--peer", servers[2][1]])
+    finally:
+        for server, _ in servers:
+            server.shutdown()
+    out, err = capsys.readouterr()
+    assert code == 0 and "2 wheels from peers" in out
+    assert {p.name: p.read_bytes() for p in wheel_dir.iterdir() if p.is_file()} == good  # no evil, no rotten
+    assert f"wheel {WHEEL} from {servers[1][1]} has sha256" in err and "refused" in err
+    assert list((wheel_dir / peer_wheels.INCOMING_DIR_NAME).iterdir()) == []
+
+
+def test_admit_refuses_a_download_the_index_does_not_vouch_for(tmp_path, capsys):
+    index = tmp_path / "index"
+    (index / "vllm-ascend").mkdir(parents=True)
+    (index / "vllm-ascend" / "index.html").write_text(index_page({WHEEL: b"the wheel"}))
+    incoming = tmp_path / "node" / peer_wheels.INCOMING_DIR_NAME
+    incoming.mkdir(parents=True)
+    (incoming / WHEEL).write_bytes(b"the wheel")
+    (incoming / UNLISTED).write_bytes(b"?")
+    server, url = serve(index)
+    try:
+        code = peer_wheels.main(["--wheel-dir", str(tmp_path / "node"), "--index-url", url, "--admit"])
+    finally:
+        server.shutdown()
+    assert code == 1 and UNLISTED in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "node").iterdir() if p.is_file()] == [WHEEL]
+    assert list(incoming.iterdir()) == []
