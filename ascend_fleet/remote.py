@@ -117,8 +117,13 @@ def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, Fa
     except (OSError, paramiko.SSHException) as exc:
         return HostFacts(host, error=f"cannot connect over SSH: {exc or type(exc).__name__}")
     try:
-        _stdin, stdout, _stderr = client.exec_command(fact_script(queries, facts, marker), timeout=COMMAND_TIMEOUT_SECONDS)
-        output = stdout.read().decode(errors="replace")
+        # No exec_command: its stdin file's __del__ takes the channel's lock, and when that runs at
+        # the exit of a process pyinfra's gevent patched (a rollout that stops at a gate), it
+        # prints "RuntimeError: greenlet is being finalized" after the command's last line.
+        channel = client.get_transport().open_session(timeout=COMMAND_TIMEOUT_SECONDS)
+        channel.settimeout(COMMAND_TIMEOUT_SECONDS)
+        channel.exec_command(fact_script(queries, facts, marker))
+        output = channel.makefile("rb").read().decode(errors="replace")
     except (OSError, paramiko.SSHException) as exc:
         return HostFacts(host, error=f"reading facts failed: {exc or type(exc).__name__}")
     finally:
