@@ -15,11 +15,11 @@ from ascend_fleet.stages.serving import gateway_stage, serve_stage, weights_stag
 
 def full_deploy() -> None:
     preflight_stage()
+    firewall_stage()  # before the peer port (packages, wheels, weights) and the instances listen
     driver_stage()
     cann_stage()
     python_stage()
     environment_stage()
-    firewall_stage()  # before the weights peer port and the instances listen
     weights_stage()
     serve_stage()
     gateway_stage()
