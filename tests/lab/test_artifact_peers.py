@@ -65,8 +65,8 @@ def sha256s(lab, worker: str, names) -> dict[str, str]:
     return {name: digest for digest, name in (line.split() for line in out.splitlines())}
 
 
-def address(lab, worker: str) -> str:
-    return next(node["address"] for node in lab.status()["nodes"] if node["name"] == worker)
+def addresses(lab) -> dict[str, str]:
+    return {node["name"]: node["address"] for node in lab.status()["nodes"]}
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,9 @@ def fetched(lab, packages):
 def test_each_package_leaves_the_origin_once_for_the_whole_fleet(lab, packages, fetched):
     assert fetched.from_origin() == Counter({name: 1 for name in packages})
     seeder, *others = sorted(lab.workers)
+    address = addresses(lab)
     served = Counter((client, name) for client, name, status in fetched.from_peer(seeder) if status == "200")
-    assert served == Counter({(address(lab, other), name): 1 for other in others for name in packages})
+    assert served == Counter({(address[other], name): 1 for other in others for name in packages})
 
 
 def test_every_worker_holds_the_verified_packages_and_runs_the_stack(lab, packages, fetched):
@@ -108,22 +109,23 @@ def test_every_worker_holds_the_verified_packages_and_runs_the_stack(lab, packag
 
 def test_a_corrupt_copy_on_a_peer_is_refused_and_the_package_taken_from_another(lab, packages, fetched):
     first, fetcher, corrupt = sorted(lab.workers)  # the fetcher asks the worker after it first
+    address = addresses(lab)
     package = next(name for name in packages if "nnal" in name)
     lab.run(corrupt, f"printf rotten | dd of={PACKAGE_DIR}/{package} bs=1 seek=4096 conv=notrunc status=none")
     lab.run(fetcher, f"rm {PACKAGE_DIR}/{package}")
     # A fetch in progress is never offered, even under a package's name.
     lab.run(first, f"cp {PACKAGE_DIR}/{package} {PACKAGE_DIR}/{package}.partial")
-    url = f"http://{address(lab, first)}:{PEER_PORT}/{PEER_PACKAGES_PATH}/{package}"
+    url = f"http://{address[first]}:{PEER_PORT}/{PEER_PACKAGES_PATH}/{package}"
     assert lab.run(fetcher, f"curl -s -o /dev/null -w '%{{http_code}}' {url}.partial").stdout == "404"
     lab.run(first, f"rm {PACKAGE_DIR}/{package}.partial")
 
     logs = Logs(lab)
     result = lab.pyinfra("-vvv", "deploys/cann.py", "--limit", fetcher)  # -vvv: the commands' output
-    assert re.search(rf"{fetcher}: {re.escape(package)} from http://{re.escape(address(lab, corrupt))}:\S+ has "
+    assert re.search(rf"{fetcher}: {re.escape(package)} from http://{re.escape(address[corrupt])}:\S+ has "
                      rf"sha256 \w+, the profile expects {packages[package]}: refused", result.stdout), result.stdout[-3000:]
     assert sha256s(lab, fetcher, [package]) == {package: packages[package]}
-    assert (address(lab, fetcher), package, "200") in logs.from_peer(corrupt)
-    assert (address(lab, fetcher), package, "200") in logs.from_peer(first)
+    assert (address[fetcher], package, "200") in logs.from_peer(corrupt)
+    assert (address[fetcher], package, "200") in logs.from_peer(first)
     assert not logs.from_origin()
 
     # The corrupt peer's own next deploy replaces its copy, again from a peer.
@@ -161,11 +163,12 @@ def wheels_fetched(lab, fetched):
 
 def test_each_wheel_leaves_the_origin_once_and_every_worker_runs_the_pinned_stack(lab, wheels_fetched):
     seeder, *others = sorted(lab.workers)
+    address = addresses(lab)
     wheels = wheels_on(lab, seeder)
     assert any(name.startswith("vllm_ascend-") for name in wheels), wheels
     assert wheels_fetched.from_origin("packages") == Counter({name: 1 for name in wheels})
     served = Counter((client, name) for client, name, status in wheels_fetched.from_peer(seeder) if status == "200")
-    assert served == Counter({(address(lab, other), name): 1 for other in others for name in wheels})
+    assert served == Counter({(address[other], name): 1 for other in others for name in wheels})
     pin = load_profile("lab").stack.vllm_ascend
     for worker in lab.workers:
         assert wheels_on(lab, worker) == wheels, worker
@@ -174,16 +177,17 @@ def test_each_wheel_leaves_the_origin_once_and_every_worker_runs_the_pinned_stac
 
 def test_a_corrupt_wheel_on_a_peer_is_refused_and_taken_from_another(lab, wheels_fetched):
     first, fetcher, corrupt = sorted(lab.workers)
+    address = addresses(lab)
     wheel = next(name for name in wheels_on(lab, first) if name.startswith("vllm_ascend-"))
     lab.run(corrupt, f"printf rotten | dd of={WHEEL_DIR}/{wheel} bs=1 seek=100 conv=notrunc status=none")
     lab.run(fetcher, f"rm {WHEEL_DIR}/{wheel} && {VENV}/bin/python -m pip uninstall --yes --quiet {PINNED}")
     logs = Logs(lab)
     result = lab.pyinfra("-vvv", "deploys/python_stack.py", "--limit", fetcher)
-    assert re.search(rf"wheel {re.escape(wheel)} from http://{re.escape(address(lab, corrupt))}:\S+ has sha256 \w+, "
+    assert re.search(rf"wheel {re.escape(wheel)} from http://{re.escape(address[corrupt])}:\S+ has sha256 \w+, "
                      r"the origin index gives \w+: refused", result.stdout), result.stdout[-3000:]
     assert wheels_on(lab, fetcher)[wheel] == wheels_on(lab, first)[wheel]
     assert installed_version(lab, fetcher, PINNED) == load_profile("lab").stack.vllm_ascend
-    assert (address(lab, fetcher), wheel, "200") in logs.from_peer(first)
+    assert (address[fetcher], wheel, "200") in logs.from_peer(first)
     assert not logs.from_origin("packages")
 
     # The corrupt peer's next install checks its wheels again: the rotten one is deleted, fetched anew.

@@ -167,19 +167,22 @@ def test_wheels_from_peers_are_checked_against_the_origin_index_not_the_peer(tmp
     assert list((wheel_dir / peer_wheels.INCOMING_DIR_NAME).iterdir()) == []
 
 
-def test_admit_refuses_a_download_the_index_does_not_vouch_for(tmp_path, capsys):
+def test_admit_refuses_a_download_that_does_not_match_the_index(tmp_path, capsys):
     index = tmp_path / "index"
     (index / "vllm-ascend").mkdir(parents=True)
     (index / "vllm-ascend" / "index.html").write_text(index_page({WHEEL: b"the wheel"}))
+    (index / "torch").mkdir(parents=True)
+    (index / "torch" / "index.html").write_text(index_page({"torch-2.13.0-py3-none-any.whl": b"torch"}))
     incoming = tmp_path / "node" / peer_wheels.INCOMING_DIR_NAME
     incoming.mkdir(parents=True)
     (incoming / WHEEL).write_bytes(b"the wheel")
-    (incoming / UNLISTED).write_bytes(b"?")
+    (incoming / "torch-2.13.0-py3-none-any.whl").write_bytes(b"a corrupt mirror")
+    (incoming / UNLISTED).write_bytes(b"an index without digests")  # from the origin itself: kept
     server, url = serve(index)
     try:
         code = peer_wheels.main(["--wheel-dir", str(tmp_path / "node"), "--index-url", url, "--admit"])
     finally:
         server.shutdown()
-    assert code == 1 and UNLISTED in capsys.readouterr().err
-    assert [p.name for p in (tmp_path / "node").iterdir() if p.is_file()] == [WHEEL]
+    assert code == 1 and "torch-2.13.0-py3-none-any.whl downloaded from the index" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "node").iterdir() if p.is_file()) == [UNLISTED, WHEEL]
     assert list(incoming.iterdir()) == []

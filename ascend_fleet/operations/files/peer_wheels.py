@@ -7,7 +7,7 @@ serving virtualenv's python; stdlib only.
 A file enters WHEEL_DIR (which the node's peer server offers the fleet at /wheels/) only by a
 rename after its sha256 matched the digest the origin's package index gives for that file name
 (the ``#sha256=`` fragment of its link, PEP 503): never a digest a peer says. A file the origin
-does not list with a digest is not taken.
+does not list with a digest is never taken from a peer (pip downloads it from the index).
 
     --peer URL ...   take from each peer's /wheels/ every file this node lacks
     --admit          check what `pip download` left in WHEEL_DIR/.incoming and rename it in
@@ -95,12 +95,12 @@ def sha256_of(path: Path) -> str:
 
 
 def mismatch(path: Path, origin: Origin) -> str | None:
-    """How the file's digest differs from the one the origin's index gives for its name, or None."""
+    """How the file's digest differs from the one the origin's index gives for its name, or None
+    (also when the index gives none: from_peers takes no such file from a peer)."""
     expected, actual = origin.digest(path.name), sha256_of(path)
-    if expected == actual:
+    if expected is None or expected == actual:
         return None
-    said = f"the origin index gives {expected}" if expected else "the origin index gives no sha256 for it"
-    return f"has sha256 {actual}, {said}"
+    return f"has sha256 {actual}, the origin index gives {expected}"
 
 
 def admit(path: Path, wheel_dir: Path, origin: Origin, source: str) -> bool:
@@ -170,8 +170,8 @@ def main(argv: list[str]) -> int:
     if args.admit:
         refused = [path.name for path in sorted(incoming.iterdir()) if not admit(path, args.wheel_dir, origin, "pip")]
         if refused:
-            print(f"{socket.gethostname()}: wheels: {', '.join(refused)} from the index do not match its own "
-                  "sha256; check the index (a corrupt mirror?), then rerun", file=sys.stderr)
+            print(f"{socket.gethostname()}: wheels: {', '.join(refused)} downloaded from the index do not match "
+                  "the sha256 its pages give; check the index (a corrupt mirror?), then rerun", file=sys.stderr)
             return 1
         return 0
     print(f"{from_peers(args.peer, args.wheel_dir, incoming, origin)} wheels from peers, sha256 verified")
