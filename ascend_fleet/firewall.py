@@ -1,10 +1,10 @@
-"""Who may reach a worker's vLLM instance ports and its weights peer port.
+"""Who may reach a worker's vLLM instance ports and its peer port (weights, packages, wheels).
 
 Every instance answers /v1, /health and /metrics on its own port, on all addresses: the
 gateway's nginx and Prometheus (both on the gateway hosts) need them. Each worker gets an
 nftables table of its own (`inet ascend_fleet`, templates/instance-firewall.nft.j2) that
 accepts those ports from loopback, the gateway hosts and the data's `instance_allowed_sources`,
-the weights peer port from loopback and the workers, and refuses both to anyone else. It
+the peer port from loopback and the workers, and refuses both to anyone else. It
 matches nothing else: SSH, the other ports and other tables are left as they are. The control
 machine needs no way in: `status` and the rollout gates ask each instance from its own node
 over SSH, `load` and `bench` go through the gateway.
@@ -77,7 +77,7 @@ def instance_sources(config: NodeConfig, inventory: Iterable) -> list[Network]:
 
 
 def peer_sources(config: NodeConfig, inventory: Iterable) -> list[Network]:
-    """Who may fetch weights from the peer port: every worker of the inventory."""
+    """Who may fetch from the peer port (weights, packages, wheels): every worker of the inventory."""
     return [network for member in inventory if host_node_config(member).is_worker
             for network in networks(host_address(member), config.host, f"worker {member.name}'s address")]
 
