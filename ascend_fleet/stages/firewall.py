@@ -39,7 +39,9 @@ def firewall_stage() -> None:
     if not config.instance_firewall:
         if host.get_fact(File, path=UNIT_FILE):
             systemd.service(name="Instance firewall not loaded at boot", service=UNIT, running=False, enabled=False)
-        files.file(name=f"No unit {UNIT}", path=UNIT_FILE, present=False)
+        removed = files.file(name=f"No unit {UNIT}", path=UNIT_FILE, present=False)
+        if removed.will_change:  # else systemd keeps the unit it loaded until its next reload
+            systemd.daemon_reload(name="systemd forgets the firewall unit")
         nft_table_absent(name=f"No nftables table {FAMILY} {TABLE} (instance_firewall: false)", path=RULES_FILE,
                          family=FAMILY, table=TABLE)
         return
