@@ -23,7 +23,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet
-from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
+from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.files.stage_weights import MANIFEST_NAME, revision_dir
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
@@ -208,7 +208,7 @@ def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
 def fleet_model_name() -> str:
     """The served model name clients use, from any worker of the inventory."""
     for worker in inventory:  # every host, also those a --limit leaves out
-        config = node_config(worker.data.dict(), worker.name)
+        config = host_node_config(worker)
         if config.is_worker:
             return config.model.served_model_name
     raise FleetError("verify: the inventory has no worker with a model")

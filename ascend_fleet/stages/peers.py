@@ -22,7 +22,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.hostdata import NodeConfig, node_config
+from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.files.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
 from ascend_fleet.operations.files.peer_wheels import PEER_WHEELS_PATH
@@ -50,7 +50,7 @@ def fleet_spread(config: NodeConfig) -> Spread | None:
         return None
     members = {}
     for worker in inventory:  # every host, also those a --limit leaves out: they may hold the weights
-        other = node_config(worker.data.dict(), worker.name)
+        other = host_node_config(worker)
         if other.is_worker and (other.model.id, other.model.revision) == (model.id, model.revision):
             members[worker.name] = peer_server_url(worker, other)
     if len(members) < 2:
@@ -96,7 +96,7 @@ def package_servers() -> dict[str, tuple[str, frozenset[str]]]:
     stack's wheels). Read once a run."""
     servers = {}
     for worker in inventory:
-        config = node_config(worker.data.dict(), worker.name)
+        config = host_node_config(worker)
         if not config.is_worker or config.model.peers is False:
             continue
         profile = load_profile(config.profile)

@@ -116,6 +116,28 @@ def test_the_colour_comes_from_the_fleet_state_unless_the_data_names_one(tmp_pat
     assert host_node_config(worker8).colour == "blue"
 
 
+
+class Run:
+    """Stands for the pyinfra State of one run (what host.state is once the run starts)."""
+
+
+def test_a_run_reads_each_hosts_data_once_and_the_next_run_reads_it_again(tmp_path):
+    reads = []
+    data = {**WORKER, "fleet_state_dir": str(tmp_path)}
+    first_run = Run()
+    worker7 = SimpleNamespace(name="worker7", state=first_run, data=SimpleNamespace(dict=lambda: reads.append(1) or data))
+    assert host_node_config(worker7).colour == "blue"
+    FleetState(tmp_path).set_colours({"worker7": "green"})  # e.g. a swap between two runs
+    assert host_node_config(worker7).colour == "blue" and len(reads) == 1
+    assert host_node_config(worker7, "green").colour == "green" and len(reads) == 2
+    worker7.state = Run()
+    assert host_node_config(worker7).colour == "green" and len(reads) == 3
+    # Outside a run (a rollout's own process), every call reads again.
+    del worker7.state
+    host_node_config(worker7), host_node_config(worker7)
+    assert len(reads) == 5
+
+
 # --- Refusals: `<host>: <key>: <what was expected>` on one line. ---
 
 REFUSALS = {
