@@ -20,6 +20,7 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
@@ -54,6 +55,7 @@ def networks(entry: str, host: str, what: str) -> list[Network]:
                          "give an address, fix the name, or set instance_firewall: false") from None
 
 
+@cache  # every worker's rules name every gateway and worker: one lookup per name and run, not per worker
 def resolve(name: str) -> list[str]:
     """Every address the control machine's resolver gives a name (IPv6 without its zone)."""
     return [info[4][0].split("%", 1)[0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)]
