@@ -15,6 +15,7 @@ from ascend_fleet.lab import processes
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.spec import CACHE_DIR, LabSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.operations.files.peer_wheels import normalize
 from ascend_fleet.templating import render
 
 CONTENT_DIRS = ("files", "simple", "packages", "models")
@@ -59,11 +60,6 @@ def _wait_for_port(address: str, port: int, pid: int, marker: str) -> None:
         except OSError:
             time.sleep(0.2)
     raise FleetError(f"lab: the mirror did not listen on {address}:{port}; see its error.log next to {marker}")
-
-
-def normalize(project: str) -> str:
-    """PEP 503 project name normalization."""
-    return re.sub(r"[-_.]+", "-", project).lower()
 
 
 def project_of(filename: str) -> str:

@@ -25,10 +25,11 @@ from pathlib import Path
 from rich.console import Console
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab.mirror import normalize, write_simple_index
+from ascend_fleet.lab.mirror import write_simple_index
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
+from ascend_fleet.operations.files.peer_wheels import normalize
 from ascend_fleet.profile import Profile, load_profile
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"

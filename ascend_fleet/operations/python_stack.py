@@ -14,16 +14,12 @@ from pyinfra.operations import files
 
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.operations.files import peer_wheels
-from ascend_fleet.operations.files.peer_wheels import INCOMING_DIR_NAME
+from ascend_fleet.operations.files.peer_wheels import INCOMING_DIR_NAME, normalize
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).
 WHEEL_DIR = "/var/cache/ascend-fleet/wheels"
 WHEELS_HELPER_SOURCE = Path(peer_wheels.__file__)
 WHEELS_HELPER_ON_NODE = "/usr/local/lib/ascend-fleet/peer_wheels.py"
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def satisfies(installed: str, pin: str) -> bool:

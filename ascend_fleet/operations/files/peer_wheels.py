@@ -44,6 +44,7 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def normalize(project: str) -> str:
+    """PEP 503 project name normalization (the controller's code uses this one too)."""
     return re.sub(r"[-_.]+", "-", project).lower()
 
 
