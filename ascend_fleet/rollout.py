@@ -38,15 +38,14 @@ from pyinfra.api import Inventory
 
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.fleet import ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
 from ascend_fleet.operations.files.stage_weights import revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.profile import load_profile
-from ascend_fleet.remote import FactQuery, read_host_facts
-from ascend_fleet.stages.serving import instance_env_file
+from ascend_fleet.remote import read_host_facts
+from ascend_fleet.stages.serving import instance_env_file, instance_http_query
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
 MONITORING_DEPLOY = "deploys/monitoring.py"
@@ -172,9 +171,7 @@ def step_record(name: str, hosts: list[str], backends: list[Backend], deploy: st
 def instance_answers(fleet: Fleet, backend: Backend, asks: dict[str, tuple[str, dict | None]]) -> dict[str, dict]:
     """{name: {"status": 200, "body": ...}} for each (path, JSON body to POST or None), asked on the
     instance's own node over SSH with the instance's own key; status 0 when nothing answered."""
-    queries = {name: FactQuery(HttpAnswer, {"url": f"http://127.0.0.1:{backend.port}{path}",
-                                            "json_body": json.dumps(body) if body else None,
-                                            "timeout_seconds": HTTP_TIMEOUT_SECONDS, "api_key_file": backend.env_file})
+    queries = {name: instance_http_query(backend.port, backend.env_file, path, HTTP_TIMEOUT_SECONDS, body)
                for name, (path, body) in asks.items()}
     facts = read_host_facts(backend.host, fleet.inventory.get_host(backend.host).data.dict(), queries)
     return {name: facts.facts.get(name) or {"status": 0, "body": facts.error or ""} for name in asks}

@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, HttpAnswer, NpuStatus, PipPackages
+from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
-from ascend_fleet.stages.serving import GATEWAY_CONFIG, instance_env_file, unit_name
+from ascend_fleet.stages.serving import GATEWAY_CONFIG, instance_env_file, instance_http_query, unit_name
 from ascend_fleet.vllm_metrics import parse_metrics
 
 HTTP_TIMEOUT_SECONDS = 5
@@ -119,12 +119,10 @@ def worker_queries(config: NodeConfig, profile: Profile) -> dict[str, FactQuery]
                "cann": FactQuery(CannPackages), "npus": FactQuery(NpuStatus),
                "pip": FactQuery(PipPackages, {"venv": profile.pip.venv})}
     for instance in config.instances:
-        base = f"http://127.0.0.1:{instance.port}"
         queries[f"unit:{instance.name}"] = FactQuery(UnitState, {"unit": unit_name(instance)})
         for path in ("health", "v1/models", "metrics"):  # the instance's own key, when it has one, opens /v1
-            queries[f"{path}:{instance.name}"] = FactQuery(HttpAnswer, {
-                "url": f"{base}/{path}", "timeout_seconds": HTTP_TIMEOUT_SECONDS,
-                "api_key_file": instance_env_file(instance)})
+            queries[f"{path}:{instance.name}"] = instance_http_query(
+                instance.port, instance_env_file(instance), f"/{path}", HTTP_TIMEOUT_SECONDS)
     return queries
 
 

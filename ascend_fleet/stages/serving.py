@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from io import StringIO
 
 from pyinfra import host, inventory
@@ -11,12 +12,14 @@ from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
+from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.facts.systemd import InstanceEnvironments
 from ascend_fleet.fleetstate import FleetState, backend_key
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
 from ascend_fleet.operations import gates, gateway, private, units, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
+from ascend_fleet.remote import FactQuery
 from ascend_fleet.stages.context import node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
@@ -42,6 +45,15 @@ def unit_name(instance: Instance) -> str:
 def instance_env_file(instance: Instance) -> str:
     """Root-only: it holds the API key when one is configured."""
     return f"{INSTANCE_ENV_DIR}/{instance.name}.env"
+
+
+def instance_http_query(port: int, api_key_file: str, path: str, timeout_seconds: int,
+                        json_body: dict | None = None) -> FactQuery:
+    """An HTTP request (a POST of json_body, else a GET) to an instance on port, made on its own node
+    over SSH, where the instance firewall lets it in, with the instance's own key (api_key_file)."""
+    return FactQuery(HttpAnswer, {"url": f"http://127.0.0.1:{port}{path}",
+                                  "json_body": json.dumps(json_body) if json_body else None,
+                                  "timeout_seconds": timeout_seconds, "api_key_file": api_key_file})
 
 
 def stack_fingerprint(profile: Profile) -> str:
