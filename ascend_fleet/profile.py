@@ -9,6 +9,7 @@ before any host is touched.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -101,9 +102,21 @@ class Packages(_Strict):
     files: dict[str, VendorFile] = Field(default_factory=dict, description="file name -> sha256")
 
 
+class InstallStep(_Strict):
+    """One `pip install` of the upstream installation guide's sequence."""
+
+    requires: list[str] = Field(min_length=1, description="distributions: a stack pin's name (vllm, vllm-ascend, "
+                                "torch, torch-npu, transformers) installs at the pin; anything else is a requirement")
+    extra_index_urls: list[str] = Field(default_factory=list, description="indexes this step adds to the profile's")
+
+
 class PythonPackages(_Strict):
     index_url: str | None = Field(None, description="null: host data `pip_index_url` decides")
     extra_index_urls: list[str] = Field(default_factory=list)
+    install: list[InstallStep] = Field(
+        min_length=1, description="the pip installs, in the order the release's upstream guide runs them: each PyPI "
+                                  "vllm wheel pins a torch its vllm-ascend release moves, so no single resolver run "
+                                  "satisfies both")
     venv: str = Field("/opt/ascend-fleet/venv", description="virtualenv path on every node")
     extra_requirements: list[str] = Field(default_factory=list,
                                           description="further pins the stack needs, e.g. CANN's Python deps")
@@ -128,7 +141,7 @@ class Profile(_Strict):
     arch: list[Literal["x86_64", "aarch64"]] = Field(default_factory=lambda: list(ARCHES))
     stack: Stack
     packages: Packages
-    pip: PythonPackages = Field(default_factory=PythonPackages)
+    pip: PythonPackages
 
     @property
     def ops_era(self) -> bool:
@@ -151,6 +164,30 @@ class Profile(_Strict):
         s = self.stack
         return {"torch": s.torch, "torch-npu": s.torch_npu, "vllm": s.vllm, "vllm-ascend": s.vllm_ascend,
                 "transformers": s.transformers}
+
+    def install_steps(self) -> list[PipStep]:
+        """The pip installs to run in order, pins applied; CANN's Python dependencies go with the last."""
+        pins = self.pip_pins()
+        steps = [PipStep([f"{name}=={pins[name]}" if name in pins else name for name in step.requires],
+                         [*self.pip.extra_index_urls, *step.extra_index_urls]) for step in self.pip.install]
+        steps[-1].requirements.extend(self.pip.extra_requirements)
+        return steps
+
+    @model_validator(mode="after")
+    def _every_pin_installed(self) -> Profile:
+        named = {name for step in self.pip.install for name in step.requires}
+        missing = [name for name in self.pip_pins() if name not in named]
+        if missing:
+            raise ValueError(f"pip.install names no step for {', '.join(missing)}")
+        return self
+
+
+@dataclass
+class PipStep:
+    """One pip install: requirement strings and every index besides the main one."""
+
+    requirements: list[str]
+    extra_index_urls: list[str]
 
 
 def available_profiles(directory: Path = PROFILES) -> list[str]:

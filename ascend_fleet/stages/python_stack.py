@@ -1,4 +1,4 @@
-"""Stage 4: the serving virtualenv: the profile's Python, torch, torch_npu, vllm, vllm-ascend, transformers."""
+"""The serving virtualenv: the profile's Python, then its pip installs in the order of the release's upstream guide."""
 
 from __future__ import annotations
 
@@ -48,9 +48,7 @@ def python_stage() -> None:
             dnf.packages(name="Libraries the stack links against", packages=libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
-    stack = {"venv": venv, "pins": profile.pip_pins(), "extra_requirements": profile.pip.extra_requirements,
-             "index_url": profile.pip.index_url or host.data.pip_index_url,
-             "extra_index_urls": profile.pip.extra_index_urls}
+    stack = {"venv": venv, "steps": profile.install_steps(), "index_url": profile.pip.index_url or host.data.pip_index_url}
     spread = spread_of_package(host.name, wheels_of(profile.name, host.get_fact(Arch)))
     if spread:
         peer_server(host_node_config(host))

@@ -1,0 +1,141 @@
+"""The serving stack's install: the pins as pip reads them, and the steps' commands run for real
+against a local index whose wheels pin like PyPI's vllm and vllm-ascend do (each wants its own
+`base`), so one pip run fails as on a real node and the upstream sequence succeeds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from pyinfra.context import ctx_host
+
+from ascend_fleet.operations import python_stack
+from ascend_fleet.operations.python_stack import satisfies
+from ascend_fleet.profile import PipStep
+
+# front pins base 2.0 as PyPI's vllm pins its torch; plugin pins base 1.0 as vllm-ascend pins its own.
+WHEELS = {("front", "1.0"): ["base==2.0"], ("plugin", "1.0"): ["base==1.0"], ("base", "1.0"): [],
+          ("base", "2.0"): []}
+STEPS = [PipStep(["front==1.0"], []), PipStep(["plugin==1.0", "base==1.0"], [])]
+
+
+class FakeHost:
+    """What python_stack.pinned reads of a node: the PipPackages fact."""
+
+    name = "worker1"
+
+    def __init__(self, installed: dict[str, str]):
+        self.installed = installed
+        self.noops: list[str] = []
+
+    def get_fact(self, fact, **_arguments):
+        return self.installed
+
+    def noop(self, message: str) -> None:
+        self.noops.append(message)
+
+
+def commands(installed: dict[str, str], venv: str, index_url: str) -> tuple[list[str], list[str]]:
+    fake = FakeHost(installed)
+    with ctx_host.use(fake):
+        return list(python_stack.pinned._inner(venv=venv, steps=STEPS, index_url=index_url)), fake.noops
+
+
+def write_wheel(directory: Path, name: str, version: str, requires: list[str]) -> None:
+    dist_info = f"{name}-{version}.dist-info"
+    metadata = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                        *(f"Requires-Dist: {r}\n" for r in requires)])
+    with zipfile.ZipFile(directory / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"{name}.py", f"VERSION = {version!r}\n")
+        wheel.writestr(f"{dist_info}/METADATA", metadata)
+        wheel.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{dist_info}/RECORD", "")
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> str:
+    """A PEP 503 index on disk holding WHEELS."""
+    root = tmp_path_factory.mktemp("index")
+    files = root / "files"
+    files.mkdir()
+    for (name, version), requires in WHEELS.items():
+        write_wheel(files, name, version, requires)
+    for name in {name for name, _ in WHEELS}:
+        page = root / "simple" / name
+        page.mkdir(parents=True)
+        links = "".join(f'<a href="../../files/{w.name}">{w.name}</a>\n' for w in files.glob(f"{name}-*.whl"))
+        (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    return (root / "simple").as_uri()
+
+
+@pytest.fixture
+def venv(tmp_path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(tmp_path / "venv")],
+                   check=True)
+    return tmp_path / "venv"
+
+
+def run(command: str) -> subprocess.CompletedProcess:
+    # Only the command's own indexes: this machine's pip config adds find-links and indexes of its own.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=300)
+
+
+def installed_in(venv: Path) -> dict[str, str]:
+    listing = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import front, plugin, base; print(front.VERSION, plugin.VERSION, base.VERSION)"],
+                             capture_output=True, text=True)
+    return listing.stdout.split() and dict(zip(["front", "plugin", "base"], listing.stdout.split()))
+
+
+@pytest.mark.parametrize("installed, requirement, ok", [
+    ({"torch": "2.13.0+cpu"}, "torch==2.13.0", True),   # a pin without a label takes any build of that release
+    ({"vllm": "0.32.0+cpu"}, "vllm==0.32.0+cpu", True),
+    ({"vllm": "0.32.0"}, "vllm==0.32.0+cpu", False),    # the simulated server is not the CPU build
+    ({"vllm": "0.13.0"}, "vllm==0.32.0+cpu", False),
+    ({}, "torch==2.13.0", False),                       # not installed
+    ({"numpy": "1.26.4"}, "numpy<2", True),             # CANN's Python dependencies: their range counts
+    ({"numpy": "2.2.0"}, "numpy<2", False),
+    ({"torch-npu": "2.8.0.post2"}, "torch_npu==2.8.0.post2", True),  # names as PEP 503 normalizes them
+])
+def test_a_requirement_is_met_as_pip_reads_it(installed, requirement, ok):
+    assert satisfies(installed, requirement) is ok
+
+
+def test_one_pip_run_of_every_pin_fails_where_the_steps_succeed_and_a_rerun_changes_nothing(index, venv):
+    pip = f"{venv}/bin/python -m pip --disable-pip-version-check"
+    one_shot = run(f"{pip} install --index-url {index} front==1.0 plugin==1.0 base==1.0")
+    assert one_shot.returncode != 0 and "ResolutionImpossible" in one_shot.stderr
+
+    steps, noops = commands({}, str(venv), index)
+    assert len(steps) == 2 and not noops
+    for command in steps:
+        result = run(command)
+        assert result.returncode == 0, result.stderr
+    assert installed_in(venv) == {"front": "1.0", "plugin": "1.0", "base": "1.0"}  # the last step moved base
+
+    steps, noops = commands({"front": "1.0", "plugin": "1.0", "base": "1.0"}, str(venv), index)
+    assert steps == [] and noops == ["front==1.0, plugin==1.0, base==1.0 installed"]
+
+
+def test_a_rerun_starts_at_the_first_step_with_an_unmet_requirement():
+    steps, _ = commands({"front": "1.0", "plugin": "0.9", "base": "1.0"}, "/opt/venv", "http://mirror/simple")
+    assert len(steps) == 1 and steps[0].endswith("plugin==1.0 base==1.0")
+    steps, _ = commands({"front": "0.9", "plugin": "1.0", "base": "1.0"}, "/opt/venv", "http://mirror/simple")
+    assert [s.split()[-1] for s in steps] == ["front==1.0", "base==1.0"]  # a new front moves base: step 2 again
+    assert all("--trusted-host mirror" in s for s in steps)  # a plain-http index is trusted by its host
+
+
+def test_a_step_adds_its_own_indexes_to_the_main_one():
+    fake = FakeHost({})
+    with ctx_host.use(fake):
+        (command,) = python_stack.pinned._inner(venv="/v", index_url="https://pypi.org/simple", steps=[
+            PipStep(["vllm-ascend==0.23.0"], ["https://download.pytorch.org/whl/cpu/", "https://example.org/pypi"])])
+    assert ("--index-url https://pypi.org/simple --extra-index-url https://download.pytorch.org/whl/cpu/ "
+            "--extra-index-url https://example.org/pypi vllm-ascend==0.23.0") in command
+
