@@ -13,7 +13,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,14 +21,16 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.mirror import write_simple_index
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
-from ascend_fleet.lab.sim.wheels import build_standin_wheels
+from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
-from ascend_fleet.operations.files.peer_wheels import normalize
 from ascend_fleet.profile import Profile, load_profile
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
@@ -41,7 +42,6 @@ VENV_TOOLS = ("pip", "setuptools", "wheel")
 NODE_GLIBC_MINOR = 36
 MANYLINUX2014_MINOR = 17  # glibc 2.17; older wheels carry the legacy names below
 LEGACY_MANYLINUX = ("manylinux2014", "manylinux2010", "manylinux1")
-REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Revisions of the tiny model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
 LAB_MODEL_REVISIONS = {"v1": 0, "v2": 1}
 
@@ -67,23 +67,49 @@ def publish_vendor_files(profiles: list[Profile], files_dir: Path, arch: str) ->
 
 
 def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, console: Console) -> None:
-    """The profile's stand-in wheels, and the real wheels its venv needs, into packages_dir."""
+    """The stand-in wheels (every recorded real wheel's, and the profile's own where no real one is
+    recorded), and the real wheels a node of the profile installs, into packages_dir."""
+    standins = build_lab_standins(packages_dir, arch)
+    built = {(parse_wheel_filename(wheel.name)[0], str(parse_wheel_filename(wheel.name)[1])) for wheel in standins}
     s = profile.stack
-    standins = build_standin_wheels({"torch": s.torch, "torch_npu": s.torch_npu, "vllm_ascend": s.vllm_ascend,
-                                     "vllm": s.vllm}, packages_dir)
-    requirements = node_requirements(profile, standins)
+    unrecorded = {key: version for key, version in
+                  {"torch_npu": s.torch_npu, "vllm_ascend": s.vllm_ascend, "vllm": s.vllm}.items()
+                  if (canonicalize_name(key), version) not in built}
+    if unrecorded:
+        standins += build_standin_wheels({"torch": s.torch, **unrecorded}, packages_dir)
+    requirements = node_requirements(profile, standins, arch)
     for wheel in cached_wheels(requirements, s.python, arch, f"profile {profile.name}", console):
         link_into(wheel, packages_dir)
 
 
-def node_requirements(profile: Profile, standins: list[Path]) -> list[str]:
-    """What pip must fetch from the real index: the profile's pins and the stand-ins' dependencies,
-    less the stand-ins themselves (PyPI's vllm 0.13.0 is not ours), plus extras and venv tools."""
-    standin_names = {normalize(wheel.name.split("-")[0]) for wheel in standins}
-    wanted = [f"{name}=={version}" for name, version in profile.pip_pins().items()]
-    wanted += [requirement for wheel in standins for requirement in requires_dist(wheel)]
-    wanted += [*profile.pip.extra_requirements, *VENV_TOOLS]
-    return sorted({r for r in wanted if normalize(REQUIREMENT_NAME.match(r)[0]) not in standin_names})
+def node_requirements(profile: Profile, standins: list[Path], arch: str) -> list[str]:
+    """What pip must fetch from the real index for a node of this profile: the install steps'
+    requirements and those of every stand-in they can reach (any version a requirement admits,
+    as pip may pick it), less what a stand-in provides, plus the venv's own tools."""
+    by_name: dict[str, list[tuple[Version, Path]]] = {}
+    for wheel in standins:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        by_name.setdefault(name, []).append((version, wheel))
+    python = profile.stack.python
+    node = {"python_version": python, "python_full_version": f"{python}.0", "platform_machine": arch,
+            "platform_system": "Linux", "sys_platform": "linux", "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    pending = [Requirement(r) for step in profile.install_steps() for r in step.requirements]
+    pending += [Requirement(tool) for tool in VENV_TOOLS]
+    real: set[str] = set()
+    reached: set[Path] = set()
+    while pending:
+        requirement = pending.pop()
+        if requirement.marker and not requirement.marker.evaluate(node):
+            continue
+        admitted = [wheel for version, wheel in by_name.get(canonicalize_name(requirement.name), [])
+                    if requirement.specifier.contains(version, prereleases=True)]
+        if not admitted:
+            real.add(str(requirement))
+        for wheel in set(admitted) - reached:
+            reached.add(wheel)
+            pending += [Requirement(r) for r in requires_dist(wheel)]
+    return sorted(real)
 
 
 def requires_dist(wheel: Path) -> list[str]:

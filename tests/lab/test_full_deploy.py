@@ -11,11 +11,14 @@ import json
 import re
 import shutil
 import time
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.operations.vendor import PACKAGE_DIR
+from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 
 pytestmark = pytest.mark.lab
@@ -104,6 +107,26 @@ def test_second_run_changes_nothing(lab, deployed):
     print(f"full deploy: first run {TIMINGS['first']:.0f}s, second run {TIMINGS['second']:.0f}s, "
           f"{counts['operations']} operations unchanged")
     assert planned_changes(lab.pyinfra("--dry", "deploys/full.py").stdout) == []
+
+
+def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_refused(lab, deployed):
+    """The stand-ins carry the real wheels' pins, so the lab meets what a real node meets: one pip
+    run of every pin is a conflict on torch (PyPI's vllm pins its own), the guide's steps succeed,
+    and vllm's pin is left broken as upstream accepts."""
+    profile = load_profile("lab")
+    venv = profile.pip.venv
+    listing = json.loads(lab.run("worker1", f"{venv}/bin/python -m pip list --format json").stdout)
+    installed = {row["name"].lower().replace("_", "-"): row["version"] for row in listing}
+    for name, version in profile.pip_pins().items():
+        assert satisfies(installed, f"{name}=={version}"), f"{name}: {installed.get(name)}"
+    every_pin = " ".join(f"{name}=={version}" for name, version in profile.pip_pins().items())
+    mirror = lab.mirror_url
+    one_run = lab.run("worker1", f"{venv}/bin/python -m pip install --dry-run --ignore-installed --index-url "
+                                 f"{mirror}/simple --trusted-host {urlsplit(mirror).hostname} {every_pin}", check=False)
+    assert one_run.returncode != 0 and "ResolutionImpossible" in one_run.stderr + one_run.stdout
+    assert re.search(r"vllm 0\.13\.0 depends on torch==2\.9\.0", one_run.stdout + one_run.stderr)
+    check = lab.run("worker1", f"{venv}/bin/python -m pip check", check=False)
+    assert "vllm 0.13.0 has requirement torch==2.9.0" in check.stdout
 
 
 def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):

@@ -3,10 +3,11 @@
 import json
 
 import pytest
+from packaging.requirements import Requirement
 from rich.console import Console
 
 from ascend_fleet.lab import publish
-from ascend_fleet.lab.sim.wheels import build_standin_wheels
+from ascend_fleet.lab.sim.wheels import build_lab_standins
 from ascend_fleet.profile import load_profile
 
 
@@ -16,15 +17,22 @@ def wheelhouse(tmp_path, monkeypatch):
     return tmp_path / "wheelhouse"
 
 
-def test_real_requirements_are_the_pins_and_the_standins_dependencies_but_not_the_standins(tmp_path):
+def test_real_requirements_are_what_the_steps_and_the_standins_they_reach_need_but_not_the_standins(tmp_path):
     profile = load_profile("lab")
-    s = profile.stack
-    standins = build_standin_wheels({"torch": s.torch, "torch_npu": s.torch_npu, "vllm_ascend": s.vllm_ascend,
-                                     "vllm": s.vllm}, tmp_path)
-    requirements = publish.node_requirements(profile, standins)
-    assert f"torch=={s.torch}" in requirements and f"transformers=={s.transformers}" in requirements
-    assert {"fastapi", "uvicorn", "tokenizers", "pip", "setuptools", "wheel", "numpy<3"} <= set(requirements)
-    assert not [r for r in requirements if r.split("=")[0] in ("vllm", "vllm-ascend", "torch-npu", "torch_npu")]
+    requirements = publish.node_requirements(profile, build_lab_standins(tmp_path, "x86_64"), "x86_64")
+    assert f"transformers=={profile.stack.transformers}" in requirements
+    # Both vllm-ascend's and vllm's own ranges, from the real metadata (pip intersects them).
+    assert {"numpy<2.0.0", "transformers<5,>=4.56.0", "fastapi[standard]>=0.115.0", "pip", "numpy<3"} <= set(requirements)
+    names = {Requirement(r).name.replace("_", "-") for r in requirements}
+    assert not names & {"vllm", "vllm-ascend", "torch-npu", "torch", "torchvision", "torchaudio", "triton-ascend"}
+    assert "vllm-ascend" not in {Requirement(r).name for r in publish.node_requirements(
+        load_profile("lab-previous"), build_lab_standins(tmp_path, "x86_64"), "x86_64")}
+
+
+def test_a_pin_no_standin_admits_is_a_real_wheel(tmp_path):
+    real = load_profile("lab-real")  # real torch 2.13.0+cpu under the stand-ins of the sim tier
+    standins = build_lab_standins(tmp_path, "x86_64")
+    assert "torch==2.13.0" in publish.node_requirements(real, standins, "x86_64")
 
 
 def test_node_platforms_run_from_bookworm_glibc_down_to_manylinux1():
