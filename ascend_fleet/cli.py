@@ -10,6 +10,7 @@ from ascend_fleet.bench import bench
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.cli import lab_app
 from ascend_fleet.plan_cli import plan
+from ascend_fleet.profile_cli import profile_app
 from ascend_fleet.rollout_cli import rollout_app
 from ascend_fleet.status import status
 
@@ -17,6 +18,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(lab_app, name="lab")
 app.command("plan")(plan)
 app.add_typer(rollout_app)  # rollout, swap-model, load
+app.add_typer(profile_app, name="profile")
 app.command("status")(status)
 app.command("bench")(bench)
 

@@ -32,6 +32,7 @@ from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
 from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.profile_check import manylinux_platforms
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"
@@ -40,8 +41,6 @@ TINYMODEL_SOURCE = Path(__file__).parent / "sim" / "tinymodel.py"  # a change to
 VENV_TOOLS = ("pip", "setuptools", "wheel")
 # Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.
 NODE_GLIBC_MINOR = 36
-MANYLINUX2014_MINOR = 17  # glibc 2.17; older wheels carry the legacy names below
-LEGACY_MANYLINUX = ("manylinux2014", "manylinux2010", "manylinux1")
 # Revisions of the tiny model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
 LAB_MODEL_REVISIONS = {"v1": 0, "v2": 1}
 
@@ -161,9 +160,8 @@ def download_wheels(requirements: list[str], python: str, arch: str) -> list[str
 
 
 def node_platforms(arch: str) -> list[str]:
-    """The manylinux tags a node's Python accepts, newest first (pip does not expand manylinux_2_x itself)."""
-    current = [f"manylinux_2_{minor}_{arch}" for minor in range(NODE_GLIBC_MINOR, MANYLINUX2014_MINOR - 1, -1)]
-    return current + [f"{legacy}_{arch}" for legacy in LEGACY_MANYLINUX]
+    """The manylinux tags a lab node's Python accepts, newest first."""
+    return manylinux_platforms(arch, NODE_GLIBC_MINOR)
 
 
 def link_into(path: Path, directory: Path) -> None:

@@ -1,0 +1,47 @@
+"""`ascend-fleet profile check`: whether a profile's pip installs resolve on its nodes, before any node is touched."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ascend_fleet.profile import load_profile
+from ascend_fleet.profile_check import DEFAULT_GLIBC, check_profile, platforms_to_check
+
+profile_app = typer.Typer(no_args_is_help=True, help="Stack profiles (profiles/*.yaml).")
+console = Console(highlight=False, soft_wrap=True)
+progress_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@profile_app.command("check")
+def check(
+    name: Annotated[str, typer.Argument(
+        metavar="PROFILE", help="a profile, e.g. vllm-ascend-0.13.0 (profiles/PROFILE.yaml)")],
+    arch: Annotated[Optional[str], typer.Option(
+        "--arch", help="x86_64 or aarch64 (default: every arch the profile lists)")] = None,
+    python: Annotated[Optional[str], typer.Option(
+        "--python", help="the nodes' Python, 3.Y (default: the profile's stack.python)")] = None,
+    glibc: Annotated[str, typer.Option(
+        "--glibc", help="the nodes' glibc, 2.Y (default: Ubuntu 22.04's, the OS of vllm-ascend's own images)")
+    ] = DEFAULT_GLIBC,
+    index_url: Annotated[Optional[list[str]], typer.Option(
+        "--index-url", help="replaces the profile's indexes; repeatable: the first is pip's --index-url, the others "
+                            "extra indexes of every step")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")] = False,
+) -> int:
+    """Resolve each pip install step of the profile with pip's own resolver, as a dry run for the nodes'
+    platform, and print one line per problem: a pin no index has, wheels that do not cover the platform,
+    a conflict, a package only an extra index has, an index that did not answer. Exits 1 on any problem.
+    """
+    profile = load_profile(name)
+    platforms = platforms_to_check(profile, arch, python, glibc)
+    result = check_profile(profile, platforms, index_url, progress_console.print)
+    if as_json:
+        console.print_json(json.dumps(result.as_dict()))
+    else:
+        for line in result.lines():
+            console.print(line, markup=False)
+    return 1 if result.problem_count else 0
