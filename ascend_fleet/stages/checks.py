@@ -154,9 +154,13 @@ def preflight_stage() -> None:
 
 
 # Run in the serving virtualenv: the model's type must be known to its transformers, and where
-# the manifest records a tokenizer probe, the node's tokenizer must reproduce its ids.
+# the manifest records a tokenizer probe, the node's tokenizer must reproduce its ids. Config and
+# tokenizer need no torch: USE_TORCH=0 keeps transformers from importing torch and, through it,
+# torch_npu, which wants the CANN environment (the lab's torch stand-in has no tensors at all).
 MODEL_PROBE = """
-import json, os, transformers
+import json, os
+os.environ["USE_TORCH"] = "0"
+import transformers
 path = {path!r}
 model_type = transformers.AutoConfig.from_pretrained(path).model_type
 manifest = os.path.join(path, "ascend-fleet-manifest.json")
