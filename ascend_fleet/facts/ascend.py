@@ -149,6 +149,17 @@ class BootId(FactBase):
         return output[0].strip()
 
 
+class Glibc(FactBase):
+    """The node's glibc release, "2.36" (what pip reads to choose manylinux wheels); None without glibc."""
+
+    def command(self) -> str:
+        return "getconf GNU_LIBC_VERSION 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        match = re.fullmatch(r"glibc (\d+\.\d+)", output[0].strip()) if output else None
+        return match[1] if match else None
+
+
 class PipPackages(FactBase):
     """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv."""
 

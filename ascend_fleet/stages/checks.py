@@ -20,7 +20,7 @@ from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.ascend import HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.facts.ascend import Glibc, HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.hostdata import NodeConfig, host_node_config
@@ -28,7 +28,8 @@ from ascend_fleet.operations import gates
 from ascend_fleet.operations.files.stage_weights import MANIFEST_NAME, revision_dir
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import node_profile
+from ascend_fleet.stack_platform import platform_problem
+from ascend_fleet.stages.context import node_profile, pip_index_url
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
 from ascend_fleet.stages.serving import GATEWAY_API_KEY_FILE, instance_env_file, unit_name
@@ -144,6 +145,10 @@ def preflight_stage() -> None:
                  find_problem=lambda: system_problem(profile))
     if not config.is_worker:
         return
+    gates.passed(name="The stack's wheels install here", description=f"profile {profile.name}'s pinned wheels "
+                 "cover this arch, glibc and Python",
+                 find_problem=lambda: platform_problem(profile, host.get_fact(Arch), host.get_fact(Glibc),
+                                                       pip_index_url(profile), id(host.state)))
     gates.passed(name="Local NVMe mounted, room for the weights",
                  description=f"{config.nvme_mount} mounted, room for {config.model.id}@{config.model.revision}",
                  find_problem=lambda: nvme_problem(config))

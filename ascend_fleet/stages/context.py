@@ -24,6 +24,11 @@ def node_profile() -> Profile:
         raise FleetError(f"{host.name}: {exc}") from None
 
 
+def pip_index_url(profile: Profile) -> str:
+    """The index the serving stack installs from: the profile's, else this host's `pip_index_url`."""
+    return profile.pip.index_url or host.data.pip_index_url
+
+
 def runs_npus() -> bool:
     """Whether this host is a worker (it has NPUs): the platform and serving stages skip the others."""
     return host_node_config(host).is_worker

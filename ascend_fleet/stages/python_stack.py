@@ -11,7 +11,7 @@ from ascend_fleet.facts.ascend import VenvPython
 from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_script
-from ascend_fleet.stages.context import node_profile, package_family, runs_npus
+from ascend_fleet.stages.context import node_profile, package_family, pip_index_url, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 
 
@@ -48,7 +48,7 @@ def python_stage() -> None:
             dnf.packages(name="Libraries the stack links against", packages=libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
-    stack = {"venv": venv, "steps": profile.install_steps(), "index_url": profile.pip.index_url or host.data.pip_index_url}
+    stack = {"venv": venv, "steps": profile.install_steps(), "index_url": pip_index_url(profile)}
     spread = spread_of_package(host.name, wheels_of(profile.name, host.get_fact(Arch)))
     if spread:
         peer_server(host_node_config(host))
