@@ -43,7 +43,6 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab.sim.real_metadata import pip_environment
 from ascend_fleet.operations.python_stack import index_options
 from ascend_fleet.profile import PipStep, Profile
 
@@ -77,6 +76,12 @@ NOT_FOUND = re.compile(r"Could not find a version that satisfies the requirement
 CONFLICT_LINE = re.compile(r"^(?:The user requested (?:\(constraint\) )?|(?P<parent>\S+ \S+) depends on )"
                            r"(?P<requirement>.+)$")
 NEAR_VERSIONS = 12  # versions listed for a pin no index has
+
+
+def pip_environment(environ: dict[str, str]) -> dict[str, str]:
+    """environ without pip's own settings: no PIP_* variable, no pip config file (this machine's
+    add find-links, local indexes and a torch constraint, which would answer in the index's place)."""
+    return {**{k: v for k, v in environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
 
 
 def manylinux_platforms(arch: str, glibc_minor: int) -> list[str]:

@@ -183,7 +183,7 @@ def test_the_handbook_profile_warns_that_it_matches_no_upstream_row(tmp_path, mo
 
 def test_a_transformers_too_old_for_the_model_is_refused(tmp_path):
     inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.13.0", model="Qwen3.5-27B", serving="")), tmp_path)
-    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: transformers 4.57.1 does not know model_type 'qwen3_5'"):
+    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: transformers 4.57.6 does not know model_type 'qwen3_5'"):
         check_fleet(inventory, MODELS / "qwen3.5-27b")
 
 

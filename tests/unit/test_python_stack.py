@@ -16,6 +16,7 @@ from pyinfra.context import ctx_host
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipStep
+from ascend_fleet.profile_check import pip_environment
 
 # front pins base 2.0 as PyPI's vllm pins its torch; plugin pins base 1.0 as vllm-ascend pins its own.
 WHEELS = {("front", "1.0"): ["base==2.0"], ("plugin", "1.0"): ["base==1.0"], ("base", "1.0"): [],
@@ -81,9 +82,8 @@ def venv(tmp_path) -> Path:
 
 def run(command: str) -> subprocess.CompletedProcess:
     # Only the command's own indexes: this machine's pip config adds find-links and indexes of its own.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=pip_environment(dict(os.environ)),
+                          timeout=300)
 
 
 def installed_in(venv: Path) -> dict[str, str]:

@@ -33,6 +33,7 @@ from ascend_fleet.lab.sim.wheels import (
     left_out,
     write_wheel,
 )
+from ascend_fleet.profile_check import pip_environment
 from ascend_fleet.stages.python_stack import TORCH_NPU_PROBE
 
 PROFILE = {"torch_npu": "2.7.1.post1", "vllm_ascend": "0.11.0", "vllm": "0.11.0"}
@@ -171,7 +172,7 @@ def pip_dry_run(find_links: Path, tmp_path: Path, *requirements: str, python: st
             *(f"--platform={tag}" for tag in platforms or node_platforms("x86_64")),
             "--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
             *(["--no-deps"] if no_deps else []), *requirements]
-    result = subprocess.run(argv, capture_output=True, text=True, env=real_metadata.pip_environment(dict(os.environ)))
+    result = subprocess.run(argv, capture_output=True, text=True, env=pip_environment(dict(os.environ)))
     installs = json.loads(report.read_text())["install"] if report.exists() else []
     return result, {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
 

@@ -34,6 +34,7 @@ from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.profile import ARCHES, is_cpu_build
+from ascend_fleet.profile_check import pip_environment
 
 RECORD_FILE = Path(__file__).with_name("real_metadata.json")
 PYPI_INDEX = "https://pypi.org/simple"
@@ -157,12 +158,6 @@ def standin_basis(record: list[RealWheel], wheel: RealWheel) -> RealWheel:
 
 class PipReadError(Exception):
     """pip could not read a wheel's metadata from an index."""
-
-
-def pip_environment(environ: dict[str, str]) -> dict[str, str]:
-    """environ without pip's own settings: no PIP_* variable, no pip config file (this machine's
-    add find-links, local indexes and a torch constraint, which would answer in the index's place)."""
-    return {**{k: v for k, v in environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
 
 
 def pip_report_argv(name: str, version: str, arch: str, index_url: str, target: Path, report: Path) -> list[str]:
