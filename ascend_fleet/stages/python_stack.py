@@ -41,11 +41,11 @@ def python_stage() -> None:
     if family == "apt":
         apt.packages(name=f"{python} with venv", packages=[python, f"{python}-venv"], no_recommends=True)
         if libraries:
-            apt.packages(name="Libraries the stack links against", packages=libraries, no_recommends=True)
+            apt.packages(name="OS packages the stack needs", packages=libraries, no_recommends=True)
     else:
         dnf.packages(name=python, packages=[python])
         if libraries:
-            dnf.packages(name="Libraries the stack links against", packages=libraries)
+            dnf.packages(name="OS packages the stack needs", packages=libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
     stack = {"venv": venv, "steps": profile.install_steps(), "index_url": pip_index_url(profile)}
