@@ -88,8 +88,9 @@ class Serving(_Strict):
 
     max_model_len: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
-    enable_prefix_caching: bool = False
-    enable_chunked_prefill: bool = False
+    # None: vLLM's own default (V1 turns both on); True/False: --enable-X / --no-enable-X.
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
     max_num_batched_tokens: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
     dtype: Literal[tuple(DTYPE_BYTES)] = "bfloat16"

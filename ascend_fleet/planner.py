@@ -715,10 +715,11 @@ def check_blue_green(current: InstancePlan, replacement: InstancePlan) -> list[F
 BLOCK_SIZE_FORCED_BY_VLLM_ASCEND = 128
 
 
-def check_block_size(block_size: int | None, prefix_caching: bool, chunked_prefill: bool, hybrid_model: bool) -> list[Finding]:
-    """Warn when vllm-ascend will override --block-size (non-hybrid model with prefix caching or chunked prefill)."""
+def check_block_size(block_size: int | None, prefix_caching: bool | None, chunked_prefill: bool | None, hybrid_model: bool) -> list[Finding]:
+    """Warn when vllm-ascend will override --block-size (non-hybrid model with prefix caching or chunked
+    prefill on; None is vLLM's default, which is on)."""
     forced = BLOCK_SIZE_FORCED_BY_VLLM_ASCEND
-    if block_size is not None and block_size != forced and not hybrid_model and (prefix_caching or chunked_prefill):
+    if block_size is not None and block_size != forced and not hybrid_model and (prefix_caching is not False or chunked_prefill is not False):
         return [Finding(WARNING, "block-size-overridden", f"--block-size {block_size} has no effect: vllm-ascend forces {forced} when prefix caching or chunked prefill is on")]
     return []
 

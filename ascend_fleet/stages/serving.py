@@ -68,9 +68,9 @@ def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[s
             "--port", str(instance.port), "--tensor-parallel-size", str(len(instance.npus)),
             "--dtype", serving.dtype, "--max-model-len", str(serving.max_model_len),
             "--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
-    flags = {"--enable-prefix-caching": serving.enable_prefix_caching,
-             "--enable-chunked-prefill": serving.enable_chunked_prefill}
-    args += [flag for flag, enabled in flags.items() if enabled]
+    flags = {"prefix-caching": serving.enable_prefix_caching, "chunked-prefill": serving.enable_chunked_prefill}
+    # vLLM's BooleanOptionalAction pairs: only --no-enable-X turns off what vLLM turns on by default.
+    args += [f"--{'' if enabled else 'no-'}enable-{feature}" for feature, enabled in flags.items() if enabled is not None]
     options = {"--max-num-batched-tokens": serving.max_num_batched_tokens, "--max-num-seqs": serving.max_num_seqs,
                "--block-size": serving.block_size, "--quantization": serving.quantization}
     for option, value in options.items():

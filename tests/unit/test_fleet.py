@@ -20,6 +20,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.stages.serving import vllm_args
 
 MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
 QWEN25_72B = MODELS / "qwen2.5-72b-instruct"
@@ -233,3 +234,30 @@ def test_lab_plan_reads_the_model_config_from_the_lab_mirror(tmp_path, mirror):
     plan = check_fleet(load_inventory(inventory, PROJECT_ROOT))
     assert [report.instance.name for report in plan.instances] == ["vllm-0", "vllm-1"]
     assert all(report.plan.model_type == "qwen3" for report in plan.instances)
+
+
+@pytest.mark.parametrize("serving, flags", [
+    ("", []),  # vLLM's own defaults: nothing said
+    ('"enable_prefix_caching": True, "enable_chunked_prefill": True', ["--enable-prefix-caching", "--enable-chunked-prefill"]),
+    # Off must be said: vLLM turns both on by default, and the Qwen3.5 recipes pass --no-enable-prefix-caching.
+    ('"enable_prefix_caching": False, "enable_chunked_prefill": False',
+     ["--no-enable-prefix-caching", "--no-enable-chunked-prefill"]),
+])
+def test_prefix_caching_and_chunked_prefill_reach_vllm_on_and_off(tmp_path, serving, flags):
+    inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.13.0",
+                                                                  model="Qwen2.5-72B-Instruct", serving=serving)), tmp_path)
+    config = next(c for c in fleet_node_configs(inventory) if c.is_worker)
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    assert [a for a in args if "prefix-caching" in a or "chunked-prefill" in a] == flags
+
+
+def test_a_block_size_is_kept_only_with_both_turned_off(tmp_path):
+    def findings(serving: str) -> set[str]:
+        fleet = FLEET.format(profile="vllm-ascend-0.13.0", model="Qwen2.5-72B-Instruct", serving=serving)
+        directory = tmp_path / str(len(serving))
+        directory.mkdir()
+        plan = check_fleet(load_inventory(write_fleet(directory, fleet), directory), QWEN25_72B)
+        return {finding.code for report in plan.instances for finding in report.findings}
+    assert "block-size-overridden" in findings('"block_size": 32')  # the defaults turn both on
+    assert "block-size-overridden" not in findings(
+        '"block_size": 32, "enable_prefix_caching": False, "enable_chunked_prefill": False')
