@@ -186,7 +186,8 @@ class SourcedEnvironment(FactBase):
 
     def command(self, scripts: list[str]) -> str:
         sources = " ".join(f"[ -f {s} ] && . {s} >/dev/null 2>&1;" for s in scripts)
-        return f"{self.CLEAN} sh -c 'env' | sed 's/^/before:/'; {self.CLEAN} sh -c '{sources} env'"
+        # bash: NNAL's ATB set_env.sh is bash only, and sh is dash on Debian and Ubuntu.
+        return f"{self.CLEAN} bash -c 'env' | sed 's/^/before:/'; {self.CLEAN} bash -c '{sources} env'"
 
     def process(self, output: list[str]) -> dict[str, str]:
         before = {line[7:] for line in output if line.startswith("before:")}

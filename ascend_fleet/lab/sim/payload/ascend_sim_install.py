@@ -53,11 +53,37 @@ export ASCEND_OPP_PATH=${{ASCEND_TOOLKIT_HOME}}/opp
 export TOOLCHAIN_HOME=${{ASCEND_TOOLKIT_HOME}}/toolkit
 export ASCEND_HOME_PATH=${{ASCEND_TOOLKIT_HOME}}
 """
-ATB_SET_ENV = """# Lab stand-in for NNAL {version}'s atb/set_env.sh.
-export ATB_HOME_PATH={atb}/latest/atb/cxx_abi_1
-export LD_LIBRARY_PATH=${{ATB_HOME_PATH}}/lib:${{ATB_HOME_PATH}}/examples:${{ATB_HOME_PATH}}/tests/atbopstest:\
+ATB_SET_ENV = """#!/bin/bash
+# Lab stand-in for NNAL {version}'s atb/set_env.sh, in the real script's dialect: bash only (`function`,
+# `[[ ]]`, BASH_SOURCE; dash stops at the first of them), the C++ ABI from --cxx_abi=0|1, else from
+# whether the python3 on PATH imports torch and was built with the cxx11 ABI.
+function get_cxx_abi_option()
+{{
+    cxx_abi=""
+    for option in "$@"; do
+        [[ "$option" == "--cxx_abi=0" ]] && cxx_abi=0
+        [[ "$option" == "--cxx_abi=1" ]] && cxx_abi=1
+    done
+    if [[ -z "$cxx_abi" ]]; then
+        if ! python3 -c "import torch" &> /dev/null; then
+            cxx_abi=1
+        elif [[ $(python3 -c 'import torch; print(torch.compiled_with_cxx11_abi())') == "True" ]]; then
+            cxx_abi=1
+        else
+            cxx_abi=0
+        fi
+    fi
+}}
+
+if [[ -f "${{BASH_SOURCE[0]}}" ]] && [[ "${{BASH_SOURCE[0]}}" =~ (^|/)set_env\\.sh$ ]]; then
+    get_cxx_abi_option "$@"
+    export ATB_HOME_PATH={atb}/latest/atb/cxx_abi_${{cxx_abi}}
+    export LD_LIBRARY_PATH=${{ATB_HOME_PATH}}/lib:${{ATB_HOME_PATH}}/examples:${{ATB_HOME_PATH}}/tests/atbopstest:\
 $LD_LIBRARY_PATH
-export PATH=${{ATB_HOME_PATH}}/bin:$PATH
+    export PATH=${{ATB_HOME_PATH}}/bin:$PATH
+else
+    echo "There is no 'set_env.sh' to import"
+fi
 """
 
 
