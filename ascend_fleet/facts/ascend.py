@@ -75,8 +75,9 @@ class CannPackages(FactBase):
             f"done; "
             f"for env in {base}/cann/set_env.sh {base}/ascend-toolkit/set_env.sh; do "
             f"  [ -f $env ] && echo set_env=$env && break; done; "
-            f"[ -f {base}/nnal/atb/latest/version.info ] && "
-            f"  echo nnal=$(sed -n 's/^Version=//p' {base}/nnal/atb/latest/version.info); true"
+            # NNAL's record: "Ascend-cann-atb : 8.5.0" (indented on 8.x), beside "Ascend-cann-atb Version : <build>".
+            f"[ -f {base}/nnal/atb/latest/version.info ] && echo nnal=$(sed -n "
+            f"'s/^[[:space:]]*Ascend-cann-atb[[:space:]]*:[[:space:]]*//p' {base}/nnal/atb/latest/version.info); true"
         )
 
     def process(self, output: list[str]) -> dict:

@@ -414,7 +414,11 @@ def install_nnal(pkg, opts):
     for abi in ("cxx_abi_0", "cxx_abi_1"):
         for sub in ("lib", "bin"):
             (version_dir / "atb" / abi / sub).mkdir(parents=True, exist_ok=True)
-    sim.write_key_values(version_dir / "version.info", {"Version": pkg["version"]})
+    # NNAL's record, as real nodes show it (`cat /usr/local/Ascend/nnal/atb/latest/version.info`):
+    # indented "key : value" lines; the build line (Ascend-cann-atb Version : <v>.B<n>) is not known for the
+    # lab's versions and is left out.
+    (version_dir / "version.info").write_text(f"    Ascend-cann-atb : {pkg['version']}\n"
+                                              f"    Platform : {pkg['arch']}\n")
     symlink(version_dir.parent / "latest", pkg["version"])
     (version_dir.parent / "set_env.sh").write_text(ATB_SET_ENV.format(version=pkg["version"], atb=atb))
     log("INFO", f"Ascend-cann-nnal {pkg['version']} install success; environment: source {atb}/set_env.sh")

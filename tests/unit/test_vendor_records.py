@@ -1,0 +1,63 @@
+"""What the facts read of the vendor's files, run here for real against what the lab's simulated
+packages write in the real forms: NNAL's ATB set_env.sh is bash only (the capture must not run it
+under sh, which is dash on Debian and Ubuntu), and NNAL records its version as `Ascend-cann-atb : V`."""
+
+from __future__ import annotations
+
+import subprocess
+
+from ascend_fleet.facts.ascend import CannPackages, SourcedEnvironment
+from ascend_fleet.lab.sim import vendor
+
+ATB = "/usr/local/Ascend/nnal/atb"
+
+
+def captured(scripts: list[str]) -> dict[str, str]:
+    fact = SourcedEnvironment()
+    output = subprocess.run(["sh", "-c", fact.command(scripts)], capture_output=True, text=True, timeout=60).stdout
+    return fact.process(output.splitlines())
+
+
+def test_the_atb_script_is_captured_although_it_is_bash_only(tmp_path):
+    script = tmp_path / "set_env.sh"
+    script.write_text(vendor.payload_module("ascend_sim_install").ATB_SET_ENV.format(version="8.5.0", atb=ATB))
+    env = captured([str(script)])
+    # No torch for the python3 of a clean PATH: the script takes the cxx11 ABI, as the real one does.
+    assert env["ATB_HOME_PATH"] == f"{ATB}/latest/atb/cxx_abi_1"
+    assert env["LD_LIBRARY_PATH"].startswith(f"{ATB}/latest/atb/cxx_abi_1/lib:")
+
+
+def test_a_script_that_is_not_there_is_skipped(tmp_path):
+    assert captured([str(tmp_path / "absent" / "set_env.sh")]) == {}
+
+
+def test_the_sh_dialect_fails_on_the_atb_script_as_dash_does(tmp_path):
+    """What the lab must reproduce: the script's own dialect refuses dash."""
+    script = tmp_path / "set_env.sh"
+    script.write_text(vendor.payload_module("ascend_sim_install").ATB_SET_ENV.format(version="8.5.0", atb=ATB))
+    result = subprocess.run(["dash", "-c", f". {script} && echo sourced"], capture_output=True, text=True)
+    assert "sourced" not in result.stdout and result.returncode != 0
+
+
+def test_nnal_is_found_in_the_record_the_lab_writes_as_real_nodes_do(tmp_path, monkeypatch):
+    installer = vendor.payload_module("ascend_sim_install")
+    node_class = installer.sim.Node
+    monkeypatch.setattr(installer.sim, "Node", lambda: node_class(tmp_path))
+    monkeypatch.setattr(installer, "sourced_toolkit", lambda pkg, install_path: None)  # no toolkit needed here
+    installer.install_nnal({"name": "Ascend-cann-nnal", "version": "8.5.0", "arch": "x86_64"},
+                           installer.Options("install"))
+    base = tmp_path / "usr" / "local" / "Ascend"
+    assert (base / "nnal/atb/latest/version.info").read_text().startswith("    Ascend-cann-atb : 8.5.0\n")
+    fact = CannPackages()
+    output = subprocess.run(["sh", "-c", fact.command(str(base))], capture_output=True, text=True).stdout
+    assert fact.process(output.splitlines())["nnal"] == "8.5.0"
+
+
+def test_an_unindented_nnal_record_with_its_build_line_gives_the_release(tmp_path):
+    # As a CANN 9.1.0 node shows it (nnal/atb/9.1.0/version.info): no indent, the build on its own line.
+    record = tmp_path / "nnal" / "atb" / "latest" / "version.info"
+    record.parent.mkdir(parents=True)
+    record.write_text("Ascend-cann-atb : 9.1.0\nAscend-cann-atb Version : 9.1.0.B150\nbranch : br_release_cann_9.1.0\n")
+    fact = CannPackages()
+    output = subprocess.run(["sh", "-c", fact.command(str(tmp_path))], capture_output=True, text=True).stdout
+    assert fact.process(output.splitlines())["nnal"] == "9.1.0"
