@@ -32,7 +32,7 @@ from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.profile_check import manylinux_platforms
+from ascend_fleet.profile_check import Platform, manylinux_platforms
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"
@@ -69,7 +69,7 @@ def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, con
     """The stand-in wheels (every recorded real wheel's, and the profile's own where no real one is
     recorded), and the real wheels a node of the profile installs, into packages_dir."""
     standins = build_lab_standins(packages_dir, arch)
-    built = {(parse_wheel_filename(wheel.name)[0], str(parse_wheel_filename(wheel.name)[1])) for wheel in standins}
+    built = {(name, str(version)) for name, version, _, _ in (parse_wheel_filename(w.name) for w in standins)}
     s = profile.stack
     unrecorded = {key: version for key, version in
                   {"torch_npu": s.torch_npu, "vllm_ascend": s.vllm_ascend, "vllm": s.vllm}.items()
@@ -89,10 +89,7 @@ def node_requirements(profile: Profile, standins: list[Path], arch: str) -> list
     for wheel in standins:
         name, version, _, _ = parse_wheel_filename(wheel.name)
         by_name.setdefault(name, []).append((version, wheel))
-    python = profile.stack.python
-    node = {"python_version": python, "python_full_version": f"{python}.0", "platform_machine": arch,
-            "platform_system": "Linux", "sys_platform": "linux", "implementation_name": "cpython",
-            "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    node = {**Platform(arch, profile.stack.python, f"2.{NODE_GLIBC_MINOR}").markers(), "extra": ""}
     pending = [Requirement(r) for step in profile.install_steps() for r in step.requirements]
     pending += [Requirement(tool) for tool in VENV_TOOLS]
     real: set[str] = set()
