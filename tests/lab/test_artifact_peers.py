@@ -104,7 +104,7 @@ def test_every_worker_holds_the_verified_packages_and_runs_the_stack(lab, packag
         toolkit = lab.run(worker, "cat /usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info").stdout
         assert f"version={stack.cann}" in toolkit, (worker, toolkit)
         nnal = lab.run(worker, "cat /usr/local/Ascend/nnal/atb/latest/version.info").stdout
-        assert f"Version={stack.nnal}" in nnal, (worker, nnal)
+        assert f"Ascend-cann-atb : {stack.nnal}" in nnal, (worker, nnal)  # NNAL's own record format
 
 
 def test_a_corrupt_copy_on_a_peer_is_refused_and_the_package_taken_from_another(lab, packages, fetched):
