@@ -39,6 +39,9 @@ PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", 
 VLLM_PORT_SPAN = 16
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+# HCCL_IF_BASE_PORT: HCCL takes it and the next 15, and the whole range must lie in 1024-65520
+# (field notes section 5, HCCL ports).
+HcclBasePort = Annotated[int, Field(ge=1024, le=65520 - HCCL_PORT_COUNT + 1)]
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")]
 
 
@@ -105,7 +108,7 @@ class Instance(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
     npus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     port: Port
-    hccl_base_port: Port = Field(description=f"HCCL_IF_BASE_PORT; HCCL takes {HCCL_PORT_COUNT} ports from it")
+    hccl_base_port: HcclBasePort = Field(description=f"HCCL_IF_BASE_PORT; HCCL takes {HCCL_PORT_COUNT} ports from it")
     vllm_port: Port = Field(description="VLLM_PORT, vLLM's internal ports")
 
     def record(self) -> InstanceRecord:
@@ -117,7 +120,7 @@ class InstancePorts(_Strict):
     """Where derived instances take their ports: instance i gets each base plus i steps."""
 
     api: Port = 8000
-    hccl: Port = 60000
+    hccl: HcclBasePort = 60000
     vllm: Port = 51000
 
 
@@ -272,7 +275,11 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
         config = NodeConfig.model_validate({**ours, "host": host})
     except ValidationError as exc:
         raise FleetError(f"{host}: {_describe(exc)}") from None
-    config = _with_derived_values(config)
+    try:
+        config = _with_derived_values(config)
+    except ValidationError as exc:  # instance i takes each base port plus i steps: a late one can leave the range
+        raise FleetError(f"{host}: instance_ports: a derived instance's {_describe(exc)}; lower the base ports "
+                         "or run fewer instances") from None
     problem = next(_problems(config), None)
     if problem:
         key, what = problem

@@ -172,6 +172,14 @@ REFUSALS = {
     "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
     "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE must be a whole number of MB"),
     "port range": ({"instance_ports": {"api": 70000}}, "worker1: instance_ports.api: Input should be less than or equal to 65535"),
+    # HCCL takes its base port and the next 15, all within 1024-65520.
+    "hccl range past 65520": ({"instance_ports": {"hccl": 65506}},
+                              "worker1: instance_ports.hccl: Input should be less than or equal to 65505"),
+    "derived hccl range past 65520": ({"instance_ports": {"hccl": 65505}},
+                                      "worker1: instance_ports: a derived instance's hccl_base_port: Input should be "
+                                      "less than or equal to 65505 (got 65521); lower the base ports or run fewer instances"),
+    "hccl base below 1024": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 1000, 51000)]},
+                             "worker1: instances.0.hccl_base_port: Input should be greater than or equal to 1024"),
 }
 
 
