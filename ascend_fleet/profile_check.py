@@ -196,14 +196,17 @@ class Indexes:
     def __init__(self) -> None:
         self.session = requests.Session()
         self.unanswered: dict[str, str] = {}
+        self._probed: set[str] = set()
         self._pages: dict[tuple[str, str], list[IndexFile]] = {}
         self._lock = threading.Lock()
 
     def probe(self, urls: list[str]) -> None:
-        """Ask each index once, briefly: any HTTP answer below 500 counts (some indexes refuse HEAD)."""
-        for url in dict.fromkeys(urls):
+        """Ask each index once, briefly: any HTTP answer below 500 counts (some indexes refuse HEAD).
+        An index asked before is not asked again (preflight asks for every worker of a run)."""
+        for url in dict.fromkeys(url for url in urls if url not in self._probed):
             if urlsplit(url).scheme not in ("http", "https"):
                 raise FleetError(f"profile check: index {url}: only http and https indexes can be checked")
+            self._probed.add(url)
             try:
                 status = self.session.head(url, timeout=PROBE_TIMEOUT, allow_redirects=True).status_code
             except requests.Timeout:
