@@ -7,7 +7,8 @@
   `pyinfra INVENTORY deploys/full.py` never puts back an instance a stopped rollout
   left drained, nor starts the colour a swap stopped.
 - `rollout.json`: the steps of the last rollout or model swap and how far it got, so
-  `--resume` continues at the step that failed.
+  `--resume` continues at the step that failed (or `--abandon` puts back what it drained).
+- `lock`: held by the one rollout, swap or abandon changing the fleet (`exclusive`).
 
 The directory comes from host data (`fleet_state_dir`, relative to the directory pyinfra
 runs in, like group_data/); the lab points it into its own directory.
@@ -15,12 +16,17 @@ runs in, like group_data/); the lab points it into its own directory.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
+
+from ascend_fleet.errors import FleetError
 
 GATEWAY_FILE = "gateway.json"
 ROLLOUT_FILE = "rollout.json"
+LOCK_FILE = "lock"
 BLUE, GREEN = "blue", "green"
 COLOURS = (BLUE, GREEN)
 
@@ -55,6 +61,25 @@ class FleetState:
 
     def save_rollout(self, record: dict) -> None:
         self._write(ROLLOUT_FILE, record)
+
+    @contextmanager
+    def exclusive(self, what: str):
+        """Held while `what` (a rollout, swap or abandon) changes the fleet: a second one is refused
+        rather than drain or undrain beside it. The kernel drops the lock when its holder dies, so a
+        killed rollout leaves none."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / LOCK_FILE, "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another rollout"
+                raise FleetError(f"{holder} is changing this fleet now (lock {lock.name}); "
+                                 "wait for it to end") from None
+            lock.truncate(0)
+            lock.write(f"{what} (pid {os.getpid()})\n")
+            lock.flush()
+            yield
 
     def _read(self, name: str, default):
         try:

@@ -18,6 +18,11 @@ the serving one, is gated, the fleet state's colour flips and the gateway deploy
 it, and the old colour is drained and stopped by the serve stage. Otherwise it makes one
 step per instance slot of each wave (`serve_only`), so a node never loses more than one
 instance at a time. Either way a failure puts back the old model.
+
+Nothing is drained before the inputs are checked: the deploy files the rollout runs, the
+inventory and every host's data (as each deploy validates them, hostdata.node_config), and for
+a swap the new model at its source. A stopped rollout is resumed, or abandoned: its drained
+instances go back into the gateway once they pass their gates, and its record is closed.
 """
 
 from __future__ import annotations
@@ -27,18 +32,20 @@ import re
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import click
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from pyinfra.api import Inventory
 
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import ModelConfigs, load_inventory, plan_node
+from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
 from ascend_fleet.operations.files.stage_weights import revision_dir
@@ -87,7 +94,12 @@ class Fleet:
     def __init__(self, inventory_path: Path, data: dict):
         self.inventory_path = inventory_path
         self.data = data
-        self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
+        try:
+            self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
+        except SyntaxError as exc:
+            raise FleetError(f"{exc.filename} line {exc.lineno}: {exc.msg}; fix the file") from None
+        except click.ClickException as exc:
+            raise inventory_file_error(exc) from None
         self.configs: dict[str, NodeConfig] = {host.name: host_node_config(host) for host in self.inventory}
         self.addresses = {host.name: host.data.get("ssh_hostname") or host.name for host in self.inventory}
         self.workers = [name for name, config in self.configs.items() if config.is_worker]
@@ -128,7 +140,7 @@ class Fleet:
         waves, placed = [], set()
         for name in names:
             if given and name not in self.inventory.groups:
-                raise FleetError(f"rollout: --waves {name}: no such group in {self.inventory_path}; "
+                raise FleetError(f"--waves {name}: no such group in {self.inventory_path}; "
                                  f"groups: {', '.join(sorted(self.inventory.groups))}")
             members = [host.name for host in self.inventory.groups.get(name, [])
                        if host.name in self.workers and host.name not in placed]
@@ -141,13 +153,39 @@ class Fleet:
         return waves
 
 
+def inventory_file_error(exc: click.ClickException) -> Exception:
+    """pyinfra's error for an exception raised in an inventory or group data file, as one line
+    naming the file and line; anything else as it was."""
+    filename, error = getattr(exc, "filename", None), getattr(exc, "exception", None)
+    if filename is None or error is None:
+        return exc
+    lines = [frame.lineno for frame in traceback.extract_tb(getattr(error, "_traceback", None))
+             if frame.filename == filename]
+    where = f"{filename} line {lines[-1]}" if lines else filename
+    return FleetError(f"{where}: {type(error).__name__}: {error}; fix the file")
+
+
+def check_deploy_files(*deploys: str) -> None:
+    """Each deploy a rollout will run is a Python file where pyinfra runs (this directory), so a
+    wrong name stops here rather than after a wave is drained."""
+    for deploy in deploys:
+        path = Path(deploy)
+        if not path.is_file():
+            raise FleetError(f"{deploy}: no such deploy file in {Path.cwd()}; pass one of deploys/*.py, "
+                             "e.g. deploys/full.py, and run ascend-fleet where pyinfra runs")
+        try:
+            compile(path.read_bytes(), deploy, "exec")
+        except SyntaxError as exc:
+            raise FleetError(f"{deploy} line {exc.lineno}: {exc.msg}; fix the deploy file") from None
+
+
 def split_wave(name: str, hosts: list[str], instances: dict[str, int], max_unavailable: int | None) -> list[tuple[str, list[str]]]:
     """A wave as batches of whole hosts, each with at most max_unavailable instances (None: one batch)."""
     if max_unavailable is None:
         return [(name, hosts)]
     for host in hosts:
         if instances[host] > max_unavailable:
-            raise FleetError(f"rollout: {host} runs {instances[host]} instances, more than --max-unavailable "
+            raise FleetError(f"{host} runs {instances[host]} instances, more than --max-unavailable "
                              f"{max_unavailable}; a deploy restarts a whole host, so allow at least {instances[host]}")
     batches: list[list[str]] = []
     for host in hosts:
@@ -415,6 +453,29 @@ class Runner:
         self.fleet.state.save_rollout(self.record)
         return True
 
+    def abandon(self) -> dict[str, str]:
+        """Put the instances the record's steps left drained back into the gateway, each only once
+        it passes its gates, and close the record: {instance: why} for each that stays out (still
+        drained; after a fix, another abandon of the closed record tries them again)."""
+        state = self.fleet.state
+        ours = state.drained() & record_instances(self.record)
+        backends = {b.key: b for b in self.fleet.all_backends()}
+        left_out = {}
+        # An instance the data no longer lists is in no upstream: it only leaves the drained set.
+        for key in sorted(ours & backends.keys()):
+            problem = retried(lambda b=backends[key]: instance_problem(self.fleet, b, self.fleet.model_name, None))
+            if problem is not None:
+                left_out[key] = "gate {}: {}".format(*problem)
+        if back := ours - left_out.keys():
+            before = state.drained()
+            if (problem := self.set_gateway(before - back, "abandon")) is not None:
+                state.set_drained(before)  # as the gateways that kept their config (nginx -t first) have it
+                raise FleetError(f"the gateway deploy failed, the drained set is as it was: {problem}; "
+                                 "fix it and run --abandon again")
+        self.record.update(finished=True, abandoned={"at": time.strftime("%Y-%m-%d %H:%M:%S"), "left_out": left_out})
+        state.save_rollout(self.record)
+        return left_out
+
 
 # ------------------------------------------------------------------ planning the steps
 
@@ -434,6 +495,10 @@ def parse_data(pairs: list[str]) -> dict:
     return data
 
 
+def record_instances(record: dict) -> set[str]:
+    return {key for step in record["steps"] for key in step["instances"]}
+
+
 def check_not_stopped(state: FleetState, resume: bool) -> dict | None:
     """The unfinished record to resume, or None to start anew; refuses to start over a stopped one."""
     record = state.rollout()
@@ -443,8 +508,33 @@ def check_not_stopped(state: FleetState, resume: bool) -> dict | None:
     if not resume and unfinished is not None:
         stopped = next((s for s in unfinished["steps"] if s["status"] != "done"), unfinished["steps"][-1])
         raise FleetError(f"a {unfinished['kind']} stopped at {stopped['name']} ({stopped['detail'] or 'interrupted'}); "
-                         f"fix it and add --resume, or remove {state.directory / 'rollout.json'} to abandon it")
+                         "fix it and add --resume, or put back what it drained with `ascend-fleet rollout "
+                         f"{unfinished['inventory']} --abandon`")
     return unfinished
+
+
+def abandonable(state: FleetState) -> dict:
+    """The record --abandon closes: a stopped one, or one abandoned with instances left out."""
+    record = state.rollout()
+    if record and not record.get("finished"):
+        return record
+    if record and record.get("abandoned") and state.drained() & record_instances(record):
+        return record
+    raise FleetError(f"--abandon: no stopped rollout is recorded in {state.directory}, and no instance an "
+                     "abandoned one left out is still drained; nothing to abandon")
+
+
+def describe_stopped(record: dict, drained: set[str]) -> str:
+    """What a stopped record would go on with, and what it keeps out of the gateway, in one line:
+    `rollout of DEPLOY with --data ...: wave1 (hosts; why it stopped), then wave2 (hosts); drained: ...`."""
+    what = record["kind"] + (f" of {record['deploy']}" if record.get("deploy") else "")
+    if record.get("data"):
+        what += " with --data " + " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+                                          for k, v in record["data"].items())
+    steps = [f"{s['name']} ({', '.join(s['hosts'])}{'; ' + s['detail'] if s['detail'] else ''})"
+             for s in record["steps"] if s["status"] != "done"]
+    ours = sorted(drained & record_instances(record))
+    return f"{what}: {', then '.join(steps) or 'no step left'}; drained: {', '.join(ours) or 'none'}"
 
 
 def check_capacity(fleet: Fleet, steps: list[dict]) -> None:
@@ -452,7 +542,7 @@ def check_capacity(fleet: Fleet, steps: list[dict]) -> None:
     total = {b.key for b in fleet.all_backends()}
     for step in steps:
         if not total - fleet.state.drained() - set(step["instances"]):
-            raise FleetError(f"rollout: step {step['name']} would drain every instance the gateway has; "
+            raise FleetError(f"step {step['name']} would drain every instance the gateway has; "
                              "a rollout needs at least two waves (or --max-unavailable below the fleet's size)")
 
 
@@ -461,7 +551,7 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
     """One step per wave (split by max_unavailable); with `limit`, only those workers, in their waves."""
     for host in limit or []:
         if host not in fleet.workers:
-            raise FleetError(f"rollout: --limit {host}: not a worker of {fleet.inventory_path}; "
+            raise FleetError(f"--limit {host}: not a worker of {fleet.inventory_path}; "
                              f"workers: {', '.join(fleet.workers)}")
     steps = []
     for name, members in fleet.waves(waves):
@@ -475,6 +565,28 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
     check_capacity(fleet, steps)
     return {"kind": "rollout", "inventory": str(fleet.inventory_path), "deploy": deploy, "data": fleet.data,
             "steps": steps, "finished": False}
+
+
+def new_model_problem(model: dict) -> str | None:
+    """Why the swap cannot read the new model's config.json where the planner looks for it (the
+    local models tree, else the HTTP mirror), or None when it can."""
+    staged = MODELS_DIR / model["id"] / model["revision"] / "config.json"
+    if staged.is_file():
+        return None
+    if not model.get("url"):
+        return (f"no config.json of {model['id']}@{model['revision']} on this machine to plan the swap with "
+                f"(source {model['source']} is read by the nodes only); put it at {staged}")
+    url = f"{model['url'].rstrip('/')}/models/{model['id']}/{model['revision']}/config.json"
+    try:
+        answer = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
+    except requests.RequestException as exc:
+        return f"the mirror does not answer {url} ({type(exc).__name__}); is it up? (model.url of your data)"
+    if answer.status_code == 404:
+        return (f"{url} answers HTTP 404: the mirror has no model {model['id']} at revision {model['revision']}; "
+                "check --model and --revision")
+    if answer.status_code != 200:
+        return f"{url} answers HTTP {answer.status_code}; check the mirror (model.url of your data)"
+    return None
 
 
 def model_data(fleet: Fleet, model_id: str, revision: str | None) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,11 +15,18 @@ from rich.table import Table
 from ascend_fleet.errors import FleetError
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.rollout import (
+    GATEWAY_DEPLOY,
+    MONITORING_DEPLOY,
+    SERVE_DEPLOY,
     WEIGHTS_DEPLOY,
     Fleet,
     Runner,
+    abandonable,
     blue_green_problem,
+    check_deploy_files,
     check_not_stopped,
+    describe_stopped,
+    new_model_problem,
     parse_data,
     plan_blue_green,
     plan_rollout,
@@ -88,15 +95,38 @@ def failed_step(record: dict) -> dict:
     return next(step for step in record["steps"] if step["status"] == "failed")
 
 
+@contextmanager
+def changing_nothing(command: str):
+    """The checks before a command's first change: a refusal says that nothing changed."""
+    try:
+        yield
+    except FleetError as exc:
+        raise FleetError(f"{command} changed nothing: {exc}") from None
+
+
+def check_resumable(record: dict, inventory: Path, deploy: str, data: list[str] | None, fleet: Fleet) -> None:
+    """--resume goes on with the stopped rollout as it was planned, or not at all."""
+    if record["kind"] == "rollout" and record["deploy"] == deploy and (not data or record["data"] == fleet.data):
+        return
+    again = (f"resume it with `ascend-fleet rollout {inventory} {record['deploy']} --resume` (no --data)"
+             if record["kind"] == "rollout" else "run that swap-model again")
+    raise FleetError(f"--resume: the stopped {describe_stopped(record, fleet.state.drained())}; {again}, "
+                     f"or put back what it drained with `ascend-fleet rollout {inventory} --abandon`")
+
+
 @rollout_app.command("rollout")
 def rollout(
     inventory: Inventory,
-    deploy: Annotated[str, typer.Argument(help="the deploy to roll out, e.g. deploys/full.py")],
+    deploy: Annotated[Optional[str], typer.Argument(
+        help="the deploy to roll out, e.g. deploys/full.py (none with --abandon)")] = None,
     waves: Waves = None,
     max_unavailable: Annotated[Optional[int], typer.Option(
         "--max-unavailable", min=1, help="most instances out of the gateway at once; larger waves are split")] = None,
     pause: Annotated[float, typer.Option("--pause", help="seconds to wait after each wave")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue the stopped rollout at the step that failed")] = False,
+    abandon: Annotated[bool, typer.Option(
+        "--abandon", help="give up the stopped rollout: put what it drained back into the gateway, each instance "
+                          "once it passes its gates, and close its record")] = False,
     limit: Annotated[Optional[list[str]], typer.Option(
         "--limit", help="only this worker (repeatable), e.g. one rebuilt from bare metal")] = None,
     data: Data = None,
@@ -105,25 +135,69 @@ def rollout(
 ) -> None:
     """Roll DEPLOY out wave by wave: drain at the gateway, deploy, gate every instance, put it back.
 
+    The deploy file, the inventory and every host's data are checked before anything is drained.
     The first wave that fails stops the rollout with that wave drained and the rest serving;
-    fix what it names, then run the same command with --resume.
+    fix what it names, then run the same command with --resume, or give it up with --abandon.
     """
-    fleet = Fleet(inventory, parse_data(data or []))
-    record = check_not_stopped(fleet.state, resume)
-    if record is None:
-        record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit)
-    elif record["kind"] != "rollout" or record["deploy"] != deploy or (data and record["data"] != fleet.data):
-        raise FleetError(f"--resume: the stopped {record['kind']} is of {record.get('deploy')} with data "
-                         f"{json.dumps(record['data'])}; resume it with the same DEPLOY and no --data")
-    else:
-        fleet = Fleet(inventory, record["data"])
-    ok = run_record(fleet, record, drain_timeout, pause, as_json, f"rollout of {deploy} on {inventory}")
+    if abandon:
+        given = {"--resume": resume, "--waves": waves, "--max-unavailable": max_unavailable, "--limit": limit}
+        return abandon_rollout(inventory, data or [], [name for name, value in given.items() if value], as_json)
+    with ExitStack() as held:
+        with changing_nothing("rollout"):
+            if deploy is None:
+                raise FleetError("missing DEPLOY, e.g. deploys/full.py (only --abandon goes without one)")
+            fleet = Fleet(inventory, parse_data(data or []))
+            check_deploy_files(deploy, GATEWAY_DEPLOY)
+            held.enter_context(fleet.state.exclusive(f"a rollout of {deploy}"))
+            record = check_not_stopped(fleet.state, resume)
+            if record is None:
+                record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit)
+            else:
+                check_resumable(record, inventory, deploy, data, fleet)
+                fleet = Fleet(inventory, record["data"])
+                progress_console.print(f"resuming the {describe_stopped(record, fleet.state.drained())}",
+                                       highlight=False, soft_wrap=True)
+        ok = run_record(fleet, record, drain_timeout, pause, as_json, f"rollout of {deploy} on {inventory}")
     if as_json:
         print(json.dumps({"ok": ok, **record}, indent=2))
     if not ok:
         step = failed_step(record)
         raise FleetError(f"rollout stopped at {step['name']}: {step['detail']}; {', '.join(step['hosts'])} stay "
-                         f"drained, the other waves serve. Fix it, then: ascend-fleet rollout {inventory} {deploy} --resume")
+                         f"drained, the other waves serve. Fix it, then: ascend-fleet rollout {inventory} {deploy} "
+                         f"--resume (or give it up: ascend-fleet rollout {inventory} --abandon)")
+
+
+def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json: bool) -> None:
+    """`rollout --abandon`: the stopped record's drained instances back, those that pass their gates;
+    the fleet as the stopped rollout saw it (its --data, and any given on top)."""
+    with ExitStack() as held:
+        with changing_nothing("rollout --abandon"):
+            if others:
+                raise FleetError(f"--abandon takes no {', '.join(others)}: it puts back what the stopped rollout "
+                                 "drained, whichever waves and hosts it had")
+            given = parse_data(data)
+            state = Fleet(inventory, given).state
+            held.enter_context(state.exclusive("a rollout --abandon"))
+            record = abandonable(state)
+            fleet = Fleet(inventory, {**record.get("data", {}), **given})
+            check_deploy_files(GATEWAY_DEPLOY)
+        what = describe_stopped(record, state.drained())
+        progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True)
+        with progress_console.status("gating the drained instances, then putting them back into the gateway"):
+            left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
+    if as_json:
+        print(json.dumps({"ok": not left_out, **record}, indent=2))
+    if left_out:
+        out = "; ".join(f"{key} ({why})" for key, why in left_out.items())
+        raise FleetError(f"rollout abandoned, but {out} stays out of the gateway: fix it, then run "
+                         f"ascend-fleet rollout {inventory} --abandon again to put it back")
+    if not as_json:
+        def steps(*statuses: str) -> str:
+            return ", ".join(s["name"] for s in record["steps"] if s["status"] in statuses) or "none"
+
+        console.print(f"abandoned; every instance it drained is back in the gateway. Its change is on "
+                      f"{steps('done')}, maybe on {steps('failed', 'running')} (where it stopped), not on "
+                      f"{steps('pending')}.", highlight=False, soft_wrap=True)
 
 
 @rollout_app.command("swap-model")
@@ -143,30 +217,38 @@ def swap_model(
 
     Any failure puts every instance it changed back on the model it served before.
     """
-    fleet = Fleet(inventory, parse_data(data or []))
-    stopped = fleet.state.rollout()
-    if stopped and not stopped.get("finished") and stopped["kind"] == "rollout":
-        raise FleetError(f"a rollout of {stopped['deploy']} is stopped; finish it with --resume before a swap")
-    new = model_data(fleet, model, revision)
-    # Blue/green keeps both models resident until the gateway switch; one instance per node at a
-    # time needs no room beside the serving model.
-    refused = blue_green_problem(fleet, new)
-    strategy = ("blue/green per wave" if refused is None
-                else f"one instance per node at a time (blue/green refused: {refused})")
-    progress_console.print(f"swap-model: {strategy}", highlight=False)
-    previous = {b.key: served_path(fleet, b) for b in fleet.all_backends()}
-    with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
-        problem = Runner(fleet, {}, lambda *_: None, drain_timeout).pyinfra(
-            WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
-    if problem is not None:
-        raise FleetError(f"swap-model: staging the weights failed, nothing was restarted: {problem}")
-    wave_names = waves.split(",") if waves else None
-    record = plan_swap(fleet, new, wave_names) if refused else plan_blue_green(fleet, new, wave_names)
-    ok = run_record(fleet, record, drain_timeout, 0, as_json, f"swap to {new['id']}@{new['revision']}")
-    rollback = None
-    if not ok:
-        rollback = rollback_record(record, previous, fleet)
-        run_record(fleet, rollback, drain_timeout, 0, as_json, "putting the previous model back")
+    with ExitStack() as held:
+        with changing_nothing("swap-model"):
+            fleet = Fleet(inventory, parse_data(data or []))
+            check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, GATEWAY_DEPLOY, MONITORING_DEPLOY)
+            held.enter_context(fleet.state.exclusive(f"a swap-model to {model}"))
+            stopped = fleet.state.rollout()
+            if stopped and not stopped.get("finished") and stopped["kind"] == "rollout":
+                raise FleetError(f"a rollout of {stopped['deploy']} is stopped; finish it with `ascend-fleet rollout "
+                                 f"{inventory} {stopped['deploy']} --resume`, or give it up with "
+                                 f"`ascend-fleet rollout {inventory} --abandon`, before a swap")
+            new = model_data(fleet, model, revision)
+            if (problem := new_model_problem(new)) is not None:
+                raise FleetError(problem)
+            # Blue/green keeps both models resident until the gateway switch; one instance per node at a
+            # time needs no room beside the serving model.
+            refused = blue_green_problem(fleet, new)
+        strategy = ("blue/green per wave" if refused is None
+                    else f"one instance per node at a time (blue/green refused: {refused})")
+        progress_console.print(f"swap-model: {strategy}", highlight=False)
+        previous = {b.key: served_path(fleet, b) for b in fleet.all_backends()}
+        with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
+            problem = Runner(fleet, {}, lambda *_: None, drain_timeout).pyinfra(
+                WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
+        if problem is not None:
+            raise FleetError(f"swap-model: staging the weights failed, nothing was restarted: {problem}")
+        wave_names = waves.split(",") if waves else None
+        record = plan_swap(fleet, new, wave_names) if refused else plan_blue_green(fleet, new, wave_names)
+        ok = run_record(fleet, record, drain_timeout, 0, as_json, f"swap to {new['id']}@{new['revision']}")
+        rollback = None
+        if not ok:
+            rollback = rollback_record(record, previous, fleet)
+            run_record(fleet, rollback, drain_timeout, 0, as_json, "putting the previous model back")
     if as_json:
         print(json.dumps({"ok": ok, "strategy": strategy, **record, "rollback": rollback}, indent=2))
     if not ok:

@@ -70,10 +70,11 @@ def test_a_stopped_rollout_must_be_resumed_or_abandoned(tmp_path):
     assert check_not_stopped(state, resume=False) is None
     with pytest.raises(FleetError, match="--resume: no stopped rollout"):
         check_not_stopped(state, resume=True)
-    state.save_rollout({"kind": "rollout", "finished": False, "steps": [
+    state.save_rollout({"kind": "rollout", "inventory": "inventories/lab.py", "finished": False, "steps": [
         {"name": "canary", "status": "done", "detail": ""},
         {"name": "wave1", "status": "failed", "detail": "worker2 vllm-0 gate health: /health answers 503"}]})
-    with pytest.raises(FleetError, match=r"rollout stopped at wave1 \(worker2 vllm-0 gate health.*add --resume"):
+    with pytest.raises(FleetError, match=r"rollout stopped at wave1 \(worker2 vllm-0 gate health.*add --resume, "
+                       r"or put back what it drained with `ascend-fleet rollout inventories/lab.py --abandon`"):
         check_not_stopped(state, resume=False)
     assert check_not_stopped(state, resume=True)["steps"][1]["name"] == "wave1"
 

@@ -1,0 +1,264 @@
+"""Running rollouts without a fleet: the example inventory, its instances' gates and the pyinfra
+runs faked, the fleet state real (in a temporary directory). What is asserted is what an operator
+sees: the one line, which instances the gateway keeps out, which hosts a deploy touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ascend_fleet import rollout
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.rollout import GATEWAY_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
+from ascend_fleet.rollout_cli import rollout_app
+
+PROJECT = Path(__file__).resolve().parents[2]
+PROD = PROJECT / "inventories" / "prod.py"
+CANARY, W2, W3 = "npu-01.example.internal", "npu-02.example.internal", "npu-03.example.internal"
+WAVE1 = {f"{host}/vllm-{i}" for host in (W2, W3) for i in (0, 1)}
+STOPPED_AT_WAVE1 = {f"{W2}/vllm-0": ("health", "/health answers 503")}
+
+
+class Nodes:
+    """The fleet's side, faked: gates that fail where told, and a log of every pyinfra run with
+    the drained set the gateway deploy would have applied."""
+
+    def __init__(self):
+        self.failing_gates: dict[str, tuple[str, str]] = {}
+        self.gateway_fails = False
+        self.runs: list[tuple[str, list[str], set[str]]] = []
+
+    def pyinfra(self, runner: Runner, deploy: str, hosts: list[str], data: dict, label: str) -> str | None:
+        self.runs.append((deploy, hosts, runner.fleet.state.drained()))
+        if deploy == GATEWAY_DEPLOY and self.gateway_fails:
+            return "gw-01.example.internal: gateway config refused by nginx -t (log: x.log)"
+        return None
+
+    def deploys(self) -> list[tuple[str, list[str]]]:
+        return [(deploy, hosts) for deploy, hosts, _ in self.runs if deploy != GATEWAY_DEPLOY]
+
+    def gateway_drained(self) -> set[str]:
+        """What the last gateway deploy kept out of rotation."""
+        return next(drained for deploy, _, drained in reversed(self.runs) if deploy == GATEWAY_DEPLOY)
+
+
+@pytest.fixture
+def nodes(monkeypatch):
+    monkeypatch.chdir(PROJECT)  # group_data/ and deploys/ are found where pyinfra runs
+    fake = Nodes()
+    monkeypatch.setattr(Runner, "pyinfra", lambda runner, *args: fake.pyinfra(runner, *args))
+    monkeypatch.setattr(rollout, "instance_problem", lambda fleet, backend, *_: fake.failing_gates.get(backend.key))
+    monkeypatch.setattr(rollout, "running_requests", lambda fleet, backend: 0)
+    monkeypatch.setattr(rollout, "gateway_problem", lambda url, model: None)
+    monkeypatch.setattr(rollout, "retried", lambda check, seconds=0: check())
+    monkeypatch.setattr(rollout, "DRAIN_SETTLE_SECONDS", 0)
+    return fake
+
+
+@pytest.fixture
+def state_dir(tmp_path) -> Path:
+    return tmp_path / "state"
+
+
+def cli(state_dir: Path, *args: str):
+    """`ascend-fleet ARGS --data fleet_state_dir=...`; (FleetError line or None, stdout, stderr)."""
+    result = CliRunner().invoke(rollout_app, [*args, "--data", f"fleet_state_dir={state_dir}"])
+    if result.exception is not None and not isinstance(result.exception, FleetError):
+        raise result.exception
+    return (str(result.exception) if result.exception else None), result.stdout, result.stderr
+
+
+def stopped_at_wave1(nodes: Nodes, state_dir: Path) -> tuple[Fleet, dict]:
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    record = plan_rollout(fleet, "deploys/serve.py", None, None)
+    nodes.failing_gates = dict(STOPPED_AT_WAVE1)
+    assert not Runner(fleet, record, lambda *_: None, 0).run()
+    return fleet, record
+
+
+def test_a_failing_gate_stops_the_rollout_with_its_wave_drained_and_the_next_untouched(nodes, state_dir):
+    fleet, record = stopped_at_wave1(nodes, state_dir)
+    assert [(s["name"], s["status"]) for s in record["steps"]] == [
+        ("canary", "done"), ("wave1", "failed"), ("wave2", "pending")]
+    assert record["steps"][1]["detail"] == f"{W2} vllm-0 gate health: /health answers 503"
+    assert nodes.deploys() == [("deploys/serve.py", [CANARY]), ("deploys/serve.py", [W2, W3])]
+    assert fleet.state.drained() == nodes.gateway_drained() == WAVE1
+    assert fleet.state.rollout() == record
+
+
+def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, state_dir):
+    fleet, record = stopped_at_wave1(nodes, state_dir)
+    deploys_before = nodes.deploys()
+    left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
+    assert left_out == {f"{W2}/vllm-0": "gate health: /health answers 503"}
+    assert fleet.state.drained() == nodes.gateway_drained() == {f"{W2}/vllm-0"}
+    assert nodes.deploys() == deploys_before  # nothing is deployed: wave1 keeps what it had
+    # The rollout is over: a new one may start, --resume has nothing to go on with.
+    assert check_not_stopped(fleet.state, resume=False) is None
+    # Fixed, the instance comes back with another abandon of the same record.
+    nodes.failing_gates = {}
+    assert Runner(fleet, abandonable(fleet.state), lambda *_: None, 0).abandon() == {}
+    assert fleet.state.drained() == nodes.gateway_drained() == set()
+    with pytest.raises(FleetError, match="--abandon: no stopped rollout is recorded in .*; nothing to abandon"):
+        abandonable(fleet.state)
+
+
+def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_refuses(nodes, state_dir):
+    fleet, record = stopped_at_wave1(nodes, state_dir)
+    nodes.failing_gates, nodes.gateway_fails = {}, True
+    with pytest.raises(FleetError, match="the gateway deploy failed, the drained set is as it was: gw-01.*nginx -t"):
+        Runner(fleet, record, lambda *_: None, 0).abandon()
+    assert fleet.state.drained() == WAVE1
+    assert check_not_stopped(fleet.state, resume=True)["steps"][1]["status"] == "failed"
+
+
+def test_a_rollout_of_a_deploy_file_that_does_not_exist_changes_nothing(nodes, state_dir):
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/nosuch.py")
+    assert error == (f"rollout changed nothing: deploys/nosuch.py: no such deploy file in {PROJECT}; pass one "
+                     "of deploys/*.py, e.g. deploys/full.py, and run ascend-fleet where pyinfra runs")
+    assert nodes.runs == [] and not state_dir.exists()
+
+
+def test_a_deploy_file_that_is_not_python_changes_nothing(nodes, state_dir, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("from ascend_fleet.stages.full import full_deploy\nfull_deploy(\n")
+    error, _, _ = cli(state_dir, "rollout", str(PROD), str(broken))
+    assert error == f"rollout changed nothing: {broken} line 2: '(' was never closed; fix the deploy file"
+    assert nodes.runs == [] and not state_dir.exists()
+
+
+def test_bad_host_data_changes_nothing(nodes, state_dir):
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--data", "tensor_parallel_size=3")
+    assert error.startswith(f"rollout changed nothing: {CANARY}: tensor_parallel_size: 3 does not divide")
+    assert nodes.runs == [] and not state_dir.exists()
+
+
+def test_an_exception_in_group_data_is_one_line_naming_file_and_line(nodes, state_dir, tmp_path, monkeypatch):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text('profile = "lab"\nmodel = undefined_model\n')
+    (tmp_path / "fleet.py").write_text('workers = ["node1"]\n')
+    monkeypatch.chdir(tmp_path)  # group_data/ of where pyinfra runs
+    error, _, _ = cli(state_dir, "rollout", "fleet.py", "deploys/serve.py")
+    assert error == (f"rollout changed nothing: {tmp_path}/group_data/all.py line 2: NameError: name "
+                     "'undefined_model' is not defined; fix the file")
+    assert nodes.runs == []
+
+
+def test_resume_says_what_it_resumes_and_a_stopped_rollout_is_abandoned_from_the_cli(nodes, state_dir):
+    nodes.failing_gates = dict(STOPPED_AT_WAVE1)
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
+    assert error.startswith(f"rollout stopped at wave1: {W2} vllm-0 gate health: /health answers 503; ")
+    assert error.endswith(f"--resume (or give it up: ascend-fleet rollout {PROD} --abandon)")
+    # Resumed with another deploy: refused, naming both ways out.
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/full.py", "--resume")
+    assert error.startswith(f"rollout changed nothing: --resume: the stopped rollout of deploys/serve.py with --data "
+                            f"fleet_state_dir={state_dir}: wave1 ({W2}, {W3}; {W2} vllm-0 gate health")
+    assert error.endswith(f"resume it with `ascend-fleet rollout {PROD} deploys/serve.py --resume` (no --data), "
+                          f"or put back what it drained with `ascend-fleet rollout {PROD} --abandon`")
+    # Still broken: the abandon puts back what passes and names what does not.
+    error, stdout, stderr = cli(state_dir, "rollout", str(PROD), "--abandon")
+    assert f"abandoning the rollout of deploys/serve.py with --data fleet_state_dir={state_dir}: wave1 " in stderr
+    assert error == (f"rollout abandoned, but {W2}/vllm-0 (gate health: /health answers 503) stays out of the "
+                     f"gateway: fix it, then run ascend-fleet rollout {PROD} --abandon again to put it back")
+    assert nodes.gateway_drained() == {f"{W2}/vllm-0"}
+    nodes.failing_gates = {}
+    error, stdout, _ = cli(state_dir, "rollout", str(PROD), "--abandon")
+    assert error is None and nodes.gateway_drained() == set()
+    assert stdout == ("abandoned; every instance it drained is back in the gateway. Its change is on canary, "
+                      "maybe on wave1 (where it stopped), not on wave2.\n")
+    deploys = len(nodes.deploys())
+    error, stdout, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
+    assert error is None and len(nodes.deploys()) == deploys + 3  # a new rollout runs every wave
+
+
+def test_resume_prints_the_stopped_rollouts_remaining_waves_and_drained_instances_first(nodes, state_dir):
+    nodes.failing_gates = dict(STOPPED_AT_WAVE1)
+    cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
+    nodes.failing_gates = {}
+    error, stdout, stderr = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--resume")
+    assert error is None
+    drained = ", ".join(sorted(WAVE1))
+    assert (f"resuming the rollout of deploys/serve.py with --data fleet_state_dir={state_dir}: wave1 ({W2}, {W3}; "
+            f"{W2} vllm-0 gate health: /health answers 503), then wave2 (npu-04.example.internal, "
+            f"npu-05.example.internal); drained: {drained}\n") in stderr
+    assert nodes.deploys()[-2:] == [("deploys/serve.py", [W2, W3]),
+                                    ("deploys/serve.py", ["npu-04.example.internal", "npu-05.example.internal"])]
+
+
+def test_the_rollout_the_old_tool_left_stuck_on_a_missing_deploy_file_is_abandoned(nodes, state_dir):
+    """What a rollout of deploys/nosuch.py recorded before the deploy file was checked: the canary
+    drained, its deploy failed, --resume with the right file refused."""
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    record = plan_rollout(fleet, "deploys/nosuch.py", None, None)
+    record["steps"][0].update(status="failed", detail="deploy: --> pyinfra error: No such file: deploys/nosuch.py")
+    fleet.state.save_rollout(record)
+    fleet.state.set_drained(set(record["steps"][0]["instances"]))
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/full.py", "--resume")
+    assert "the stopped rollout of deploys/nosuch.py" in error and f"`ascend-fleet rollout {PROD} --abandon`" in error
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/full.py", "--abandon")
+    assert error is None and fleet.state.drained() == set() == nodes.gateway_drained()
+    assert check_not_stopped(fleet.state, resume=False) is None
+
+
+def test_a_second_rollout_beside_a_running_one_is_refused(nodes, state_dir):
+    with FleetState(state_dir).exclusive("a rollout of deploys/full.py"):
+        for args in (["deploys/serve.py"], ["--abandon"]):
+            error, _, _ = cli(state_dir, "rollout", str(PROD), *args)
+            assert error.endswith(f"a rollout of deploys/full.py (pid {os.getpid()}) is changing this "
+                                  f"fleet now (lock {state_dir}/lock); wait for it to end")
+    assert nodes.runs == []
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
+    assert error is None
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """An HTTP mirror with one model revision, laid out as the lab's: models/<org>/<name>/<revision>/."""
+    revision = tmp_path / "mirror" / "models" / "Qwen" / "Qwen2.5-72B-Instruct" / "v1"
+    revision.mkdir(parents=True)
+    (revision / "config.json").write_text((PROJECT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct" /
+                                           "config.json").read_text())
+    handler = partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def http_model(url: str) -> str:
+    return "model=" + json.dumps({"id": "Qwen/Qwen2.5-72B-Instruct", "revision": "v1", "source": "http", "url": url})
+
+
+def test_a_swap_to_a_model_the_mirror_does_not_have_says_404_and_changes_nothing(nodes, state_dir, mirror):
+    for model, revision in (("Qwen/Nosuch", "v1"), ("Qwen/Qwen2.5-72B-Instruct", "v9")):
+        error, _, _ = cli(state_dir, "swap-model", str(PROD), "--model", model, "--revision", revision,
+                          "--data", http_model(mirror))
+        assert error == (f"swap-model changed nothing: {mirror}/models/{model}/{revision}/config.json answers HTTP "
+                         f"404: the mirror has no model {model} at revision {revision}; check --model and --revision")
+    assert nodes.runs == []
+
+
+def test_a_swap_with_the_mirror_down_or_nothing_to_plan_with_says_so_and_suggests_only_what_exists(nodes, state_dir,
+                                                                                                   mirror):
+    down = "http://127.0.0.1:9"  # discard: nothing listens
+    error, _, _ = cli(state_dir, "swap-model", str(PROD), "--model", "Qwen/Qwen3-8B", "--data", http_model(down))
+    assert error.startswith(f"swap-model changed nothing: the mirror does not answer {down}/models/Qwen/Qwen3-8B/v1/"
+                            "config.json (ConnectionError); is it up?")
+    # The example fleet's model comes from ModelScope, which only the nodes read.
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    problem = rollout.new_model_problem(model_data(fleet, "Qwen/Qwen3-8B", "main"))
+    assert problem == ("no config.json of Qwen/Qwen3-8B@main on this machine to plan the swap with (source modelscope "
+                       f"is read by the nodes only); put it at {PROJECT}/files/models/Qwen/Qwen3-8B/main/config.json")
+    assert "--model-config" not in error + problem
+    assert rollout.new_model_problem(model_data(Fleet(PROD, {"model": json.loads(http_model(mirror)[6:])}),
+                                                "Qwen/Qwen2.5-72B-Instruct", "v1")) is None
+    assert nodes.runs == []
