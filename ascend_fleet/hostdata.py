@@ -25,9 +25,12 @@ from ascend_fleet.planner import (
     ERROR,
     HCCL_PORT_COUNT,
     QUANTIZED_BYTES_PER_PARAM,
+    VLLM_PORT_SPAN,
     InstanceRecord,
+    PortClash,
     check_gpu_memory_utilization,
     check_node_instances,
+    port_clashes,
 )
 from ascend_fleet.profile import available_profiles
 
@@ -35,13 +38,13 @@ from ascend_fleet.profile import available_profiles
 PYINFRA_KEY_PREFIXES = ("ssh_", "_")
 # The serve stage sets these per instance; one fleet-wide value would make instances collide.
 PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", "VLLM_PORT"})
-# vLLM counts up from VLLM_PORT for further internal sockets, so derived instances keep this many apart.
-VLLM_PORT_SPAN = 16
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 # HCCL_IF_BASE_PORT: HCCL takes it and the next 15, and the whole range must lie in 1024-65520
 # (field notes section 5, HCCL ports).
 HcclBasePort = Annotated[int, Field(ge=1024, le=65520 - HCCL_PORT_COUNT + 1)]
+# VLLM_PORT: vLLM takes it and the next VLLM_PORT_SPAN - 1, all within 1-65535.
+VllmPort = Annotated[int, Field(ge=1, le=65536 - VLLM_PORT_SPAN)]
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")]
 
 
@@ -109,7 +112,7 @@ class Instance(_Strict):
     npus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     port: Port
     hccl_base_port: HcclBasePort = Field(description=f"HCCL_IF_BASE_PORT; HCCL takes {HCCL_PORT_COUNT} ports from it")
-    vllm_port: Port = Field(description="VLLM_PORT, vLLM's internal ports")
+    vllm_port: VllmPort = Field(description=f"VLLM_PORT; vLLM takes {VLLM_PORT_SPAN} ports from it")
 
     def record(self) -> InstanceRecord:
         """The planner's view of this instance, for its collision checks."""
@@ -121,7 +124,7 @@ class InstancePorts(_Strict):
 
     api: Port = 8000
     hccl: HcclBasePort = 60000
-    vllm: Port = 51000
+    vllm: VllmPort = 51000
 
 
 class Gateway(_Strict):
@@ -275,12 +278,13 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
         config = NodeConfig.model_validate({**ours, "host": host})
     except ValidationError as exc:
         raise FleetError(f"{host}: {_describe(exc)}") from None
+    derived = not config.instances  # the data lists none: instance_ports places them
     try:
         config = _with_derived_values(config)
     except ValidationError as exc:  # instance i takes each base port plus i steps: a late one can leave the range
         raise FleetError(f"{host}: instance_ports: a derived instance's {_describe(exc)}; lower the base ports "
                          "or run fewer instances") from None
-    problem = next(_problems(config), None)
+    problem = next(_problems(config, derived), None)
     if problem:
         key, what = problem
         raise FleetError(f"{host}: {key}: {what}")
@@ -325,7 +329,7 @@ def _with_derived_values(config: NodeConfig) -> NodeConfig:
     return config.model_copy(update=derived)
 
 
-def _problems(config: NodeConfig):
+def _problems(config: NodeConfig, derived: bool):
     """(key, what was expected) for each way the data cannot work, most basic first."""
     known = available_profiles()
     if config.profile not in known:
@@ -335,13 +339,13 @@ def _problems(config: NodeConfig):
     for key in ("chip", "nvme_mount", "model", "serving"):
         if getattr(config, key) is None:
             yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
-    yield from _instance_problems(config)
+    yield from _instance_problems(config, derived)
     for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
         if finding.severity == ERROR:
             yield "serving.gpu_memory_utilization", finding.message
 
 
-def _instance_problems(config: NodeConfig):
+def _instance_problems(config: NodeConfig, derived: bool):
     tp, count = config.tensor_parallel_size, config.npu_count
     if not config.instances:
         yield "tensor_parallel_size", f"{tp} does not divide the {count} NPUs; expected a divisor of {count}"
@@ -355,8 +359,32 @@ def _instance_problems(config: NodeConfig):
         for npu in instance.npus:
             if npu >= count:
                 yield f"instances.{instance.name}.npus", f"NPU {npu} does not exist; npu_count is {count} (NPUs 0-{count - 1})"
-    for finding in check_node_instances([instance.record() for instance in config.instances]):
-        yield "instances", f"{finding.message}; expected each NPU and port used once"
+    records = [instance.record() for instance in config.instances]
+    for finding in check_node_instances(records):
+        if finding.code == "shared-npu":
+            yield "instances", f"{finding.message}; expected each NPU used once"
+    for clash in port_clashes(records):
+        yield ("instance_ports" if derived else "instances"), f"{clash}; {_port_remedy(clash, derived)}"
+
+
+# Derived instances place each port from the instance_ports base of the same kind.
+DERIVED_FROM = {"port": "instance_ports.api", "vllm_port": "instance_ports.vllm", "hccl_base_port": "instance_ports.hccl"}
+TAKES = {"vllm_port": f"vLLM takes vllm_port and the next {VLLM_PORT_SPAN - 1} ports",
+         "hccl_base_port": f"HCCL takes hccl_base_port and the next {HCCL_PORT_COUNT - 1} ports"}
+
+
+def _port_remedy(clash: PortClash, derived: bool) -> str:
+    """Which keys to move, and how many ports each range needs."""
+    fields = list(dict.fromkeys((clash.first_range.field, clash.second_range.field)))
+    notes = [TAKES[field] for field in fields if field in TAKES]
+    if derived:
+        moves = " or ".join(DERIVED_FROM[field] for field in fields)
+        notes.insert(0, f"derived instance i takes api + i, vllm + {VLLM_PORT_SPAN}i and hccl + {HCCL_PORT_COUNT}i")
+    elif clash.own:
+        moves = "its " + " or ".join(fields)
+    else:
+        moves = f"{clash.first}'s {clash.first_range.field} or {clash.second}'s {clash.second_range.field}"
+    return f"move {moves}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _describe(exc: ValidationError) -> str:

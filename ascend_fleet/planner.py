@@ -624,6 +624,25 @@ def check_hccl_headroom(free_outside_budget: int, hccl_reserve: int) -> list[Fin
     return []
 
 
+HCCL_PORT_COUNT = 16  # HCCL takes HCCL_IF_BASE_PORT .. +15
+# vLLM takes VLLM_PORT and counts up from it for its further internal sockets (get_open_port
+# moves past busy ones), so each instance keeps this many from its VLLM_PORT.
+VLLM_PORT_SPAN = 16
+
+
+@dataclass(frozen=True)
+class PortRange:
+    """The ports an instance takes for one purpose, and the instance field that places them."""
+
+    name: str  # as messages say it
+    field: str
+    ports: range
+
+    def __str__(self) -> str:
+        first, last = self.ports[0], self.ports[-1]
+        return f"{self.name} {first}" if first == last else f"{self.name} {first}-{last}"
+
+
 @dataclass(frozen=True)
 class InstanceRecord:
     """What one instance on a node claims: NPUs and ports."""
@@ -634,32 +653,57 @@ class InstanceRecord:
     hccl_base_port: int
     vllm_port: int
 
+    def port_ranges(self) -> tuple[PortRange, ...]:
+        """Every port the instance takes: its API port, vLLM's internal ports and HCCL's."""
+        return (
+            PortRange("port", "port", range(self.port, self.port + 1)),
+            PortRange("VLLM_PORT", "vllm_port", range(self.vllm_port, self.vllm_port + VLLM_PORT_SPAN)),
+            PortRange("HCCL range", "hccl_base_port", range(self.hccl_base_port, self.hccl_base_port + HCCL_PORT_COUNT)),
+        )
 
-HCCL_PORT_COUNT = 16  # HCCL takes HCCL_IF_BASE_PORT .. +15
+
+@dataclass(frozen=True)
+class PortClash:
+    """Two port ranges on one node that share a port: of two instances, or of the same one."""
+
+    first: str
+    first_range: PortRange
+    second: str
+    second_range: PortRange
+
+    @property
+    def own(self) -> bool:
+        return self.first == self.second
+
+    def __str__(self) -> str:
+        a, b = self.first_range, self.second_range
+        if self.own:
+            return f"{self.first} {a} {'lies in' if len(a.ports) == 1 else 'overlaps'} its own {b}"
+        if len(a.ports) == len(b.ports) == 1:
+            return f"{self.first} and {self.second} both take {a}"
+        if len(a.ports) == 1:
+            return f"{self.first} {a} lies in {self.second}'s {b}"
+        if len(b.ports) == 1:
+            return f"{self.second} {b} lies in {self.first}'s {a}"
+        return f"{self.first} {a} and {self.second} {b} overlap"
 
 
-def check_node_instances(instances: Sequence[InstanceRecord], hccl_port_count: int = HCCL_PORT_COUNT) -> list[Finding]:
-    """Refuse instances on one node that share an NPU or any port (API, VLLM_PORT, HCCL range)."""
+def port_clashes(instances: Sequence[InstanceRecord]) -> list[PortClash]:
+    """Every two port ranges of one node's instances that share a port, one instance's own included."""
+    claims = [(instance.name, claimed) for instance in instances for claimed in instance.port_ranges()]
+    return [PortClash(first, a, second, b) for index, (first, a) in enumerate(claims) for second, b in claims[index + 1:]
+            if a.ports.start < b.ports.stop and b.ports.start < a.ports.stop]
+
+
+def check_node_instances(instances: Sequence[InstanceRecord]) -> list[Finding]:
+    """Refuse instances on one node that share an NPU, or any port (port_clashes)."""
     findings = []
     for index, first in enumerate(instances):
         for second in instances[index + 1:]:
             shared_npus = sorted(set(first.npus) & set(second.npus))
             if shared_npus:
                 findings.append(Finding(ERROR, "shared-npu", f"{first.name} and {second.name} both use NPU {', '.join(map(str, shared_npus))}"))
-            for first_kind, first_ports in _claimed_ports(first, hccl_port_count):
-                for second_kind, second_ports in _claimed_ports(second, hccl_port_count):
-                    clash = first_ports & second_ports
-                    if clash:
-                        findings.append(Finding(ERROR, "shared-port", f"{first.name} {first_kind} and {second.name} {second_kind} both claim port {min(clash)}"))
-    return findings
-
-
-def _claimed_ports(instance: InstanceRecord, hccl_port_count: int) -> list[tuple[str, set[int]]]:
-    return [
-        ("API port", {instance.port}),
-        ("VLLM_PORT", {instance.vllm_port}),
-        ("HCCL_IF_BASE_PORT range", set(range(instance.hccl_base_port, instance.hccl_base_port + hccl_port_count))),
-    ]
+    return findings + [Finding(ERROR, "shared-port", str(clash)) for clash in port_clashes(instances)]
 
 
 def version_key(version: str) -> tuple[tuple[int, ...], int]:

@@ -158,13 +158,37 @@ REFUSALS = {
     "npu beyond count": ({"instances": [instance("a", [6, 7, 8, 9])]},
                          "worker1: instances.a.npus: NPU 8 does not exist; npu_count is 8 (NPUs 0-7)"),
     "shared npu": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [3, 4, 5, 6], 8001, 60016, 51016)]},
-                   "worker1: instances: a and b both use NPU 3; expected each NPU and port used once"),
+                   "worker1: instances: a and b both use NPU 3; expected each NPU used once"),
+    # Every port an instance takes (API port, VLLM_PORT and the 15 above, HCCL's 16) against every
+    # other port of the host, its own included.
     "shared api port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8000, 60016, 51016)]},
-                        "worker1: instances: a API port and b API port both claim port 8000"),
+                        "worker1: instances: a and b both take port 8000; move a's port or b's port"),
     "overlapping hccl ranges": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60008, 51016)]},
-                                "worker1: instances: a HCCL_IF_BASE_PORT range and b HCCL_IF_BASE_PORT range both claim port 60008"),
+                                "worker1: instances: a HCCL range 60000-60015 and b HCCL range 60008-60023 overlap; move "
+                                "a's hccl_base_port or b's hccl_base_port (HCCL takes hccl_base_port and the next 15 ports)"),
     "shared vllm port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60016, 51000)]},
-                         "worker1: instances: a VLLM_PORT and b VLLM_PORT both claim port 51000"),
+                         "worker1: instances: a VLLM_PORT 51000-51015 and b VLLM_PORT 51000-51015 overlap"),
+    "adjacent vllm ports": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60016, 51001)]},
+                            "worker1: instances: a VLLM_PORT 51000-51015 and b VLLM_PORT 51001-51016 overlap; move a's "
+                            "vllm_port or b's vllm_port (vLLM takes vllm_port and the next 15 ports)"),
+    "api port in another's vllm range": (
+        {"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 51005, 60016, 51016)]},
+        "worker1: instances: b port 51005 lies in a's VLLM_PORT 51000-51015; move a's vllm_port or b's port"),
+    "api port in its own hccl range": ({"instances": [instance("vllm-0", [0, 1, 2, 3], 60005, 60000, 51000)]},
+                                       "worker1: instances: vllm-0 port 60005 lies in its own HCCL range 60000-60015; "
+                                       "move its port or hccl_base_port (HCCL takes hccl_base_port and the next 15 ports)"),
+    "vllm range over its own hccl range": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 60000, 59990)]},
+                                           "worker1: instances: a VLLM_PORT 59990-60005 overlaps its own HCCL range "
+                                           "60000-60015; move its vllm_port or hccl_base_port"),
+    "derived api port in its own hccl range": ({"instance_ports": {"api": 60005, "hccl": 60000}},
+                                               "worker1: instance_ports: vllm-0 port 60005 lies in its own HCCL range "
+                                               "60000-60015; move instance_ports.api or instance_ports.hccl (derived "
+                                               "instance i takes api + i, vllm + 16i and hccl + 16i;"),
+    "derived api ports in the vllm range": ({"instance_ports": {"api": 51001}},
+                                            "worker1: instance_ports: vllm-0 port 51001 lies in its own VLLM_PORT "
+                                            "51000-51015; move instance_ports.api or instance_ports.vllm"),
+    "vllm range past 65535": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 60000, 65530)]},
+                              "worker1: instances.0.vllm_port: Input should be less than or equal to 65520 (got 65530)"),
     "duplicate names": ({"instances": [instance("a", [0, 1, 2, 3]), instance("a", [4, 5, 6, 7], 8001, 60016, 51016)]},
                         "worker1: instances: two instances are named a; expected distinct names"),
     "memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": 0.99}},
@@ -190,3 +214,4 @@ def test_bad_data_is_refused_in_one_line_naming_host_and_key(changes, expected):
     message = str(caught.value)
     assert message.startswith(expected)
     assert "\n" not in message
+

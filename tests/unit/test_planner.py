@@ -314,7 +314,7 @@ def test_max_model_len_beyond_position_embeddings_refuses():
 
 
 BLUE = InstanceRecord("blue", npus=(0, 1, 2, 3), port=8000, hccl_base_port=60000, vllm_port=61000)
-GREEN = InstanceRecord("green", npus=(4, 5, 6, 7), port=8001, hccl_base_port=60016, vllm_port=61001)
+GREEN = InstanceRecord("green", npus=(4, 5, 6, 7), port=8001, hccl_base_port=60016, vllm_port=61016)
 
 
 def test_instances_with_distinct_npus_and_ports_pass():
@@ -328,13 +328,27 @@ def test_instances_with_distinct_npus_and_ports_pass():
         (replace(GREEN, port=8000), "shared-port"),
         (replace(GREEN, hccl_base_port=60008), "shared-port"),  # 60008-60023 overlaps 60000-60015
         (replace(GREEN, vllm_port=61000), "shared-port"),
+        (replace(GREEN, vllm_port=61001), "shared-port"),  # vLLM takes 61000-61015 for blue, 61001-61016 for green
         (replace(GREEN, port=60015), "shared-port"),  # API port inside blue's HCCL range
+        (replace(GREEN, port=61010), "shared-port"),  # API port inside blue's VLLM_PORT range
     ],
 )
 def test_instances_sharing_an_npu_or_a_port_refuse(green, expected):
     findings = check_node_instances([BLUE, green])
     assert codes(findings) == [expected]
     assert findings[0].severity == "error"
+
+
+@pytest.mark.parametrize(
+    ("blue", "message"),
+    [
+        (replace(BLUE, port=60005), "blue port 60005 lies in its own HCCL range 60000-60015"),
+        (replace(BLUE, vllm_port=59990), "blue VLLM_PORT 59990-60005 overlaps its own HCCL range 60000-60015"),
+        (replace(BLUE, port=61015), "blue port 61015 lies in its own VLLM_PORT 61000-61015"),
+    ],
+)
+def test_an_instance_whose_own_ports_meet_is_refused(blue, message):
+    assert [(f.code, f.message) for f in check_node_instances([blue])] == [("shared-port", message)]
 
 
 def test_transformers_too_old_for_the_model_type_refuses():
