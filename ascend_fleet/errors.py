@@ -1,7 +1,18 @@
-"""The one error type operators see: the CLI and pyinfra both print it as a single line."""
+"""The one error type operators see, printed by the CLI and pyinfra as one line, and how a
+pydantic ValidationError becomes that line."""
 
+from __future__ import annotations
+
+import difflib
+import reprlib
+from typing import get_args
+
+from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import PyinfraError
 
+# Past this many, a validation error says how many more there are: a file that is wrong
+# throughout (another format, a wrong indent) is one line, not a screenful.
+SHOWN_PROBLEMS = 3
 
 class FleetError(PyinfraError):
     """A failure the operator can act on: the message names what, where, and what to do.
@@ -9,3 +20,70 @@ class FleetError(PyinfraError):
     A PyinfraError, so raised while pyinfra prepares a deploy it stops the run before any
     host is changed and prints `pyinfra error: <message>`, not a traceback.
     """
+
+
+def describe_validation(exc: ValidationError, model: type[BaseModel], hidden: frozenset[str] = frozenset()) -> str:
+    """pydantic's errors as one line, `key.path: what` each: unknown keys first (each with the
+    known keys it is close to, or where else it is a key), then missing keys, then the rest.
+    `hidden` keys of `model` are set by the program, not the data, and never suggested."""
+    errors = sorted(exc.errors(), key=lambda error: {"extra_forbidden": 0, "missing": 1}.get(error["type"], 2))
+    problems = [_problem(error, model, hidden) for error in errors[:SHOWN_PROBLEMS]]
+    if len(errors) > SHOWN_PROBLEMS:
+        problems.append(f"and {len(errors) - SHOWN_PROBLEMS} more")
+    return "; ".join(problems)
+
+
+def unknown_keys_without_match(exc: ValidationError, model: type[BaseModel],
+                               hidden: frozenset[str] = frozenset()) -> dict[str, list[str]]:
+    """Each unknown key nothing is suggested for -> the keys valid where it stands."""
+    return {_where(error["loc"]): valid_keys(model, error["loc"][:-1], hidden) for error in exc.errors()
+            if error["type"] == "extra_forbidden" and not _suggestions(model, error["loc"], hidden)}
+
+
+def valid_keys(model: type[BaseModel], loc: tuple, hidden: frozenset[str] = frozenset()) -> list[str]:
+    """The keys of the model at `loc` (field names, list indexes, dict keys) inside `model`."""
+    for part in loc:
+        if isinstance(part, str) and part in model.model_fields:
+            model = _model_in(model.model_fields[part].annotation) or model
+        # else a list index or a dict key: the model stays that of the items
+    return [key for key in model.model_fields if key not in hidden]
+
+
+def _problem(error: dict, model: type[BaseModel], hidden: frozenset[str]) -> str:
+    where = _where(error["loc"])
+    if error["type"] == "extra_forbidden":
+        suggestions = " or ".join(f"`{key}`" for key in _suggestions(model, error["loc"], hidden))
+        return f"{where}: unknown key (did you mean {suggestions}?)" if suggestions else f"{where}: unknown key"
+    if error["type"] == "missing":
+        return f"{where}: missing"
+    message = error["msg"].removeprefix("Value error, ")
+    if isinstance(error["input"], dict):  # a check of the whole mapping: its keys are already named by `where`
+        return f"{where}: {message}"
+    return f"{where}: {message} (got {reprlib.repr(error['input'])})"
+
+
+def _suggestions(model: type[BaseModel], loc: tuple, hidden: frozenset[str]) -> list[str]:
+    """The known keys close to an unknown one where it stands; else where else the same key is known."""
+    key = str(loc[-1])
+    close = difflib.get_close_matches(key, valid_keys(model, loc[:-1], hidden), n=2)
+    return close or [path for path, name in _key_paths(model) if name == key]
+
+
+def _key_paths(model: type[BaseModel], prefix: str = ""):
+    """(dotted path, key) of every key in `model` and the models inside it."""
+    for name, field in model.model_fields.items():
+        yield prefix + name, name
+        inner = _model_in(field.annotation)
+        if inner:
+            yield from _key_paths(inner, f"{prefix}{name}.")
+
+
+def _where(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc) or "data"
+
+
+def _model_in(annotation) -> type[BaseModel] | None:
+    """The model a field holds, directly or inside Optional, list or dict."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_model_in, get_args(annotation))), None)

@@ -10,14 +10,14 @@ with its own API port, HCCL_IF_BASE_PORT range and VLLM_PORT.
 
 from __future__ import annotations
 
-import reprlib
+import textwrap
 from collections.abc import Mapping
 from weakref import WeakKeyDictionary
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
 from ascend_fleet.fleetstate import BLUE, COLOURS, FleetState
 from ascend_fleet.planner import (
     CHIPS,
@@ -38,6 +38,10 @@ from ascend_fleet.profile import available_profiles
 PYINFRA_KEY_PREFIXES = ("ssh_", "_")
 # The serve stage sets these per instance; one fleet-wide value would make instances collide.
 PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", "VLLM_PORT"})
+# NodeConfig's own keys, not the data's: node_config sets them.
+HIDDEN_KEYS = frozenset({"host"})
+# Wrapped lists of valid keys stay this narrow, indented under the error's own line.
+KEY_LIST_WIDTH = 100
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 # HCCL_IF_BASE_PORT: HCCL takes it and the next 15, and the whole range must lie in 1024-65520
@@ -277,13 +281,13 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
     try:
         config = NodeConfig.model_validate({**ours, "host": host})
     except ValidationError as exc:
-        raise FleetError(f"{host}: {_describe(exc)}") from None
+        raise FleetError(f"{host}: {describe_validation(exc, NodeConfig, HIDDEN_KEYS)}{_key_lists(exc)}") from None
     derived = not config.instances  # the data lists none: instance_ports places them
     try:
         config = _with_derived_values(config)
     except ValidationError as exc:  # instance i takes each base port plus i steps: a late one can leave the range
-        raise FleetError(f"{host}: instance_ports: a derived instance's {_describe(exc)}; lower the base ports "
-                         "or run fewer instances") from None
+        raise FleetError(f"{host}: instance_ports: a derived instance's {describe_validation(exc, Instance)}; "
+                         "lower the base ports or run fewer instances") from None
     problem = next(_problems(config, derived), None)
     if problem:
         key, what = problem
@@ -327,6 +331,16 @@ def _with_derived_values(config: NodeConfig) -> NodeConfig:
         derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports)
     derived["instances"] = colour_instances(derived.get("instances", config.instances), config.colour, config.npu_count)
     return config.model_copy(update=derived)
+
+
+def _key_lists(exc: ValidationError) -> str:
+    """Under the error's line, the keys valid where an unknown key with no close match stands, wrapped."""
+    lists = ""
+    for where, keys in unknown_keys_without_match(exc, NodeConfig, HIDDEN_KEYS).items():
+        parent = where.rpartition(".")[0]
+        text = f"{f'keys of {parent}' if parent else 'keys'}: {', '.join(keys)}"
+        lists += "\n" + textwrap.fill(text, KEY_LIST_WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return lists
 
 
 def _problems(config: NodeConfig, derived: bool):
@@ -385,24 +399,3 @@ def _port_remedy(clash: PortClash, derived: bool) -> str:
     else:
         moves = f"{clash.first}'s {clash.first_range.field} or {clash.second}'s {clash.second_range.field}"
     return f"move {moves}" + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _describe(exc: ValidationError) -> str:
-    """The first pydantic error as `key.path: message`; an unknown key lists the valid ones."""
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "data"
-    if error["type"] == "extra_forbidden":
-        return f"{where}: unknown key; expected one of: {', '.join(_valid_keys(error['loc'][:-1]))}"
-    if error["type"] == "missing":
-        return f"{where}: missing; required"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{where}: {message} (got {reprlib.repr(error['input'])})"
-
-
-def _valid_keys(loc: tuple) -> list[str]:
-    model: type[BaseModel] = NodeConfig
-    for part in loc:
-        if isinstance(part, str):
-            annotation = model.model_fields[part].annotation
-            model = next(a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel))
-    return [key for key in model.model_fields if key != "host"]

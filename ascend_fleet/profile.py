@@ -18,7 +18,7 @@ from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet import PROFILES
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.versions import in_range, is_ops_era
 
 ARCHES = ("x86_64", "aarch64")
@@ -222,10 +222,7 @@ def load_profile(name: str, directory: Path = PROFILES) -> Profile:
     try:
         profile = Profile.model_validate(raw)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-        raise FleetError(f"profile {name}: {path}: {where}: {message}") from None
+        raise FleetError(f"profile {name}: {path}: {describe_validation(exc, Profile)}") from None
     if profile.name != name:
         raise FleetError(f"profile {name}: {path} says name: {profile.name}; the name must match the file name")
     return profile

@@ -8,7 +8,7 @@ import pytest
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.hostdata import host_node_config, node_config
+from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
 
 WORKER = {
     "profile": "vllm-ascend-0.13.0",
@@ -141,8 +141,12 @@ def test_a_run_reads_each_hosts_data_once_and_the_next_run_reads_it_again(tmp_pa
 # --- Refusals: `<host>: <key>: <what was expected>` on one line. ---
 
 REFUSALS = {
-    "unknown key": ({"max_len": 4}, "worker1: max_len: unknown key; expected one of: profile, chip,"),
-    "unknown nested key": ({"serving": {**WORKER["serving"], "tp": 4}}, "worker1: serving.tp: unknown key; expected one of: max_model_len,"),
+    "misspelt key": ({"tensor_paralel_size": 4},
+                     "worker1: tensor_paralel_size: unknown key (did you mean `tensor_parallel_size`?)"),
+    "misspelt nested key": ({"serving": {**WORKER["serving"], "max_num_seq": 8}},
+                            "worker1: serving.max_num_seq: unknown key (did you mean `max_num_seqs`?)"),
+    "key in the wrong place": ({"max_model_len": 4096},
+                               "worker1: max_model_len: unknown key (did you mean `serving.max_model_len`?)"),
     "unknown profile": ({"profile": "prod-stack"}, "worker1: profile: unknown profile 'prod-stack'; expected one of: handbook,"),
     "unknown chip": ({"chip": "910A"}, "worker1: chip: Input should be '910B3' or '910B4'"),
     "missing serving": ({"serving": None}, "worker1: serving: missing; required on a node with NPUs (npu_count 8)"),
@@ -215,3 +219,22 @@ def test_bad_data_is_refused_in_one_line_naming_host_and_key(changes, expected):
     assert message.startswith(expected)
     assert "\n" not in message
 
+
+@pytest.mark.parametrize("changes, first_line, keys", [
+    ({"max_len": 4}, "worker1: max_len: unknown key", "keys: profile, chip, npu_count,"),
+    ({"serving": {**WORKER["serving"], "tp": 4}}, "worker1: serving.tp: unknown key", "keys of serving: max_model_len,"),
+])
+def test_an_unknown_key_close_to_none_is_one_line_then_the_keys_wrapped_below(changes, first_line, keys):
+    with pytest.raises(FleetError) as caught:
+        config(**changes)
+    first, *listed = str(caught.value).splitlines()
+    assert first == first_line
+    assert listed[0].startswith(f"  {keys}") and all(line.startswith("    ") for line in listed[1:])
+    assert all(len(line) <= 100 for line in listed)
+
+
+def test_every_host_data_key_is_listed_under_an_unknown_one():
+    with pytest.raises(FleetError) as caught:
+        config(max_len=4)
+    listed = " ".join(str(caught.value).splitlines()[1:]).removeprefix("  keys: ").split(", ")
+    assert [key.strip() for key in listed] == [key for key in NodeConfig.model_fields if key != "host"]
