@@ -7,6 +7,7 @@ import difflib
 import reprlib
 from typing import get_args
 
+import pyinfra
 from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import PyinfraError
 
@@ -14,11 +15,26 @@ from pyinfra.api.exceptions import PyinfraError
 # throughout (another format, a wrong indent) is one line, not a screenful.
 SHOWN_PROBLEMS = 3
 
-class FleetError(PyinfraError):
+# pyinfra's CLI prints a CliError as `pyinfra error: <message>`, and any other PyinfraError raised
+# while a deploy file runs as `pyinfra error in <file> line <n>: <message>`, the line of ours that
+# raised it, which says nothing about the input. So inside pyinfra's CLI (`is_cli`, set before any
+# inventory or deploy code is loaded) a FleetError is a CliError too. Not elsewhere: importing
+# pyinfra_cli gevent-patches the standard library, too late in our own processes (see
+# tests/conftest.py), and typer would catch a click exception a command raises.
+if pyinfra.is_cli:
+    from pyinfra_cli.exceptions import CliError
+
+    _BASES: tuple[type[Exception], ...] = (PyinfraError, CliError)
+else:
+    _BASES = (PyinfraError,)
+
+
+class FleetError(*_BASES):
     """A failure the operator can act on: the message names what, where, and what to do.
 
     A PyinfraError, so raised while pyinfra prepares a deploy it stops the run before any
-    host is changed and prints `pyinfra error: <message>`, not a traceback.
+    host is changed and prints `pyinfra error: <message>`, not a traceback; `ascend-fleet`
+    prints it as `error: <message>`.
     """
 
 
