@@ -25,8 +25,9 @@ def plan(
         help="a pyinfra inventory: plan every instance of every worker with its own data")] = None,
     model_config: Annotated[Optional[Path], typer.Option(
         "--model-config", help="config.json, or the model directory holding it")] = None,
-    models_dir: Annotated[Path, typer.Option(
-        "--models-dir", help="with INVENTORY: local model configs as <org>/<name>/<revision>/config.json")] = MODELS_DIR,
+    models_dir: Annotated[Optional[Path], typer.Option(
+        "--models-dir", help="with INVENTORY: local model configs as <org>/<name>/<revision>/config.json "
+                             f"[default: {MODELS_DIR}]")] = None,
     chip: Annotated[str, typer.Option("--chip", help="NPU model: 910B3 or 910B4")] = "910B3",
     tp: Annotated[int, typer.Option("--tp", help="--tensor-parallel-size")] = 1,
     dp: Annotated[int, typer.Option("--dp", help="--data-parallel-size (engines, e.g. one per node)")] = 1,
@@ -43,8 +44,10 @@ def plan(
     With INVENTORY, chip, TP size and serving options come from each host's data and the
     model's config.json from --model-config, --models-dir or the model's http URL.
     """
+    if models_dir is not None:
+        check_models_dir(models_dir, inventory, model_config)
     if inventory is not None:
-        plan_inventory(inventory, model_config, models_dir, as_json)
+        plan_inventory(inventory, model_config, models_dir or MODELS_DIR, as_json)
         return
     if model_config is None:
         raise FleetError("plan: pass an INVENTORY, or --model-config for a single instance")
@@ -71,6 +74,20 @@ def plan(
         print_plan(result, model_config)
     if result.errors:
         raise FleetError(f"{result.verdict}: {result.errors[0].message}")
+
+
+def check_models_dir(models_dir: Path, inventory: Path | None, model_config: Path | None) -> None:
+    """A --models-dir given is one the plan reads: the planner would otherwise go on without it, to the
+    model's http URL or to a plan of --model-config, and say nothing."""
+    if not models_dir.is_dir():
+        raise FleetError(f"plan: --models-dir {models_dir}: no such directory; pass the directory holding "
+                         "<org>/<name>/<revision>/config.json, or leave the option out")
+    if inventory is None:
+        raise FleetError(f"plan: --models-dir {models_dir} is read only with an INVENTORY; pass one, or drop "
+                         "--models-dir")
+    if model_config is not None:
+        raise FleetError(f"plan: --models-dir {models_dir} is not read when --model-config names the config; "
+                         "drop one of them")
 
 
 def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path, as_json: bool) -> None:
