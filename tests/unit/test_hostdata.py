@@ -223,7 +223,7 @@ def test_bad_data_is_refused_in_one_line_naming_host_and_key(changes, expected):
 @pytest.mark.parametrize("changes, first_line, keys", [
     ({"max_len": 4}, "worker1: max_len: unknown key", "keys: profile, chip, npu_count,"),
     ({"serving": {**WORKER["serving"], "tp": 4}}, "worker1: serving.tp: unknown key", "keys of serving: max_model_len,"),
-])
+], ids=["max_len", "serving.tp"])
 def test_an_unknown_key_close_to_none_is_one_line_then_the_keys_wrapped_below(changes, first_line, keys):
     with pytest.raises(FleetError) as caught:
         config(**changes)

@@ -35,7 +35,7 @@ def full_deploy(tmp_path: Path, data: dict) -> subprocess.CompletedProcess:
      "(HCCL takes hccl_base_port and the next 15 ports)"),
     # Raised in the profile loader, and again by the stage that names the host.
     ({"profile": "nosuch"}, "@local: profile 'nosuch': no "),
-])
+], ids=["api port in its own hccl range", "unknown profile"])
 def test_a_data_error_stops_the_run_before_any_operation_with_our_line_alone(tmp_path, data, line):
     result = full_deploy(tmp_path, {**data, "fleet_state_dir": str(tmp_path)})
     output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)

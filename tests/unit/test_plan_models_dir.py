@@ -21,7 +21,7 @@ runner = CliRunner()
      "plan: --models-dir {tmp} is read only with an INVENTORY; pass one, or drop --models-dir"),
     (["inventories/prod.py", "--models-dir", "{tmp}", "--model-config", str(MODEL)],
      "plan: --models-dir {tmp} is not read when --model-config names the config; drop one of them"),
-])
+], ids=["no such directory", "without an inventory", "beside --model-config"])
 def test_a_models_dir_the_plan_would_not_read_is_refused_in_one_line(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(PROJECT_ROOT)
     result = runner.invoke(app, ["plan", *(arg.format(tmp=tmp_path) for arg in args)])

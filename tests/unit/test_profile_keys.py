@@ -32,7 +32,7 @@ def python_one_level_up(raw: dict) -> None:
     (misspell_a_checksum, f"packages.files.{FILE}.sha265: unknown key (did you mean `sha256`?); "
                           f"packages.files.{FILE}.sha256: missing"),
     (python_one_level_up, "python: unknown key (did you mean `stack.python`?); stack.python: missing"),
-])
+], ids=["stack.drivr", "sha265", "python one level up"])
 def test_a_misspelt_key_is_refused_naming_it_its_suggestion_and_what_is_missing(tmp_path, change, expected):
     shutil.copy(PROFILES / f"{NAME}.yaml", tmp_path)
     profile_file = tmp_path / f"{NAME}.yaml"
