@@ -52,11 +52,11 @@ def describe_validation(exc: ValidationError, model: type[BaseModel], hidden: fr
 def unknown_keys_without_match(exc: ValidationError, model: type[BaseModel],
                                hidden: frozenset[str] = frozenset()) -> dict[str, list[str]]:
     """Each unknown key nothing is suggested for -> the keys valid where it stands."""
-    return {_where(error["loc"]): valid_keys(model, error["loc"][:-1], hidden) for error in exc.errors()
+    return {_where(error["loc"]): _valid_keys(model, error["loc"][:-1], hidden) for error in exc.errors()
             if error["type"] == "extra_forbidden" and not _suggestions(model, error["loc"], hidden)}
 
 
-def valid_keys(model: type[BaseModel], loc: tuple, hidden: frozenset[str] = frozenset()) -> list[str]:
+def _valid_keys(model: type[BaseModel], loc: tuple, hidden: frozenset[str] = frozenset()) -> list[str]:
     """The keys of the model at `loc` (field names, list indexes, dict keys) inside `model`."""
     for part in loc:
         if isinstance(part, str) and part in model.model_fields:
@@ -81,7 +81,7 @@ def _problem(error: dict, model: type[BaseModel], hidden: frozenset[str]) -> str
 def _suggestions(model: type[BaseModel], loc: tuple, hidden: frozenset[str]) -> list[str]:
     """The known keys close to an unknown one where it stands; else where else the same key is known."""
     key = str(loc[-1])
-    close = difflib.get_close_matches(key, valid_keys(model, loc[:-1], hidden), n=2)
+    close = difflib.get_close_matches(key, _valid_keys(model, loc[:-1], hidden), n=2)
     return close or [path for path, name in _key_paths(model) if name == key]
 
 
