@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab import network, processes
+from ascend_fleet.lab import cgroups, network, processes
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root, start_mirror
@@ -149,6 +149,7 @@ REMOVERS = {
     "process": lambda entry: stop_recorded_process(entry),
     "loop-mount": remove_loop_mount,
     "mount": remove_mount,
+    "cgroups": cgroups.remove,
     "netns": network.remove_netns,
     "link": network.remove_link,
     "bridge": network.remove_link,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab import processes
+from ascend_fleet.lab import cgroups, processes
 from ascend_fleet.lab.host import quiet, run
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
@@ -198,14 +198,18 @@ def remove_mount(entry: dict) -> None:
 
 def start_node(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
     home = node_dir(spec.lab_dir, node.name)
+    # Recorded before the supervisor, so `lab down` removes them after its processes are gone.
+    state.record("cgroups", node=node.name, paths=[str(path) for path in cgroups.node_cgroups(spec.name, node.name)])
     entry = state.record("process", role=f"node {node.name}", marker=str(home), pid=None,
                          child_pidfile=str(home / "nspawn.pid"))
     spawn_supervisor(state, entry, home)
 
 
 def spawn_supervisor(state: LabState, entry: dict, home: Path) -> None:
-    """Start the node's supervisor and record its PID in the node's (existing) process entry."""
-    entry["pid"] = processes.spawn([sys.executable, "-m", "ascend_fleet.lab.supervisor", str(home)],
+    """Start the node's supervisor, in the node's own cgroups, and record its PID in the node's
+    (existing) process entry."""
+    own = [path for recorded in state.find("cgroups", node=home.name) for path in recorded["paths"]]
+    entry["pid"] = processes.spawn([sys.executable, "-m", "ascend_fleet.lab.supervisor", str(home), *own],
                                    home / "console.log")
     state.save()
 

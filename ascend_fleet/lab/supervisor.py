@@ -5,7 +5,9 @@ means the node powered off or failed, and the supervisor ends too. A `hold` file
 the node directory keeps a rebooting node down (a node that does not come back),
 until it is removed.
 
-Run as: python -m ascend_fleet.lab.supervisor NODE_DIR   (argv for nspawn in NODE_DIR/nspawn.json)
+Run as: python -m ascend_fleet.lab.supervisor NODE_DIR [CGROUP...]
+(argv for nspawn in NODE_DIR/nspawn.json; the node's own cgroups, which the supervisor joins
+first so that nspawn's payload is the node's alone: ascend_fleet/lab/cgroups.py)
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ascend_fleet.lab.cgroups import join
 
 REBOOT_EXIT_CODE = 133
 SHUTDOWN_GRACE_SECONDS = 30
@@ -82,4 +86,5 @@ class Supervisor:
 
 
 if __name__ == "__main__":
+    join(sys.argv[2:])
     sys.exit(Supervisor(Path(sys.argv[1])).run())

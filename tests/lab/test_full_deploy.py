@@ -115,6 +115,22 @@ def test_second_run_changes_nothing(lab, deployed):
     assert planned_changes(lab.pyinfra("--dry", "deploys/full.py").stdout) == []
 
 
+def test_every_boot_of_the_whole_fleet_loads_each_workers_firewall_and_fails_no_unit(lab, deployed):
+    """The workers rebooted together, five times, as a power cut or a fleet-wide driver reboot does:
+    units of the same name start on every node at once (issue 17: the firewall was once found
+    inactive on one worker after the driver reboot, 219/CGROUP)."""
+    for boot in range(1, 6):
+        before = {worker: lab.boot_id(worker) for worker in WORKERS}
+        lab.pyinfra("server.reboot", "--limit", "workers")
+        for worker in WORKERS:
+            assert lab.boot_id(worker) != before[worker], f"boot {boot}: {worker} did not reboot"
+            state = lab.run(worker, "systemctl is-system-running --wait; systemctl --failed --no-legend --plain; "
+                                    "nft list table inet ascend_fleet > /dev/null && echo table loaded", check=False)
+            assert state.stdout.split() == ["running", "table", "loaded"], f"boot {boot}, {worker}: {state.stdout}"
+    reply = chat_through_gateway(lab)
+    assert reply.status_code == 200, reply.text
+
+
 def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_refused(lab, deployed):
     """The stand-ins carry the real wheels' pins, so the lab meets what a real node meets: one pip
     run of every pin is a conflict on torch (PyPI's vllm pins its own), the guide's steps succeed,

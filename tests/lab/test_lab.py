@@ -69,8 +69,20 @@ def test_nodes_report_their_simulated_hardware(lab):
     assert 7 * 1024**3 < size <= 8 * 1024**3
 
 
+def test_every_node_runs_in_cgroups_of_its_own(lab):
+    """Nodes sharing one cgroup tree fail each other's units: a unit starting on one node while
+    the same unit ends on another finds its cgroup removed (219/CGROUP, issue 17)."""
+    trees = {}
+    for node in lab.nodes:
+        nspawn = (TEST_LAB_DIR / "nodes" / node / "nspawn.pid").read_text().strip()
+        init = Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()[0]
+        trees[node] = Path(f"/proc/{init}/cgroup").read_text()
+        assert f"ascend-fleet-lab-t{TEST_NET}-{node}/" in trees[node], trees[node]
+    assert len(set(trees.values())) == len(trees), trees
+
+
 def lab_footprint(lab_dir: Path, name: str, pids: list[int]) -> list[str]:
-    """What of a lab is on the host: links, mounts, firewall table, processes."""
+    """What of a lab is on the host: links, mounts, firewall table, cgroups, processes."""
     leftovers = []
     mounts = Path("/proc/mounts").read_text()
     leftovers += [f"mount {line.split()[1]}" for line in mounts.splitlines() if str(lab_dir) in line]
@@ -85,6 +97,7 @@ def lab_footprint(lab_dir: Path, name: str, pids: list[int]) -> list[str]:
             leftovers.append(f"process {stat.parent.name} (group {pgrp})")
     nft = os.popen("nft list tables").read()
     leftovers += [f"nft table af_{name}"] if f"af_{name}" in nft else []
+    leftovers += [f"cgroup {path}" for path in Path("/sys/fs/cgroup").glob(f"**/ascend-fleet-lab-{name}-*")]
     return leftovers
 
 
