@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from ascend_fleet.lab.lab import fleet_state_dir
 from ascend_fleet.loadgen import LoadGenerator
 from tests.lab.conftest import PROJECT, Lab
 
@@ -70,6 +71,26 @@ def rollout(lab: Lab, *args: str, check: bool = True):
     return result, json.loads(result.stdout) if "--json" in args and result.stdout.strip() else None
 
 
+def break_health(lab: Lab, node: str) -> None:
+    """The node's vllm-0 comes back from its next restart "started" but never loads (/health stays 503)."""
+    lab.run(node, f"mkdir -p {FAULT_DROPIN.rsplit('/', 1)[0]} && printf '%s\\n' '[Service]' "
+                  "'Environment=VLLM_SIM_LOAD_BASE_SECONDS=100000' 'ExecStartPost=' 'ExecStartPost=/bin/true' "
+                  f"> {FAULT_DROPIN} && systemctl daemon-reload")
+
+
+def heal(lab: Lab, node: str) -> None:
+    """The operator's fix: remove the fault and restart the instance."""
+    lab.run(node, f"rm -r {FAULT_DROPIN.rsplit('/', 1)[0]} && systemctl daemon-reload && "
+                  "systemctl restart ascend-fleet-vllm-0")
+
+
+def fleet_state(lab: Lab) -> dict[str, str]:
+    """The control machine's record of the lab (drained set, colours, rollout) and its pyinfra logs."""
+    directory = fleet_state_dir(lab.lab_dir)
+    return {path.name: path.read_text() if path.is_file() else str(sorted(p.name for p in path.iterdir()))
+            for path in (directory.iterdir() if directory.exists() else [])}
+
+
 def test_a_config_change_rolls_out_canary_wave1_wave2_without_failing_a_request(lab, serving):
     with under_load(serving, "config rollout"):
         result, record = rollout(lab, "--data", buffsize_data(256), "--json")
@@ -83,11 +104,21 @@ def test_a_config_change_rolls_out_canary_wave1_wave2_without_failing_a_request(
     assert " down;" not in gateway_config(lab)
 
 
+def test_a_rollout_of_a_deploy_file_that_does_not_exist_changes_nothing(lab, serving):
+    before = gateway_config(lab), fleet_state(lab), [unit_starts(lab, node) for node in lab.workers]
+    result = lab.cli("rollout", "inventories/lab.py", "deploys/nosuch.py", check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: rollout changed nothing: deploys/nosuch.py: no such deploy file in {PROJECT}; pass one of "
+        "deploys/*.py, e.g. deploys/full.py, and run ascend-fleet where pyinfra runs"]
+    # Nothing drained, nothing recorded, no pyinfra run (its log would be in the state), no restart.
+    assert (gateway_config(lab), fleet_state(lab), [unit_starts(lab, node) for node in lab.workers]) == before
+    resumed, _ = rollout(lab, "--resume", check=False)
+    assert "--resume: no stopped rollout is recorded" in resumed.stderr
+
+
 def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_it(lab, serving):
-    # worker2's vllm-0 comes back from its restart "started" but never loads (/health stays 503).
-    lab.run("worker2", f"mkdir -p {FAULT_DROPIN.rsplit('/', 1)[0]} && printf '%s\\n' '[Service]' "
-                       "'Environment=VLLM_SIM_LOAD_BASE_SECONDS=100000' 'ExecStartPost=' 'ExecStartPost=/bin/true' "
-                       f"> {FAULT_DROPIN} && systemctl daemon-reload")
+    break_health(lab, "worker2")
     wave2_before = unit_starts(lab, "worker3")
     with under_load(serving, "stopped rollout"):
         result, record = rollout(lab, "--data", buffsize_data(512), "--json", check=False)
@@ -107,15 +138,43 @@ def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_i
         # A fresh rollout is refused while this one is stopped.
         refused, _ = rollout(lab, "--data", buffsize_data(512), check=False)
         assert "add --resume" in refused.stderr
-        # The operator's fix: remove the fault and restart the instance.
-        lab.run("worker2", f"rm -r {FAULT_DROPIN.rsplit('/', 1)[0]} && systemctl daemon-reload && "
-                           "systemctl restart ascend-fleet-vllm-0")
+        heal(lab, "worker2")
         resumed, record = rollout(lab, "--resume", "--json")
     assert record["ok"], resumed.stderr
     assert [s["status"] for s in record["steps"]] == ["done", "done", "done"]
     assert instance_env(lab, "worker3").count("HCCL_BUFFSIZE=512") == 2
     assert " down;" not in gateway_config(lab)
     summary = LOAD_RESULTS["stopped rollout"]
+    assert summary["requests"] > 20 and summary["errors"] == 0, summary
+
+
+def test_a_stopped_rollout_can_be_abandoned_and_the_fleet_is_whole_again(lab, serving):
+    break_health(lab, "worker2")
+    worker2 = address(lab, "worker2")
+    with under_load(serving, "abandoned rollout"):
+        result, record = rollout(lab, "--data", buffsize_data(1024), "--json", check=False)
+        assert [s["status"] for s in record["steps"]] == ["done", "failed", "pending"], result.stderr
+        # worker2's vllm-0 still fails its gate: it stays out, named; vllm-1 passes and goes back.
+        abandoned = lab.cli("rollout", "inventories/lab.py", "--abandon", check=False)
+        assert abandoned.returncode == 1
+        assert abandoned.stderr.strip().splitlines()[-1] == (
+            "error: rollout abandoned, but worker2/vllm-0 (gate health: /health answers 503) stays out of the "
+            "gateway: fix it, then run ascend-fleet rollout inventories/lab.py --abandon again to put it back")
+        config = gateway_config(lab)
+        assert f"{worker2}:8000 max_fails=2 fail_timeout=10s down;" in config
+        assert f"{worker2}:8001 max_fails=2 fail_timeout=10s;" in config
+        # The rollout is over: nothing to resume.
+        assert "--resume: no stopped rollout is recorded" in rollout(lab, "--resume", check=False)[0].stderr
+        heal(lab, "worker2")
+        again = lab.cli("rollout", "inventories/lab.py", "--abandon")
+    assert again.stdout.strip() == ("abandoned; every instance it drained is back in the gateway. Its change is on "
+                                    "canary, maybe on wave1 (where it stopped), not on wave2.")
+    config = gateway_config(lab)
+    assert " down;" not in config
+    for node in lab.workers:
+        for port in (8000, 8001):
+            assert f"{address(lab, node)}:{port} max_fails=2 fail_timeout=10s;" in config
+    summary = LOAD_RESULTS["abandoned rollout"]
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
 
 
