@@ -180,6 +180,9 @@ def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any
     problem = unit_problem(status.unit, unit_name(instance))
     if problem:
         status.problems.append(problem)
+    elif int(status.unit.get("NRestarts") or 0):
+        last = f": {status.unit['last_exit']}" if status.unit.get("last_exit") else ""
+        status.warnings.append(f"restarted by systemd {status.unit['NRestarts']} times since its deploy{last}")
 
     npu_smi = facts.get("npus") or {"ok": False, "error": "npu-smi output unreadable", "npus": []}
     by_id = {npu["id"]: npu for npu in npu_smi["npus"]}

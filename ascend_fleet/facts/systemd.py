@@ -6,7 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result")
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts")
 
 
 class InstanceEnvironments(FactBase):
@@ -23,10 +23,13 @@ class InstanceEnvironments(FactBase):
 
 class UnitState(FactBase):
     """Where a unit is and why: {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
-    "Result": "exit-code", "last_line": "ERROR ... NPU 0 is already in use"}. last_line is the
+    "Result": "exit-code", "NRestarts": "2", "last_line": "ERROR ... NPU 0 is already in use",
+    "last_exit": "Main process exited, code=exited, status=0/SUCCESS"}. last_line is the
     last thing the unit's own processes logged (not systemd's messages about it), "" if nothing:
     the main process's own last line when it failed (its error, not the start check's "exited
-    before /health answered"), else the unit's."""
+    before /health answered"), else the unit's. last_exit is systemd's line about the main
+    process's last exit, "" if none is in the journal. NRestarts counts systemd's own restarts
+    (Restart=) since the unit was last started by hand or by a deploy."""
 
     def command(self, unit: str) -> str:
         quoted = shlex.quote(unit)
@@ -36,8 +39,10 @@ class UnitState(FactBase):
                 f"line=; if [ \"$(systemctl show -P ExecMainStatus {quoted} 2>/dev/null)\" != 0 ]; then "
                 f"line=$({journal} _PID=$main 2>/dev/null); fi; "
                 f"[ -n \"$line\" ] || line=$({journal} 2>/dev/null); "
-                f"echo \"last_line=$line\"; true")
+                f"echo \"last_line=$line\"; "
+                f"echo \"last_exit=$(journalctl --no-pager -q -o cat -u {quoted} --grep 'Main process exited' -n 1 "
+                f"2>/dev/null)\"; true")
 
     def process(self, output: list[str]) -> dict[str, str]:
         state = dict(line.split("=", 1) for line in output if "=" in line)
-        return {key: state.get(key, "") for key in (*UNIT_PROPERTIES, "last_line")}
+        return {key: state.get(key, "") for key in (*UNIT_PROPERTIES, "last_line", "last_exit")}

@@ -13,6 +13,7 @@ import shlex
 import time
 from pathlib import Path
 
+import openai
 import pytest
 import requests
 
@@ -113,6 +114,67 @@ def test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] == 8
+
+
+def engine_comm_pids(lab: Lab) -> dict[str, str]:
+    """The instance's processes by name (ps truncates comm to 15 characters), as PIDs."""
+    out = lab.run("worker1", f"ps -eo unit=,pid=,comm= | grep '^{UNIT} '").stdout
+    return {comm: pid for _, pid, comm in (line.split(maxsplit=2) for line in out.splitlines())}
+
+
+# What clients of an OpenAI-compatible server send, through the official client. The tiny model
+# has no tool parser configured: vLLM refuses `tool_choice="auto"` with a 400, which is a clear answer.
+CLIENT_REQUESTS = {
+    "chat": lambda client: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8),
+    "chat streamed with usage": lambda client: list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True})),
+    "completion with logprobs": lambda client: client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=4, logprobs=2),
+    "chat with logprobs": lambda client: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4, logprobs=True, top_logprobs=2),
+    "tools": lambda client: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=8, tool_choice="auto",
+        tools=[{"type": "function", "function": {"name": "weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]),
+    "JSON response format": lambda client: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Reply in JSON"}], max_tokens=8,
+        response_format={"type": "json_object"}),
+}
+
+
+@pytest.mark.parametrize("request_kind", CLIENT_REQUESTS)
+def test_what_real_clients_send_is_answered_and_the_instance_survives_it(real_lab, deployed, request_kind):
+    """Issue 17: logprobs once crashed the engine (torch inductor wanted g++) and, as vLLM then
+    exited 0, the instance stayed down."""
+    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    client = openai.OpenAI(base_url=f"http://{gateway}/v1", api_key="unused", timeout=120, max_retries=0)
+    engine = engine_comm_pids(real_lab)["VLLM::EngineCor"]
+    try:
+        answer = CLIENT_REQUESTS[request_kind](client)
+        assert answer, request_kind
+    except openai.BadRequestError as refused:  # a 400 naming what the server does not support
+        assert refused.status_code == 400 and refused.message, refused
+    assert engine_comm_pids(real_lab).get("VLLM::EngineCor") == engine, f"{request_kind}: the engine restarted"
+    assert requests.get(f"http://{gateway}/v1/models", timeout=30).status_code == 200
+
+
+def test_an_instance_whose_engine_dies_is_brought_back_by_systemd(real_lab, deployed):
+    """Real vLLM's API server exits 0 when its engine process dies (EngineDeadError): only
+    Restart=always brings it back, after RestartSec, with no deploy."""
+    engine = engine_comm_pids(real_lab)["VLLM::EngineCor"]
+    real_lab.run("worker1", f"kill -KILL {engine}")
+    restart_delay = int(real_lab.run("worker1", f"systemctl show -P RestartUSec {UNIT}").stdout.strip()
+                        .removesuffix("s") or 0)
+    deadline = time.monotonic() + restart_delay + 300  # the delay, then a real vLLM start on 2 cores
+    while real_lab.run("worker1", f"systemctl is-active {UNIT}", check=False).stdout.strip() != "active" \
+            or engine_comm_pids(real_lab).get("VLLM::EngineCor") in (None, engine):
+        assert time.monotonic() < deadline, real_lab.run("worker1", f"systemctl status --no-pager {UNIT}",
+                                                         check=False).stdout
+        time.sleep(3)
+    assert int(real_lab.run("worker1", f"systemctl show -P NRestarts {UNIT}").stdout) >= 1
+    test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab, deployed)
 
 
 def test_vllm_bench_serve_runs_to_completion_against_the_real_instance(real_lab, deployed, results_dir):

@@ -163,6 +163,18 @@ def test_a_failed_unit_is_red_with_systemds_result_and_its_last_log_line():
                                             "/health answers nothing"]
 
 
+def test_an_instance_systemd_brought_back_is_yellow_with_how_its_last_process_ended():
+    profile = load_profile("lab")
+    config = node_config(WORKER_DATA, "worker1")
+    facts = worker_facts(profile)
+    facts["unit:vllm-0"] |= {"NRestarts": "2", "last_exit": "Main process exited, code=exited, status=0/SUCCESS"}
+    status = host_status(config, profile, HostFacts("worker1", facts))
+    assert status.ok  # it serves again
+    assert status.instances[0].warnings == [
+        "restarted by systemd 2 times since its deploy: Main process exited, code=exited, status=0/SUCCESS"]
+    assert status.instances[1].warnings == []
+
+
 def test_an_unreachable_host_is_a_red_row_per_instance():
     config = node_config(WORKER_DATA, "worker1")
     status = host_status(config, load_profile("lab"), HostFacts("worker1", error="cannot connect over SSH: timed out"))
