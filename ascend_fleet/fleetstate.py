@@ -6,6 +6,10 @@
   stage, and hostdata.host_node_config for the instances), so a plain
   `pyinfra INVENTORY deploys/full.py` never puts back an instance a stopped rollout
   left drained, nor starts the colour a swap stopped.
+- `served` in `gateway.json`: per worker, the instances that passed their gate since they last
+  (re)started. The gateway routes only to those, so an instance that never served (its host
+  refused, its start failed) is never a backend. A worker with no entry has not been deployed
+  since this was kept: all its instances count, as before.
 - `rollout.json`: the steps of the last rollout or model swap and how far it got, so
   `--resume` continues at the step that failed (or `--abandon` puts back what it drained).
 - `lock`: held by the one rollout, swap or abandon changing the fleet (`exclusive`).
@@ -55,6 +59,14 @@ class FleetState:
     def set_colours(self, colours: dict[str, str]) -> None:
         document = self._read(GATEWAY_FILE, {})
         self._write(GATEWAY_FILE, {**document, "colours": {**document.get("colours", {}), **colours}})
+
+    def served(self) -> dict[str, set[str]]:
+        """Instances that served, by worker; a worker missing has no record (see the module's doc)."""
+        return {host: set(names) for host, names in self._read(GATEWAY_FILE, {}).get("served", {}).items()}
+
+    def set_served(self, host: str, names: set[str]) -> None:
+        document = self._read(GATEWAY_FILE, {})
+        self._write(GATEWAY_FILE, {**document, "served": {**document.get("served", {}), host: sorted(names)}})
 
     def rollout(self) -> dict | None:
         return self._read(ROLLOUT_FILE, None)

@@ -186,6 +186,10 @@ class NodeConfig(_Strict):
     colour: Literal[COLOURS] = Field(BLUE, description="which of two instance sets serves: blue is `instances`, "
                                      "green the same beside them (colour_instances); a blue/green swap flips it "
                                      "and the fleet state records it, see host_node_config")
+    max_unavailable: int = Field(1, ge=1, description="the most instances a plain deploy restarts at once while "
+                                 "they serve through the gateway, each back on /health before the next (one: a "
+                                 "config change costs the fleet one instance's capacity at a time, and nginx "
+                                 "sends that instance's share to the others); a rollout drains them instead")
     reboot_timeout: int = Field(900, gt=0, description="seconds the driver stage waits for a node to answer "
                                 "SSH again after its reboot before it reports the node as not back")
     instance_firewall: bool = Field(True, description="workers: nftables lets only the gateway hosts, "

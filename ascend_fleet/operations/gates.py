@@ -5,26 +5,31 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import operation
 
 
 @operation()
-def passed(description: str, find_problem: Callable[[], str | None]):
+def passed(description: str | Callable[[], str], find_problem: Callable[[], str | None]):
     """
     Stop the host here unless find_problem() finds nothing. It runs when the deploy executes,
     after the operations before it, so it sees the node as they left it (a driver loaded by
     the reboot, a service started).
 
-    + description: what holds when the gate passes, e.g. "8 NPUs listed, all healthy"
+    + description: what holds when the gate passes, e.g. "8 NPUs listed, all healthy", or a function
+      that says it when the gate runs, shown in the run's output (what it could check depends on
+      the node, and the operator needs to know)
     + find_problem: reads facts and returns None, or one line saying what is wrong and what to do
     """
     if not host.state.is_executing:
-        host.noop(f"{description} (checked when the deploy runs)")
+        host.noop(f"{description if isinstance(description, str) else 'a gate'} (checked when the deploy runs)")
         return
     problem = find_problem()
     if problem is None:
-        host.noop(description)
+        if isinstance(description, str):
+            host.noop(description)
+        else:
+            logger.info(f"{host.print_prefix}{description()}")
         return
     yield f"echo {shlex.quote(f'{host.name}: {problem}')} >&2; exit 1"
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pyinfra.api import operation
 
 from ascend_fleet.operations.config import checked_config
 
 
 @operation()
-def nginx_config(dest: str, content: str):
+def nginx_config(dest: str, content: str | Callable[[], str]):
     """
     Put an nginx config in place and reload nginx, keeping the old one serving if the new one fails.
 
     + dest: the config file (e.g. /etc/nginx/conf.d/ascend-fleet.conf)
-    + content: its full text
+    + content: its full text, or a function that makes it when the operation runs (so it sees
+      what the run's earlier operations recorded)
     """
-    yield from checked_config._inner(dest=dest, content=content, check="nginx -t", service="nginx",
+    text = content() if callable(content) else content
+    yield from checked_config._inner(dest=dest, content=text, check="nginx -t", service="nginx",
                                      what="gateway config")

@@ -24,7 +24,7 @@ from ascend_fleet.facts.ascend import Glibc, HttpAnswer, NpuDeviceHolders, NpuSt
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.hostdata import NodeConfig, host_node_config
-from ascend_fleet.operations import gates
+from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.files.stage_weights import MANIFEST_NAME, revision_dir
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.profile import Profile
@@ -32,7 +32,7 @@ from ascend_fleet.stack_platform import platform_problem
 from ascend_fleet.stages.context import node_profile, pip_index_url
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
-from ascend_fleet.stages.serving import GATEWAY_API_KEY_FILE, instance_env_file, unit_name
+from ascend_fleet.stages.serving import GATEWAY_API_KEY_FILE, instance_problem, still_serving
 
 SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
 GATEWAY_SETTLE_SECONDS = 30
@@ -113,6 +113,14 @@ def npus_before_deploy(config: NodeConfig) -> str | None:
     return None  # no driver yet and nothing on the bus to count: the driver stage's gate counts them
 
 
+def npus_checked_before_deploy(config: NodeConfig) -> str:
+    """What preflight could check of the NPUs: a fresh node has no driver, so npu-smi cannot read them yet."""
+    if host.get_fact(NpuStatus)["ok"]:
+        return f"{config.npu_count} NPUs listed, all healthy"
+    return (f"no NPU driver yet: {config.npu_count} NPUs are counted and their health read after the driver, "
+            "firmware and reboot (the driver stage's gate stops the node there if one is unhealthy)")
+
+
 def foreign_device_holders() -> str | None:
     holders = [h for h in host.get_fact(NpuDeviceHolders) if not h["unit"].startswith("ascend-fleet-")]
     if holders:
@@ -141,6 +149,10 @@ def preflight_stage() -> None:
     check_fleet_plan_once()
     if config.is_worker:
         check_vendor_files(profile, host.get_fact(Arch))
+        # First: a node refused below, or one whose instance died since the last run, routes nothing new.
+        served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",
+                                        why="found down", fleet_state_dir=config.fleet_state_dir,
+                                        still_serving=lambda recorded: still_serving(config, recorded))
     gates.passed(name="Supported system, architecture and root", description="system, architecture and root OK",
                  find_problem=lambda: system_problem(profile))
     if not config.is_worker:
@@ -152,7 +164,7 @@ def preflight_stage() -> None:
     gates.passed(name="Local NVMe mounted, room for the weights",
                  description=f"{config.nvme_mount} mounted, room for {config.model.id}@{config.model.revision}",
                  find_problem=lambda: nvme_problem(config))
-    gates.passed(name="NPU count and health", description=f"{config.npu_count} NPUs, healthy where visible",
+    gates.passed(name="NPU count and health", description=lambda: npus_checked_before_deploy(config),
                  find_problem=lambda: npus_before_deploy(config))
     gates.passed(name="No foreign process on the NPUs", description="/dev/davinci* free or ours",
                  find_problem=foreign_device_holders)
@@ -183,18 +195,6 @@ def model_problem(config: NodeConfig, venv: str) -> str | None:
         return f"transformers cannot load {model_path}: {result['output']}; check the profile's transformers version"
     if result["output"].endswith("probe-mismatch"):
         return f"the tokenizer at {model_path} does not reproduce the manifest's probe ids; restage the weights"
-    return None
-
-
-def instance_problem(config: NodeConfig, port: int, name: str, api_key_file: str) -> str | None:
-    health = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/health")
-    if health["status"] != 200:
-        return (f"instance {name} (port {port}) /health answers {health['status'] or 'nothing'}; "
-                f"see `journalctl -u {name}`")
-    models = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/v1/models", api_key_file=api_key_file)
-    served = [m.get("id") for m in json.loads(models["body"] or "{}").get("data", [])]
-    if config.model.served_model_name not in served:
-        return f"instance {name} serves {served}, not {config.model.served_model_name}"
     return None
 
 
@@ -242,5 +242,4 @@ def verify_stage() -> None:
                  find_problem=lambda: model_problem(config, venv))
     for instance in config.instances:
         gates.passed(name=f"Instance {instance.name} healthy", description=f"{instance.name} /health 200, model served",
-                     find_problem=lambda i=instance: instance_problem(config, i.port, unit_name(i),
-                                                                      instance_env_file(i)))
+                     find_problem=lambda i=instance: instance_problem(config, i))

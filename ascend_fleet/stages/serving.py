@@ -13,10 +13,10 @@ from pyinfra.operations import apt, files, server, systemd
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
 from ascend_fleet.facts.ascend import HttpAnswer
-from ascend_fleet.facts.systemd import InstanceEnvironments
+from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
-from ascend_fleet.operations import gates, gateway, private, units, weights
+from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.remote import FactQuery
@@ -38,8 +38,8 @@ START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
 GATEWAY_UPSTREAM = {"max_fails": 2, "fail_timeout": 10, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
 
 
-def unit_name(instance: Instance) -> str:
-    return f"ascend-fleet-{instance.name}.service"
+def unit_name(instance: Instance | str) -> str:
+    return f"ascend-fleet-{instance if isinstance(instance, str) else instance.name}.service"
 
 
 def instance_env_file(instance: Instance) -> str:
@@ -54,6 +54,26 @@ def instance_http_query(port: int, api_key_file: str, path: str, timeout_seconds
     return FactQuery(HttpAnswer, {"url": f"http://127.0.0.1:{port}{path}",
                                   "json_body": json.dumps(json_body) if json_body else None,
                                   "timeout_seconds": timeout_seconds, "api_key_file": api_key_file})
+
+
+def instance_problem(config: NodeConfig, instance: Instance) -> str | None:
+    """An instance's gate, asked on its node: /health answers 200 and /v1/models serves the model."""
+    unit, port = unit_name(instance), instance.port
+    health = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/health")
+    if health["status"] != 200:
+        return f"instance {unit} (port {port}) /health answers {health['status'] or 'nothing'}; see `journalctl -u {unit}`"
+    models = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/v1/models", api_key_file=instance_env_file(instance))
+    served = [m.get("id") for m in json.loads(models["body"] or "{}").get("data", [])]
+    if config.model.served_model_name not in served:
+        return f"instance {unit} serves {served}, not {config.model.served_model_name}"
+    return None
+
+
+def still_serving(config: NodeConfig, recorded: set[str] | None) -> set[str]:
+    """Of the instances the record has for this host (all it lists, where it has none yet), those
+    whose unit is active now: one that stopped or failed since leaves the gateway."""
+    names = recorded if recorded is not None else {instance.name for instance in config.instances}
+    return {name for name in names if host.get_fact(UnitState, unit=unit_name(name))["ActiveState"] == "active"}
 
 
 def stack_fingerprint(profile: Profile) -> str:
@@ -133,9 +153,32 @@ def serve_stage() -> None:
                            settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
                            model_id=model.id, revision=model.revision, api_key=api_key()))
         changed = unit.will_change or environment.will_change
+        # One that the gateway routes to restarts at most max_unavailable at a time across the fleet
+        # (pyinfra's _parallel: hosts in batches, each restart waits for /health); others all at once.
+        routed = changed and serving_through_gateway(config, instance)
+        if changed:
+            served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
+                                            why="restarting", fleet_state_dir=config.fleet_state_dir,
+                                            still_serving=lambda recorded, n=instance.name: (recorded or set()) - {n})
         units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=unit_name(instance))
         systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
-                        enabled=True, restarted=changed, daemon_reload=changed)
+                        enabled=True, restarted=changed and not routed, daemon_reload=changed and not routed)
+        systemd.service(name=f"Instance {instance.name} restarted, {config.max_unavailable} at a time while the "
+                        "others serve", service=unit_name(instance), running=True, enabled=True, restarted=routed,
+                        daemon_reload=routed, _parallel=config.max_unavailable)
+        served.instance_served(name=f"Instance {instance.name} in the gateway's record once healthy",
+                               fleet_state_dir=config.fleet_state_dir, instance=instance.name,
+                               find_problem=lambda i=instance: instance_problem(config, i))
+
+
+def serving_through_gateway(config: NodeConfig, instance: Instance) -> bool:
+    """The instance runs now and the gateway routes to it (served, not drained): restarting it
+    takes capacity from clients."""
+    state = FleetState(config.fleet_state_dir)
+    served_here = state.served().get(config.host)
+    routed = (served_here is None or instance.name in served_here) and \
+        backend_key(config.host, instance.name) not in state.drained()
+    return routed and host.get_fact(UnitState, unit=unit_name(instance))["ActiveState"] == "active"
 
 
 def retire_instances(config: NodeConfig) -> None:
@@ -146,25 +189,40 @@ def retire_instances(config: NodeConfig) -> None:
     for name in host.get_fact(InstanceEnvironments, directory=INSTANCE_ENV_DIR):
         if name in listed:
             continue
-        unit = f"ascend-fleet-{name}.service"
+        unit = unit_name(name)
+        served.instances_out_of_service(name=f"Instance {name} out of the gateway's record", why="retired",
+                                        fleet_state_dir=config.fleet_state_dir,
+                                        still_serving=lambda recorded, n=name: (recorded or set()) - {n})
         systemd.service(name=f"Instance {name} stopped (not in the data)", service=unit, running=False, enabled=False)
         files.file(name=f"No unit {unit}", path=f"/etc/systemd/system/{unit}", present=False)
         files.file(name=f"No environment of {name}", path=f"{INSTANCE_ENV_DIR}/{name}.env", present=False)
         systemd.daemon_reload(name=f"Units without {name}")
 
 
-def fleet_backends(drained: set[str]) -> list[dict]:
-    """Every instance of every worker in the inventory, as the gateway addresses it; those in
-    `drained` (host/instance) are kept out of rotation. Each worker's instances are those of the
-    colour it serves with (host_node_config)."""
+def fleet_backends(state: FleetState) -> list[dict]:
+    """Every instance of every worker in the inventory that has served (fleetstate.py), as the
+    gateway addresses it; those drained (host/instance) are kept out of rotation. Each worker's
+    instances are those of the colour it serves with (host_node_config)."""
+    drained, served = state.drained(), state.served()
     backends = []
     for worker in inventory:  # every host, also those a --limit leaves out
         config = host_node_config(worker)
+        if not config.is_worker:
+            continue
         address = worker.data.get("ssh_hostname") or worker.name
         backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,
                       "drained": backend_key(worker.name, i.name) in drained}
-                     for i in config.instances] if config.is_worker else []
+                     for i in config.instances if worker.name not in served or i.name in served[worker.name]]
     return backends
+
+
+def gateway_config(config: NodeConfig) -> str:
+    """The gateway's nginx config over the instances that have served, as the fleet state has them now."""
+    backends = fleet_backends(FleetState(config.fleet_state_dir))
+    return render(TEMPLATES / "nginx-gateway.conf.j2", upstream=config.gateway.upstream_name,
+                  listen_port=config.gateway.listen_port, backends=backends,
+                  # Every server once: a request is not answered 502 while one instance can take it.
+                  next_upstream_tries=sum(not backend["drained"] for backend in backends), **GATEWAY_UPSTREAM)
 
 
 @deploy("Gateway")
@@ -176,10 +234,9 @@ def gateway_stage() -> None:
         return
     apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
     files.link(name="No default site", path="/etc/nginx/sites-enabled/default", present=False)
-    content = render(TEMPLATES / "nginx-gateway.conf.j2", upstream=config.gateway.upstream_name,
-                     listen_port=config.gateway.listen_port,
-                     backends=fleet_backends(FleetState(config.fleet_state_dir).drained()), **GATEWAY_UPSTREAM)
-    gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG, content=content)
+    # Made when the operation runs: the instances this run's serve stage found serving, and no others.
+    gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG,
+                         content=lambda: gateway_config(config))
     key = api_key()
     private.private_file(name="API key for the gateway checks (root only)", dest=GATEWAY_API_KEY_FILE,
                          content=env_lines({API_KEY_NAME: key}) if key else None)

@@ -24,6 +24,8 @@ from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 pytestmark = pytest.mark.lab
 
 WORKERS = ("worker1", "worker2", "worker3")
+GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
+FILLER = "/mnt/nvme/filler"
 STAGES = ("Preflight", "NPU driver and firmware", "CANN", "Python stack", "Ascend environment", "Weights", "Serve",
           "Gateway", "Verify")
 TIMINGS: dict[str, float] = {}
@@ -74,18 +76,45 @@ def lab():
 
 @pytest.fixture(scope="module")
 def deployed(lab):
-    """The fleet as a fresh lab deploys it: dry run first, then the real run, timed."""
+    """The fleet as a fresh lab deploys it: dry run first, then a run where two workers cannot
+    serve (worker2 has an NPU in Alarm, worker3's NVMe is full), with a bounded load through the
+    gateway after it; then, the hardware fixed, the run that brings them in, timed."""
     dry = lab.pyinfra("--dry", "deploys/full.py")
+    healthy = rewrite_hardware(lab, "worker2", npu_health=["OK"] * 3 + ["Alarm"] + ["OK"] * 4)
+    lab.run("worker3", f"fallocate -l $(( $(df --output=avail -B1 /mnt/nvme | tail -1) - 256 * 1024 * 1024 )) {FILLER}")
     started = time.monotonic()
-    result = lab.pyinfra("deploys/full.py", timeout=3600)
+    refused = lab.pyinfra("deploys/full.py", check=False, timeout=3600)
     TIMINGS["first"] = time.monotonic() - started
-    return {"dry": dry.stdout, "first": result.stdout}
+    load = lab.cli("load", lab.inventory, "--duration", "60", "--concurrency", "4", "--max-tokens", "8", "--json",
+                   check=False)
+    routed = lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
+    restore_hardware(lab, "worker2", healthy)
+    lab.run("worker3", f"rm {FILLER}")
+    result = lab.pyinfra("deploys/full.py", timeout=3600)
+    return {"dry": dry.stdout, "refused": refused, "refused_load": load, "refused_routes": routed,
+            "first": result.stdout}
 
 
 def test_dry_run_on_a_fresh_fleet_lists_every_stages_work(deployed):
     changed = planned_changes(deployed["dry"])
     for stage in STAGES[1:-1]:  # preflight and verify only check
         assert any(name.startswith(f"{stage} | ") for name in changed), f"--dry shows no work for {stage}"
+
+
+def test_workers_that_never_served_stay_out_of_the_gateway_and_no_request_fails(lab, deployed):
+    """Issue 17: the gateway once listed the refused workers' instances; with 4 of 6 backends dead,
+    nginx's retries ran out and clients got 502s."""
+    refused = deployed["refused"]
+    assert refused.returncode != 0
+    assert re.search(r"worker2: unhealthy: NPU 3 Alarm", refused.stdout), refused.stdout[-3000:]
+    assert re.search(r"worker3: lab/Qwen3-Tiny@v1 needs \d+ bytes on /mnt/nvme", refused.stdout), refused.stdout[-3000:]
+    servers = re.findall(r"^\s*server (\S+) .*# (\S+)$", deployed["refused_routes"], re.M)
+    assert sorted(name for _, name in servers) == ["worker1/vllm-0", "worker1/vllm-1"], deployed["refused_routes"]
+    assert "proxy_next_upstream_tries 2;" in deployed["refused_routes"]
+    load = deployed["refused_load"]
+    assert load.returncode == 0, load.stdout + load.stderr
+    summary = json.loads(load.stdout)
+    assert summary["requests"] > 0 and summary["errors"] == 0, summary
 
 
 def test_fresh_fleet_ends_serving_through_nginx_after_one_reboot_each(lab, deployed):

@@ -1,0 +1,62 @@
+"""The gateway's nginx config: only instances that served, every one tried once, and a clear 503
+before any has served. nginx itself checks each config (`nginx -t`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.stages.serving import GATEWAY_UPSTREAM
+from ascend_fleet.templating import render
+
+
+def gateway(backends: list[dict]) -> str:
+    return render(TEMPLATES / "nginx-gateway.conf.j2", upstream="vllm_backend", listen_port=80, backends=backends,
+                  next_upstream_tries=sum(not b["drained"] for b in backends), **GATEWAY_UPSTREAM)
+
+
+def nginx_accepts(site: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    (tmp_path / "site.conf").write_text(site)
+    (tmp_path / "nginx.conf").write_text(f"pid {tmp_path}/nginx.pid; error_log stderr; events {{}}\n"
+                                         f"http {{ access_log off; include {tmp_path}/site.conf; }}\n")
+    return subprocess.run(["nginx", "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                          capture_output=True, text=True)
+
+
+BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
+            {"host": "w1", "instance": "vllm-1", "address": "10.0.0.11", "port": 8001, "drained": False},
+            {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]
+
+
+def test_every_routed_instance_is_tried_before_a_client_sees_an_error():
+    config = gateway(BACKENDS)
+    assert "proxy_next_upstream_tries 2;" in config  # two in rotation, the drained one is down
+    assert "server 10.0.0.12:8000 max_fails=2 fail_timeout=10s down;  # w2/vllm-0" in config
+
+
+def test_before_any_instance_served_the_gateway_answers_503_saying_so():
+    config = gateway([])
+    assert "upstream" not in config.split("server {")[0]
+    assert "return 503" in config and "no instance of the fleet is serving yet" in config
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is installed by scripts/setup (the lab's mirror)")
+@pytest.mark.parametrize("backends", [BACKENDS, []], ids=["instances", "none served"])
+def test_nginx_accepts_the_config(backends, tmp_path):
+    checked = nginx_accepts(gateway(backends), tmp_path)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_the_served_record_is_per_worker_and_a_worker_without_one_is_unknown(tmp_path):
+    state = FleetState(tmp_path)
+    assert state.served() == {}
+    state.set_served("w1", {"vllm-1", "vllm-0"})
+    state.set_served("w2", set())
+    state.set_drained({"w1/vllm-1"})
+    assert FleetState(tmp_path).served() == {"w1": {"vllm-0", "vllm-1"}, "w2": set()}
+    assert FleetState(tmp_path).drained() == {"w1/vllm-1"}  # one file, neither record overwrites the other
