@@ -118,7 +118,7 @@ def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_firs
     backends = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
                 {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]
     config = render(TEMPLATES / "nginx-gateway.conf.j2", upstream="vllm_backend", listen_port=80, backends=backends,
-                    **GATEWAY_UPSTREAM)
+                    next_upstream_tries=1, **GATEWAY_UPSTREAM)
     assert "server 10.0.0.11:8000 max_fails=2 fail_timeout=10s;  # w1/vllm-0" in config
     assert "server 10.0.0.12:8000 max_fails=2 fail_timeout=10s down;  # w2/vllm-0" in config
     # vLLM's uvicorn drops idle keepalive connections after 5 s: nginx must let go first.
