@@ -467,6 +467,13 @@ class Runner:
             if problem is not None:
                 left_out[key] = "gate {}: {}".format(*problem)
         if back := ours - left_out.keys():
+            # The gateway lists an instance only once it has served since it last started (fleetstate.py):
+            # one whose deploy failed its gate, and has passed ours since, is in the record again.
+            served = state.served()
+            for backend in (backends[key] for key in sorted(back & backends.keys())):
+                if backend.host in served:
+                    served[backend.host].add(backend.instance)
+                    state.set_served(backend.host, served[backend.host])
             before = state.drained()
             if (problem := self.set_gateway(before - back, "abandon")) is not None:
                 state.set_drained(before)  # as the gateways that kept their config (nginx -t first) have it

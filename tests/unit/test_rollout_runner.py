@@ -96,10 +96,12 @@ def test_a_failing_gate_stops_the_rollout_with_its_wave_drained_and_the_next_unt
 
 def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, state_dir):
     fleet, record = stopped_at_wave1(nodes, state_dir)
+    fleet.state.set_served(W2, {"vllm-1"})  # as the deploy left it: vllm-0 failed the serve stage's gate
     deploys_before = nodes.deploys()
     left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
     assert left_out == {f"{W2}/vllm-0": "gate health: /health answers 503"}
     assert fleet.state.drained() == nodes.gateway_drained() == {f"{W2}/vllm-0"}
+    assert fleet.state.served()[W2] == {"vllm-1"}
     assert nodes.deploys() == deploys_before  # nothing is deployed: wave1 keeps what it had
     # The rollout is over: a new one may start, --resume has nothing to go on with.
     assert check_not_stopped(fleet.state, resume=False) is None
@@ -107,6 +109,8 @@ def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, 
     nodes.failing_gates = {}
     assert Runner(fleet, abandonable(fleet.state), lambda *_: None, 0).abandon() == {}
     assert fleet.state.drained() == nodes.gateway_drained() == set()
+    assert fleet.state.served()[W2] == {"vllm-0", "vllm-1"}  # so the gateway lists it again
+    assert W3 not in fleet.state.served()  # a host with no record yet counts whole, as before
     with pytest.raises(FleetError, match="--abandon: no stopped rollout is recorded in .*; nothing to abandon"):
         abandonable(fleet.state)
 
