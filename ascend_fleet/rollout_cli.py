@@ -279,10 +279,10 @@ def load(
     result = report.summary()
     if as_json:
         print(json.dumps(result, indent=2))
-        return
-    table = Table(title=f"load through {report.url}", show_header=False)
-    for key, value in result.items():
-        table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
-    console.print(table)
-    if report.failures:
+    else:
+        table = Table(title=f"load through {report.url}", show_header=False)
+        for key, value in result.items():
+            table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
+        console.print(table)
+    if report.failures:  # a load that lost requests fails, with --json too (scripts check the exit status)
         raise FleetError(f"{len(report.failures)} of {report.count} requests failed; first: {report.failures[0].error}")

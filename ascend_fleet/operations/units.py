@@ -22,3 +22,18 @@ def failure_cleared(unit: str):
         host.noop(f"{unit} has not failed")
         return
     yield f"systemctl reset-failed {shlex.quote(unit)}"
+
+
+@operation()
+def restarted_while_routed(unit: str, gateway_memory_seconds: int):
+    """
+    Restart a unit the gateway routes to (its new unit file read first), then wait while the
+    gateway still counts the restart against it. Nginx takes a server out for fail_timeout after
+    max_fails failed attempts, even if it answers again at once: the next instance going down
+    sooner could leave no server it tries. Run with pyinfra's _parallel to bound how many at once.
+
+    + unit: the systemd unit, e.g. ascend-fleet-vllm-0.service; its start waits for /health (ExecStartPost)
+    + gateway_memory_seconds: the gateway's fail_timeout
+    """
+    quoted = shlex.quote(unit)
+    yield f"systemctl daemon-reload && systemctl restart {quoted} && sleep {int(gateway_memory_seconds)}"

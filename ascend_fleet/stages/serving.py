@@ -154,18 +154,21 @@ def serve_stage() -> None:
                            model_id=model.id, revision=model.revision, api_key=api_key()))
         changed = unit.will_change or environment.will_change
         # One that the gateway routes to restarts at most max_unavailable at a time across the fleet
-        # (pyinfra's _parallel: hosts in batches, each restart waits for /health); others all at once.
+        # (pyinfra's _parallel: hosts in batches, each back on /health and out of nginx's failure
+        # memory before the next batch); the others all at once.
         routed = changed and serving_through_gateway(config, instance)
         if changed:
             served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
                                             why="restarting", fleet_state_dir=config.fleet_state_dir,
                                             still_serving=lambda recorded, n=instance.name: (recorded or set()) - {n})
         units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=unit_name(instance))
+        if routed:
+            units.restarted_while_routed(
+                name=f"Instance {instance.name} restarted, {config.max_unavailable} at a time while the others serve",
+                unit=unit_name(instance), gateway_memory_seconds=GATEWAY_UPSTREAM["fail_timeout"],
+                _parallel=config.max_unavailable)
         systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
                         enabled=True, restarted=changed and not routed, daemon_reload=changed and not routed)
-        systemd.service(name=f"Instance {instance.name} restarted, {config.max_unavailable} at a time while the "
-                        "others serve", service=unit_name(instance), running=True, enabled=True, restarted=routed,
-                        daemon_reload=routed, _parallel=config.max_unavailable)
         served.instance_served(name=f"Instance {instance.name} in the gateway's record once healthy",
                                fleet_state_dir=config.fleet_state_dir, instance=instance.name,
                                find_problem=lambda i=instance: instance_problem(config, i))

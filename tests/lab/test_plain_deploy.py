@@ -1,0 +1,75 @@
+"""A plain `pyinfra … deploys/full.py` on a serving fleet, under load (issue 17: one such deploy
+once restarted every instance of the fleet at once and the gateway answered 502).
+
+A change that touches every instance's unit restarts them `max_unavailable` at a time, each back
+on /health before the next goes down, and the load through the gateway loses no request. The
+module leaves the session lab serving with the lab's own data.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascend_fleet.loadgen import LoadGenerator
+from tests.lab.conftest import Lab
+
+pytestmark = pytest.mark.lab
+
+UNITS = ("ascend-fleet-vllm-0.service", "ascend-fleet-vllm-1.service")
+SERVING = {"max_model_len": 2048, "gpu_memory_utilization": 0.9}
+
+
+@pytest.fixture(scope="module")
+def gateway(lab):
+    lab.pyinfra("deploys/full.py", timeout=3600)
+    return "http://" + next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
+
+
+def down_windows(lab: Lab) -> dict[str, tuple[int, int]]:
+    """Each instance's last time out of service: from leaving the active state (its stop) to
+    entering it again (/health 200, ExecStartPost), in the kernel's monotonic clock, which the
+    lab's nodes share."""
+    windows = {}
+    for worker in lab.workers:
+        out = lab.run(worker, " ; ".join(f"systemctl show -P ActiveExitTimestampMonotonic {u}; "
+                                         f"systemctl show -P ActiveEnterTimestampMonotonic {u}" for u in UNITS)).stdout
+        values = [int(v) for v in out.split()]
+        for unit, (left, back) in zip(UNITS, zip(values[::2], values[1::2])):
+            windows[f"{worker}/{unit}"] = (left, back)
+    return windows
+
+
+def most_down_at_once(windows: dict[str, tuple[int, int]], since: int) -> int:
+    edges = sorted([(left, 1) for left, back in windows.values() if left > since] +
+                   [(back, -1) for left, back in windows.values() if left > since])
+    down = most = 0
+    for _, step in edges:
+        down += step
+        most = max(most, down)
+    return most
+
+
+def deploy_under_load(lab: Lab, gateway: str, *data: str) -> dict:
+    before = max(back for _, back in down_windows(lab).values())
+    load = LoadGenerator(gateway, "lab/Qwen3-Tiny", concurrency=3, max_tokens=16).start()
+    try:
+        result = lab.pyinfra("deploys/full.py", *(arg for pair in (("--data", d) for d in data) for arg in pair))
+    finally:
+        report = load.stop()
+    windows = down_windows(lab)
+    return {"output": result.stdout, "load": report.summary(), "restarted": sum(left > before for left, _ in
+                                                                                windows.values()),
+            "most_down": most_down_at_once(windows, before)}
+
+
+def test_a_change_to_every_instance_restarts_one_at_a_time_and_fails_no_request(lab, gateway):
+    changed = deploy_under_load(lab, gateway, f"serving={json.dumps({**SERVING, 'max_num_seqs': 6})}")
+    assert changed["restarted"] == 6 and changed["most_down"] == 1, changed
+    assert changed["load"]["errors"] == 0 and changed["load"]["requests"] > 0, changed["load"]["first_errors"]
+    assert "restarted, 1 at a time while the others serve" in changed["output"]
+    # Back to the lab's data, two at a time this time.
+    restored = deploy_under_load(lab, gateway, "max_unavailable=2")
+    assert restored["restarted"] == 6 and restored["most_down"] == 2, restored
+    assert restored["load"]["errors"] == 0, restored["load"]["first_errors"]
