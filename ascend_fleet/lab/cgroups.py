@@ -11,7 +11,9 @@ nspawn uses (systemd's own and the unified one).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -50,20 +52,24 @@ def join(cgroups: list[str]) -> None:
 
 
 def remove(entry: dict, timeout: float = 10) -> None:
-    """Remove a node's cgroups and what its systemd left in them, deepest first. A cgroup whose last
-    processes are still exiting is waited for; one that keeps a process is said in one line."""
+    """Remove a node's cgroups and what its systemd left in them. What still runs in them is the
+    node's (a container whose systemd-nspawn was killed outlives it) and is ended with SIGKILL;
+    a tree that will not go is said in one line."""
+    deadline = time.monotonic() + timeout
     for top in map(Path, entry["paths"]):
-        if not top.is_dir():
-            continue
-        for directory, _, _ in sorted(os.walk(top), key=lambda walked: -len(Path(walked[0]).parts)):
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    Path(directory).rmdir()
-                    break
-                except OSError as exc:
-                    if time.monotonic() > deadline:
-                        raise FleetError(f"lab down: cannot remove cgroup {directory} ({exc.strerror}); a process "
-                                         f"of the node is still in it (cat {directory}/cgroup.procs); stop it, then "
-                                         "run `lab down` again") from None
-                    time.sleep(0.2)
+        while top.is_dir():
+            for cgroup in _deepest_first(top):
+                with contextlib.suppress(FileNotFoundError):  # the node's systemd prunes its own
+                    for pid in (cgroup / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+                with contextlib.suppress(OSError):  # busy until its processes have exited
+                    cgroup.rmdir()
+            if top.is_dir() and time.monotonic() > deadline:
+                raise FleetError(f"lab down: cannot remove cgroup {top}: a process of the node is still in it "
+                                 f"(find {top} -name cgroup.procs | xargs cat); stop it, then run `lab down` again")
+            time.sleep(0.1 if top.is_dir() else 0)
+
+
+def _deepest_first(top: Path) -> list[Path]:
+    return sorted((Path(directory) for directory, _, _ in os.walk(top)), key=lambda path: -len(path.parts))
