@@ -301,7 +301,8 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
 
 # Each host's config, validated once per pyinfra run: stages read every other host's config
 # (peers, firewall, gateway, monitoring), which would otherwise cost the fleet size squared.
-# Nothing writes host data or the fleet state during a run; outside one (a rollout's own
+# Nothing a config is made from changes during a run (host data, the colours in the fleet state;
+# a run writes only the served record, which no config reads); outside one (a rollout's own
 # process, which records colours between its runs) nothing is kept.
 _RUN_CONFIGS: WeakKeyDictionary = WeakKeyDictionary()
 
