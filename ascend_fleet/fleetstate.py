@@ -43,6 +43,12 @@ def backend_key(host: str, instance: str) -> str:
     return f"{host}/{instance}"
 
 
+def counts_as_served(served: dict[str, set[str]], host: str, instance: str) -> bool:
+    """Whether the gateway may route to the instance by the served record (FleetState.served()):
+    it is in its worker's record, or its worker has no record yet (deployed before it was kept)."""
+    return host not in served or instance in served[host]
+
+
 class FleetState:
     def __init__(self, directory: Path | str):
         self.directory = Path(directory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from io import StringIO
+from typing import Callable
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
@@ -14,7 +15,7 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
 from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
-from ascend_fleet.fleetstate import FleetState, backend_key
+from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
@@ -74,6 +75,11 @@ def still_serving(config: NodeConfig, recorded: set[str] | None) -> set[str]:
     whose unit is active now: one that stopped or failed since leaves the gateway."""
     names = recorded if recorded is not None else {instance.name for instance in config.instances}
     return {name for name in names if host.get_fact(UnitState, unit=unit_name(name))["ActiveState"] == "active"}
+
+
+def all_but(name: str) -> Callable[[set[str] | None], set[str]]:
+    """For served.instances_out_of_service: the host's record without this instance."""
+    return lambda recorded: (recorded or set()) - {name}
 
 
 def stack_fingerprint(profile: Profile) -> str:
@@ -160,7 +166,7 @@ def serve_stage() -> None:
         if changed:
             served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
                                             why="restarting", fleet_state_dir=config.fleet_state_dir,
-                                            still_serving=lambda recorded, n=instance.name: (recorded or set()) - {n})
+                                            still_serving=all_but(instance.name))
         units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=unit_name(instance))
         if routed:
             units.restarted_while_routed(
@@ -178,8 +184,7 @@ def serving_through_gateway(config: NodeConfig, instance: Instance) -> bool:
     """The instance runs now and the gateway routes to it (served, not drained): restarting it
     takes capacity from clients."""
     state = FleetState(config.fleet_state_dir)
-    served_here = state.served().get(config.host)
-    routed = (served_here is None or instance.name in served_here) and \
+    routed = counts_as_served(state.served(), config.host, instance.name) and \
         backend_key(config.host, instance.name) not in state.drained()
     return routed and host.get_fact(UnitState, unit=unit_name(instance))["ActiveState"] == "active"
 
@@ -195,7 +200,7 @@ def retire_instances(config: NodeConfig) -> None:
         unit = unit_name(name)
         served.instances_out_of_service(name=f"Instance {name} out of the gateway's record", why="retired",
                                         fleet_state_dir=config.fleet_state_dir,
-                                        still_serving=lambda recorded, n=name: (recorded or set()) - {n})
+                                        still_serving=all_but(name))
         systemd.service(name=f"Instance {name} stopped (not in the data)", service=unit, running=False, enabled=False)
         files.file(name=f"No unit {unit}", path=f"/etc/systemd/system/{unit}", present=False)
         files.file(name=f"No environment of {name}", path=f"{INSTANCE_ENV_DIR}/{name}.env", present=False)
@@ -215,7 +220,7 @@ def fleet_backends(state: FleetState) -> list[dict]:
         address = worker.data.get("ssh_hostname") or worker.name
         backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,
                       "drained": backend_key(worker.name, i.name) in drained}
-                     for i in config.instances if worker.name not in served or i.name in served[worker.name]]
+                     for i in config.instances if counts_as_served(served, worker.name, i.name)]
     return backends
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.fleetstate import FleetState, counts_as_served
 from ascend_fleet.stages.serving import GATEWAY_UPSTREAM
 from ascend_fleet.templating import render
 
@@ -60,3 +60,6 @@ def test_the_served_record_is_per_worker_and_a_worker_without_one_is_unknown(tmp
     state.set_drained({"w1/vllm-1"})
     assert FleetState(tmp_path).served() == {"w1": {"vllm-0", "vllm-1"}, "w2": set()}
     assert FleetState(tmp_path).drained() == {"w1/vllm-1"}  # one file, neither record overwrites the other
+    served = FleetState(tmp_path).served()
+    assert counts_as_served(served, "w1", "vllm-0") and not counts_as_served(served, "w2", "vllm-0")
+    assert counts_as_served(served, "w3", "vllm-0")  # no record yet: deployed before it was kept
