@@ -11,7 +11,9 @@ stops everything: its instances stay drained, the others keep serving, the recor
 fleet state says where `--resume` goes on.
 
 `ascend-fleet rollout` makes one step per wave (inventory groups, split to respect
---max-unavailable); `ascend-fleet swap-model` stages the new weights everywhere, then, when
+--max-unavailable: whole hosts while they fit, else one host's instances a few at a time, the
+serve stage restarting only those (`serve_only`) and the driver stage refusing a reboot, which
+would stop the others); `ascend-fleet swap-model` stages the new weights everywhere, then, when
 the planner says each node can hold both models, makes one blue/green step per wave: the
 node's other colour of instances (hostdata.colour_instances) starts on the new model beside
 the serving one, is gated, the fleet state's colour flips and the gateway deploy points at
@@ -179,23 +181,33 @@ def check_deploy_files(*deploys: str) -> None:
             raise FleetError(f"{deploy} line {exc.lineno}: {exc.msg}; fix the deploy file") from None
 
 
-def split_wave(name: str, hosts: list[str], instances: dict[str, int], max_unavailable: int | None) -> list[tuple[str, list[str]]]:
-    """A wave as batches of whole hosts, each with at most max_unavailable instances (None: one batch)."""
+@dataclass(frozen=True)
+class Batch:
+    """Hosts a rollout step deploys together; `serve_only`: the instances of its one host that the
+    step restarts (empty: every instance of its hosts)."""
+    name: str
+    hosts: list[str]
+    serve_only: list[str]
+
+
+def split_wave(name: str, hosts: list[str], instances: dict[str, list[str]], max_unavailable: int | None) -> list[Batch]:
+    """A wave as batches of at most max_unavailable instances (None: one batch): whole hosts
+    packed together while they fit, and a host that runs more in batches of its own instances."""
     if max_unavailable is None:
-        return [(name, hosts)]
+        return [Batch(name, hosts, [])]
+    batches: list[Batch] = []
     for host in hosts:
-        if instances[host] > max_unavailable:
-            raise FleetError(f"{host} runs {instances[host]} instances, more than --max-unavailable "
-                             f"{max_unavailable}; a deploy restarts a whole host, so allow at least {instances[host]}")
-    batches: list[list[str]] = []
-    for host in hosts:
-        if batches and sum(instances[h] for h in batches[-1]) + instances[host] <= max_unavailable:
-            batches[-1].append(host)
+        names = instances[host]
+        if len(names) > max_unavailable:
+            batches += [Batch(name, [host], names[i:i + max_unavailable]) for i in range(0, len(names), max_unavailable)]
+        elif batches and not batches[-1].serve_only and \
+                sum(len(instances[h]) for h in batches[-1].hosts) + len(names) <= max_unavailable:
+            batches[-1].hosts.append(host)
         else:
-            batches.append([host])
+            batches.append(Batch(name, [host], []))
     if len(batches) == 1:
-        return [(name, hosts)]
-    return [(f"{name} ({i}/{len(batches)})", batch) for i, batch in enumerate(batches, start=1)]
+        return batches
+    return [Batch(f"{name} ({i}/{len(batches)})", b.hosts, b.serve_only) for i, b in enumerate(batches, start=1)]
 
 
 def step_record(name: str, hosts: list[str], backends: list[Backend], deploy: str, data: dict) -> dict:
@@ -565,10 +577,11 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
         hosts = [host for host in members if not limit or host in limit]
         if not hosts:
             continue
-        counts = {host: len(fleet.configs[host].instances) for host in hosts}
-        for batch_name, batch in split_wave(name, hosts, counts, max_unavailable):
-            backends = [b for host in batch for b in fleet.backends(host)]
-            steps.append(step_record(batch_name, batch, backends, deploy, fleet.data))
+        instances = {host: [i.name for i in fleet.configs[host].instances] for host in hosts}
+        for batch in split_wave(name, hosts, instances, max_unavailable):
+            backends = [b for host in batch.hosts for b in fleet.backends(host, batch.serve_only or None)]
+            data = {**fleet.data, "serve_only": batch.serve_only} if batch.serve_only else fleet.data
+            steps.append(step_record(batch.name, batch.hosts, backends, deploy, data))
     check_capacity(fleet, steps)
     return {"kind": "rollout", "inventory": str(fleet.inventory_path), "deploy": deploy, "data": fleet.data,
             "steps": steps, "finished": False}

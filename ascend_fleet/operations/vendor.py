@@ -120,6 +120,17 @@ def installer_command(package: str, flags: str, env_script: str | None = None) -
             f"$(tail -n 3 {log} | tr '\\n' ' ')(full log: {log})\" >&2; exit 1; fi")
 
 
+def driver_is_current(version: str, install_path: str = ASCEND_HOME) -> bool:
+    """The node has this driver version, completely installed (the driver operation does nothing)."""
+    installed = host.get_fact(AscendDriver, install_path=install_path)
+    return bool(installed) and installed["version"] == version and installed["complete"]
+
+
+def firmware_is_current(version: str, install_path: str = ASCEND_HOME) -> bool:
+    """The node's installed firmware package is this version (the firmware operation does nothing)."""
+    return host.get_fact(AscendFirmware, install_path=install_path) == version
+
+
 @operation()
 def driver(version: str, package: str, install_path: str = ASCEND_HOME):
     """
@@ -129,10 +140,10 @@ def driver(version: str, package: str, install_path: str = ASCEND_HOME):
     + package: its .run file name in the node's package directory
     + install_path: Ascend install root
     """
-    installed = host.get_fact(AscendDriver, install_path=install_path)
-    if installed and installed["version"] == version and installed["complete"]:
+    if driver_is_current(version, install_path):
         host.noop(f"NPU driver {version} is installed")
         return
+    installed = host.get_fact(AscendDriver, install_path=install_path)
     flags = "--nox11 --upgrade --quiet" if installed else "--nox11 --full --quiet --install-for-all"
     yield installer_command(package, flags)
 
@@ -146,10 +157,10 @@ def firmware(version: str, package: str, install_path: str = ASCEND_HOME):
     + package: its .run file name in the node's package directory
     + install_path: Ascend install root
     """
-    installed = host.get_fact(AscendFirmware, install_path=install_path)
-    if installed == version:
+    if firmware_is_current(version, install_path):
         host.noop(f"NPU firmware {version} is installed")
         return
+    installed = host.get_fact(AscendFirmware, install_path=install_path)
     flags = "--nox11 --upgrade --quiet" if installed else "--nox11 --full --quiet"
     yield installer_command(package, flags)
 

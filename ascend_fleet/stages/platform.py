@@ -9,7 +9,7 @@ from pyinfra.operations import apt, dnf, server
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus
-from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile, package_family, runs_npus
@@ -78,6 +78,25 @@ def npu_problem(expected: int) -> str | None:
     return None
 
 
+def needs_reboot(driver: str, firmware: str) -> bool:
+    """The driver or firmware is not the profile's, or is installed but not loaded in this boot."""
+    # An earlier run that installed but never got to its reboot (interrupted, the node lost) left
+    # a driver that is installed but not loaded: npu-smi says so, and the reboot finishes the job.
+    not_loaded = host.get_fact(AscendDriver) and DRIVER_NOT_LOADED in host.get_fact(NpuStatus)["error"]
+    return bool(not_loaded) or not (vendor.driver_is_current(driver) and vendor.firmware_is_current(firmware))
+
+
+def reboot_refusal(config: NodeConfig, driver: str, firmware: str) -> str | None:
+    """Why a run that may restart only some of the node's instances (config.serve_only, a rollout
+    one instance at a time) cannot take the driver stage: its reboot stops them all."""
+    if not needs_reboot(driver, firmware):
+        return None
+    others = [i.name for i in config.instances if i.name not in config.serve_only]
+    return (f"driver {driver} / firmware {firmware} need a reboot, which stops {', '.join(others)} too, but this "
+            f"run may restart only {', '.join(config.serve_only)}; roll it out with --max-unavailable "
+            f"{len(config.instances)} or more (whole hosts), then go back to one at a time")
+
+
 @deploy("NPU driver and firmware")
 def driver_stage() -> None:
     """Driver then firmware on a fresh node, firmware then driver on a node that has a driver
@@ -85,30 +104,31 @@ def driver_stage() -> None:
     gates.stage_begins(name="Stage: driver and firmware", stage="driver and firmware")
     if not runs_npus():
         return
-    profile = node_profile()
+    config, stack = host_node_config(host), node_profile().stack
+    if config.serve_only:
+        gates.passed(name="No reboot while the node's other instances serve",
+                     description="driver and firmware current, no reboot",
+                     find_problem=lambda: reboot_refusal(config, stack.driver, stack.firmware))
+    # Decided from the state the run starts from, so a dry run on a converged node shows no reboot.
+    reboots = needs_reboot(stack.driver, stack.firmware)
     install_prerequisites()
-    names = fetch_packages(profile, ["driver", "firmware"])
-    stack = profile.stack
+    names = fetch_packages(node_profile(), ["driver", "firmware"])
 
     def install_driver():
-        return vendor.driver(name=f"NPU driver {stack.driver}", version=stack.driver, package=names["driver"])
+        vendor.driver(name=f"NPU driver {stack.driver}", version=stack.driver, package=names["driver"])
 
     def install_firmware():
-        return vendor.firmware(name=f"NPU firmware {stack.firmware}", version=stack.firmware,
-                               package=names["firmware"])
+        vendor.firmware(name=f"NPU firmware {stack.firmware}", version=stack.firmware, package=names["firmware"])
 
-    installed = host.get_fact(AscendDriver)
-    if installed:
-        changes = [install_firmware(), install_driver()]
+    if host.get_fact(AscendDriver):
+        install_firmware()
+        install_driver()
     else:
-        changes = [install_driver(), install_firmware()]
-    # An earlier run that installed but never got to its reboot (interrupted, the node lost) left
-    # a driver that is installed but not loaded: npu-smi says so, and the reboot finishes the job.
-    not_loaded = installed and DRIVER_NOT_LOADED in host.get_fact(NpuStatus)["error"]
-    # Decided from the state the run starts from, so a dry run on a converged node shows no reboot.
-    if not_loaded or any(change.will_change for change in changes):
+        install_driver()
+        install_firmware()
+    if reboots:
         reboot.rebooted(name="Reboot to load the new driver and firmware", why="to load the new driver and firmware",
-                        reboot_timeout=host_node_config(host).reboot_timeout)
+                        reboot_timeout=config.reboot_timeout)
     expected = int(host.data.npu_count)
     gates.passed(name="Every NPU listed and healthy", description=f"{expected} NPUs listed, all healthy",
                  find_problem=lambda: npu_problem(expected))

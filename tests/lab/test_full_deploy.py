@@ -185,6 +185,15 @@ def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_r
 def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):
     before = {node: unit_starts(lab, node) for node in WORKERS}
     boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
+    # A run that may restart only vllm-0 (a rollout at --max-unavailable 1) cannot take the reboot,
+    # which would stop vllm-1 while the gateway routes to it: refused, nothing changed.
+    refused = lab.pyinfra("deploys/full.py", "--limit", "worker2", "--data", "profile=lab-previous",
+                          "--data", 'serve_only=["vllm-0"]', check=False)
+    assert refused.returncode != 0
+    assert "worker2: driver 24.1.0 / firmware 7.5.0.3.220 need a reboot, which stops vllm-1 too, but this run may " \
+           "restart only vllm-0; roll it out with --max-unavailable 2 or more" in refused.stdout, refused.stdout[-3000:]
+    assert totals(refused.stdout)["changed"] == 0
+    assert unit_starts(lab, "worker2") == before["worker2"]
     # worker2 goes back to the previous stack, then up to the current one again: firmware before
     # driver each time (the node has a driver), one reboot each, its instances restarted.
     down = lab.pyinfra("deploys/full.py", "--limit", "worker2", "--data", "profile=lab-previous")

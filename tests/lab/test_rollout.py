@@ -91,14 +91,34 @@ def fleet_state(lab: Lab) -> dict[str, str]:
             for path in (directory.iterdir() if directory.exists() else [])}
 
 
-def test_a_config_change_rolls_out_canary_wave1_wave2_without_failing_a_request(lab, serving):
+def downtimes(lab: Lab) -> list[tuple[int, int, str]]:
+    """When each instance last stopped and was active again (CLOCK_MONOTONIC, which the lab's nodes
+    share with the machine), earliest first."""
+    spans = []
+    for node in lab.workers:
+        for unit in ("vllm-0", "vllm-1"):
+            stopped, active = lab.run(node, "systemctl show -P ActiveExitTimestampMonotonic -P "
+                                            f"ActiveEnterTimestampMonotonic ascend-fleet-{unit}").stdout.split()
+            spans.append((int(active), int(stopped), f"{node}/{unit}"))
+    return sorted((stopped, active, name) for active, stopped, name in spans)
+
+
+def test_a_config_change_rolls_out_one_instance_at_a_time_without_failing_a_request(lab, serving):
+    """Issue 17: --max-unavailable 1 was refused on hosts with two instances, the default layout."""
     with under_load(serving, "config rollout"):
-        result, record = rollout(lab, "--data", buffsize_data(256), "--json")
+        result, record = rollout(lab, "--data", buffsize_data(256), "--max-unavailable", "1", "--json")
     assert record["ok"], result.stderr
-    assert [(s["name"], s["hosts"], s["status"]) for s in record["steps"]] == [
-        ("canary", ["worker1"], "done"), ("wave1", ["worker2"], "done"), ("wave2", ["worker3"], "done")]
+    instances = [f"{node}/vllm-{i}" for node in ("worker1", "worker2", "worker3") for i in (0, 1)]
+    assert [(s["hosts"], s["instances"], s["status"]) for s in record["steps"]] == [
+        ([name.split("/")[0]], [name], "done") for name in instances]
+    assert [s["name"] for s in record["steps"]] == ["canary (1/2)", "canary (2/2)", "wave1 (1/2)", "wave1 (2/2)",
+                                                    "wave2 (1/2)", "wave2 (2/2)"]
     for node in lab.workers:
         assert instance_env(lab, node).count("HCCL_BUFFSIZE=256") == 2
+    # Each instance stopped and served again before the next one stopped, in the steps' order.
+    spans = downtimes(lab)
+    assert [name for _, _, name in spans] == instances, spans
+    assert all(active < next_stop for (_, active, _), (next_stop, _, _) in zip(spans, spans[1:])), spans
     summary = LOAD_RESULTS["config rollout"]
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
     assert " down;" not in gateway_config(lab)

@@ -55,9 +55,19 @@ def test_waves_larger_than_max_unavailable_are_split_by_whole_hosts(prod):
     assert [s["name"] for s in plan_rollout(prod, "deploys/full.py", None, 4)["steps"]] == ["canary", "wave1", "wave2"]
 
 
-def test_max_unavailable_below_a_hosts_instances_is_refused():
-    with pytest.raises(FleetError, match="h1 runs 2 instances, more than --max-unavailable 1"):
-        split_wave("wave1", ["h1"], {"h1": 2}, 1)
+def test_max_unavailable_below_a_hosts_instances_takes_its_instances_a_few_at_a_time(prod):
+    """Issue 17: --max-unavailable 1 was refused on hosts with two instances, the default layout."""
+    record = plan_rollout(prod, "deploys/full.py", ["canary", "wave1"], max_unavailable=1)
+    assert [(s["name"], s["hosts"], s["instances"], s["data"].get("serve_only")) for s in record["steps"]] == [
+        ("canary (1/2)", ["npu-01.example.internal"], ["npu-01.example.internal/vllm-0"], ["vllm-0"]),
+        ("canary (2/2)", ["npu-01.example.internal"], ["npu-01.example.internal/vllm-1"], ["vllm-1"]),
+        *[(f"wave1 ({i}/4)", [host], [f"{host}/{name}"], [name])
+          for i, (host, name) in enumerate([(h, n) for h in ("npu-02.example.internal", "npu-03.example.internal")
+                                            for n in ("vllm-0", "vllm-1")], start=1)]]
+    # A host that fits whole is not split, and is not packed with a split one.
+    batches = split_wave("w", ["h1", "h2", "h3"], {"h1": ["a"], "h2": ["a", "b", "c"], "h3": ["a"]}, 2)
+    assert [(b.hosts, b.serve_only) for b in batches] == [
+        (["h1"], []), (["h2"], ["a", "b"]), (["h2"], ["c"]), (["h3"], [])]
 
 
 def test_a_step_that_would_drain_the_whole_fleet_is_refused(prod):
