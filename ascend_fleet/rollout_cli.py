@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.rollout import (
     GATEWAY_DEPLOY,
@@ -148,6 +149,8 @@ def rollout(
                 raise FleetError("missing DEPLOY, e.g. deploys/full.py (only --abandon goes without one)")
             fleet = Fleet(inventory, parse_data(data or []))
             check_deploy_files(deploy, GATEWAY_DEPLOY)
+            # The capacity plan preflight would refuse, before a wave is drained for it.
+            check_fleet(fleet.inventory)
             held.enter_context(fleet.state.exclusive(f"a rollout of {deploy}"))
             record = check_not_stopped(fleet.state, resume)
             if record is None:

@@ -20,6 +20,8 @@ BIN = Path(sys.executable).parent
 # Two test runs on one machine (a checkout and a clean clone) pick different numbers.
 TEST_NET = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200"))
 TEST_LAB_DIR = Path(f"/var/lib/ascend-fleet/test-{TEST_NET}")
+# The lab data's instances on each worker (group_data/lab.py: 8 NPUs at TP4).
+INSTANCES = ("vllm-0", "vllm-1")
 
 
 class Lab:
@@ -92,6 +94,21 @@ class Lab:
                 return
             time.sleep(0.5)
         raise AssertionError(f"{node} not running after {timeout}s")
+
+
+def down_windows(lab: Lab) -> dict[str, tuple[int, int]]:
+    """Each instance's last time out of service ("worker1/vllm-0": (stopped, active again)): from
+    leaving the active state (its stop) to entering it again (/health 200, ExecStartPost), in the
+    kernel's monotonic clock, which the lab's nodes share with this machine."""
+    windows = {}
+    for worker in lab.workers:
+        out = lab.run(worker, " ; ".join(f"systemctl show -P ActiveExitTimestampMonotonic ascend-fleet-{i}; "
+                                         f"systemctl show -P ActiveEnterTimestampMonotonic ascend-fleet-{i}"
+                                         for i in INSTANCES)).stdout
+        values = [int(v) for v in out.split()]
+        for instance, (left, back) in zip(INSTANCES, zip(values[::2], values[1::2])):
+            windows[f"{worker}/{instance}"] = (left, back)
+    return windows
 
 
 def require_root() -> None:

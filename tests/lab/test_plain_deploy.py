@@ -13,11 +13,10 @@ import json
 import pytest
 
 from ascend_fleet.loadgen import LoadGenerator
-from tests.lab.conftest import Lab
+from tests.lab.conftest import Lab, down_windows
 
 pytestmark = pytest.mark.lab
 
-UNITS = ("ascend-fleet-vllm-0.service", "ascend-fleet-vllm-1.service")
 SERVING = {"max_model_len": 2048, "gpu_memory_utilization": 0.9}
 
 
@@ -25,20 +24,6 @@ SERVING = {"max_model_len": 2048, "gpu_memory_utilization": 0.9}
 def gateway(lab):
     lab.pyinfra("deploys/full.py", timeout=3600)
     return "http://" + next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
-
-
-def down_windows(lab: Lab) -> dict[str, tuple[int, int]]:
-    """Each instance's last time out of service: from leaving the active state (its stop) to
-    entering it again (/health 200, ExecStartPost), in the kernel's monotonic clock, which the
-    lab's nodes share."""
-    windows = {}
-    for worker in lab.workers:
-        out = lab.run(worker, " ; ".join(f"systemctl show -P ActiveExitTimestampMonotonic {u}; "
-                                         f"systemctl show -P ActiveEnterTimestampMonotonic {u}" for u in UNITS)).stdout
-        values = [int(v) for v in out.split()]
-        for unit, (left, back) in zip(UNITS, zip(values[::2], values[1::2])):
-            windows[f"{worker}/{unit}"] = (left, back)
-    return windows
 
 
 def most_down_at_once(windows: dict[str, tuple[int, int]], since: int) -> int:

@@ -18,7 +18,7 @@ import pytest
 
 from ascend_fleet.lab.lab import fleet_state_dir
 from ascend_fleet.loadgen import LoadGenerator
-from tests.lab.conftest import PROJECT, Lab
+from tests.lab.conftest import PROJECT, Lab, down_windows
 
 pytestmark = pytest.mark.lab
 
@@ -91,18 +91,6 @@ def fleet_state(lab: Lab) -> dict[str, str]:
             for path in (directory.iterdir() if directory.exists() else [])}
 
 
-def downtimes(lab: Lab) -> list[tuple[int, int, str]]:
-    """When each instance last stopped and was active again (CLOCK_MONOTONIC, which the lab's nodes
-    share with the machine), earliest first."""
-    spans = []
-    for node in lab.workers:
-        for unit in ("vllm-0", "vllm-1"):
-            stopped, active = lab.run(node, "systemctl show -P ActiveExitTimestampMonotonic -P "
-                                            f"ActiveEnterTimestampMonotonic ascend-fleet-{unit}").stdout.split()
-            spans.append((int(active), int(stopped), f"{node}/{unit}"))
-    return sorted((stopped, active, name) for active, stopped, name in spans)
-
-
 def test_a_config_change_rolls_out_one_instance_at_a_time_without_failing_a_request(lab, serving):
     """Issue 17: --max-unavailable 1 was refused on hosts with two instances, the default layout."""
     with under_load(serving, "config rollout"):
@@ -116,7 +104,7 @@ def test_a_config_change_rolls_out_one_instance_at_a_time_without_failing_a_requ
     for node in lab.workers:
         assert instance_env(lab, node).count("HCCL_BUFFSIZE=256") == 2
     # Each instance stopped and served again before the next one stopped, in the steps' order.
-    spans = downtimes(lab)
+    spans = sorted((stopped, active, name) for name, (stopped, active) in down_windows(lab).items())
     assert [name for _, _, name in spans] == instances, spans
     assert all(active < next_stop for (_, active, _), (next_stop, _, _) in zip(spans, spans[1:])), spans
     summary = LOAD_RESULTS["config rollout"]

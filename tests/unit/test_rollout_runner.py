@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -14,14 +15,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ascend_fleet import rollout
+from ascend_fleet import rollout, rollout_cli
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import check_fleet
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.rollout import GATEWAY_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
 from ascend_fleet.rollout_cli import rollout_app
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
+QWEN25_72B = PROJECT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct"
 CANARY, W2, W3 = "npu-01.example.internal", "npu-02.example.internal", "npu-03.example.internal"
 WAVE1 = {f"{host}/vllm-{i}" for host in (W2, W3) for i in (0, 1)}
 STOPPED_AT_WAVE1 = {f"{W2}/vllm-0": ("health", "/health answers 503")}
@@ -60,6 +63,8 @@ def nodes(monkeypatch):
     monkeypatch.setattr(rollout, "gateway_problem", lambda url, model: None)
     monkeypatch.setattr(rollout, "retried", lambda check, seconds=0: check())
     monkeypatch.setattr(rollout, "DRAIN_SETTLE_SECONDS", 0)
+    # The prod model's config.json, as an operator puts it in files/models/ for preflight's plan.
+    monkeypatch.setattr(rollout_cli, "check_fleet", partial(check_fleet, model_config=QWEN25_72B))
     return fake
 
 
@@ -142,6 +147,14 @@ def test_a_deploy_file_that_is_not_python_changes_nothing(nodes, state_dir, tmp_
 def test_bad_host_data_changes_nothing(nodes, state_dir):
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--data", "tensor_parallel_size=3")
     assert error.startswith(f"rollout changed nothing: {CANARY}: tensor_parallel_size: 3 does not divide")
+    assert nodes.runs == [] and not state_dir.exists()
+
+
+def test_data_whose_plan_does_not_fit_changes_nothing(nodes, state_dir):
+    """The capacity plan preflight refuses is refused before a wave is drained for it."""
+    serving = json.dumps({"max_model_len": 10_000_000, "gpu_memory_utilization": 0.9, "dtype": "bfloat16"})
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--data", f"serving={serving}")
+    assert re.match(rf"rollout changed nothing: {CANARY} instance vllm-0: ", error), error
     assert nodes.runs == [] and not state_dir.exists()
 
 
