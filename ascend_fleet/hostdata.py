@@ -190,6 +190,9 @@ class NodeConfig(_Strict):
                                  "they serve through the gateway, each back on /health before the next (one: a "
                                  "config change costs the fleet one instance's capacity at a time, and nginx "
                                  "sends that instance's share to the others); a rollout drains them instead")
+    gateway_fail_timeout: int = Field(10, ge=1, description="seconds Nginx keeps an instance out of rotation after "
+                                      "max_fails failed attempts (its fail_timeout), even once it answers; a plain "
+                                      "deploy's routed restarts wait this long after each instance is back")
     reboot_timeout: int = Field(900, gt=0, description="seconds the driver stage waits for a node to answer "
                                 "SSH again after its reboot before it reports the node as not back")
     instance_firewall: bool = Field(True, description="workers: nftables lets only the gateway hosts, "

@@ -16,7 +16,7 @@ from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_token
 from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
-from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.hostdata import Gateway, Instance, NodeConfig, host_node_config
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
@@ -36,7 +36,7 @@ GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 START_TIMEOUT_SECONDS = 1800
 STOP_TIMEOUT_SECONDS = 120
 START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
-GATEWAY_UPSTREAM = {"max_fails": 2, "fail_timeout": 10, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
+GATEWAY_UPSTREAM = {"max_fails": 2, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
 
 
 def unit_name(instance: Instance | str) -> str:
@@ -171,7 +171,7 @@ def serve_stage() -> None:
         if routed:
             units.restarted_while_routed(
                 name=f"Instance {instance.name} restarted, {config.max_unavailable} at a time while the others serve",
-                unit=unit_name(instance), gateway_memory_seconds=GATEWAY_UPSTREAM["fail_timeout"],
+                unit=unit_name(instance), gateway_memory_seconds=config.gateway_fail_timeout,
                 _parallel=config.max_unavailable)
         systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
                         enabled=True, restarted=changed and not routed, daemon_reload=changed and not routed)
@@ -226,11 +226,17 @@ def fleet_backends(state: FleetState) -> list[dict]:
 
 def gateway_config(config: NodeConfig) -> str:
     """The gateway's nginx config over the instances that have served, as the fleet state has them now."""
-    backends = fleet_backends(FleetState(config.fleet_state_dir))
-    return render(TEMPLATES / "nginx-gateway.conf.j2", upstream=config.gateway.upstream_name,
-                  listen_port=config.gateway.listen_port, backends=backends,
+    return render_gateway_config(fleet_backends(FleetState(config.fleet_state_dir)), config.gateway,
+                                 config.gateway_fail_timeout)
+
+
+def render_gateway_config(backends: list[dict], gateway: Gateway, fail_timeout: int) -> str:
+    """The gateway's nginx config over these backends (as fleet_backends gives them)."""
+    return render(TEMPLATES / "nginx-gateway.conf.j2", upstream=gateway.upstream_name,
+                  listen_port=gateway.listen_port, backends=backends,
                   # Every server once: a request is not answered 502 while one instance can take it.
-                  next_upstream_tries=sum(not backend["drained"] for backend in backends), **GATEWAY_UPSTREAM)
+                  next_upstream_tries=sum(not backend["drained"] for backend in backends),
+                  fail_timeout=fail_timeout, **GATEWAY_UPSTREAM)
 
 
 @deploy("Gateway")

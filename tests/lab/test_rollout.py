@@ -142,8 +142,8 @@ def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_i
         assert unit_starts(lab, "worker3") == wave2_before
         config = gateway_config(lab)
         worker2 = address(lab, "worker2")
-        assert f"{worker2}:8000 max_fails=2 fail_timeout=10s;" not in config  # it gets no requests
-        assert f"{address(lab, 'worker3')}:8000 max_fails=2 fail_timeout=10s;" in config
+        assert f"{worker2}:8000 max_fails=2 fail_timeout=3s;" not in config  # it gets no requests
+        assert f"{address(lab, 'worker3')}:8000 max_fails=2 fail_timeout=3s;" in config
         # A fresh rollout is refused while this one is stopped.
         refused, _ = rollout(lab, "--data", buffsize_data(512), check=False)
         assert "add --resume" in refused.stderr
@@ -170,8 +170,8 @@ def test_a_stopped_rollout_can_be_abandoned_and_the_fleet_is_whole_again(lab, se
             "error: rollout abandoned, but worker2/vllm-0 (gate health: /health answers 503) stays out of the "
             "gateway: fix it, then run ascend-fleet rollout inventories/lab.py --abandon again to put it back")
         config = gateway_config(lab)  # vllm-0 gets no requests, vllm-1 does
-        assert f"{worker2}:8000 max_fails=2 fail_timeout=10s;" not in config
-        assert f"{worker2}:8001 max_fails=2 fail_timeout=10s;" in config
+        assert f"{worker2}:8000 max_fails=2 fail_timeout=3s;" not in config
+        assert f"{worker2}:8001 max_fails=2 fail_timeout=3s;" in config
         # The rollout is over: nothing to resume.
         assert "--resume: no stopped rollout is recorded" in rollout(lab, "--resume", check=False)[0].stderr
         heal(lab, "worker2")
@@ -182,7 +182,7 @@ def test_a_stopped_rollout_can_be_abandoned_and_the_fleet_is_whole_again(lab, se
     assert " down;" not in config
     for node in lab.workers:
         for port in (8000, 8001):
-            assert f"{address(lab, node)}:{port} max_fails=2 fail_timeout=10s;" in config
+            assert f"{address(lab, node)}:{port} max_fails=2 fail_timeout=3s;" in config
     summary = LOAD_RESULTS["abandoned rollout"]
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
 

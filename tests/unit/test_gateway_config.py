@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import TEMPLATES
 from ascend_fleet.fleetstate import FleetState, counts_as_served
-from ascend_fleet.stages.serving import GATEWAY_UPSTREAM
-from ascend_fleet.templating import render
+from ascend_fleet.hostdata import Gateway
+from ascend_fleet.stages.serving import render_gateway_config
 
 
 def gateway(backends: list[dict]) -> str:
-    return render(TEMPLATES / "nginx-gateway.conf.j2", upstream="vllm_backend", listen_port=80, backends=backends,
-                  next_upstream_tries=sum(not b["drained"] for b in backends), **GATEWAY_UPSTREAM)
+    return render_gateway_config(backends, Gateway(), fail_timeout=10)
 
 
 def nginx_accepts(site: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -121,14 +121,12 @@ def test_load_report_counts_errors_and_p99_of_the_successful():
 
 
 def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_first():
-    from ascend_fleet import TEMPLATES
-    from ascend_fleet.stages.serving import GATEWAY_UPSTREAM
-    from ascend_fleet.templating import render
+    from ascend_fleet.hostdata import Gateway
+    from ascend_fleet.stages.serving import render_gateway_config
 
     backends = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
                 {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]
-    config = render(TEMPLATES / "nginx-gateway.conf.j2", upstream="vllm_backend", listen_port=80, backends=backends,
-                    next_upstream_tries=1, **GATEWAY_UPSTREAM)
+    config = render_gateway_config(backends, Gateway(), fail_timeout=10)
     assert "server 10.0.0.11:8000 max_fails=2 fail_timeout=10s;  # w1/vllm-0" in config
     assert "server 10.0.0.12:8000 max_fails=2 fail_timeout=10s down;  # w2/vllm-0" in config
     # vLLM's uvicorn drops idle keepalive connections after 5 s: nginx must let go first.
