@@ -662,6 +662,20 @@ class InstanceRecord:
         )
 
 
+def reserved_ports(records: Sequence[InstanceRecord]) -> str:
+    """Every port of these instances in the form the kernel reads net.ipv4.ip_local_reserved_ports
+    back in (so a rerun compares equal): ascending, touching ports merged into one a-b range, a
+    lone port alone, e.g. "8000-8001,51000-51031,60000-60031"."""
+    ports = sorted({port for record in records for taken in record.port_ranges() for port in taken.ports})
+    spans: list[list[int]] = []
+    for port in ports:
+        if spans and port == spans[-1][1] + 1:
+            spans[-1][1] = port
+        else:
+            spans.append([port, port])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
 @dataclass(frozen=True)
 class PortClash:
     """Two port ranges on one node that share a port: of two instances, or of the same one."""

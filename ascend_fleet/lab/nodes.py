@@ -180,7 +180,7 @@ def start_lxcfs(state: LabState, spec: LabSpec) -> None:
     entry["pid"] = processes.spawn(["lxcfs", "--foreground", f"--pidfile={logs / 'lxcfs.pid'}", str(mountpoint)],
                                    logs / "lxcfs.log")
     state.save()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while not (mountpoint / "proc" / "uptime").exists():
         if time.monotonic() > deadline or not processes.is_ours(entry["pid"], entry["marker"]):
             raise FleetError(f"lab: lxcfs did not mount {mountpoint}; see {logs / 'lxcfs.log'}")

@@ -13,6 +13,7 @@ first so that nspawn's payload is the node's alone: ascend_fleet/lab/cgroups.py)
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,9 @@ from ascend_fleet.lab.cgroups import join
 
 REBOOT_EXIT_CODE = 133
 SHUTDOWN_GRACE_SECONDS = 30
+# The node's /proc/sys/net writable, as a server's is (systemd's ENVIRONMENT.md: "network" leaves
+# only /proc/sys/net/ writable): the deploy reserves instance ports there.
+NSPAWN_ENV = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
 
 
 class Supervisor:
@@ -48,7 +52,7 @@ class Supervisor:
         boots = 0
         while not self.stopping:
             boots += 1
-            self.nspawn = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
+            self.nspawn = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=NSPAWN_ENV)
             (self.node_dir / "nspawn.pid").write_text(str(self.nspawn.pid))
             self.log(f"boot {boots}: systemd-nspawn pid {self.nspawn.pid}")
             code = self.wait_for_nspawn()

@@ -11,8 +11,11 @@ from pyinfra.operations import files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import ASCEND_HOME
+from ascend_fleet.fleetstate import COLOURS
+from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.environment import service_env_file
+from ascend_fleet.planner import reserved_ports
 from ascend_fleet.stages.context import runs_npus
 from ascend_fleet.templating import render
 
@@ -22,6 +25,9 @@ ENV_SCRIPTS = [f"{ASCEND_HOME}/cann/set_env.sh", f"{ASCEND_HOME}/ascend-toolkit/
                f"{ASCEND_HOME}/nnal/atb/set_env.sh"]
 SYSCTL_FILE = "/etc/sysctl.d/90-ascend-fleet.conf"
 HOST_SYSCTLS = {"vm.swappiness": 0, "kernel.numa_balancing": 0}
+# The kernel takes no outgoing connection's port from these (its ephemeral range, 32768-60999 by
+# default, covers VLLM_PORT 51000 and HCCL's 60000): the vendor's answer for HCCL's ports.
+RESERVED_PORTS = "net.ipv4.ip_local_reserved_ports"
 CPU_GOVERNOR = "performance"
 GOVERNOR_UNIT = "ascend-fleet-cpu-governor.service"
 
@@ -46,12 +52,16 @@ def environment_stage() -> None:
     service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
                      env_scripts=ENV_SCRIPTS, settings=settings)
 
-    sysctl_conf = files.put(name="Host tuning (sysctl)", dest=SYSCTL_FILE, mode="644",
-                            src=rendered("sysctl-ascend-fleet.conf.j2", sysctls=HOST_SYSCTLS))
-    # Applied when they change. A container (a lab node) has a read-only /proc/sys and no
-    # cpufreq: there the settings are kept for boot but can only take effect on a real host.
+    # Both colours: a blue/green swap starts the other set of instances without this stage.
+    reserved = reserved_ports([instance.record() for colour in COLOURS
+                               for instance in host_node_config(host, colour).instances])
+    sysctl_conf = files.put(name="Host tuning and reserved instance ports (sysctl)", dest=SYSCTL_FILE, mode="644",
+                            src=rendered("sysctl-ascend-fleet.conf.j2", sysctls={**HOST_SYSCTLS, RESERVED_PORTS: reserved}))
+    # Applied when they change. A container (a lab node) has a read-only /proc/sys but for its own
+    # network's, and no cpufreq: there the host tuning is kept for boot, for a real host.
     if sysctl_conf.will_change and node_can("test -w /proc/sys/vm/swappiness"):
         server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"])
+    server.sysctl(name="Instance ports reserved from the ephemeral range now", key=RESERVED_PORTS, value=reserved)
     governor_unit = files.put(name=f"CPU governor {CPU_GOVERNOR} unit", dest=f"/etc/systemd/system/{GOVERNOR_UNIT}",
                               mode="644", src=rendered("cpu-governor.service.j2", governor=CPU_GOVERNOR))
     if governor_unit.will_change:

@@ -26,6 +26,9 @@ pytestmark = pytest.mark.lab
 WORKERS = ("worker1", "worker2", "worker3")
 GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 FILLER = "/mnt/nvme/filler"
+# Every port the lab data's instances take, blue and green (issue 13): API 8000-8001 and the green
+# 8002-8003; VLLM_PORT 51000 + 16 per instance, four instances; HCCL 60000 + 16 per instance.
+RESERVED = "8000-8003,51000-51063,60000-60063"
 STAGES = ("Preflight", "NPU driver and firmware", "CANN", "Python stack", "Ascend environment", "Weights", "Serve",
           "Gateway", "Verify")
 TIMINGS: dict[str, float] = {}
@@ -119,6 +122,8 @@ def test_workers_that_never_served_stay_out_of_the_gateway_and_no_request_fails(
 
 def test_fresh_fleet_ends_serving_through_nginx_after_one_reboot_each(lab, deployed):
     assert totals(deployed["first"])["errors"] == 0
+    for worker in WORKERS:  # no outgoing connection takes a port an instance listens on
+        assert lab.run(worker, "sysctl -n net.ipv4.ip_local_reserved_ports").stdout.strip() == RESERVED
     reply = chat_through_gateway(lab)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
     boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
@@ -154,8 +159,9 @@ def test_every_boot_of_the_whole_fleet_loads_each_workers_firewall_and_fails_no_
         for worker in WORKERS:
             assert lab.boot_id(worker) != before[worker], f"boot {boot}: {worker} did not reboot"
             state = lab.run(worker, "systemctl is-system-running --wait; systemctl --failed --no-legend --plain; "
-                                    "nft list table inet ascend_fleet > /dev/null && echo table loaded", check=False)
-            assert state.stdout.split() == ["running", "table", "loaded"], f"boot {boot}, {worker}: {state.stdout}"
+                                    "nft list table inet ascend_fleet > /dev/null && echo table loaded; "
+                                    "sysctl -n net.ipv4.ip_local_reserved_ports", check=False)
+            assert state.stdout.split() == ["running", "table", "loaded", RESERVED], f"boot {boot}, {worker}: {state.stdout}"
     reply = chat_through_gateway(lab)
     assert reply.status_code == 200, reply.text
 

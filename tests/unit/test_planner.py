@@ -32,6 +32,7 @@ from ascend_fleet.planner import (
     kv_cache_bytes_per_token,
     linear_state_bytes_per_sequence,
     plan_instance,
+    reserved_ports,
     version_key,
     weight_bytes,
     weight_bytes_per_npu,
@@ -315,6 +316,14 @@ def test_max_model_len_beyond_position_embeddings_refuses():
 
 BLUE = InstanceRecord("blue", npus=(0, 1, 2, 3), port=8000, hccl_base_port=60000, vllm_port=61000)
 GREEN = InstanceRecord("green", npus=(4, 5, 6, 7), port=8001, hccl_base_port=60016, vllm_port=61016)
+
+
+def test_reserved_ports_are_every_instance_range_in_the_kernels_own_form():
+    """net.ipv4.ip_local_reserved_ports reads back ascending, touching ranges merged, a lone port
+    alone; the deploy compares that with what it sets, so the form decides whether a rerun is a no-op."""
+    assert reserved_ports([BLUE, GREEN]) == "8000-8001,60000-60031,61000-61031"
+    assert reserved_ports([replace(BLUE, port=9000), replace(GREEN, vllm_port=61100)]) == \
+        "8001,9000,60000-60031,61000-61015,61100-61115"
 
 
 def test_instances_with_distinct_npus_and_ports_pass():
