@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import requests
+import yaml
 from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
@@ -28,28 +30,24 @@ from ascend_fleet.planner import (
     Finding,
     InstancePlan,
     ModelShape,
+    ModelSupport,
     chip_by_name,
     check_block_size,
-    check_transformers_version,
+    check_model_support,
     check_vllm_use_v1,
     judge,
     plan_instance,
 )
 from ascend_fleet.profile import Profile, load_profile
 
-# The first transformers release that knows each model_type: facts about transformers,
-# not pins of our stack (those live in profiles). Checked against the wheels on PyPI:
-# 4.56.2 lacks qwen3_next, 4.57.0 has it (yanked; 4.57.1 is the first installable);
-# 5.1.0 lacks qwen3_5, 5.2.0 has qwen3_5 and qwen3_5_moe.
-TRANSFORMERS_FIRST_RELEASE = {
-    "qwen2": "4.37.0",
-    "qwen2_moe": "4.40.0",
-    "qwen3": "4.51.0",
-    "qwen3_moe": "4.51.0",
-    "qwen3_next": "4.57.0",
-    "qwen3_5": "5.2.0",
-    "qwen3_5_moe": "5.2.0",
-}
+# The first releases that serve each model_type, with their sources.
+MODEL_TYPES_FILE = Path(__file__).with_name("model_types.yaml")
+
+
+@cache
+def model_support() -> dict[str, ModelSupport]:
+    return {name: ModelSupport(**fields) for name, fields in yaml.safe_load(MODEL_TYPES_FILE.read_text()).items()}
+
 
 # A control-machine copy of model configs, laid out as the mirror publishes models:
 # <org>/<name>/<revision>/config.json.
@@ -198,7 +196,8 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> l
     """What the profile and serving options imply beyond capacity (field notes, section 3)."""
     serving = config.serving
     findings = [
-        *check_transformers_version(shape.model_type, profile.stack.transformers, TRANSFORMERS_FIRST_RELEASE),
+        *check_model_support(config.model.id, shape.model_type, profile.name, profile.stack.model_dump(),
+                             model_support()),
         *check_block_size(serving.block_size, serving.enable_prefix_caching, serving.enable_chunked_prefill, shape.is_hybrid),
         *check_vllm_use_v1(config.npu_env, profile.stack.vllm),
     ]

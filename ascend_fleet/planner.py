@@ -742,14 +742,37 @@ def _version_at_least(version: str, minimum: str) -> bool:
     return version_key(version) >= version_key(minimum)
 
 
-def check_transformers_version(model_type: str, transformers_version: str, minimum_versions: Mapping[str, str]) -> list[Finding]:
-    """Refuse a transformers older than the first release that knows `model_type`."""
-    minimum = minimum_versions.get(model_type)
-    if minimum is None:
-        return [Finding(WARNING, "transformers-unknown-model", f"no minimum transformers version is recorded for model_type {model_type!r}")]
-    if not _version_at_least(transformers_version, minimum):
-        return [Finding(ERROR, "transformers-too-old", f"transformers {transformers_version} does not know model_type {model_type!r} (needs >= {minimum}; fails with KeyError: '{model_type}')")]
-    return []
+@dataclass(frozen=True)
+class ModelSupport:
+    """The first releases that serve one model_type (ascend_fleet/model_types.yaml says each source)."""
+
+    transformers: str  # the first whose AutoConfig knows it
+    vllm_ascend: str | None = None  # the first that serves it; None: unknown
+    vllm_config: str | None = None  # a vLLM that brings its own config class for it
+
+
+def check_model_support(model: str, model_type: str, profile: str, versions: Mapping[str, str],
+                        support: Mapping[str, ModelSupport]) -> list[Finding]:
+    """Refuse a profile too old for the model: a vllm-ascend before the first that serves its
+    model_type, or a transformers that does not know it when the pinned vLLM brings no config of
+    its own. `versions`: the profile's vllm_ascend, vllm and transformers."""
+    known = support.get(model_type)
+    if known is None:
+        return [Finding(WARNING, "model-type-unknown", f"no first releases are recorded for model_type "
+                                 f"{model_type!r} of {model} (ascend_fleet/model_types.yaml); whether profile "
+                                 f"{profile} serves it is not checked")]
+    findings = []
+    vllm_ascend = versions["vllm_ascend"]
+    if known.vllm_ascend and not _version_at_least(vllm_ascend, known.vllm_ascend):
+        findings.append(Finding(ERROR, "vllm-ascend-too-old", f"{model} (model_type {model_type!r}) is served from "
+                                f"vllm-ascend {known.vllm_ascend} on, profile {profile} pins {vllm_ascend}; "
+                                "choose a newer profile"))
+    own_config = known.vllm_config is not None and _version_at_least(versions["vllm"], known.vllm_config)
+    if not own_config and not _version_at_least(versions["transformers"], known.transformers):
+        findings.append(Finding(ERROR, "transformers-too-old", f"transformers {versions['transformers']} (profile "
+                                f"{profile}) does not know model_type {model_type!r} of {model} (needs >= "
+                                f"{known.transformers}; fails with KeyError: '{model_type}')"))
+    return findings
 
 
 def check_blue_green(current: InstancePlan, replacement: InstancePlan) -> list[Finding]:

@@ -182,10 +182,22 @@ def test_the_handbook_profile_warns_that_it_matches_no_upstream_row(tmp_path, mo
     assert "warning: profile handbook matches no upstream vllm-ascend row" in " ".join(result.output.split())
 
 
-def test_a_transformers_too_old_for_the_model_is_refused(tmp_path):
+def test_a_profile_too_old_for_the_model_is_refused_by_preflights_plan(tmp_path):
     inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.13.0", model="Qwen3.5-27B", serving="")), tmp_path)
-    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: transformers 4.57.6 does not know model_type 'qwen3_5'"):
+    with pytest.raises(FleetError) as refused:
         check_fleet(inventory, MODELS / "qwen3.5-27b")
+    assert str(refused.value) == ("node1 instance vllm-0: Qwen/Qwen3.5-27B (model_type 'qwen3_5') is served from "
+                                  "vllm-ascend 0.17.0rc1 on, profile vllm-ascend-0.13.0 pins 0.13.0; choose a newer profile")
+
+
+def test_qwen3_5_on_the_0_18_0_profile_is_not_refused_for_its_transformers(tmp_path, monkeypatch):
+    """vLLM 0.18.0 brings its own Qwen3.5 config and requires transformers < 5: the profile's 4.57.6
+    serves it, where a check of transformers alone (first knows qwen3_5 in 5.2.0) refused it."""
+    inventory = write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.18.0", model="Qwen3.5-27B", serving=""))
+    result = plan_cli(inventory, MODELS / "qwen3.5-27b", monkeypatch, "--json")
+    assert result.exception is None, result.output
+    codes = {finding["code"] for finding in json.loads(result.output)["instances"][0]["findings"]}
+    assert not codes & {"vllm-ascend-too-old", "transformers-too-old"}, codes
 
 
 def test_block_size_and_vllm_use_v1_are_warned_about(tmp_path):

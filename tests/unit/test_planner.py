@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from ascend_fleet.cli import app
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import model_support
+from ascend_fleet.profile import load_profile
 from ascend_fleet.planner import (
     CHIPS,
     DOES_NOT_FIT,
@@ -20,12 +22,13 @@ from ascend_fleet.planner import (
     ConfigError,
     InstanceRecord,
     ModelShape,
+    ModelSupport,
     check_block_size,
     check_blue_green,
     check_concurrency,
     check_gpu_memory_utilization,
     check_node_instances,
-    check_transformers_version,
+    check_model_support,
     check_vllm_use_v1,
     check_weights_fit,
     chip_by_name,
@@ -360,13 +363,34 @@ def test_an_instance_whose_own_ports_meet_is_refused(blue, message):
     assert [(f.code, f.message) for f in check_node_instances([blue])] == [("shared-port", message)]
 
 
-def test_transformers_too_old_for_the_model_type_refuses():
-    minimums = {"qwen3_5_moe": "5.2.0"}  # test data; the real table belongs to the stack profiles
-    assert codes(check_transformers_version("qwen3_5_moe", "4.57.1", minimums)) == ["transformers-too-old"]
-    assert codes(check_transformers_version("qwen3_5_moe", "5.2.0.dev0", minimums)) == ["transformers-too-old"]
-    assert check_transformers_version("qwen3_5_moe", "5.2.0", minimums) == []
-    assert check_transformers_version("qwen3_5_moe", "5.10", minimums) == []
-    assert codes(check_transformers_version("qwen9", "5.2.0", minimums)) == ["transformers-unknown-model"]
+def test_a_profile_too_old_for_the_model_type_is_refused_naming_model_profile_and_minimum():
+    support = {"qwen3_5_moe": ModelSupport(transformers="5.2.0", vllm_ascend="0.17.0rc1", vllm_config="0.17.0")}
+
+    def found(vllm_ascend: str, vllm: str, transformers: str) -> list[tuple[str, str]]:
+        versions = {"vllm_ascend": vllm_ascend, "vllm": vllm, "transformers": transformers}
+        return [(f.code, f.message) for f in check_model_support("Qwen/Qwen3.5-35B-A3B", "qwen3_5_moe", "p", versions, support)]
+
+    assert found("0.13.0", "0.13.0", "4.57.6") == [
+        ("vllm-ascend-too-old", "Qwen/Qwen3.5-35B-A3B (model_type 'qwen3_5_moe') is served from vllm-ascend 0.17.0rc1 "
+                                "on, profile p pins 0.13.0; choose a newer profile"),
+        ("transformers-too-old", "transformers 4.57.6 (profile p) does not know model_type 'qwen3_5_moe' of "
+                                 "Qwen/Qwen3.5-35B-A3B (needs >= 5.2.0; fails with KeyError: 'qwen3_5_moe')")]
+    # vLLM 0.17.0 on brings its own Qwen3.5 config (and requires transformers < 5): 4.57.6 is enough.
+    assert found("0.18.0", "0.18.0", "4.57.6") == []
+    assert found("0.17.0rc1", "0.17.0", "4.57.4") == []
+    assert [code for code, _ in found("0.17.0rc1", "0.16.0", "5.2.0.dev0")] == ["transformers-too-old"]
+    assert found("0.23.0", "0.23.0", "5.5.4") == []
+    assert [f.code for f in check_model_support("m", "qwen9", "p", {}, support)] == ["model-type-unknown"]
+
+
+def test_the_recorded_first_releases_hold_for_the_shipped_profiles():
+    """Qwen3.5 on the first profile that serves it passes; on 0.13.0 it is refused (issue 13)."""
+    support = model_support()
+    stacks = {name: load_profile(name).stack.model_dump() for name in ("vllm-ascend-0.13.0", "vllm-ascend-0.18.0")}
+    assert [f.code for f in check_model_support("m", "qwen3_5", "old", stacks["vllm-ascend-0.13.0"], support)] == [
+        "vllm-ascend-too-old", "transformers-too-old"]
+    assert check_model_support("m", "qwen3_5_moe", "new", stacks["vllm-ascend-0.18.0"], support) == []
+    assert check_model_support("m", "qwen3", "old", stacks["vllm-ascend-0.13.0"], support) == []
 
 
 def test_version_ordering():
