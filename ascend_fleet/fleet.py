@@ -39,6 +39,7 @@ from ascend_fleet.planner import (
     plan_instance,
 )
 from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
 
 # The first releases that serve each model_type, with their sources.
 MODEL_TYPES_FILE = Path(__file__).with_name("model_types.yaml")
@@ -200,6 +201,8 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> l
                              model_support()),
         *check_block_size(serving.block_size, serving.enable_prefix_caching, serving.enable_chunked_prefill, shape.is_hybrid),
         *check_vllm_use_v1(config.npu_env, profile.stack.vllm),
+        # The options differ per instance only in values (ports, TP size): the first stands for all.
+        *check_vllm_args(vllm_args(config, config.instances[0], "MODEL"), profile.stack.vllm),
     ]
     if profile.upstream.vllm_ascend_row is None:
         findings.append(Finding(WARNING, "profile-no-upstream-row",
@@ -219,7 +222,7 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[I
         plan = plan_instance(shape, chip_by_name(config.chip), tp=len(instance.npus),
                              max_model_len=serving.max_model_len,
                              gpu_memory_utilization=serving.gpu_memory_utilization,
-                             dtype=serving.dtype, quantization=serving.quantization, policy=policy)
+                             dtype=serving.dtype, quantization=serving.quantization_scheme, policy=policy)
         reports.append(InstanceReport(config.host, instance, plan, [*plan.findings, *stack]))
     return reports
 

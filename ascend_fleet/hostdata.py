@@ -104,9 +104,26 @@ class Serving(_Strict):
     max_num_batched_tokens: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
     dtype: Literal[tuple(DTYPE_BYTES)] = "bfloat16"
-    quantization: Literal[tuple(QUANTIZED_BYTES_PER_PARAM)] | None = None
+    # vllm-ascend's quantization method for msModelSlim weights (W8A8, W4A8); vLLM refuses the scheme names.
+    quantization: Literal["ascend"] | None = None
+    quantization_scheme: Literal[tuple(QUANTIZED_BYTES_PER_PARAM)] | None = Field(
+        None, description="the weights' scheme, for the planner's sizes; with quantization: ascend")
     block_size: int | None = Field(None, gt=0)
+    enable_expert_parallel: bool | None = None
+    async_scheduling: bool | None = None
+    speculative_config: dict | None = Field(None, description="--speculative-config, e.g. the MTP head of "
+                                            "Qwen3.5: {method: qwen3_5_mtp, num_speculative_tokens: 1}")
+    compilation_config: dict | None = Field(None, description='--compilation-config, e.g. {cudagraph_mode: FULL_DECODE_ONLY}')
+    additional_config: dict | None = Field(None, description="--additional-config, vllm-ascend's own options")
+    mamba_ssm_cache_dtype: str | None = None
     extra_args: list[str] = Field(default_factory=list, description="further vllm serve arguments, verbatim")
+
+    @model_validator(mode="after")
+    def _quantization_scheme_with_ascend(self) -> Serving:
+        if (self.quantization is None) != (self.quantization_scheme is None):
+            raise ValueError("quantization: ascend and quantization_scheme (w8a8, w4a8, int4: the weights' "
+                             "msModelSlim scheme) go together; set both or neither")
+        return self
 
 
 class Instance(_Strict):

@@ -25,6 +25,7 @@ from ascend_fleet.stages.context import node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
+from ascend_fleet.vllm_cli import vllm_args
 
 HELPER = "/usr/local/lib/ascend-fleet/ascend-fleet-instance"
 INSTANCE_ENV_DIR = "/etc/ascend-fleet/instances"
@@ -85,24 +86,6 @@ def all_but(name: str) -> Callable[[set[str] | None], set[str]]:
 def stack_fingerprint(profile: Profile) -> str:
     """Changes whenever any version of the stack does, so the instances restart onto it."""
     return f"{profile.name}-{hashlib.sha256(profile.stack.model_dump_json().encode()).hexdigest()[:12]}"
-
-
-def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[str]:
-    """The `vllm serve` options for one instance, from the model and serving data."""
-    serving, model = config.serving, config.model
-    args = ["--model", model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
-            "--port", str(instance.port), "--tensor-parallel-size", str(len(instance.npus)),
-            "--dtype", serving.dtype, "--max-model-len", str(serving.max_model_len),
-            "--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
-    flags = {"prefix-caching": serving.enable_prefix_caching, "chunked-prefill": serving.enable_chunked_prefill}
-    # vLLM's BooleanOptionalAction pairs: only --no-enable-X turns off what vLLM turns on by default.
-    args += [f"--{'' if enabled else 'no-'}enable-{feature}" for feature, enabled in flags.items() if enabled is not None]
-    options = {"--max-num-batched-tokens": serving.max_num_batched_tokens, "--max-num-seqs": serving.max_num_seqs,
-               "--block-size": serving.block_size, "--quantization": serving.quantization}
-    for option, value in options.items():
-        if value is not None:
-            args += [option, str(value)]
-    return args + serving.extra_args
 
 
 @deploy("Weights")

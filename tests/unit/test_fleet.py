@@ -20,7 +20,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.stages.serving import vllm_args
+from ascend_fleet.vllm_cli import vllm_args
 
 MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
 QWEN25_72B = MODELS / "qwen2.5-72b-instruct"

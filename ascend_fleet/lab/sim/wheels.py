@@ -49,7 +49,7 @@ from ascend_fleet.profile import ARCHES, is_cpu_build
 
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
-OPTIONS_DIR = SIM_DIR / "vllm_options"
+OPTIONS_DIR = SIM_DIR.parents[1] / "vllm_options"  # the real releases' option sets, product data
 PLANNER_FILE = SIM_DIR.parents[1] / "planner.py"
 RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
 

@@ -1,0 +1,79 @@
+"""An instance's `vllm serve` command line, and the pinned vLLM release's own option table to hold it
+against (vllm_options/<version>.json: every argparse action of that release's API server,
+extracted from the real wheel by vllm_options/extract.py)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+from packaging.version import Version
+
+from ascend_fleet.hostdata import Instance, NodeConfig
+from ascend_fleet.planner import ERROR, WARNING, Finding
+
+OPTIONS_DIR = Path(__file__).with_name("vllm_options")
+
+
+def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[str]:
+    """The `vllm serve` options for one instance, from the model and serving data."""
+    serving, model = config.serving, config.model
+    args = ["--model", model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
+            "--port", str(instance.port), "--tensor-parallel-size", str(len(instance.npus)),
+            "--dtype", serving.dtype, "--max-model-len", str(serving.max_model_len),
+            "--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
+    # vLLM's BooleanOptionalAction pairs: only --no-X turns off what vLLM turns on by default.
+    switches = {"enable-prefix-caching": serving.enable_prefix_caching,
+                "enable-chunked-prefill": serving.enable_chunked_prefill,
+                "enable-expert-parallel": serving.enable_expert_parallel,
+                "async-scheduling": serving.async_scheduling}
+    args += [f"--{'' if on else 'no-'}{switch}" for switch, on in switches.items() if on is not None]
+    options = {"--max-num-batched-tokens": serving.max_num_batched_tokens, "--max-num-seqs": serving.max_num_seqs,
+               "--block-size": serving.block_size, "--quantization": serving.quantization,
+               "--mamba-ssm-cache-dtype": serving.mamba_ssm_cache_dtype}
+    # vLLM parses these as JSON; one word without spaces, so ps and the unit show it whole.
+    options |= {option: json.dumps(value, separators=(",", ":"), sort_keys=True) if value is not None else None
+                for option, value in {"--speculative-config": serving.speculative_config,
+                                      "--compilation-config": serving.compilation_config,
+                                      "--additional-config": serving.additional_config}.items()}
+    for option, value in options.items():
+        if value is not None:
+            args += [option, str(value)]
+    return args + serving.extra_args
+
+
+@cache
+def option_table(vllm_version: str) -> dict[str, dict] | None:
+    """{flag: argparse action} of the release's API server (`python -m vllm.entrypoints.openai.api_server`,
+    what the unit runs), or None when no table was extracted for it (a +cpu build uses its release's)."""
+    path = OPTIONS_DIR / f"{Version(vllm_version).public}.json"
+    if not path.is_file():
+        return None
+    actions = json.loads(path.read_text())["api_server"]["actions"]
+    return {flag: action for action in actions for flag in action["flags"]}
+
+
+def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
+    """Every option the command line passes exists in the pinned vLLM, with a value it accepts."""
+    table = option_table(vllm_version)
+    if table is None:
+        known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.json")))
+        return [Finding(WARNING, "vllm-options-unknown", f"no option table for vLLM {vllm_version} (have {known}); "
+                                 "the serving options are not checked against it")]
+    findings = []
+    for index, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        # FlexibleArgumentParser takes --max_model_len for --max-model-len.
+        flag = arg.split("=", 1)[0].replace("_", "-")
+        action = table.get(flag)
+        if action is None:
+            findings.append(Finding(ERROR, "vllm-option-unknown", f"vLLM {vllm_version} has no option {flag}; "
+                                    "remove it from the serving data (or extra_args)"))
+            continue
+        value = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else None)
+        if action["choices"] and value not in [str(choice) for choice in action["choices"]]:
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes one of "
+                                    f"{', '.join(map(str, action['choices']))}, not {value}"))
+    return findings

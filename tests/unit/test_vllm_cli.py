@@ -1,0 +1,88 @@
+"""The instance's vLLM command line: the Qwen3.5 recipes' options as vllm-ascend's guides pass them,
+held against the pinned vLLM release's own option table, and written into the unit so that
+systemd (its own parser, `systemd-analyze verify`) reads the same words back."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ascend_fleet import TEMPLATES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory
+from ascend_fleet.templating import render
+from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
+from tests.unit.test_fleet import FLEET, MODELS, write_fleet
+
+# The Qwen3.5-35B-A3B W8A8 recipe of vllm-ascend's Atlas A2 guide, as serving data.
+RECIPE = ('"quantization": "ascend", "quantization_scheme": "w8a8", "enable_expert_parallel": True, '
+          '"enable_prefix_caching": False, "async_scheduling": True, '
+          '"speculative_config": {"method": "qwen3_5_mtp", "num_speculative_tokens": 1}, '
+          '"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}')
+SPECULATIVE = '{"method":"qwen3_5_mtp","num_speculative_tokens":1}'
+
+
+def config_of(tmp_path: Path, profile: str, serving: str, model: str = "Qwen3.5-35B-A3B"):
+    inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile=profile, model=model, serving=serving)),
+                               tmp_path)
+    return inventory, next(c for c in fleet_node_configs(inventory) if c.is_worker)
+
+
+def test_the_recipe_reaches_vllm_as_its_options(tmp_path):
+    _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE)
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    line = " ".join(args)
+    for expected in ("--quantization ascend", "--enable-expert-parallel", "--no-enable-prefix-caching",
+                     "--async-scheduling", f"--speculative-config {SPECULATIVE}",
+                     '--compilation-config {"cudagraph_mode":"FULL_DECODE_ONLY"}'):
+        assert expected in line, line
+    assert check_vllm_args(args, "0.18.0") == []
+
+
+def test_the_scheme_names_are_not_vllm_quantization_methods(tmp_path):
+    """Issue 13: `w8a8` was passed as --quantization, which vLLM rejects; the method is `ascend`."""
+    with pytest.raises(FleetError, match=r"serving.quantization: Input should be 'ascend'"):
+        config_of(tmp_path, "vllm-ascend-0.18.0", '"quantization": "w8a8"')
+    (tmp_path / "scheme").mkdir()
+    with pytest.raises(FleetError, match="quantization: ascend and quantization_scheme .* go together"):
+        config_of(tmp_path / "scheme", "vllm-ascend-0.18.0", '"quantization": "ascend"')
+
+
+def test_options_the_pinned_vllm_does_not_have_are_refused_before_any_host_changes(tmp_path):
+    # vLLM 0.13.0's --mamba-ssm-cache-dtype takes auto, float16, float32 (bfloat16 from 0.23.0 on).
+    inventory, _ = config_of(tmp_path, "vllm-ascend-0.23.0", '"mamba_ssm_cache_dtype": "bfloat16", '
+                                                             '"extra_args": ["--no-such-option"]', "Qwen3.5-27B")
+    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: vLLM 0.23.0 has no option --no-such-option; "):
+        check_fleet(inventory, MODELS / "qwen3.5-27b")
+    args = ["--mamba-ssm-cache-dtype", "bfloat16", "--max_model_len", "4096"]
+    assert [f.message for f in check_vllm_args(args, "0.13.0")] == [
+        "vLLM 0.13.0 --mamba-ssm-cache-dtype takes one of auto, float16, float32, not bfloat16"]
+    assert check_vllm_args(args, "0.23.0") == []
+    assert check_vllm_args(["--max-model-len", "1"], "0.32.0+cpu") == []  # a +cpu build: its release's table
+    assert [f.code for f in check_vllm_args([], "0.7.3")] == ["vllm-options-unknown"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
+    _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE + ', "extra_args": ["--chat-template-content-format", "100%$x"]')
+    instance = config.instances[0]
+    unit = tmp_path / "ascend-fleet-vllm-0.service"
+    unit.write_text(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id="m", revision="r",
+                           service_user="root", helper="/bin/true", venv=Path(sys.executable).parents[1],
+                           weights_marker="/x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),
+                           start_timeout=60, stop_timeout=30, start_limit_burst=3, start_limit_interval=300))
+    clean = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True)
+    assert (clean.returncode, clean.stdout, clean.stderr) == (0, "", "")
+    # systemd's debug dump of the line it parsed: each JSON option one word (it prints quotes escaped),
+    # % taken as written and $ kept for its variable expansion at exec time ($$ gives $).
+    dumped = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                            env={"SYSTEMD_LOG_LEVEL": "debug", "PATH": "/usr/bin:/bin"})
+    parsed = re.search(r"Command Line: (\S+ -m vllm\.entrypoints.+)", dumped.stdout + dumped.stderr)[1]
+    assert ' --speculative-config "{\\"method\\":\\"qwen3_5_mtp\\",\\"num_speculative_tokens\\":1}" ' in parsed, parsed
+    assert ' --compilation-config "{\\"cudagraph_mode\\":\\"FULL_DECODE_ONLY\\"}" ' in parsed, parsed
+    assert parsed.endswith(' --chat-template-content-format "100%\\$\\$x"'), parsed
