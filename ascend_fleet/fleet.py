@@ -222,7 +222,8 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[I
         plan = plan_instance(shape, chip_by_name(config.chip), tp=len(instance.npus),
                              max_model_len=serving.max_model_len,
                              gpu_memory_utilization=serving.gpu_memory_utilization,
-                             dtype=serving.dtype, quantization=serving.quantization_scheme, policy=policy)
+                             dtype=serving.dtype, quantization=serving.quantization_scheme,
+                             ep=bool(serving.enable_expert_parallel), policy=policy)
         reports.append(InstanceReport(config.host, instance, plan, [*plan.findings, *stack]))
     return reports
 

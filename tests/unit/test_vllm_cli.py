@@ -14,7 +14,7 @@ import pytest
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory
+from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
 from tests.unit.test_fleet import FLEET, MODELS, write_fleet
@@ -86,3 +86,17 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     assert ' --speculative-config "{\\"method\\":\\"qwen3_5_mtp\\",\\"num_speculative_tokens\\":1}" ' in parsed, parsed
     assert ' --compilation-config "{\\"cudagraph_mode\\":\\"FULL_DECODE_ONLY\\"}" ' in parsed, parsed
     assert parsed.endswith(' --chat-template-content-format "100%\\$\\$x"'), parsed
+
+
+def test_expert_parallel_in_the_data_is_in_the_plan(tmp_path):
+    """With enable_expert_parallel the node's plan counts the EP all-to-all communicator's HCCL
+    buffers (2 x HCCL_BUFFSIZE per NPU), as vLLM then opens it; before, the plan left EP out."""
+    def hccl_reserve(serving: str, directory: Path) -> int:
+        directory.mkdir()
+        inventory, _ = config_of(directory, "vllm-ascend-0.18.0", serving, "Qwen3.5-122B-A10B")
+        report = plan_fleet(inventory, MODELS / "qwen3.5-122b-a10b").instances[0]
+        assert report.plan.ep == ("True" in serving)
+        return report.plan.hccl_reserve_bytes_per_npu
+    buffsize = 200 * 1024 * 1024  # group_data/all.py's HCCL_BUFFSIZE, in bytes
+    assert hccl_reserve('"enable_expert_parallel": True', tmp_path / "ep") == \
+        hccl_reserve('"enable_expert_parallel": False', tmp_path / "no-ep") + 2 * buffsize
