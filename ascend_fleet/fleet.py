@@ -223,7 +223,8 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[I
                              max_model_len=serving.max_model_len,
                              gpu_memory_utilization=serving.gpu_memory_utilization,
                              dtype=serving.dtype, quantization=serving.quantization_scheme,
-                             ep=bool(serving.enable_expert_parallel), policy=policy)
+                             ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
+                             policy=policy)
         reports.append(InstanceReport(config.host, instance, plan, [*plan.findings, *stack]))
     return reports
 

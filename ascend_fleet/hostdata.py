@@ -118,6 +118,11 @@ class Serving(_Strict):
     mamba_ssm_cache_dtype: str | None = None
     extra_args: list[str] = Field(default_factory=list, description="further vllm serve arguments, verbatim")
 
+    @property
+    def speculates_with_mtp(self) -> bool:
+        """Speculative decoding with the model's own MTP layers (method qwen3_5_mtp, mtp, ...)."""
+        return bool(self.speculative_config) and str(self.speculative_config.get("method", "")).endswith("mtp")
+
     @model_validator(mode="after")
     def _quantization_scheme_with_ascend(self) -> Serving:
         if (self.quantization is None) != (self.quantization_scheme is None):

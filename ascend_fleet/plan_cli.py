@@ -32,6 +32,7 @@ def plan(
     tp: Annotated[int, typer.Option("--tp", help="--tensor-parallel-size")] = 1,
     dp: Annotated[int, typer.Option("--dp", help="--data-parallel-size (engines, e.g. one per node)")] = 1,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="spread experts over all tp x dp NPUs")] = False,
+    mtp: Annotated[bool, typer.Option("--mtp", help="speculative decoding with the model's MTP layers (their weights resident)")] = False,
     max_model_len: Annotated[int, typer.Option("--max-model-len")] = 32768,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
     dtype: Annotated[str, typer.Option("--dtype", help="float16, bfloat16 or float32")] = "bfloat16",
@@ -60,6 +61,7 @@ def plan(
             tp=tp,
             dp=dp,
             ep=enable_expert_parallel,
+            mtp=mtp,
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
             dtype=dtype,
@@ -105,13 +107,13 @@ def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path,
 def print_fleet(fleet: FleetPlan, inventory: Path) -> None:
     """One row per instance (figures per NPU), then each distinct warning once with its hosts."""
     table = Table(title=f"plan: {inventory} (GiB per NPU)")
-    for column in ("host", "instance", "NPUs", "port", "weights", "KV B/token", "KV tokens",
+    for column in ("host", "instance", "NPUs", "port", "layout", "weights", "KV B/token", "KV tokens",
                    "concurrency", "max-num-seqs", "headroom", "verdict"):
         table.add_column(column, justify="left" if column in ("host", "instance", "verdict") else "right")
     for report in fleet.instances:
         result, npus = report.plan, report.instance.npus
         table.add_row(report.host, report.instance.name, f"{npus[0]}-{npus[-1]}" if len(npus) > 1 else str(npus[0]),
-                      str(report.instance.port), f"{result.weight_bytes_per_npu / GIB:.1f}",
+                      str(report.instance.port), layout(result), f"{result.weight_bytes_per_npu / GIB:.1f}",
                       f"{result.kv_cache_bytes_per_token_per_npu:,}", f"{result.kv_cache_tokens:,}",
                       f"{result.max_concurrency:.2f}x", str(result.suggested_max_num_seqs),
                       f"{result.headroom_bytes_per_npu / GIB:.1f}", f"[{VERDICT_STYLES[report.verdict]}]{report.verdict}[/]")
@@ -120,17 +122,23 @@ def print_fleet(fleet: FleetPlan, inventory: Path) -> None:
         console.print(f"[yellow]warning:[/] {message} ({', '.join(hosts)})", highlight=False)
 
 
+def layout(result: InstancePlan) -> str:
+    """How the instance is parallel, and whether it carries the MTP draft: TP4 + EP + MTP."""
+    return (f"TP{result.tp}" + (f" x DP{result.dp}" if result.dp > 1 else "") + (" + EP" if result.ep else "")
+            + (" + MTP" if result.mtp_weight_bytes_per_npu else ""))
+
+
 def print_plan(result: InstancePlan, model_config: Path) -> None:
     """One table of per-NPU figures, then the findings."""
     table = Table(title=f"plan: {model_config}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
-    parallel = f"TP{result.tp}" + (f" x DP{result.dp}" if result.dp > 1 else "") + (" + EP" if result.ep else "")
     rows = [
         ("model type", result.model_type),
-        ("layout", f"{parallel} on {result.npus} x {result.chip}"),
+        ("layout", f"{layout(result)} on {result.npus} x {result.chip}"),
         ("weights", f"{result.quantization or result.dtype}, {result.parameter_count / 1e9:.2f}B params, {_gib_and_gb(result.weight_bytes_total)} total"),
-        ("weights per NPU", _gib_and_gb(result.weight_bytes_per_npu)),
+        ("weights per NPU", _gib_and_gb(result.weight_bytes_per_npu)
+         + (f", MTP draft {format_gib(result.mtp_weight_bytes_per_npu, 2)} of it" if result.mtp_weight_bytes_per_npu else "")),
         ("budget per NPU", f"{format_gib(result.budget_bytes_per_npu, 2)} ({result.gpu_memory_utilization} x {format_gib(result.usable_hbm_bytes_per_npu, 2)})"),
         ("activation reserve", format_gib(result.activation_reserve_bytes_per_npu, 2)),
         ("KV cache pool per NPU", format_gib(result.kv_cache_pool_bytes_per_npu, 2)),

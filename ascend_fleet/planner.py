@@ -27,9 +27,9 @@ head, as vLLM's MambaStateShapeCalculator.gated_delta_net_state_shape sizes
 them. vLLM pads the attention block size so attention and state pages align;
 that rounding is ignored here.
 
-Not counted in the weights: the vision encoder of multimodal checkpoints, MTP
-draft layers (loaded only with speculative decoding), quantization scales, and
-ACL graph capture memory. PlanPolicy.tight_kv_fraction exists because of them.
+The MTP draft (mtp_num_hidden_layers) is counted when speculative decoding loads
+it (ModelShape.mtp_parameter_count). Not counted in the weights: the vision
+encoder of multimodal checkpoints, quantization scales, and ACL graph capture memory. PlanPolicy.tight_kv_fraction exists because of them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 GIB = 1024**3
 MIB = 1024**2
@@ -169,6 +169,7 @@ class ModelShape:
     moe: MoeShape | None
     max_position_embeddings: int | None
     ssm_state_dtype: str | None
+    mtp_layers: int = 0  # multi-token-prediction layers, loaded only with speculative decoding
 
     @property
     def linear_attention_layers(self) -> int:
@@ -219,6 +220,7 @@ class ModelShape:
             moe=moe,
             max_position_embeddings=text.get("max_position_embeddings"),
             ssm_state_dtype=text.get("mamba_ssm_dtype"),
+            mtp_layers=int(text.get("mtp_num_hidden_layers", 0)),
         )
 
     def parameter_count(self) -> ParameterCount:
@@ -261,6 +263,22 @@ class ModelShape:
             small_sharded=small_sharded,
             replicated=replicated,
         )
+
+
+    def mtp_parameter_count(self) -> ParameterCount:
+        """The MTP draft's own parameters (vLLM's Qwen3_5MultiTokenPredictor, 0.17.0): its layers,
+        each a full-attention decoder layer with the model's MLP or MoE; `fc` (2h to h, counted with
+        the quantizable TP-sharded weights), its final and two pre-fc norms; and an lm_head unless
+        tied, which vllm-ascend 0.18.0's proposer does not share with the target for `mtp` (it shares
+        the embeddings: spec_decode/eagle_proposer.py)."""
+        if not self.mtp_layers:
+            return ParameterCount(0, 0, 0, 0, 0, 0, 0, 0, 0)
+        moe = replace(self.moe, moe_layers=self.mtp_layers) if self.moe else None
+        layers = replace(self, num_layers=self.mtp_layers, full_attention_layers=self.mtp_layers,
+                         linear_attention=None, moe=moe, tie_word_embeddings=True, mtp_layers=0).parameter_count()
+        h = self.hidden_size
+        return replace(layers, embeddings=0 if self.tie_word_embeddings else self.vocab_size * h,
+                       dense_mlp=layers.dense_mlp + 2 * h * h, replicated=layers.replicated + 2 * h)
 
 
 def _layer_types(text: Mapping, num_layers: int) -> list[str]:
@@ -362,9 +380,11 @@ def weight_bytes_per_npu(
     tp: int = 1,
     ep: bool = False,
     dp: int = 1,
+    params: ParameterCount | None = None,
 ) -> int:
-    """One NPU's weight shard: TP splits layers; with EP the experts spread over tp x dp ranks."""
-    params = shape.parameter_count()
+    """One NPU's weight shard: TP splits layers; with EP the experts spread over tp x dp ranks.
+    `params`: other parameters of the same model to shard so (its MTP draft's); default its own."""
+    params = params or shape.parameter_count()
     compute_bytes = dtype_bytes(dtype)
     linear_bytes = _quantized_bytes(dtype, quantization)
     expert_shards = tp * dp if ep and shape.moe else tp
@@ -432,7 +452,8 @@ class InstancePlan:
     gpu_memory_utilization: float
     parameter_count: int
     weight_bytes_total: int
-    weight_bytes_per_npu: int
+    weight_bytes_per_npu: int  # the MTP draft's included
+    mtp_weight_bytes_per_npu: int
     kv_cache_bytes_per_token: int
     kv_cache_bytes_per_token_per_npu: int
     linear_state_bytes_per_sequence_per_npu: int
@@ -483,6 +504,7 @@ def plan_instance(
     dp: int = 1,
     kv_dtype: str | None = None,
     policy: PlanPolicy = DEFAULT_POLICY,
+    mtp: bool = False,
 ) -> InstancePlan:
     """Plan one instance of `tp` x `dp` NPUs and judge it: fits, tight, or does not fit.
 
@@ -494,7 +516,10 @@ def plan_instance(
     kv_bytes = dtype_bytes(kv_dtype or dtype)
     usable = hbm_bytes_override if hbm_bytes_override is not None else chip.usable_hbm_bytes
     budget = int(usable * gpu_memory_utilization)
-    weights = weight_bytes_per_npu(shape, dtype, quantization, tp=tp, ep=ep, dp=dp)
+    # The MTP draft (speculative decoding's method *_mtp) is resident beside the model.
+    mtp_weights = weight_bytes_per_npu(shape, dtype, quantization, tp=tp, ep=ep, dp=dp,
+                                       params=shape.mtp_parameter_count()) if mtp else 0
+    weights = weight_bytes_per_npu(shape, dtype, quantization, tp=tp, ep=ep, dp=dp) + mtp_weights
     activation = policy.activation_reserve_bytes
     kv_pool = budget - weights - activation
     hccl = 2 * policy.hccl_buffsize_mib * MIB * _communication_groups(shape, tp, dp, ep)
@@ -508,6 +533,7 @@ def plan_instance(
     concurrency = sequences_that_fit(max_model_len)
     typical = sequences_that_fit(min(max_model_len, policy.typical_sequence_tokens))
     findings = [
+        *check_mtp_layers(shape, mtp),
         *check_tensor_parallel(shape, tp),
         *check_max_model_len(shape, max_model_len),
         *check_gpu_memory_utilization(gpu_memory_utilization, policy),
@@ -529,6 +555,7 @@ def plan_instance(
         parameter_count=shape.parameter_count().total,
         weight_bytes_total=weight_bytes(shape, dtype, quantization),
         weight_bytes_per_npu=weights,
+        mtp_weight_bytes_per_npu=mtp_weights,
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(shape, kv_bytes),
         kv_cache_bytes_per_token_per_npu=kv_per_token,
         linear_state_bytes_per_sequence_per_npu=state,
@@ -740,6 +767,15 @@ def version_key(version: str) -> tuple[tuple[int, ...], int]:
 
 def _version_at_least(version: str, minimum: str) -> bool:
     return version_key(version) >= version_key(minimum)
+
+
+def check_mtp_layers(shape: ModelShape, mtp: bool) -> list[Finding]:
+    """Refuse MTP speculative decoding for a model that has no MTP layers to draft with."""
+    if mtp and not shape.mtp_layers:
+        return [Finding(ERROR, "mtp-without-layers", f"speculative decoding with MTP, but model_type "
+                                f"{shape.model_type!r} has no MTP layers (config.json mtp_num_hidden_layers); "
+                                "drop speculative_config or serve a model that has them")]
+    return []
 
 
 @dataclass(frozen=True)

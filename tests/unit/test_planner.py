@@ -461,3 +461,37 @@ def test_plan_turns_bad_input_into_fleet_errors(tmp_path):
     assert isinstance(missing.exception, FleetError) and "no such file" in str(missing.exception)
     unknown_chip = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-27b"), "--chip", "910C"])
     assert isinstance(unknown_chip.exception, FleetError) and "unknown chip" in str(unknown_chip.exception)
+
+
+def test_the_mtp_draft_of_qwen3_5_122b_a10b_is_counted_as_worked_out_by_hand():
+    """Qwen3.5-122B-A10B's config.json (tests/fixtures): hidden 3072, 32 heads x 256 with an output
+    gate, 2 KV heads, 256 experts of 1024 and a shared expert of 1024, vocab 248320, untied, one MTP
+    layer. The draft (vLLM's Qwen3_5MultiTokenPredictor) is that layer, fc (2h x h), three norms and
+    its own lm_head; the embeddings are the target's."""
+    h, q, kv = 3072, 32 * 256, 2 * 256
+    attention = h * q * 2 + q * h                          # q (with its gate) and o
+    kv_projections = 2 * h * kv
+    routed = 256 * 3 * h * 1024
+    shared = 3 * h * 1024
+    fc = 2 * h * h
+    lm_head = 248320 * h
+    replicated = h * 256 + h + 3 * h + 2 * h + 2 * 256     # router, shared gate, norms, layer norms, q/k norms
+    draft = shape("qwen3.5-122b-a10b").mtp_parameter_count()
+    assert (draft.attention, draft.kv_projections, draft.routed_experts, draft.shared_experts, draft.dense_mlp,
+            draft.embeddings, draft.replicated) == (attention, kv_projections, routed, shared, fc, lm_head, replicated)
+    assert draft.total == 3_286_518_272  # 3.29B parameters
+    # BF16 at TP4 without EP: quantizable weights and experts / 4, k/v over the 2 KV heads, lm_head / 4.
+    per_npu = ((attention + fc + shared) / 4 + kv_projections / 2 + routed / 4) * 2 + lm_head / 4 * 2 + replicated * 2
+    plain = plan_instance(shape("qwen3.5-122b-a10b"), B3, tp=4, max_model_len=32768, gpu_memory_utilization=0.9,
+                          dtype="bfloat16")
+    with_mtp = plan_instance(shape("qwen3.5-122b-a10b"), B3, tp=4, max_model_len=32768, gpu_memory_utilization=0.9,
+                             dtype="bfloat16", mtp=True)
+    assert with_mtp.mtp_weight_bytes_per_npu == per_npu == 1_646_040_064  # 1.53 GiB per NPU
+    assert with_mtp.weight_bytes_per_npu == plain.weight_bytes_per_npu + per_npu
+    assert with_mtp.kv_cache_pool_bytes_per_npu == plain.kv_cache_pool_bytes_per_npu - per_npu
+
+
+def test_mtp_for_a_model_without_mtp_layers_is_refused():
+    result = plan_instance(shape("qwen2.5-72b-instruct"), B3, tp=8, max_model_len=8192, gpu_memory_utilization=0.9,
+                           dtype="bfloat16", mtp=True)
+    assert "mtp-without-layers" in codes(result.findings)

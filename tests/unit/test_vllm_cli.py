@@ -4,6 +4,7 @@ systemd (its own parser, `systemd-analyze verify`) reads the same words back."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -11,8 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.cli import app
+from ascend_fleet.plan_cli import layout
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
 from ascend_fleet.templating import render
@@ -100,3 +104,14 @@ def test_expert_parallel_in_the_data_is_in_the_plan(tmp_path):
     buffsize = 200 * 1024 * 1024  # group_data/all.py's HCCL_BUFFSIZE, in bytes
     assert hccl_reserve('"enable_expert_parallel": True', tmp_path / "ep") == \
         hccl_reserve('"enable_expert_parallel": False', tmp_path / "no-ep") + 2 * buffsize
+
+
+def test_the_plan_of_the_recipe_shows_expert_parallel_and_the_mtp_draft(tmp_path, monkeypatch):
+    inventory = write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.18.0", model="Qwen3.5-122B-A10B", serving=RECIPE))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plan", str(inventory), "--model-config", str(MODELS / "qwen3.5-122b-a10b"),
+                                      "--json"])
+    figures = json.loads(result.output)["instances"][0]["plan"]
+    assert figures["ep"] is True and figures["mtp_weight_bytes_per_npu"] > 0, figures
+    report = plan_fleet(load_inventory(inventory, tmp_path), MODELS / "qwen3.5-122b-a10b").instances[0]
+    assert layout(report.plan) == "TP4 + EP + MTP"  # the plan table's layout column
