@@ -220,8 +220,10 @@ class VenvPython(FactBase):
     """What a Python snippet prints in the serving virtualenv (last line), or its error:
     {"ok": True, "output": "..."} / {"ok": False, "output": "<last line of the traceback>"}."""
 
-    def command(self, venv: str, code: str, env_script: str | None = None) -> str:
-        source = f". {env_script} >/dev/null 2>&1; " if env_script else ""
+    def command(self, venv: str, code: str, env_scripts: list[str] | None = None) -> str:
+        # The first of the set_env.sh files that exists (none: the snippet runs without, and says why it fails).
+        source = (f"for f in {' '.join(shlex.quote(script) for script in env_scripts)}; do "
+                  "if [ -f \"$f\" ]; then . \"$f\" >/dev/null 2>&1; break; fi; done; ") if env_scripts else ""
         return (f"out=$( {source}{venv}/bin/python -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
                 f"printf '%s\\n' \"$out\" | tail -n 1")
 

@@ -16,6 +16,7 @@ from pyinfra.operations import files
 from ascend_fleet.facts.ascend import ASCEND_HOME, AscendDriver, AscendFirmware, CannPackages
 
 PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
+INSTALL_LOG = "/var/log/ascend-fleet-install.log"
 # Where a worker's peer server (templates/weights-peer-nginx.conf.j2) serves PACKAGE_DIR's verified files.
 PEER_PACKAGES_PATH = "packages"
 # A peer is a fleet node on the same network: one that does not answer this fast is down.
@@ -109,26 +110,24 @@ def from_peers_command(file_name: str, sha256: str, partial: str, dest: str, pee
             f"echo \"{file_name}: no peer holds a verified copy, fetching it from the origin\"")
 
 
-def installer_command(package: str, flags: str, env_script: str | None = None) -> str:
+def installer_command(package: str, flags: str, env_scripts: list[str] | None = None) -> str:
     """Run a .run installer unattended: closed stdin (a prompt fails instead of hanging), a time limit,
-    exit codes 0 and 2 as success, anything else one line with the installer's last words."""
-    source = f". {env_script} && " if env_script else ""
-    log = "/var/log/ascend-fleet-install.log"
-    return (f"( {source}timeout {INSTALL_TIMEOUT_SECONDS} {PACKAGE_DIR}/{package} {flags} </dev/null ) "
+    exit codes 0 and 2 as success, anything else one line with the installer's last words.
+    `env_scripts`: set_env.sh files to look for; the first that exists is sourced for the installer,
+    and none existing fails in one line before it runs (a bare `. ` exits 2, which would pass)."""
+    log = INSTALL_LOG
+    probe = source = ""
+    if env_scripts:
+        names = " nor ".join(env_scripts)
+        probe = (f"env_script=; for f in {' '.join(shlex.quote(s) for s in env_scripts)}; do "
+                 f"if [ -f \"$f\" ]; then env_script=$f; break; fi; done; "
+                 f"if [ -z \"$env_script\" ]; then echo \"{package}: no CANN toolkit environment to install it "
+                 f"with: neither {names} exists; install the CANN toolkit first\" >&2; exit 1; fi; ")
+        source = '. "$env_script" && '
+    return (f"{probe}( {source}timeout {INSTALL_TIMEOUT_SECONDS} {PACKAGE_DIR}/{package} {flags} </dev/null ) "
             f">>{log} 2>&1; rc=$?; "
             f"if [ $rc -ne 0 ] && [ $rc -ne 2 ]; then echo \"{package} {flags} failed (exit $rc): "
             f"$(tail -n 3 {log} | tr '\\n' ' ')(full log: {log})\" >&2; exit 1; fi")
-
-
-def driver_is_current(version: str, install_path: str = ASCEND_HOME) -> bool:
-    """The node has this driver version, completely installed (the driver operation does nothing)."""
-    installed = host.get_fact(AscendDriver, install_path=install_path)
-    return bool(installed) and installed["version"] == version and installed["complete"]
-
-
-def firmware_is_current(version: str, install_path: str = ASCEND_HOME) -> bool:
-    """The node's installed firmware package is this version (the firmware operation does nothing)."""
-    return host.get_fact(AscendFirmware, install_path=install_path) == version
 
 
 @operation()
@@ -183,10 +182,9 @@ def cann_part(part: str, version: str, package: str, install_path: str = ASCEND_
     if part == "toolkit":
         yield installer_command(package, f"{action} --quiet --install-for-all")
         return
-    yield installer_command(package, f"{action} --quiet", env_script=toolkit_env_script(install_path))
+    yield installer_command(package, f"{action} --quiet", env_scripts=toolkit_env_scripts(install_path))
 
 
-def toolkit_env_script(install_path: str = ASCEND_HOME) -> str:
-    """The toolkit's set_env.sh, whichever layout the installed CANN uses (probed at run time)."""
-    return (f"$(for f in {install_path}/cann/set_env.sh {install_path}/ascend-toolkit/set_env.sh; "
-            f"do [ -f $f ] && echo $f && break; done)")
+def toolkit_env_scripts(install_path: str = ASCEND_HOME) -> list[str]:
+    """Where the toolkit's set_env.sh is, by the installed CANN's layout (8.5 on: cann/; before: ascend-toolkit/)."""
+    return [f"{install_path}/cann/set_env.sh", f"{install_path}/ascend-toolkit/set_env.sh"]

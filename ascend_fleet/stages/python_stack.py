@@ -10,7 +10,7 @@ from pyinfra.operations import apt, dnf, pip
 from ascend_fleet.facts.ascend import VenvPython
 from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.operations import gates, python_stack
-from ascend_fleet.operations.vendor import toolkit_env_script
+from ascend_fleet.operations.vendor import toolkit_env_scripts
 from ascend_fleet.stages.context import node_profile, package_family, pip_index_url, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 
@@ -20,7 +20,7 @@ TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torc
 
 def torch_npu_problem(venv: str, expected: int) -> str | None:
     """Why torch_npu cannot use every NPU from the serving virtualenv (CANN environment sourced), or None."""
-    result = host.get_fact(VenvPython, venv=venv, code=TORCH_NPU_PROBE, env_script=toolkit_env_script())
+    result = host.get_fact(VenvPython, venv=venv, code=TORCH_NPU_PROBE, env_scripts=toolkit_env_scripts())
     if not result["ok"]:
         return f"`import torch, torch_npu` fails in {venv}: {result['output']}"
     if result["output"] != f"True {expected}":
