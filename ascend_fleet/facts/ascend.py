@@ -69,9 +69,12 @@ class CannPackages(FactBase):
             f"  for info in $home/*-linux/ascend_toolkit_install.info; do "
             f"    [ -f $info ] && echo toolkit=$(sed -n 's/^version=//p' $info) && echo toolkit_home=$home; "
             f"  done; "
-            f"  for info in $home/*-linux/ascend_*ops_install.info $home/*-linux/ascend_kernels_install.info; do "
+            f"  for info in $home/*-linux/ascend_*ops_install.info; do "
             f"    [ -f $info ] && echo kernels=$(sed -n 's/^version=//p' $info); "
             f"  done; "
+            # CANN <= 8.3's kernels: opp_kernel/version.info, the release as version_dir= (Version= is the build).
+            f"  [ -f $home/opp_kernel/version.info ] && "
+            f"echo kernels=$(sed -n 's/^[[:space:]]*version_dir=//p' $home/opp_kernel/version.info); "
             f"done; "
             f"for env in {base}/cann/set_env.sh {base}/ascend-toolkit/set_env.sh; do "
             f"  [ -f $env ] && echo set_env=$env && break; done; "

@@ -61,3 +61,24 @@ def test_an_unindented_nnal_record_with_its_build_line_gives_the_release(tmp_pat
     fact = CannPackages()
     output = subprocess.run(["sh", "-c", fact.command(str(tmp_path))], capture_output=True, text=True).stdout
     assert fact.process(output.splitlines())["nnal"] == "9.1.0"
+
+
+def test_kernels_on_cann_8_3_are_found_in_the_opp_kernel_record_real_nodes_have(tmp_path, monkeypatch):
+    """CANN <= 8.3 records the operator kernels in <toolkit>/opp_kernel/version.info (`Version=<build>`,
+    `version_dir=<release>`, as a published 8.3.RC1 install prints it); the fact read a record of
+    our own making, so on a real node every rerun would have installed the kernels again."""
+    installer = vendor.payload_module("ascend_sim_install")
+    node_class = installer.sim.Node
+    monkeypatch.setattr(installer.sim, "Node", lambda: node_class(tmp_path))
+    base = tmp_path / "usr" / "local" / "Ascend"
+    home = base / "ascend-toolkit" / "8.3.RC2"
+    home.mkdir(parents=True)
+    (base / "ascend-toolkit" / "latest").symlink_to("8.3.RC2")
+    monkeypatch.setattr(installer, "sourced_toolkit", lambda pkg, install_path: (home, "8.3.RC2"))
+    installer.install_kernels({"name": "Ascend-cann-kernels-910b", "version": "8.3.RC2", "arch": "x86_64",
+                               "kind": "kernels"}, installer.Options("install"))
+    assert "version_dir=8.3.RC2\n" in (base / "ascend-toolkit/latest/opp_kernel/version.info").read_text()
+    assert not list(home.glob("*-linux/ascend_kernels_install.info"))
+    fact = CannPackages()
+    output = subprocess.run(["sh", "-c", fact.command(str(base))], capture_output=True, text=True).stdout
+    assert fact.process(output.splitlines())["kernels"] == "8.3.RC2"

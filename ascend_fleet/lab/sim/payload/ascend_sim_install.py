@@ -384,6 +384,11 @@ def sourced_toolkit(pkg, base):
 
 
 def kernels_record(home, pkg):
+    """CANN <= 8.3's kernels record their release in <toolkit>/opp_kernel/version.info, as real nodes
+    print it (`Version=<build>`, `version_dir=<release>`, `timestamp=`, ...). 8.5's ops package
+    record is of our own making: its real form is unknown (docs/sim-fidelity.md)."""
+    if pkg["kind"] == "kernels":
+        return home / "opp_kernel" / "version.info"
     return home / f"{pkg['arch']}-linux" / f"ascend_{pkg['kind']}_install.info"
 
 
@@ -392,8 +397,13 @@ def install_kernels(pkg, opts):
     if toolkit_version != pkg["version"]:
         raise InstallError(f"{pkg['name']} {pkg['version']} needs CANN toolkit {pkg['version']}, but "
                            f"ASCEND_HOME_PATH has {toolkit_version}; install and source the matching toolkit")
-    sim.write_key_values(kernels_record(home, pkg), {
-        "package_name": pkg["name"], "version": pkg["version"], "arch": pkg["arch"]})
+    if pkg["kind"] == "kernels":
+        # Only the release: the build (Version=) and timestamp of the lab's versions are unknown.
+        kernels_record(home, pkg).parent.mkdir(parents=True, exist_ok=True)
+        sim.write_key_values(kernels_record(home, pkg), {"version_dir": pkg["version"]})
+    else:
+        sim.write_key_values(kernels_record(home, pkg), {
+            "package_name": pkg["name"], "version": pkg["version"], "arch": pkg["arch"]})
     log("INFO", f"{pkg['name']} {pkg['version']} install success")
     return 0
 
