@@ -55,6 +55,19 @@ class AscendFirmware(FactBase):
         return _key_values(output).get("Version")
 
 
+class RunningFirmware(FactBase):
+    """The firmware the NPUs run since the last boot, as `npu-smi info -t board -i 0` reports it
+    (`Firmware Version : 7.1.0.7.220`), or None (no driver loaded). An installed firmware package
+    takes effect only at the next reboot, so this can differ from AscendFirmware."""
+
+    def command(self) -> str:
+        return ("npu-smi info -t board -i 0 2>/dev/null | "
+                "sed -n 's/^[[:space:]]*Firmware Version[[:space:]]*:[[:space:]]*//p'; true")
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() or None if output else None
+
+
 class CannPackages(FactBase):
     """Installed CANN parts by their install records, with the toolkit's set_env.sh:
 

@@ -130,6 +130,17 @@ def installer_command(package: str, flags: str, env_scripts: list[str] | None = 
             f"$(tail -n 3 {log} | tr '\\n' ' ')(full log: {log})\" >&2; exit 1; fi")
 
 
+def driver_is_current(version: str, install_path: str = ASCEND_HOME) -> bool:
+    """The node has this driver version, completely installed (the driver operation does nothing)."""
+    installed = host.get_fact(AscendDriver, install_path=install_path)
+    return bool(installed) and installed["version"] == version and installed["complete"]
+
+
+def firmware_is_current(version: str, install_path: str = ASCEND_HOME) -> bool:
+    """The node's installed firmware package is this version (the firmware operation does nothing)."""
+    return host.get_fact(AscendFirmware, install_path=install_path) == version
+
+
 @operation()
 def driver(version: str, package: str, install_path: str = ASCEND_HOME):
     """

@@ -8,7 +8,7 @@ from pyinfra.facts.server import Arch, Command
 from pyinfra.operations import apt, dnf, server
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.facts.ascend import AscendDriver, NpuStatus
+from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile
@@ -79,11 +79,15 @@ def npu_problem(expected: int) -> str | None:
 
 
 def needs_reboot(driver: str, firmware: str) -> bool:
-    """The driver or firmware is not the profile's, or is installed but not loaded in this boot."""
+    """The driver or firmware is not the profile's, or is installed but not running in this boot."""
     # An earlier run that installed but never got to its reboot (interrupted, the node lost) left
-    # a driver that is installed but not loaded: npu-smi says so, and the reboot finishes the job.
+    # a driver that is installed but not loaded (npu-smi says so), or a firmware package the NPUs
+    # do not run yet (npu-smi's board view says what they run): the reboot finishes the job.
     not_loaded = host.get_fact(AscendDriver) and DRIVER_NOT_LOADED in host.get_fact(NpuStatus)["error"]
-    return bool(not_loaded) or not (vendor.driver_is_current(driver) and vendor.firmware_is_current(firmware))
+    running = host.get_fact(RunningFirmware)
+    firmware_pending = running is not None and running != firmware
+    return bool(not_loaded) or firmware_pending or not (vendor.driver_is_current(driver)
+                                                         and vendor.firmware_is_current(firmware))
 
 
 def reboot_refusal(config: NodeConfig, driver: str, firmware: str) -> str | None:
