@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -495,3 +496,28 @@ def test_mtp_for_a_model_without_mtp_layers_is_refused():
     result = plan_instance(shape("qwen2.5-72b-instruct"), B3, tp=8, max_model_len=8192, gpu_memory_utilization=0.9,
                            dtype="bfloat16", mtp=True)
     assert "mtp-without-layers" in codes(result.findings)
+
+
+def test_qwen3_5_122b_a10b_on_8_910b3_per_npu_figures_as_worked_out_by_hand():
+    """Issue 13: plan's weights, KV and linear-state figures per NPU for the real config at TP8 BF16
+    (one instance per node), each from the config's dimensions (see test_qwen35_122b_moe_parameters_and_kv)."""
+    # Weights, by how each part shards (bf16: 2 bytes):
+    attention = 12 * (3072 * 16_384 + 8192 * 3072)           # q (with its gate) and o of the 12 full layers
+    kv = 12 * 2 * 3072 * 512                                 # k and v: 2 KV heads, so 2 shards at TP8
+    linear = 36 * (3072 * 12_288 + 3072 * 8192 + 2 * 3072 * 64 + 8192 * 3072)  # qkv, z, b and a, out
+    shared = 48 * 3 * 3072 * 1024
+    routed = 48 * 256 * 3 * 3072 * 1024
+    embeddings = 2 * 248_320 * 3072
+    small = 36 * (12_288 * 4 + 2 * 64)                       # conv1d, dt_bias and A_log
+    replicated = 3072 + 48 * 2 * 3072 + 12 * 2 * 256 + 36 * 128 + 48 * (3072 * 256 + 3072)  # norms, routers, gates
+    weights = ((attention + linear + shared) / 8 + kv / 2 + routed / 8) * 2 + (embeddings + small) / 8 * 2 + replicated * 2
+    # KV per token per NPU: 12 full layers x K and V x the 1 KV head an NPU holds x 256 x 2 bytes.
+    kv_per_token = 12 * 2 * 1 * 256 * 2
+    # Linear state per sequence per NPU: 36 layers x (conv: 3 x 12,288 / 8 x 2 + state: 64 / 8 heads x 128 x 128 x 2).
+    state = 36 * (3 * 12_288 // 8 * 2 + 64 // 8 * 128 * 128 * 2)
+    plan = plan_instance(shape("qwen3.5-122b-a10b"), B3, tp=8, max_model_len=32_768, gpu_memory_utilization=0.9,
+                         dtype="bfloat16")
+    assert plan.weight_bytes_per_npu == math.ceil(weights) == 30_623_051_904  # 28.5 GiB
+    assert plan.kv_cache_bytes_per_token_per_npu == kv_per_token == 12_288
+    assert plan.linear_state_bytes_per_sequence_per_npu == state == 9_768_960
+    assert plan.verdict == FITS
