@@ -4,6 +4,7 @@ fleet (`ascend-fleet plan INVENTORY`), before anything is deployed."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,8 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import MODELS_DIR, FleetPlan, load_inventory, plan_fleet, read_model_config
-from ascend_fleet.planner import GIB, MIB, ConfigError, InstancePlan, ModelShape, chip_by_name, format_gib, plan_instance
+from ascend_fleet.fleet import MODELS_DIR, FleetPlan, load_inventory, model_support, plan_fleet, read_model_config
+from ascend_fleet.planner import (GIB, MIB, ConfigError, InstancePlan, ModelShape, check_model_support, chip_by_name,
+                                  format_gib, judge, plan_instance)
+from ascend_fleet.profile import load_profile
 
 console = Console()
 
@@ -38,6 +41,8 @@ def plan(
     dtype: Annotated[str, typer.Option("--dtype", help="float16, bfloat16 or float32")] = "bfloat16",
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="w8a8, w4a8 or int4")] = None,
     usable_hbm_gib: Annotated[Optional[float], typer.Option("--usable-hbm-gib", help="override the chip table's usable HBM per NPU")] = None,
+    profile: Annotated[Optional[str], typer.Option(
+        "--profile", help="with --model-config: also check that this stack profile serves the model")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Weights, KV cache and concurrency per NPU, and a verdict: fits, tight, or does not fit.
@@ -70,6 +75,11 @@ def plan(
         )
     except ConfigError as exc:
         raise FleetError(f"{model_config}: {exc}") from exc
+    if profile is not None:
+        stack = load_profile(profile)
+        findings = [*result.findings, *check_model_support(str(model_config), shape.model_type, stack.name,
+                                                           stack.stack.model_dump(), model_support())]
+        result = replace(result, findings=findings, verdict=judge(findings))
     if as_json:
         print(result.to_json())
     else:

@@ -273,3 +273,13 @@ def test_a_block_size_is_kept_only_with_both_turned_off(tmp_path):
     assert "block-size-overridden" in findings('"block_size": 32')  # the defaults turn both on
     assert "block-size-overridden" not in findings(
         '"block_size": 32, "enable_prefix_caching": False, "enable_chunked_prefill": False')
+
+
+def test_plan_of_one_model_config_refuses_a_profile_too_old_for_it():
+    config = MODELS / "qwen3.5-27b"
+    refused = runner.invoke(app, ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.13.0"])
+    assert isinstance(refused.exception, FleetError)
+    assert str(refused.exception) == (f"does not fit: {config} (model_type 'qwen3_5') is served from vllm-ascend "
+                                      "0.17.0rc1 on, profile vllm-ascend-0.13.0 pins 0.13.0; choose a newer profile")
+    served = runner.invoke(app, ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.18.0"])
+    assert served.exception is None, served.output
