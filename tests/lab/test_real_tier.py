@@ -117,8 +117,9 @@ def test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab
 
 
 def engine_comm_pids(lab: Lab) -> dict[str, str]:
-    """The instance's processes by name (ps truncates comm to 15 characters), as PIDs."""
-    out = lab.run("worker1", f"ps -eo unit=,pid=,comm= | grep '^{UNIT} '").stdout
+    """The instance's processes by name (ps truncates comm to 15 characters), as PIDs; none while
+    systemd is between its stop and its restart (grep then finds no line and exits 1)."""
+    out = lab.run("worker1", f"ps -eo unit=,pid=,comm= | grep '^{UNIT} ' || true").stdout
     return {comm: pid for _, pid, comm in (line.split(maxsplit=2) for line in out.splitlines())}
 
 
