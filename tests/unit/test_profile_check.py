@@ -219,9 +219,9 @@ def pypi() -> None:
 
 @pytest.fixture(scope="module")
 def checked(pypi) -> dict[str, subprocess.CompletedProcess]:
-    """Every check of CHECKS, by the command itself, two at a time (each runs two resolvers)."""
+    """Every check of CHECKS, by the command itself, four at a time (each waits mostly on PyPI)."""
     started = time.monotonic()
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(4) as pool:
         runs = dict(zip(CHECKS, pool.map(lambda args: subprocess.run([str(CLI), "profile", "check", *args],
                                                                      capture_output=True, text=True), CHECKS.values())))
     print(f"profile checks against PyPI: {time.monotonic() - started:.0f} s")
