@@ -29,7 +29,8 @@ that rounding is ignored here.
 
 The MTP draft (mtp_num_hidden_layers) is counted when speculative decoding loads
 it (ModelShape.mtp_parameter_count). Not counted in the weights: the vision
-encoder of multimodal checkpoints, quantization scales, and ACL graph capture memory. PlanPolicy.tight_kv_fraction exists because of them.
+encoder of multimodal checkpoints, quantization scales, and ACL graph capture
+memory. PlanPolicy.tight_kv_fraction exists because of them.
 """
 
 from __future__ import annotations

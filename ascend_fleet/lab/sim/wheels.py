@@ -46,10 +46,10 @@ from packaging.version import Version
 from ascend_fleet.lab.sim.real_metadata import RealWheel, is_cuda_requirement, load_record, standin_basis
 from ascend_fleet.lab.sim.realtier import build_vllm_metadata_shim
 from ascend_fleet.profile import ARCHES, is_cpu_build
+from ascend_fleet.vllm_cli import OPTIONS_DIR
 
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
-OPTIONS_DIR = SIM_DIR.parents[1] / "vllm_options"  # the real releases' option sets, product data
 PLANNER_FILE = SIM_DIR.parents[1] / "planner.py"
 RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
 
