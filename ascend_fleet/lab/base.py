@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 from pathlib import Path
@@ -28,14 +29,19 @@ def base_image(debian_upstream: str, console: Console) -> Path:
     root = CACHE_DIR / "base" / f"debian-{SUITE}-{key}"
     if (root / "etc" / "os-release").exists():
         return root
-    building = root.with_name(root.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
-    building.parent.mkdir(parents=True, exist_ok=True)
-    with console.status(f"building the Debian {SUITE} base with debootstrap (once, about a minute)"):
-        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(building),
-             f"{debian_upstream}/debian"], what="debootstrap of the lab base", timeout=1800)
-        _prepare(building)
-    building.rename(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # Two labs coming up at once (the tests run two) build it once: the second waits for the first.
+    with open(root.with_name(root.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "etc" / "os-release").exists():
+            return root
+        building = root.with_name(root.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        with console.status(f"building the Debian {SUITE} base with debootstrap (once, about a minute)"):
+            run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(building),
+                 f"{debian_upstream}/debian"], what="debootstrap of the lab base", timeout=1800)
+            _prepare(building)
+        building.rename(root)
     return root
 
 
