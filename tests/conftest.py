@@ -7,3 +7,30 @@ test process is patched the way a pyinfra run is.
 """
 
 import pyinfra_cli  # noqa: F401
+
+import pytest  # noqa: E402  (after pyinfra_cli, for the reason above)
+
+PARTS = ("session-lab", "others")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--part", choices=PARTS,
+                     help="only the tests on the session lab, or only the others (scripts/test runs the two "
+                          "side by side: they share nothing, and each waits on its labs most of the time)")
+
+
+def on_session_lab(item: pytest.Item) -> bool:
+    """The test uses the session's lab (tests/lab/conftest.py), not a lab of its module's own."""
+    lab = item._fixtureinfo.name2fixturedefs.get("lab")
+    return bool(lab) and lab[-1].scope == "session"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.getoption("--part")
+    if part is None:
+        return
+    wanted = part == "session-lab"
+    deselected = [item for item in items if on_session_lab(item) != wanted]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if on_session_lab(item) == wanted]
