@@ -1,26 +1,49 @@
-"""The example production fleet (inventories/prod.py): Qwen2.5-72B-Instruct on 8 x 910B3 nodes."""
+"""The example production fleet (inventories/prod.py): Qwen3.5-27B W8A8 with its MTP head on
+8 x 910B3 nodes, served as vllm-ascend's guide for Atlas A2 serves it (v0.18.0's
+docs/source/tutorials/models/Qwen3.5-27B.md), four TP2 instances per node.
 
-profile = "vllm-ascend-0.13.0"
+`ascend-fleet plan inventories/prod.py --model-config DIR` (DIR holding the weights' config.json)
+shows each instance's figures; README ("Qwen3.5 on Atlas A2") has them for this and the other sizes.
+"""
 
-# Pin the revision you validated: weights are never "latest". This is the Hugging Face
-# commit of Qwen/Qwen2.5-72B-Instruct; ModelScope keeps its own history, so replace it
-# with the ModelScope commit id (model page, "Files", history) before a real rollout.
+# vllm-ascend 0.17.0rc1 is the first release that serves Qwen3.5; plan and preflight refuse older.
+profile = "vllm-ascend-0.18.0"
+
+# Pin the revision you validated. ModelScope's commit ids for this repository are not known
+# here (no machine of ours reaches ModelScope): replace "master" with the commit id (model page,
+# "Files", history) before a real rollout. A branch is staged once, as it was then, so nodes
+# staged on different days could hold different weights.
 model = {
-    "id": "Qwen/Qwen2.5-72B-Instruct",
-    "revision": "495f39366efef23836d0cfae4fbe635880d2be31",
+    "id": "Eco-Tech/Qwen3.5-27B-w8a8-mtp",
+    "revision": "master",
     "source": "modelscope",
+    "served_model_name": "qwen3.5",
 }
 
-# Field notes: TP4 per instance (TP8 measured slower on 72B), two instances per 8-NPU node.
-tensor_parallel_size = 4
+# The guide's layout: TP2, so four instances per 8-NPU node.
+tensor_parallel_size = 2
 
-# The handbook's serving options (field notes, section 1.5).
+# In place of all.py's settings: the guide's environment for this recipe, as its script exports it.
+npu_env = {
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    "HCCL_BUFFSIZE": 512,
+    "OMP_PROC_BIND": "false",
+    "OMP_NUM_THREADS": 1,
+    "TASK_QUEUE_ENABLE": 1,
+}
+
+# The guide's `vllm serve` options for 128k context: prefix caching off, MTP drafting 3 tokens.
 serving = {
-    "max_model_len": 32768,
+    "max_model_len": 133000,
     "gpu_memory_utilization": 0.9,
-    "dtype": "float16",
-    "enable_prefix_caching": True,
-    "enable_chunked_prefill": True,
-    "max_num_batched_tokens": 8192,
-    "max_num_seqs": 64,
+    "max_num_seqs": 32,
+    "max_num_batched_tokens": 8096,
+    "enable_prefix_caching": False,
+    "async_scheduling": True,
+    "quantization": "ascend",
+    "quantization_scheme": "w8a8",
+    "speculative_config": {"method": "qwen3_5_mtp", "num_speculative_tokens": 3, "enforce_eager": True},
+    "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+    "additional_config": {"enable_cpu_binding": True},
+    "extra_args": ["--trust-remote-code", "--seed", "1024"],
 }

@@ -45,8 +45,9 @@ def worker_rules(inventory, name="npu-01.example.internal") -> firewall.Firewall
 
 def test_gateways_reach_both_colours_instance_ports_and_workers_the_peer_port(monkeypatch, resolver):
     rules = worker_rules(prod(monkeypatch)).text
-    assert "tcp dport { 8000, 8001, 8002, 8003 } ip saddr @instance_sources_v4 accept" in rules
-    assert "tcp dport { 8000, 8001, 8002, 8003 } reject with tcp reset" in rules
+    ports = ", ".join(map(str, range(8000, 8008)))  # four instances a host, blue 8000-8003 and green 8004-8007
+    assert f"tcp dport {{ {ports} }} ip saddr @instance_sources_v4 accept" in rules
+    assert f"tcp dport {{ {ports} }} reject with tcp reset" in rules
     sets = rules.split("set ")[1:]
     assert "elements = { 10.0.0.2/31 }" in sets[0]  # gw-01 and gw-02, merged
     assert "elements = { fd00::3/128 }" in sets[1]

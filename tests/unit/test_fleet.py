@@ -24,6 +24,9 @@ from ascend_fleet.vllm_cli import vllm_args
 
 MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
 QWEN25_72B = MODELS / "qwen2.5-72b-instruct"
+QWEN35_27B = MODELS / "qwen3.5-27b"
+# group_data/prod.py's model, and where a models tree keeps its config.
+PROD_MODEL = ("Eco-Tech/Qwen3.5-27B-w8a8-mtp", "master")
 PYINFRA = Path(os.environ.get("VIRTUAL_ENV", PROJECT_ROOT / ".venv")) / "bin" / "pyinfra"
 runner = CliRunner()
 
@@ -54,13 +57,16 @@ def test_prod_hosts_verify_ssh_host_keys():
         assert Path(data["ssh_known_hosts_file"]).is_absolute() and Path(data["ssh_known_hosts_file"]).is_file()
 
 
-def test_prod_workers_get_the_fleet_data_and_two_instances_each():
+def test_prod_workers_get_the_guides_qwen3_5_recipe_and_four_instances_each():
     configs = {config.host: config for config in fleet_node_configs(prod_inventory())}
     worker = configs["npu-01.example.internal"]
-    assert (worker.profile, worker.chip, worker.npu_count, worker.tensor_parallel_size) == ("vllm-ascend-0.13.0", "910B3", 8, 4)
-    assert (worker.model.id, worker.model.source) == ("Qwen/Qwen2.5-72B-Instruct", "modelscope")
-    assert worker.serving.max_model_len == 32768 and worker.npu_env["HCCL_OP_EXPANSION_MODE"] == "AIV"
-    assert [i.npus for i in worker.instances] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (worker.profile, worker.chip, worker.npu_count, worker.tensor_parallel_size) == ("vllm-ascend-0.18.0", "910B3", 8, 2)
+    assert (worker.model.id, worker.model.revision, worker.model.source) == (*PROD_MODEL, "modelscope")
+    assert worker.model.served_model_name == "qwen3.5"
+    assert worker.serving.max_model_len == 133000 and worker.npu_env["HCCL_BUFFSIZE"] == "512"
+    assert worker.serving.quantization == "ascend" and worker.serving.enable_prefix_caching is False
+    assert worker.serving.speculative_config["method"] == "qwen3_5_mtp"
+    assert [i.npus for i in worker.instances] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert worker.rollout_waves == ["canary", "wave1", "wave2"] and not worker.is_gateway
     gateway = configs["gw-01.example.internal"]
     assert gateway.is_gateway and gateway.gateway.upstream_name == "vllm_backend" and gateway.instances == []
@@ -72,7 +78,7 @@ def test_the_pyinfra_cli_loads_the_prod_inventory_offline():
     output = result.stdout + result.stderr  # pyinfra logs the inventory on stderr
     assert result.returncode == 0, output
     assert "--> Groups: workers, canary, prod" in output
-    assert '"profile": "vllm-ascend-0.13.0"' in output
+    assert '"profile": "vllm-ascend-0.18.0"' in output
 
 
 # --- inventories/lab.py: the lab's hosts get group_data/lab.py and the mirror URLs ---
@@ -111,28 +117,30 @@ def test_lab_hosts_validate_as_two_instance_workers_and_a_gateway(lab_dir, monke
 
 
 def test_plan_reports_every_instance_of_every_prod_worker():
-    result = runner.invoke(app, ["plan", "inventories/prod.py", "--model-config", str(QWEN25_72B), "--json"])
+    result = runner.invoke(app, ["plan", "inventories/prod.py", "--model-config", str(QWEN35_27B), "--json"])
     assert result.exit_code == 0, result.output
     fleet = json.loads(result.output)
     assert fleet["verdict"] == "fits"
-    assert len(fleet["instances"]) == 10
+    assert len(fleet["instances"]) == 20
     first = fleet["instances"][0]
     assert (first["host"], first["instance"]["name"]) == ("npu-01.example.internal", "vllm-0")
-    # The operators' figure: 327,680 bytes per token for the 80-layer model, split over TP4.
-    assert first["plan"]["kv_cache_bytes_per_token"] == 327_680
-    assert first["plan"]["kv_cache_bytes_per_token_per_npu"] == 81_920
+    # Only the 16 full-attention layers of 64 keep KV: 16 x 4 KV heads x 256 x (K, V) x 2 bytes,
+    # and TP2 puts 2 of the 4 KV heads on each NPU.
+    assert first["plan"]["kv_cache_bytes_per_token"] == 16 * 4 * 256 * 2 * 2 == 65_536
+    assert first["plan"]["kv_cache_bytes_per_token_per_npu"] == 32_768
+    assert first["plan"]["mtp_weight_bytes_per_npu"] > 0
 
 
 def test_plan_finds_a_staged_config_in_the_local_models_tree(tmp_path):
-    revision = tmp_path / "Qwen" / "Qwen2.5-72B-Instruct" / "495f39366efef23836d0cfae4fbe635880d2be31"
+    revision = tmp_path.joinpath(*PROD_MODEL[0].split("/"), PROD_MODEL[1])
     revision.mkdir(parents=True)
-    (revision / "config.json").write_text((QWEN25_72B / "config.json").read_text())
+    (revision / "config.json").write_text((QWEN35_27B / "config.json").read_text())
     plan = plan_fleet(prod_inventory(), models_dir=tmp_path)
     assert plan.verdict == "fits"
 
 
 def test_plan_without_any_config_says_where_to_put_one(tmp_path):
-    with pytest.raises(FleetError, match=r"^npu-01.example.internal: model Qwen/Qwen2.5-72B-Instruct@495f3\w+: "
+    with pytest.raises(FleetError, match=r"^npu-01.example.internal: model Eco-Tech/Qwen3.5-27B-w8a8-mtp@master: "
                                          r"no config.json to plan with; pass --model-config, or put it at "):
         plan_fleet(prod_inventory(), models_dir=tmp_path)
 

@@ -9,7 +9,7 @@ from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.cli import app
 from ascend_fleet.errors import FleetError
 
-MODEL = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct"
+MODEL = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 runner = CliRunner()
 
 
@@ -31,7 +31,7 @@ def test_a_models_dir_the_plan_would_not_read_is_refused_in_one_line(tmp_path, m
 
 
 def test_a_models_dir_with_the_fleets_config_is_planned_from(tmp_path, monkeypatch):
-    revision = tmp_path / "Qwen" / "Qwen2.5-72B-Instruct" / "495f39366efef23836d0cfae4fbe635880d2be31"
+    revision = tmp_path / "Eco-Tech" / "Qwen3.5-27B-w8a8-mtp" / "master"
     revision.mkdir(parents=True)
     (revision / "config.json").write_text((MODEL / "config.json").read_text())
     monkeypatch.chdir(PROJECT_ROOT)

@@ -25,12 +25,21 @@ from ascend_fleet.rollout import (
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
 QWEN25_72B = PROJECT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct"
+# The example inventory's hosts as these tests picture them: Qwen2.5-72B at TP4, two instances a
+# host (group_data/prod.py's own fleet serves Qwen3.5-27B at TP2, four a host).
+TWO_PER_HOST = {
+    "profile": "vllm-ascend-0.13.0",
+    "tensor_parallel_size": 4,
+    "model": {"id": "Qwen/Qwen2.5-72B-Instruct", "revision": "495f39366efef23836d0cfae4fbe635880d2be31",
+              "source": "modelscope"},
+    "serving": {"max_model_len": 32768, "gpu_memory_utilization": 0.9, "dtype": "float16", "max_num_seqs": 64},
+}
 
 
 @pytest.fixture
 def prod(monkeypatch, tmp_path):
     monkeypatch.chdir(PROJECT)  # group_data/ is found where pyinfra runs
-    return Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state")})
+    return Fleet(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state")})
 
 
 def test_waves_follow_the_datas_rollout_waves(prod):
@@ -160,13 +169,13 @@ def test_blue_green_is_refused_when_both_models_would_share_npus_without_the_hbm
 
 def test_blue_green_fits_when_the_node_has_npus_free_beside_the_serving_ones(monkeypatch, tmp_path, staged_configs):
     monkeypatch.chdir(PROJECT)
-    fleet = Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
+    fleet = Fleet(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
     assert blue_green_problem(fleet, model_data(fleet, "Qwen/Qwen2.5-72B-Instruct", "next")) is None
 
 
 def test_a_blue_green_swap_moves_each_wave_to_its_other_colour_and_back_on_failure(monkeypatch, tmp_path):
     monkeypatch.chdir(PROJECT)
-    fleet = Fleet(PROD, {"fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
+    fleet = Fleet(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
     old = fleet.configs["npu-01.example.internal"].model
     served = f"/mnt/nvme/models/{old.id}/{old.revision}"
     monkeypatch.setattr(rollout, "served_path", lambda fleet, backend: served)

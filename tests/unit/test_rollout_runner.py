@@ -24,9 +24,9 @@ from ascend_fleet.rollout_cli import rollout_app
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
-QWEN25_72B = PROJECT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct"
+QWEN35_27B = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 CANARY, W2, W3 = "npu-01.example.internal", "npu-02.example.internal", "npu-03.example.internal"
-WAVE1 = {f"{host}/vllm-{i}" for host in (W2, W3) for i in (0, 1)}
+WAVE1 = {f"{host}/vllm-{i}" for host in (W2, W3) for i in range(4)}  # TP2: four instances a host
 STOPPED_AT_WAVE1 = {f"{W2}/vllm-0": ("health", "/health answers 503")}
 
 
@@ -64,7 +64,7 @@ def nodes(monkeypatch):
     monkeypatch.setattr(rollout, "retried", lambda check, seconds=0: check())
     monkeypatch.setattr(rollout, "DRAIN_SETTLE_SECONDS", 0)
     # The prod model's config.json, as an operator puts it in files/models/ for preflight's plan.
-    monkeypatch.setattr(rollout_cli, "check_fleet", partial(check_fleet, model_config=QWEN25_72B))
+    monkeypatch.setattr(rollout_cli, "check_fleet", partial(check_fleet, model_config=QWEN35_27B))
     return fake
 
 
@@ -101,12 +101,13 @@ def test_a_failing_gate_stops_the_rollout_with_its_wave_drained_and_the_next_unt
 
 def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, state_dir):
     fleet, record = stopped_at_wave1(nodes, state_dir)
-    fleet.state.set_served(W2, {"vllm-1"})  # as the deploy left it: vllm-0 failed the serve stage's gate
+    others = {"vllm-1", "vllm-2", "vllm-3"}
+    fleet.state.set_served(W2, others)  # as the deploy left it: vllm-0 failed the serve stage's gate
     deploys_before = nodes.deploys()
     left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
     assert left_out == {f"{W2}/vllm-0": "gate health: /health answers 503"}
     assert fleet.state.drained() == nodes.gateway_drained() == {f"{W2}/vllm-0"}
-    assert fleet.state.served()[W2] == {"vllm-1"}
+    assert fleet.state.served()[W2] == others
     assert nodes.deploys() == deploys_before  # nothing is deployed: wave1 keeps what it had
     # The rollout is over: a new one may start, --resume has nothing to go on with.
     assert check_not_stopped(fleet.state, resume=False) is None
@@ -114,7 +115,7 @@ def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, 
     nodes.failing_gates = {}
     assert Runner(fleet, abandonable(fleet.state), lambda *_: None, 0).abandon() == {}
     assert fleet.state.drained() == nodes.gateway_drained() == set()
-    assert fleet.state.served()[W2] == {"vllm-0", "vllm-1"}  # so the gateway lists it again
+    assert fleet.state.served()[W2] == {"vllm-0", *others}  # so the gateway lists it again
     assert W3 not in fleet.state.served()  # a host with no record yet counts whole, as before
     with pytest.raises(FleetError, match="--abandon: no stopped rollout is recorded in .*; nothing to abandon"):
         abandonable(fleet.state)
