@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -202,7 +202,7 @@ def split_wave(name: str, hosts: list[str], instances: dict[str, list[str]], max
             batches += [Batch(name, [host], names[i:i + max_unavailable]) for i in range(0, len(names), max_unavailable)]
         elif batches and not batches[-1].serve_only and \
                 sum(len(instances[h]) for h in batches[-1].hosts) + len(names) <= max_unavailable:
-            batches[-1].hosts.append(host)
+            batches[-1] = replace(batches[-1], hosts=[*batches[-1].hosts, host])
         else:
             batches.append(Batch(name, [host], []))
     if len(batches) == 1:
