@@ -43,11 +43,16 @@ def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[s
     return args + serving.extra_args
 
 
+def option_table_path(vllm_version: str) -> Path:
+    """Where the option data of a vLLM release is kept; a +cpu build has its release's."""
+    return OPTIONS_DIR / f"{Version(vllm_version).public}.json"
+
+
 @cache
 def option_table(vllm_version: str) -> dict[str, dict] | None:
     """{flag: argparse action} of the release's API server (`python -m vllm.entrypoints.openai.api_server`,
-    what the unit runs), or None when no table was extracted for it (a +cpu build uses its release's)."""
-    path = OPTIONS_DIR / f"{Version(vllm_version).public}.json"
+    what the unit runs), or None when no table was extracted for it."""
+    path = option_table_path(vllm_version)
     if not path.is_file():
         return None
     actions = json.loads(path.read_text())["api_server"]["actions"]

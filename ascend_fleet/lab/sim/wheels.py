@@ -46,7 +46,7 @@ from packaging.version import Version
 from ascend_fleet.lab.sim.real_metadata import RealWheel, is_cuda_requirement, load_record, standin_basis
 from ascend_fleet.lab.sim.realtier import build_vllm_metadata_shim
 from ascend_fleet.profile import ARCHES, is_cpu_build
-from ascend_fleet.vllm_cli import OPTIONS_DIR
+from ascend_fleet.vllm_cli import OPTIONS_DIR, option_table_path
 
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
@@ -141,7 +141,7 @@ def vllm_ascend_standin(version: str, torch_npu_version: str | None) -> Standin:
 
 
 def option_data(vllm_version: str) -> bytes:
-    path = OPTIONS_DIR / f"{vllm_version}.json"
+    path = option_table_path(vllm_version)
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.json")))
         raise WheelBuildError(
