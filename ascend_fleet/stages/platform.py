@@ -90,10 +90,10 @@ def needs_reboot(driver: str, firmware: str) -> bool:
                                                          and vendor.firmware_is_current(firmware))
 
 
-def reboot_refusal(config: NodeConfig, driver: str, firmware: str) -> str | None:
+def reboot_refusal(config: NodeConfig, driver: str, firmware: str, reboots: bool) -> str | None:
     """Why a run that may restart only some of the node's instances (config.serve_only, a rollout
     one instance at a time) cannot take the driver stage: its reboot stops them all."""
-    if not needs_reboot(driver, firmware):
+    if not reboots:
         return None
     others = [i.name for i in config.instances if i.name not in config.serve_only]
     return (f"driver {driver} / firmware {firmware} need a reboot, which stops {', '.join(others)} too, but this "
@@ -109,12 +109,12 @@ def driver_stage() -> None:
     if not runs_npus():
         return
     config, stack = host_node_config(host), node_profile().stack
+    # Decided from the state the run starts from, so a dry run on a converged node shows no reboot.
+    reboots = needs_reboot(stack.driver, stack.firmware)
     if config.serve_only:
         gates.passed(name="No reboot while the node's other instances serve",
                      description="driver and firmware current, no reboot",
-                     find_problem=lambda: reboot_refusal(config, stack.driver, stack.firmware))
-    # Decided from the state the run starts from, so a dry run on a converged node shows no reboot.
-    reboots = needs_reboot(stack.driver, stack.firmware)
+                     find_problem=lambda: reboot_refusal(config, stack.driver, stack.firmware, reboots))
     install_prerequisites()
     names = fetch_packages(node_profile(), ["driver", "firmware"])
 
