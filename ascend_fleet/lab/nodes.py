@@ -20,8 +20,9 @@ from ascend_fleet.lab.state import LabState
 from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
-# Files that must not be readable by others inside the node.
+# Files that must not be readable by others inside the node; programs the lab puts on it.
 PRIVATE_DIRS = {"root/.ssh"}
+PROGRAM_DIRS = {"usr/local/bin"}
 BOOT_TIMEOUT_SECONDS = 120
 
 
@@ -111,7 +112,7 @@ def render_tree(template_root: Path, target_root: Path, context: dict) -> None:
         private = any(str(relative).startswith(d) for d in PRIVATE_DIRS)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o755)
         target.write_text(render(template, **context))
-        target.chmod(0o600 if private else 0o644)
+        target.chmod(0o600 if private else 0o755 if str(relative.parent) in PROGRAM_DIRS else 0o644)
 
 
 def reported_meminfo(ram_gb: int) -> str:

@@ -69,6 +69,9 @@ class NodeHardware(_Strict):
     npu_health: dict[int, Health] = Field(default_factory=dict, description="NPU index -> health; others OK")
     nvme: NvmeSpec | None = Field(default_factory=NvmeSpec)
     ram_gb: int = Field(1024, gt=0, description="host RAM the node reports")
+    glibc: str | None = Field(None, pattern=r"^\d+\.\d+$",
+                              description="the glibc release the node reports (`getconf GNU_LIBC_VERSION`), to "
+                                          "rehearse an older system; default: the base image's own (2.36)")
     preexisting: Preexisting = Field(default_factory=Preexisting)
 
     def hardware_json(self, node: str, role: str) -> dict:
@@ -82,6 +85,7 @@ class NodeHardware(_Strict):
             "npu_health": [self.npu_health.get(i, "OK") for i in range(self.npus)],
             "ram_gb": self.ram_gb,
             "nvme": self.nvme.model_dump() if self.nvme else None,
+            "glibc": self.glibc,
         }
 
 

@@ -1,4 +1,5 @@
-"""The `lab` fixture: one rehearsal lab (3 workers + gateway) for the whole test session.
+"""The `lab` fixture: one rehearsal lab (3 workers + gateway) for the whole test session; and
+`second_lab`, another such lab for the modules that run beside it (scripts/test's other part).
 
 It runs the same commands a user runs (`ascend-fleet lab up/down`, `pyinfra inventories/lab.py`)
 in a lab of its own (own directory, name and subnet), so a lab the user has up is left alone.
@@ -120,6 +121,19 @@ def require_root() -> None:
 def lab():
     require_root()
     lab = Lab(TEST_LAB_DIR, f"t{TEST_NET}", f"10.213.{TEST_NET}.0/24")
+    lab.down()  # a previous session that crashed
+    lab.up(3)
+    yield lab
+    lab.down()
+
+
+@pytest.fixture(scope="session")
+def second_lab():
+    """A lab of its own (subnet N+3) for the modules of scripts/test's other part, which runs beside
+    the session lab's: test_full_deploy deploys it from fresh nodes and leaves it converged, and
+    test_rollout, after it in file order, rolls out on it. Such a module takes it as its `lab`."""
+    require_root()
+    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}", f"10.213.{TEST_NET + 3}.0/24")
     lab.down()  # a previous session that crashed
     lab.up(3)
     yield lab

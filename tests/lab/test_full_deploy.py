@@ -1,7 +1,7 @@
 """deploys/full.py on the lab: fresh OS to serving, idempotent, upgrades one node alone, refuses bad input.
 
-The module has a lab of its own, so it starts from fresh nodes whatever other modules deployed
-on the session lab. The tests run in order: the first deploys it, the others start from a
+The module runs first on the second lab (tests/lab/conftest.py), so it starts from fresh nodes
+whatever other modules deployed on the session lab. The tests run in order: the first deploys it, the others start from a
 converged fleet and leave it converged.
 """
 
@@ -19,7 +19,7 @@ import requests
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.operations.vendor import PACKAGE_DIR
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
+from tests.lab.conftest import Lab
 
 pytestmark = pytest.mark.lab
 
@@ -67,14 +67,9 @@ def unit_starts(lab: Lab, node: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """Fresh nodes: 3 workers and a gateway nobody has deployed to (overrides the session lab here)."""
-    require_root()
-    fresh = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}", f"10.213.{TEST_NET + 3}.0/24")
-    fresh.down()
-    fresh.up(3)
-    yield fresh
-    fresh.down()
+def lab(second_lab):
+    """Fresh nodes: 3 workers and a gateway nobody has deployed to (in place of the session lab)."""
+    return second_lab
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +306,28 @@ def test_an_unhealthy_npu_stops_that_host_and_leaves_its_instances_serving(lab, 
     assert totals(result.stdout)["changed"] == 0
     assert unit_starts(lab, "worker3") == before
     assert chat_through_gateway(lab).status_code == 200
+
+
+def test_a_node_whose_glibc_no_pinned_wheel_covers_is_refused_at_preflight_and_the_others_run(lab, deployed):
+    """Issue 12: worker2 reports glibc 2.28 (its hardware file; the lab's userland is bookworm's), older
+    than the manylinux_2_31 of the pinned vllm 0.13.0's wheels: refused before anything of it changes,
+    where it would otherwise have stopped at its pip step after driver, firmware, reboot and CANN."""
+    before = unit_starts(lab, "worker2")
+    original = rewrite_hardware(lab, "worker2", glibc="2.28")
+    try:
+        result = lab.pyinfra("deploys/full.py", check=False)
+    finally:
+        restore_hardware(lab, "worker2", original)
+    assert result.returncode != 0
+    assert re.search(r"worker2: vllm==0\.13\.0 has no wheel for x86_64 Python 3\.11 glibc 2\.28: its wheels are for "
+                     r"manylinux_2_31_x86_64 \(cp38-abi3\)", result.stdout), result.stdout[-3000:]
+    assert totals(result.stdout)["changed"] == 0
+    assert unit_starts(lab, "worker2") == before
+    # The others went on to the end; worker2 stopped at preflight: no operation of a later stage ran on it.
+    verified = result.stdout.split("Starting operation: Verify | NPUs healthy")[1].split("Starting operation")[0]
+    assert "[worker1]" in verified and "[worker3]" in verified and "[worker2]" not in verified
+    after_preflight = result.stdout.split("Starting operation: NPU driver and firmware", 1)[1]
+    assert not re.search(r"\[worker2\] (Success|No changes)", after_preflight), after_preflight[:3000]
 
 
 def test_a_package_with_a_wrong_sha256_is_never_installed(lab, deployed):

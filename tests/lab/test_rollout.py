@@ -3,8 +3,9 @@
 A load generator streams chat completions through the gateway the whole time; every
 request it sent is counted, and the rollouts, the swaps (instance by instance, and blue/green)
 and the rebuild must fail none of them.
-The tests run in order on the session lab and leave it serving lab/Qwen3-Tiny v1 on the
-blue instances of the lab's data.
+The tests run in order on the second lab (after test_full_deploy has left it converged, or from
+fresh nodes when run alone) and leave it serving lab/Qwen3-Tiny v1 on the blue instances of the
+lab's data.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ LOAD_RESULTS: dict[str, dict] = {}
 
 def address(lab: Lab, node: str) -> str:
     return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
+
+
+@pytest.fixture(scope="module")
+def lab(second_lab):
+    """Beside the session lab's tests, not after them: the module is scripts/test's longest."""
+    return second_lab
 
 
 @pytest.fixture(scope="module")
