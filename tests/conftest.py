@@ -16,7 +16,7 @@ PARTS = ("session-lab", "others")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--part", choices=PARTS,
                      help="only the tests on the session lab, or only the others (scripts/test runs the two "
-                          "side by side: they share nothing, and each waits on its labs most of the time)")
+                          "side by side: they share no lab)")
 
 
 def on_session_lab(item: pytest.Item) -> bool:
