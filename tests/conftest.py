@@ -30,7 +30,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if part is None:
         return
     wanted = part == "session-lab"
-    deselected = [item for item in items if on_session_lab(item) != wanted]
+    kept, deselected = [], []
+    for item in items:
+        (kept if on_session_lab(item) == wanted else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if on_session_lab(item) == wanted]
+        items[:] = kept

@@ -117,14 +117,18 @@ def require_root() -> None:
         pytest.skip("lab tests need root (namespaces, mounts, a bridge)")
 
 
-@pytest.fixture(scope="session")
-def lab():
+def brought_up(lab: Lab):
+    """The lab up with 3 workers for as long as the fixture lasts, then down."""
     require_root()
-    lab = Lab(TEST_LAB_DIR, f"t{TEST_NET}", f"10.213.{TEST_NET}.0/24")
     lab.down()  # a previous session that crashed
     lab.up(3)
     yield lab
     lab.down()
+
+
+@pytest.fixture(scope="session")
+def lab():
+    yield from brought_up(Lab(TEST_LAB_DIR, f"t{TEST_NET}", f"10.213.{TEST_NET}.0/24"))
 
 
 @pytest.fixture(scope="session")
@@ -132,9 +136,5 @@ def second_lab():
     """A lab of its own (subnet N+3) for the modules of scripts/test's other part, which runs beside
     the session lab's: test_full_deploy deploys it from fresh nodes and leaves it converged, and
     test_rollout, after it in file order, rolls out on it. Such a module takes it as its `lab`."""
-    require_root()
-    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}", f"10.213.{TEST_NET + 3}.0/24")
-    lab.down()  # a previous session that crashed
-    lab.up(3)
-    yield lab
-    lab.down()
+    yield from brought_up(Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}",
+                              f"10.213.{TEST_NET + 3}.0/24"))

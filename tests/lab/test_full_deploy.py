@@ -1,8 +1,8 @@
 """deploys/full.py on the lab: fresh OS to serving, idempotent, upgrades one node alone, refuses bad input.
 
 The module runs first on the second lab (tests/lab/conftest.py), so it starts from fresh nodes
-whatever other modules deployed on the session lab. The tests run in order: the first deploys it, the others start from a
-converged fleet and leave it converged.
+whatever other modules deployed on the session lab. The tests run in order: the first deploys
+it, the others start from a converged fleet and leave it converged.
 """
 
 from __future__ import annotations
