@@ -59,6 +59,15 @@ def test_nodes_reach_each_other_and_the_mirror_and_nothing_else(lab):
     lab.run("worker3", "apt-get update -q")
 
 
+def test_the_status_and_ssh_commands_show_every_node_running_and_log_into_it(lab):
+    # The other tests read the status and ssh in-process, through the functions these commands run.
+    report = json.loads(lab.cli("lab", "status", "--json").stdout)
+    assert {n["name"]: n["state"] for n in report["nodes"]} == dict.fromkeys(
+        ("gateway", "worker1", "worker2", "worker3"), "running")
+    assert report["mirror"]["running"]
+    assert lab.cli("lab", "ssh", "worker2", "--", "hostname").stdout.strip() == "worker2"
+
+
 def test_nodes_report_their_simulated_hardware(lab):
     hardware = json.loads(lab.run("worker1", "cat /etc/ascend-lab/hardware.json").stdout)
     assert hardware["npu_count"] == 8 and hardware["chip"] == "910B3"

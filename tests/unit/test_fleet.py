@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.cli import app
+from ascend_fleet.cli import build_app
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
 from ascend_fleet.lab.spec import LabSpec
@@ -117,7 +117,7 @@ def test_lab_hosts_validate_as_two_instance_workers_and_a_gateway(lab_dir, monke
 
 
 def test_plan_reports_every_instance_of_every_prod_worker():
-    result = runner.invoke(app, ["plan", "inventories/prod.py", "--model-config", str(QWEN35_27B), "--json"])
+    result = runner.invoke(build_app(), ["plan", "inventories/prod.py", "--model-config", str(QWEN35_27B), "--json"])
     assert result.exit_code == 0, result.output
     fleet = json.loads(result.output)
     assert fleet["verdict"] == "fits"
@@ -165,7 +165,7 @@ rollout_waves = ["canary"]
 
 def plan_cli(inventory: Path, config: Path, monkeypatch, *args):
     monkeypatch.chdir(inventory.parent)
-    return runner.invoke(app, ["plan", str(inventory), "--model-config", str(config), *args])
+    return runner.invoke(build_app(), ["plan", str(inventory), "--model-config", str(config), *args])
 
 
 def test_plan_refuses_an_instance_that_does_not_fit_naming_host_and_instance(tmp_path, monkeypatch):
@@ -285,9 +285,9 @@ def test_a_block_size_is_kept_only_with_both_turned_off(tmp_path):
 
 def test_plan_of_one_model_config_refuses_a_profile_too_old_for_it():
     config = MODELS / "qwen3.5-27b"
-    refused = runner.invoke(app, ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.13.0"])
+    refused = runner.invoke(build_app(), ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.13.0"])
     assert isinstance(refused.exception, FleetError)
     assert str(refused.exception) == (f"does not fit: {config} (model_type 'qwen3_5') is served from vllm-ascend "
                                       "0.17.0rc1 on, profile vllm-ascend-0.13.0 pins 0.13.0; choose a newer profile")
-    served = runner.invoke(app, ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.18.0"])
+    served = runner.invoke(build_app(), ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.18.0"])
     assert served.exception is None, served.output

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.cli import app
+from ascend_fleet.cli import build_app
 from ascend_fleet.errors import FleetError
 
 MODEL = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
@@ -24,7 +24,7 @@ runner = CliRunner()
 ], ids=["no such directory", "without an inventory", "beside --model-config"])
 def test_a_models_dir_the_plan_would_not_read_is_refused_in_one_line(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(PROJECT_ROOT)
-    result = runner.invoke(app, ["plan", *(arg.format(tmp=tmp_path) for arg in args)])
+    result = runner.invoke(build_app(), ["plan", *(arg.format(tmp=tmp_path) for arg in args)])
     assert isinstance(result.exception, FleetError)  # the console entry prints it as one line, exit 1
     assert str(result.exception) == message.format(tmp=tmp_path)
     assert result.output == ""  # refused before any plan is printed
@@ -35,5 +35,5 @@ def test_a_models_dir_with_the_fleets_config_is_planned_from(tmp_path, monkeypat
     revision.mkdir(parents=True)
     (revision / "config.json").write_text((MODEL / "config.json").read_text())
     monkeypatch.chdir(PROJECT_ROOT)
-    result = runner.invoke(app, ["plan", "inventories/prod.py", "--models-dir", str(tmp_path), "--json"])
+    result = runner.invoke(build_app(), ["plan", "inventories/prod.py", "--models-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ascend_fleet.cli import app
+from ascend_fleet.cli import build_app
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import model_support
 from ascend_fleet.profile import load_profile
@@ -430,7 +430,7 @@ runner = CliRunner()
 
 
 def test_plan_json_reports_the_handbook_figures():
-    result = runner.invoke(app, [
+    result = runner.invoke(build_app(), [
         "plan", "--model-config", str(MODELS / "handbook-dense-80l"), "--chip", "910B3", "--tp", "4",
         "--max-model-len", "32768", "--gpu-memory-utilization", "0.9", "--dtype", "float16", "--json",
     ])
@@ -443,14 +443,14 @@ def test_plan_json_reports_the_handbook_figures():
 
 
 def test_plan_table_names_the_verdict():
-    result = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-27b" / "config.json"), "--tp", "2"])
+    result = runner.invoke(build_app(), ["plan", "--model-config", str(MODELS / "qwen3.5-27b" / "config.json"), "--tp", "2"])
     assert result.exit_code == 0, result.output
     assert "fits" in result.stdout
     assert "65,536" in result.stdout  # KV bytes per token
 
 
 def test_plan_exits_non_zero_with_one_line_when_it_does_not_fit():
-    result = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-397b-a17b"), "--tp", "8", "--enable-expert-parallel", "--json"])
+    result = runner.invoke(build_app(), ["plan", "--model-config", str(MODELS / "qwen3.5-397b-a17b"), "--tp", "8", "--enable-expert-parallel", "--json"])
     assert result.exit_code == 1
     assert isinstance(result.exception, FleetError)
     assert str(result.exception).startswith("does not fit: weights and activations need")
@@ -458,9 +458,9 @@ def test_plan_exits_non_zero_with_one_line_when_it_does_not_fit():
 
 
 def test_plan_turns_bad_input_into_fleet_errors(tmp_path):
-    missing = runner.invoke(app, ["plan", "--model-config", str(tmp_path)])
+    missing = runner.invoke(build_app(), ["plan", "--model-config", str(tmp_path)])
     assert isinstance(missing.exception, FleetError) and "no such file" in str(missing.exception)
-    unknown_chip = runner.invoke(app, ["plan", "--model-config", str(MODELS / "qwen3.5-27b"), "--chip", "910C"])
+    unknown_chip = runner.invoke(build_app(), ["plan", "--model-config", str(MODELS / "qwen3.5-27b"), "--chip", "910C"])
     assert isinstance(unknown_chip.exception, FleetError) and "unknown chip" in str(unknown_chip.exception)
 
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.cli import app
+from ascend_fleet.cli import build_app
 from ascend_fleet.plan_cli import layout
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
@@ -109,7 +109,7 @@ def test_expert_parallel_in_the_data_is_in_the_plan(tmp_path):
 def test_the_plan_of_the_recipe_shows_expert_parallel_and_the_mtp_draft(tmp_path, monkeypatch):
     inventory = write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.18.0", model="Qwen3.5-122B-A10B", serving=RECIPE))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["plan", str(inventory), "--model-config", str(MODELS / "qwen3.5-122b-a10b"),
+    result = CliRunner().invoke(build_app(), ["plan", str(inventory), "--model-config", str(MODELS / "qwen3.5-122b-a10b"),
                                       "--json"])
     figures = json.loads(result.output)["instances"][0]["plan"]
     assert figures["ep"] is True and figures["mtp_weight_bytes_per_npu"] > 0, figures
