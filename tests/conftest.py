@@ -15,14 +15,15 @@ PARTS = ("session-lab", "others")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--part", choices=PARTS,
-                     help="only the tests on the session lab, or only the others (scripts/test runs the two "
-                          "side by side: they share no lab)")
+                     help="only the tests on the session lab (and the real tier's), or only the others "
+                          "(scripts/test runs the two side by side: they share no lab)")
 
 
-def on_session_lab(item: pytest.Item) -> bool:
-    """The test uses the session's lab (tests/lab/conftest.py), not a lab of its module's own."""
+def in_session_lab_part(item: pytest.Item) -> bool:
+    """The test uses the session's lab (tests/lab/conftest.py), not a lab of its module's own, or its
+    module is marked to run beside it (the real tier: that part would otherwise end 15 min first)."""
     lab = item._fixtureinfo.name2fixturedefs.get("lab")
-    return bool(lab) and lab[-1].scope == "session"
+    return bool(lab) and lab[-1].scope == "session" or item.get_closest_marker("session_lab_part") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     wanted = part == "session-lab"
     kept, deselected = [], []
     for item in items:
-        (kept if on_session_lab(item) == wanted else deselected).append(item)
+        (kept if in_session_lab_part(item) == wanted else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept

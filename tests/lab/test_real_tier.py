@@ -21,7 +21,7 @@ from ascend_fleet.lab.sim import realtier
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_NET, Lab, require_root
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.session_lab_part]
 
 MODEL = "lab/Qwen3-Tiny"
 MODEL_PATH = Path("/mnt/nvme/models/lab/Qwen3-Tiny/v1")
