@@ -29,6 +29,7 @@ from ascend_fleet.planner import (
     ConfigError,
     Finding,
     InstancePlan,
+    MODELSLIM_DESCRIPTION,
     ModelShape,
     ModelSupport,
     chip_by_name,
@@ -36,7 +37,9 @@ from ascend_fleet.planner import (
     check_model_support,
     check_vllm_use_v1,
     judge,
+    modelslim_scheme,
     plan_instance,
+    planned_quantization,
 )
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
@@ -134,9 +137,27 @@ class FleetPlan:
         return {"verdict": self.verdict, "instances": [report.to_dict() for report in self.instances]}
 
 
+def read_modelslim_description(path: Path) -> dict | None:
+    """The msModelSlim description beside a config.json (or in the model directory), None without one."""
+    description = (path if path.is_dir() else path.parent) / MODELSLIM_DESCRIPTION
+    try:
+        return json.loads(description.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise FleetError(f"{description}: not valid JSON ({exc})") from exc
+
+
+def model_shape(config: dict, description: dict | None) -> ModelShape:
+    """The planner's shape of a model: its config.json, and the scheme its msModelSlim description names."""
+    return replace(ModelShape.from_config(config),
+                   checkpoint_quantization=modelslim_scheme(description) if description is not None else None)
+
+
 class ModelConfigs:
-    """config.json of each model a fleet serves, read once: a local path given by the
-    operator, else the local models tree, else the model's http URL (e.g. the lab mirror)."""
+    """config.json (and msModelSlim's description, where the weights have one) of each model a
+    fleet serves, read once: a local path given by the operator, else the local models tree, else
+    the model's http URL (e.g. the lab mirror)."""
 
     def __init__(self, local: Path | None = None, models_dir: Path = MODELS_DIR):
         self.local = local
@@ -148,27 +169,32 @@ class ModelConfigs:
         key = (model.id, model.revision, model.url)
         if key not in self._shapes:
             try:
-                self._shapes[key] = ModelShape.from_config(self._read(config))
+                self._shapes[key] = model_shape(*self._read(config))
             except ConfigError as exc:
                 raise FleetError(f"{config.host}: model {model.id}@{model.revision}: {exc}") from None
         return self._shapes[key]
 
-    def _read(self, config: NodeConfig) -> dict:
+    def _read(self, config: NodeConfig) -> tuple[dict, dict | None]:
         if self.local:
-            return read_model_config(self.local)
+            return read_model_config(self.local), read_modelslim_description(self.local)
         model = config.model
         staged = self.models_dir / model.id / model.revision / "config.json"
         if staged.is_file():
-            return read_model_config(staged)
+            return read_model_config(staged), read_modelslim_description(staged)
         if model.url:
-            return _fetch_json(f"{model.url}/models/{model.id}/{model.revision}/config.json", config.host)
+            base = f"{model.url}/models/{model.id}/{model.revision}"
+            return (_fetch_json(f"{base}/config.json", config.host),
+                    _fetch_json(f"{base}/{MODELSLIM_DESCRIPTION}", config.host, missing_ok=True))
         raise FleetError(f"{config.host}: model {model.id}@{model.revision}: no config.json to plan with; "
                          f"pass --model-config, or put it at {staged}")
 
 
-def _fetch_json(url: str, host: str) -> dict:
+def _fetch_json(url: str, host: str, missing_ok: bool = False) -> dict | None:
+    """The JSON document at url; None for a 404 when missing_ok (a file the model may not have)."""
     try:
         response = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
+        if missing_ok and response.status_code == 404:
+            return None
         response.raise_for_status()
         return response.json()
     except (requests.RequestException, ValueError) as exc:
@@ -218,14 +244,17 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[I
     policy = replace(DEFAULT_POLICY, hccl_buffsize_mib=buffsize)
     stack = stack_findings(config, profile, shape)
     reports = []
+    quantization, quantization_findings = planned_quantization(shape, serving.quantization_scheme,
+                                                               serving.quantization == "ascend")
     for instance in config.instances:
         plan = plan_instance(shape, chip_by_name(config.chip), tp=len(instance.npus),
                              max_model_len=serving.max_model_len,
                              gpu_memory_utilization=serving.gpu_memory_utilization,
-                             dtype=serving.dtype, quantization=serving.quantization_scheme,
+                             dtype=serving.dtype, quantization=quantization,
                              ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
                              policy=policy)
-        reports.append(InstanceReport(config.host, instance, plan, [*plan.findings, *stack]))
+        findings = [*plan.findings, *quantization_findings, *stack]
+        reports.append(InstanceReport(config.host, instance, plan, findings))
     return reports
 
 

@@ -107,7 +107,8 @@ class Serving(_Strict):
     # vllm-ascend's quantization method for msModelSlim weights (W8A8, W4A8); vLLM refuses the scheme names.
     quantization: Literal["ascend"] | None = None
     quantization_scheme: Literal[tuple(QUANTIZED_BYTES_PER_PARAM)] | None = Field(
-        None, description="the weights' scheme, for the planner's sizes; with quantization: ascend")
+        None, description="the weights' scheme, for the planner's sizes, with quantization: ascend; the "
+        "planner takes the weights' quant_model_description.json before it")
     block_size: int | None = Field(None, gt=0)
     enable_expert_parallel: bool | None = None
     async_scheduling: bool | None = None
@@ -125,9 +126,9 @@ class Serving(_Strict):
 
     @model_validator(mode="after")
     def _quantization_scheme_with_ascend(self) -> Serving:
-        if (self.quantization is None) != (self.quantization_scheme is None):
-            raise ValueError("quantization: ascend and quantization_scheme (w8a8, w4a8, int4: the weights' "
-                             "msModelSlim scheme) go together; set both or neither")
+        if self.quantization_scheme is not None and self.quantization is None:
+            raise ValueError(f"quantization_scheme {self.quantization_scheme} (the weights' msModelSlim scheme) is "
+                             "for quantization: ascend; set that too, or drop the scheme")
         return self
 
 

@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import MODELS_DIR, FleetPlan, load_inventory, model_support, plan_fleet, read_model_config
-from ascend_fleet.planner import (GIB, MIB, ConfigError, InstancePlan, ModelShape, check_model_support, chip_by_name,
-                                  format_gib, judge, plan_instance)
+from ascend_fleet.fleet import (MODELS_DIR, FleetPlan, load_inventory, model_shape, model_support, plan_fleet,
+                                read_model_config, read_modelslim_description)
+from ascend_fleet.planner import (GIB, MIB, ConfigError, InstancePlan, check_model_support, chip_by_name, format_gib,
+                                  judge, plan_instance, planned_quantization)
 from ascend_fleet.profile import load_profile
 
 console = Console()
@@ -59,7 +60,8 @@ def plan(
         raise FleetError("plan: pass an INVENTORY, or --model-config for a single instance")
     override = int(usable_hbm_gib * GIB) if usable_hbm_gib is not None else None
     try:
-        shape = ModelShape.from_config(read_model_config(model_config))
+        shape = model_shape(read_model_config(model_config), read_modelslim_description(model_config))
+        quantization, quantization_findings = planned_quantization(shape, quantization, ascend=False)
         result = plan_instance(
             shape,
             chip_by_name(chip),
@@ -75,11 +77,12 @@ def plan(
         )
     except ConfigError as exc:
         raise FleetError(f"{model_config}: {exc}") from exc
+    findings = [*result.findings, *quantization_findings]
     if profile is not None:
         stack = load_profile(profile)
-        findings = [*result.findings, *check_model_support(str(model_config), shape.model_type, stack.name,
-                                                           stack.stack.model_dump(), model_support())]
-        result = replace(result, findings=findings, verdict=judge(findings))
+        findings += check_model_support(str(model_config), shape.model_type, stack.name, stack.stack.model_dump(),
+                                        model_support())
+    result = replace(result, findings=findings, verdict=judge(findings))
     if as_json:
         print(result.to_json())
     else:

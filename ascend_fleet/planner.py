@@ -51,6 +51,11 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # compute dtype (vllm-ascend's W8A8/W4A8 checkpoints leave them unquantized).
 QUANTIZED_BYTES_PER_PARAM = {"w8a8": 1.0, "w4a8": 0.5, "int4": 0.5}
 
+# msModelSlim weights carry this file; its `model_quant_type` names the checkpoint's method, the
+# weight and activation widths first (vllm-ascend: quantization/modelslim_config.py reads it,
+# tests/ut/quantization has "W8A8_DYNAMIC"; methods W8A8, W8A8_MIX, W4A8_DYNAMIC, ...).
+MODELSLIM_DESCRIPTION = "quant_model_description.json"
+
 # Model types whose q/k/v projections carry a bias although config.json has no
 # attention_bias key (Qwen2 modeling code hard-codes it).
 QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe"})
@@ -171,6 +176,8 @@ class ModelShape:
     max_position_embeddings: int | None
     ssm_state_dtype: str | None
     mtp_layers: int = 0  # multi-token-prediction layers, loaded only with speculative decoding
+    # The scheme the checkpoint's msModelSlim description names (modelslim_scheme), None without one.
+    checkpoint_quantization: str | None = None
 
     @property
     def linear_attention_layers(self) -> int:
@@ -490,6 +497,33 @@ class InstancePlan:
 FITS = "fits"
 TIGHT = "tight"
 DOES_NOT_FIT = "does not fit"
+
+
+def modelslim_scheme(description: Mapping) -> str:
+    """The scheme whose sizes the planner uses for a msModelSlim description (W8A8*, W4A8*)."""
+    quant_type = str(description.get("model_quant_type", ""))
+    for scheme in ("w8a8", "w4a8"):
+        if quant_type.lower().startswith(scheme):
+            return scheme
+    raise ConfigError(f"{MODELSLIM_DESCRIPTION}: model_quant_type {quant_type!r} is none the planner sizes "
+                      "(W8A8..., W4A8...); set quantization_scheme in the data")
+
+
+def planned_quantization(shape: ModelShape, stated: str | None, ascend: bool) -> tuple[str | None, list[Finding]]:
+    """The scheme to size the weights with: the checkpoint's description's where it has one (vLLM
+    loads what the files hold), else the one the data states; and what is wrong with that choice."""
+    if shape.checkpoint_quantization is None:
+        if ascend and stated is None:
+            return None, [Finding(ERROR, "quantization-scheme-unknown",
+                                  f"quantization ascend: the weights have no {MODELSLIM_DESCRIPTION} and the data "
+                                  "no quantization_scheme (w8a8, w4a8); set it")]
+        return stated, []
+    if stated is not None and stated != shape.checkpoint_quantization:
+        return shape.checkpoint_quantization, [Finding(
+            WARNING, "quantization-scheme-differs",
+            f"quantization_scheme {stated} differs from the weights' {MODELSLIM_DESCRIPTION} "
+            f"({shape.checkpoint_quantization}): planned with the weights'")]
+    return shape.checkpoint_quantization, []
 
 
 def plan_instance(

@@ -229,6 +229,60 @@ def test_a_worker_in_no_rollout_wave_is_refused(tmp_path):
         fleet_node_configs(load_inventory(write_fleet(tmp_path, fleet), tmp_path))
 
 
+# --- the weights' own scheme: msModelSlim's quant_model_description.json ---
+
+
+def described_model(directory: Path, quant_type: str) -> Path:
+    """Qwen3.5-27B's config.json with a description of vllm-ascend's own tests' shape
+    (tests/ut/quantization/conftest_quantization.py: version, model_quant_type, a tensor each)."""
+    directory.mkdir()
+    (directory / "config.json").write_text((QWEN35_27B / "config.json").read_text())
+    (directory / "quant_model_description.json").write_text(json.dumps({
+        "version": "1.0.0", "model_quant_type": quant_type, "model.embed_tokens.weight": "FLOAT",
+        "model.layers.0.mlp.gate_proj.weight": quant_type}))
+    return directory
+
+
+def ascend_fleet_plan(directory: Path, scheme: str | None, model_config: Path):
+    directory.mkdir()
+    serving = '"quantization": "ascend"' + (f', "quantization_scheme": "{scheme}"' if scheme else "")
+    inventory = write_fleet(directory, FLEET.format(profile="vllm-ascend-0.18.0", model="Qwen3.5-27B", serving=serving))
+    return plan_fleet(load_inventory(inventory, directory), model_config=model_config)
+
+
+def test_the_weights_description_decides_the_scheme_and_data_that_says_otherwise_is_warned(tmp_path):
+    w4a8 = described_model(tmp_path / "w4a8", "W4A8_DYNAMIC")
+    said = ascend_fleet_plan(tmp_path / "said", "w4a8", QWEN35_27B).instances[0]
+    described = ascend_fleet_plan(tmp_path / "described", "w8a8", w4a8).instances[0]
+    assert (said.plan.quantization, described.plan.quantization) == ("w4a8", "w4a8")
+    assert described.plan.weight_bytes_per_npu == said.plan.weight_bytes_per_npu
+    assert [f.message for f in described.findings if f.severity == "warning" and "differs" in f.message] == [
+        "quantization_scheme w8a8 differs from the weights' quant_model_description.json (w4a8): planned with "
+        "the weights'"]
+    w8a8 = ascend_fleet_plan(tmp_path / "w8a8", "w8a8", QWEN35_27B).instances[0]
+    assert w8a8.plan.weight_bytes_per_npu > described.plan.weight_bytes_per_npu  # 1 byte a weight, not 0.5
+
+
+def test_ascend_weights_need_a_description_or_a_scheme_in_the_data(tmp_path):
+    unknown = ascend_fleet_plan(tmp_path / "neither", None, QWEN35_27B)
+    assert unknown.first_error() == (
+        "node1 instance vllm-0: quantization ascend: the weights have no quant_model_description.json and the "
+        "data no quantization_scheme (w8a8, w4a8); set it")
+    described = ascend_fleet_plan(tmp_path / "described", None, described_model(tmp_path / "w8a8", "W8A8"))
+    assert described.first_error() is None and described.instances[0].plan.quantization == "w8a8"
+
+
+def test_a_description_whose_scheme_the_planner_cannot_size_is_refused_naming_it(tmp_path):
+    model = described_model(tmp_path / "flat", "W4A4_FLATQUANT_DYNAMIC")
+    with pytest.raises(FleetError, match=r"^node1: model Qwen/Qwen3.5-27B@r1: quant_model_description.json: "
+                                         r"model_quant_type 'W4A4_FLATQUANT_DYNAMIC' is none the planner sizes"):
+        ascend_fleet_plan(tmp_path / "plan", "w4a8", model)
+    result = runner.invoke(build_app(), ["plan", "--model-config", str(described_model(tmp_path / "one", "W4A8_DYNAMIC")),
+                                         "--tp", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["quantization"] == "w4a8"
+
+
 @pytest.fixture
 def mirror(tmp_path):
     """An HTTP mirror serving models/<org>/<name>/<revision>/config.json, like the lab's."""

@@ -53,8 +53,8 @@ def test_the_scheme_names_are_not_vllm_quantization_methods(tmp_path):
     with pytest.raises(FleetError, match=r"serving.quantization: Input should be 'ascend'"):
         config_of(tmp_path, "vllm-ascend-0.18.0", '"quantization": "w8a8"')
     (tmp_path / "scheme").mkdir()
-    with pytest.raises(FleetError, match="quantization: ascend and quantization_scheme .* go together"):
-        config_of(tmp_path / "scheme", "vllm-ascend-0.18.0", '"quantization": "ascend"')
+    with pytest.raises(FleetError, match="quantization_scheme w8a8 .* is for quantization: ascend; set that too"):
+        config_of(tmp_path / "scheme", "vllm-ascend-0.18.0", '"quantization_scheme": "w8a8"')
 
 
 def test_options_the_pinned_vllm_does_not_have_are_refused_before_any_host_changes(tmp_path):
