@@ -23,7 +23,7 @@ def in_session_lab_part(item: pytest.Item) -> bool:
     """The test uses the session's lab (tests/lab/conftest.py), not a lab of its module's own, or its
     module is marked to run beside it (the real tier: that part would otherwise end 15 min first)."""
     lab = item._fixtureinfo.name2fixturedefs.get("lab")
-    return bool(lab) and lab[-1].scope == "session" or item.get_closest_marker("session_lab_part") is not None
+    return (bool(lab) and lab[-1].scope == "session") or item.get_closest_marker("session_lab_part") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
