@@ -197,14 +197,18 @@ class PipPackages(FactBase):
 
 class SourcedEnvironment(FactBase):
     """The variables that sourcing these scripts sets or changes, from a clean environment:
-    {"ASCEND_TOOLKIT_HOME": "...", "LD_LIBRARY_PATH": "...", ...}. Missing scripts are skipped."""
+    {"ASCEND_TOOLKIT_HOME": "...", "LD_LIBRARY_PATH": "...", ...}. Missing scripts are skipped.
+    With venv, its bin comes first on PATH: NNAL's ATB script picks its C++ ABI build by asking
+    the `python3` on PATH for torch's, and a system python3 without torch makes it take cxx11."""
 
-    CLEAN = "env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-    def command(self, scripts: list[str]) -> str:
+    def command(self, scripts: list[str], venv: str | None = None) -> str:
+        path = f"{venv}/bin:{self.SYSTEM_PATH}" if venv else self.SYSTEM_PATH
+        clean = f"env -i HOME=/root PATH={shlex.quote(path)}"
         sources = " ".join(f"[ -f {s} ] && . {s} >/dev/null 2>&1;" for s in scripts)
         # bash: NNAL's ATB set_env.sh is bash only, and sh is dash on Debian and Ubuntu.
-        return f"{self.CLEAN} bash -c 'env' | sed 's/^/before:/'; {self.CLEAN} bash -c '{sources} env'"
+        return f"{clean} bash -c 'env' | sed 's/^/before:/'; {clean} bash -c '{sources} env'"
 
     def process(self, output: list[str]) -> dict[str, str]:
         before = {line[7:] for line in output if line.startswith("before:")}

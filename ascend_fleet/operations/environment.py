@@ -30,16 +30,18 @@ def without_cuda(variables: dict[str, str]) -> dict[str, str]:
 
 
 @operation()
-def service_env_file(dest: str, env_scripts: list[str], settings: dict[str, str]):
+def service_env_file(dest: str, env_scripts: list[str], venv: str, settings: dict[str, str]):
     """
     Write the environment file NPU services load: what sourcing env_scripts sets on this node
-    (read when the deploy runs, after CANN is installed), CUDA removed, then settings.
+    (read when the deploy runs, after CANN and the Python stack are installed), CUDA removed,
+    then settings.
 
     + dest: the file's path (systemd EnvironmentFile)
     + env_scripts: set_env.sh scripts to source, in order; missing ones are skipped
+    + venv: the serving virtualenv, whose python3 the scripts see (ATB's C++ ABI is its torch's)
     + settings: further variables (HCCL, vllm-ascend), which win over captured ones
     """
-    captured = without_cuda(host.get_fact(SourcedEnvironment, scripts=env_scripts))
+    captured = without_cuda(host.get_fact(SourcedEnvironment, scripts=env_scripts, venv=venv))
     content = render(TEMPLATES / "npu.env.j2", captured={k: v for k, v in captured.items() if k not in settings},
                      settings=settings)
     yield from files.put._inner(src=StringIO(content), dest=dest, mode="644", user="root", group="root")

@@ -16,7 +16,7 @@ from ascend_fleet.hostdata import host_node_config
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.environment import service_env_file
 from ascend_fleet.planner import reserved_ports
-from ascend_fleet.stages.context import runs_npus
+from ascend_fleet.stages.context import node_profile, runs_npus
 from ascend_fleet.templating import render
 
 LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
@@ -50,7 +50,7 @@ def environment_stage() -> None:
     files.directory(name="Service environment directory", path="/etc/ascend-fleet", mode="755")
     settings = {name: str(value) for name, value in (host.data.get("npu_env") or {}).items()}
     service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
-                     env_scripts=ENV_SCRIPTS, settings=settings)
+                     env_scripts=ENV_SCRIPTS, venv=node_profile().pip.venv, settings=settings)
 
     # Both colours: a blue/green swap starts the other set of instances without this stage.
     reserved = reserved_ports([instance.record() for colour in COLOURS

@@ -144,6 +144,19 @@ def test_second_run_changes_nothing(lab, deployed):
     assert planned_changes(lab.pyinfra("--dry", "deploys/full.py").stdout) == []
 
 
+def test_the_service_environment_carries_cann_and_the_atb_build_of_the_serving_torch(lab, deployed):
+    """npu.env is what CANN's and NNAL's set_env.sh set; ATB's build is the C++ ABI the venv's
+    torch was built with, which the script asks the python3 on PATH for."""
+    venv = load_profile("lab").pip.venv
+    abi = lab.run("worker1", f"{venv}/bin/python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))'")
+    env = dict(line.split("=", 1) for line in lab.run("worker1", "cat /etc/ascend-fleet/npu.env").stdout.splitlines()
+               if "=" in line and not line.startswith("#"))
+    atb = f"/usr/local/Ascend/nnal/atb/latest/atb/cxx_abi_{abi.stdout.strip()}"
+    assert env["ATB_HOME_PATH"] == atb
+    libraries = env["LD_LIBRARY_PATH"].split(":")
+    assert f"{atb}/lib" in libraries and f"{env['ASCEND_TOOLKIT_HOME']}/lib64" in libraries, libraries
+
+
 def test_every_boot_of_the_whole_fleet_loads_each_workers_firewall_and_fails_no_unit(lab, deployed):
     """The workers rebooted together, five times, as a power cut or a fleet-wide driver reboot does:
     units of the same name start on every node at once (issue 17: the firewall was once found

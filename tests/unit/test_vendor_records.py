@@ -5,26 +5,56 @@ under sh, which is dash on Debian and Ubuntu), and NNAL records its version as `
 from __future__ import annotations
 
 import subprocess
+import sys
+
+import pytest
 
 from ascend_fleet.facts.ascend import CannPackages, SourcedEnvironment
 from ascend_fleet.lab.sim import vendor
+from ascend_fleet.lab.sim.wheels import standin_contents
 
 ATB = "/usr/local/Ascend/nnal/atb"
 
 
-def captured(scripts: list[str]) -> dict[str, str]:
+def captured(scripts: list[str], venv: str | None = None) -> dict[str, str]:
     fact = SourcedEnvironment()
-    output = subprocess.run(["sh", "-c", fact.command(scripts)], capture_output=True, text=True, timeout=60).stdout
+    output = subprocess.run(["sh", "-c", fact.command(scripts, venv)], capture_output=True, text=True,
+                            timeout=60).stdout
     return fact.process(output.splitlines())
 
 
-def test_the_atb_script_is_captured_although_it_is_bash_only(tmp_path):
+def atb_script(tmp_path) -> str:
     script = tmp_path / "set_env.sh"
     script.write_text(vendor.payload_module("ascend_sim_install").ATB_SET_ENV.format(version="8.5.0", atb=ATB))
-    env = captured([str(script)])
+    return str(script)
+
+
+def serving_venv(tmp_path, torch_version: str) -> str:
+    """A venv whose python3 imports the lab's torch stand-in at torch_version (its real C++ ABI answer)."""
+    site = tmp_path / "site"
+    for path, data in standin_contents("torch", torch_version).files().items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_bytes(data)
+    python3 = tmp_path / "venv" / "bin" / "python3"
+    python3.parent.mkdir(parents=True)
+    python3.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python3.chmod(0o755)
+    return str(python3.parent.parent)
+
+
+def test_the_atb_script_is_captured_although_it_is_bash_only(tmp_path):
+    env = captured([atb_script(tmp_path)])
     # No torch for the python3 of a clean PATH: the script takes the cxx11 ABI, as the real one does.
     assert env["ATB_HOME_PATH"] == f"{ATB}/latest/atb/cxx_abi_1"
     assert env["LD_LIBRARY_PATH"].startswith(f"{ATB}/latest/atb/cxx_abi_1/lib:")
+
+
+@pytest.mark.parametrize(("torch_version", "abi"), [("2.4.0", 0), ("2.5.1", 0), ("2.8.0", 1), ("2.9.0", 1)])
+def test_atb_gets_the_cxx_abi_of_the_serving_venvs_torch(tmp_path, torch_version, abi):
+    """The handbook's torch 2.4.0 was built with the old C++ ABI: ATB's cxx_abi_1 build beside it
+    would not load. The script asks the python3 on PATH, so the capture puts the venv's first."""
+    env = captured([atb_script(tmp_path)], venv=serving_venv(tmp_path, torch_version))
+    assert env["ATB_HOME_PATH"] == f"{ATB}/latest/atb/cxx_abi_{abi}"
 
 
 def test_a_script_that_is_not_there_is_skipped(tmp_path):
@@ -33,8 +63,7 @@ def test_a_script_that_is_not_there_is_skipped(tmp_path):
 
 def test_the_sh_dialect_fails_on_the_atb_script_as_dash_does(tmp_path):
     """What the lab must reproduce: the script's own dialect refuses dash."""
-    script = tmp_path / "set_env.sh"
-    script.write_text(vendor.payload_module("ascend_sim_install").ATB_SET_ENV.format(version="8.5.0", atb=ATB))
+    script = atb_script(tmp_path)
     result = subprocess.run(["dash", "-c", f". {script} && echo sourced"], capture_output=True, text=True)
     assert "sourced" not in result.stdout and result.returncode != 0
 
