@@ -193,7 +193,9 @@ def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_r
     conflict = one_run.stdout.split("The conflict is caused by:")[1].split("To fix this")[0]
     assert re.search(r"depends on torch==", conflict), conflict
     check = lab.run("worker1", f"{venv}/bin/python -m pip check", check=False)
-    assert "vllm 0.13.0 has requirement torch==2.9.0" in check.stdout
+    # vllm 0.18.0's wheel pins torch 2.10.0; vllm-ascend's step put its own 2.9.0 in its place.
+    assert f"vllm {profile.stack.vllm} has requirement torch==2.10.0, but you have torch {profile.stack.torch}" \
+        in check.stdout, check.stdout
 
 
 def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):
@@ -323,7 +325,7 @@ def test_an_unhealthy_npu_stops_that_host_and_leaves_its_instances_serving(lab, 
 
 def test_a_node_whose_glibc_no_pinned_wheel_covers_is_refused_at_preflight_and_the_others_run(lab, deployed):
     """Issue 12: worker2 reports glibc 2.28 (its hardware file; the lab's userland is bookworm's), older
-    than the manylinux_2_31 of the pinned vllm 0.13.0's wheels: refused before anything of it changes,
+    than the manylinux_2_31 of the pinned vllm 0.18.0's wheels: refused before anything of it changes,
     where it would otherwise have stopped at its pip step after driver, firmware, reboot and CANN."""
     before = unit_starts(lab, "worker2")
     original = rewrite_hardware(lab, "worker2", glibc="2.28")
@@ -332,7 +334,7 @@ def test_a_node_whose_glibc_no_pinned_wheel_covers_is_refused_at_preflight_and_t
     finally:
         restore_hardware(lab, "worker2", original)
     assert result.returncode != 0
-    assert re.search(r"worker2: vllm==0\.13\.0 has no wheel for x86_64 Python 3\.11 glibc 2\.28: its wheels are for "
+    assert re.search(r"worker2: vllm==0\.18\.0 has no wheel for x86_64 Python 3\.11 glibc 2\.28: its wheels are for "
                      r"manylinux_2_31_x86_64 \(cp38-abi3\)", result.stdout), result.stdout[-3000:]
     assert totals(result.stdout)["changed"] == 0
     assert unit_starts(lab, "worker2") == before

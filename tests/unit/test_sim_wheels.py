@@ -92,32 +92,33 @@ def test_the_vllm_standins_pin_the_cuda_era_torch_and_vllm_ascend_its_own():
     def requires(name: str, version: str) -> list[str]:
         return list(find(RECORD, name, version, "x86_64").requires_dist)
 
-    assert {"torch==2.9.0", "torchvision==0.24.0", "torchaudio==2.9.0"} <= set(requires("vllm", "0.13.0"))
-    assert {"torch==2.8.0", "torch-npu==2.8.0.post2", "triton-ascend==3.2.0"} <= set(requires("vllm-ascend", "0.13.0"))
+    assert {"torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0"} <= set(requires("vllm", "0.18.0"))
+    assert {"torch==2.9.0", "torchvision==0.24.0", "torchaudio==2.9.0", "torch-npu==2.9.0",
+            "triton-ascend==3.2.0"} <= set(requires("vllm-ascend", "0.18.0"))
     assert {"torch==2.8.0", "torchvision==0.23.0", "torchaudio==2.8.0"} <= set(requires("vllm", "0.11.0"))
     assert {"torch==2.7.1", "torch-npu==2.7.1"} <= set(requires("vllm-ascend", "0.11.0"))
-    assert requires("torch-npu", "2.8.0.post2") == ["torch==2.8.0+cpu"]  # aarch64's is plain torch==2.8.0
-    assert find(RECORD, "torch-npu", "2.8.0.post2", "aarch64").requires_dist == ("torch==2.8.0",)
+    assert requires("torch-npu", "2.9.0") == ["torch==2.9.0+cpu"]  # aarch64's is plain torch==2.9.0
+    assert find(RECORD, "torch-npu", "2.9.0", "aarch64").requires_dist == ("torch==2.9.0",)
 
 
 def test_a_cpu_torch_whose_metadata_is_unknown_copies_pypis_same_version_without_cuda(tmp_path):
-    cpu = find(RECORD, "torch", "2.8.0+cpu", "x86_64")
+    cpu = find(RECORD, "torch", "2.9.0+cpu", "x86_64")
     assert cpu.requires_dist is None and cpu.sha256 is None and cpu.index == PYTORCH_CPU_INDEX
     assert cpu.unknown and "CUDA" in cpu.standin_basis
-    pypi = find(RECORD, "torch", "2.8.0", "x86_64")
-    (wheel,) = [w for w in build_lab_standins(tmp_path, "x86_64") if w.name.startswith("torch-2.8.0+cpu-")]
-    assert wheel.name == pypi.file.replace("-2.8.0-", "-2.8.0+cpu-")
+    pypi = find(RECORD, "torch", "2.9.0", "x86_64")
+    (wheel,) = [w for w in build_lab_standins(tmp_path, "x86_64") if w.name.startswith("torch-2.9.0+cpu-")]
+    assert wheel.name == pypi.file.replace("-2.9.0-", "-2.9.0+cpu-")
     declared = dist_info_file(wheel, "METADATA").get_all("Requires-Dist")
     assert declared and set(declared) <= set(pypi.requires_dist)
     assert not [line for line in declared if line.startswith(("nvidia-", "triton"))]
 
 
 def test_what_a_standin_leaves_out_is_never_the_stack_and_cuda_builds_are_named_so():
-    vllm = find(RECORD, "vllm", "0.13.0", "x86_64")
+    vllm = find(RECORD, "vllm", "0.18.0", "x86_64")
     omitted = left_out(vllm)
     assert not [line for line in omitted if requirement_name(line) in STACK]
-    assert omitted["flashinfer-python==0.5.3"] == LEFT_OUT_CUDA
-    assert "ray[cgraph]>=2.48.0" in omitted and omitted["ray[cgraph]>=2.48.0"] != LEFT_OUT_CUDA
+    assert omitted["flashinfer-python==0.6.6"] == LEFT_OUT_CUDA
+    assert "blake3" in omitted and omitted["blake3"] != LEFT_OUT_CUDA
     torch = find(RECORD, "torch", "2.9.0", "x86_64")
     assert {line for line, why in left_out(torch).items() if why == LEFT_OUT_CUDA} == {
         line for line in torch.requires_dist if line.startswith(("nvidia-", "triton=="))}
@@ -178,7 +179,7 @@ def pip_dry_run(find_links: Path, tmp_path: Path, *requirements: str, python: st
 
 
 ROWS = {  # vllm-ascend release: (torch, torch-npu, what step 1 installs, what step 2 moves torchvision to)
-    "0.13.0": ("2.8.0", "2.8.0.post2", {"torch": "2.9.0", "torchvision": "0.24.0", "torchaudio": "2.9.0"}, "0.23.0"),
+    "0.18.0": ("2.9.0", "2.9.0", {"torch": "2.10.0", "torchvision": "0.25.0", "torchaudio": "2.10.0"}, "0.24.0"),
     "0.11.0": ("2.7.1", "2.7.1", {"torch": "2.8.0", "torchvision": "0.23.0", "torchaudio": "2.8.0"}, "0.22.1"),
 }
 
@@ -208,28 +209,29 @@ def test_upstreams_two_steps_each_resolve_and_the_second_moves_torch(find_links,
     assert result.returncode == 0, result.stderr
     assert (second["torch"], second["torch-npu"]) == (f"{torch}+cpu", torch_npu)  # torch_npu x86_64 pins +cpu
     assert second["torchvision"] == torchvision  # the torchvision whose torch pin accepts vllm-ascend's torch
-    assert "torchaudio" not in second  # vllm-ascend requires none: step 2 leaves vllm's
+    # vllm-ascend 0.11.0 requires no torchaudio, so step 2 leaves vllm's; 0.18.0 pins its own.
+    assert second.get("torchaudio") == {"0.11.0": None, "0.18.0": "2.9.0"}[release]
 
 
 def test_pip_refuses_a_standin_for_another_python_or_an_older_glibc_as_the_real_wheel(find_links, tmp_path):
-    result, _ = pip_dry_run(find_links, tmp_path, "vllm-ascend==0.13.0", python="3.12", no_deps=True)
-    assert result.returncode == 1 and "No matching distribution found for vllm-ascend==0.13.0" in result.stderr
+    result, _ = pip_dry_run(find_links, tmp_path, "vllm-ascend==0.18.0", python="3.12", no_deps=True)
+    assert result.returncode == 1 and "No matching distribution found for vllm-ascend==0.18.0" in result.stderr
     # torch_npu's real wheel is manylinux_2_28: a node with glibc 2.27 gets nothing.
     older = [tag for tag in node_platforms("x86_64")
              if not tag.startswith("manylinux_2_") or int(tag.split("_")[2]) <= 27]
-    result, _ = pip_dry_run(find_links, tmp_path, "torch-npu==2.8.0.post2", platforms=older, no_deps=True)
-    assert result.returncode == 1 and "No matching distribution found for torch-npu==2.8.0.post2" in result.stderr
-    result, installs = pip_dry_run(find_links, tmp_path, "torch-npu==2.8.0.post2", no_deps=True)
-    assert result.returncode == 0 and installs == {"torch-npu": "2.8.0.post2"}
+    result, _ = pip_dry_run(find_links, tmp_path, "torch-npu==2.9.0", platforms=older, no_deps=True)
+    assert result.returncode == 1 and "No matching distribution found for torch-npu==2.9.0" in result.stderr
+    result, installs = pip_dry_run(find_links, tmp_path, "torch-npu==2.9.0", no_deps=True)
+    assert result.returncode == 0 and installs == {"torch-npu": "2.9.0"}
 
 
 def test_torch_npu_registers_torch_npu_over_the_torch_standin(lab_standins, tmp_path):
     """The Python stack stage's probe, run against the stand-ins a lab node installs."""
     arch, wheels = lab_standins
-    torch = "2.8.0+cpu" if arch == "x86_64" else "2.8.0"  # what torch_npu 2.8.0.post2 pins there
+    torch = "2.9.0+cpu" if arch == "x86_64" else "2.9.0"  # what torch_npu 2.9.0 pins there
     site = tmp_path / "site"
     for wheel in wheels:
-        if wheel.name.startswith((f"torch-{torch}-", "torch_npu-2.8.0.post2-")):
+        if wheel.name.startswith((f"torch-{torch}-", "torch_npu-2.9.0-")):
             zipfile.ZipFile(wheel).extractall(site)
     for npu in range(2):
         (tmp_path / "dev").mkdir(exist_ok=True)

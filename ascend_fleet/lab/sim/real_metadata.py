@@ -1,7 +1,7 @@
 """The record of the real wheels the lab's stand-ins copy: real_metadata.json.
 
 One entry per real wheel (distribution, version, arch, for a node's Python 3.11) that
-the installs of the lab's two rows reach on a real node: vllm-ascend 0.13.0
+the installs of the lab's two rows reach on a real node: vllm-ascend 0.18.0
 (profiles/lab.yaml) and 0.11.0 (profiles/lab-previous.yaml), each installed as upstream
 does, `pip install vllm==V` and then `pip install vllm-ascend==V torch torch-npu`. Each
 entry holds the index it came from, the wheel's file name and sha256 (pip's report,
@@ -44,17 +44,17 @@ READERS = 4  # pip runs at once: each waits on the network, not the CPU
 
 # What the two rows' installs reach on a real node, by distribution.
 REAL_WHEELS: dict[str, tuple[str, ...]] = {
-    "vllm": ("0.11.0", "0.13.0"),
-    "vllm-ascend": ("0.11.0", "0.13.0"),
+    "vllm": ("0.11.0", "0.18.0"),
+    "vllm-ascend": ("0.11.0", "0.18.0"),
     # Each vllm-ascend's pin; 2.13.0 is the real counterpart of profiles/lab-real.yaml's stand-in.
-    "torch-npu": ("2.7.1", "2.8.0.post2", "2.13.0"),
-    # vllm-ascend 0.11.0 / 0.13.0 pin 2.7.1 / 2.8.0; vllm 0.11.0 / 0.13.0 pin 2.8.0 / 2.9.0.
-    "torch": ("2.7.1", "2.8.0", "2.9.0"),
-    # vllm pins 0.23.0 / 0.24.0; vllm-ascend's unpinned torchvision then moves to the one whose
-    # torch pin accepts vllm-ascend's torch: 0.22.1 (torch==2.7.1), 0.23.0 (torch==2.8.0).
-    "torchvision": ("0.22.1", "0.23.0", "0.24.0"),
-    # vllm's pins; vllm-ascend requires no torchaudio, so its step leaves it where vllm put it.
-    "torchaudio": ("2.8.0", "2.9.0"),
+    "torch-npu": ("2.7.1", "2.9.0", "2.13.0"),
+    # vllm-ascend 0.11.0 / 0.18.0 pin 2.7.1 / 2.9.0; vllm 0.11.0 / 0.18.0 pin 2.8.0 / 2.10.0.
+    "torch": ("2.7.1", "2.8.0", "2.9.0", "2.10.0"),
+    # vllm pins 0.23.0 / 0.25.0; vllm-ascend 0.11.0's unpinned torchvision then moves to the one whose
+    # torch pin accepts its torch, 0.22.1 (torch==2.7.1); vllm-ascend 0.18.0 pins 0.24.0 itself.
+    "torchvision": ("0.22.1", "0.23.0", "0.24.0", "0.25.0"),
+    # vllm's pins (2.8.0 / 2.10.0); vllm-ascend 0.11.0 requires no torchaudio, 0.18.0 pins 2.9.0.
+    "torchaudio": ("2.8.0", "2.9.0", "2.10.0"),
     "triton-ascend": ("3.2.0",),
 }
 

@@ -94,6 +94,7 @@ class Standin:
     requires: tuple[str, ...] = ()
     requires_python: str | None = None
     tag: str = PURE_TAG  # the wheel file name's tags, compressed (cp311-cp311-manylinux_2_28_x86_64)
+    build: str | None = None  # the file name's build tag, when the real one has it (torch 2.10.0's "3")
     entry_points: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     generated: Mapping[str, bytes] = field(default_factory=dict)
 
@@ -187,9 +188,10 @@ def recorded_standin(record: list[RealWheel], wheel: RealWheel) -> Standin:
     kept = tuple(line for line in basis.requires_dist if line not in omitted)
     named = {requirement_name(line) for line in kept}
     own = tuple(r for r in contents.requires if requirement_name(r) not in named)
-    tag = basis.file.removesuffix(".whl").split("-", 2)[2]  # name and version hold no "-" in a wheel's file name
+    # name-version[-build]-python-abi-platform: no part holds a "-" in a wheel's file name.
+    parts = basis.file.removesuffix(".whl").split("-")
     return replace(contents, metadata_name=basis.name, requires=kept + own, requires_python=basis.requires_python,
-                   tag=tag)
+                   tag="-".join(parts[-3:]), build=parts[2] if len(parts) == 6 else None)
 
 
 def _metadata(standin: Standin) -> bytes:
@@ -204,11 +206,13 @@ def _metadata(standin: Standin) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _wheel_file(tag: str) -> bytes:
-    """WHEEL: a wheel with tags of its own is platlib, as the real one; one Tag line per tag the name compresses."""
-    purelib = "true" if tag == PURE_TAG else "false"
-    tags = sorted(str(t) for t in parse_tag(tag))
-    return "".join([f"Wheel-Version: 1.0\nGenerator: ascend-fleet\nRoot-Is-Purelib: {purelib}\n",
+def _wheel_file(standin: Standin) -> bytes:
+    """WHEEL: a wheel with tags of its own is platlib, as the real one; one Tag line per tag the name
+    compresses, and its build tag."""
+    purelib = "true" if standin.tag == PURE_TAG else "false"
+    tags = sorted(str(t) for t in parse_tag(standin.tag))
+    build = [f"Build: {standin.build}\n"] if standin.build else []
+    return "".join([f"Wheel-Version: 1.0\nGenerator: ascend-fleet\nRoot-Is-Purelib: {purelib}\n", *build,
                     *(f"Tag: {t}\n" for t in tags)]).encode()
 
 
@@ -230,14 +234,15 @@ def write_wheel(standin: Standin, out_dir: Path) -> Path:
     dist_info = f"{standin.name}-{standin.version}.dist-info"
     files = standin.files()
     files[f"{dist_info}/METADATA"] = _metadata(standin)
-    files[f"{dist_info}/WHEEL"] = _wheel_file(standin.tag)
+    files[f"{dist_info}/WHEEL"] = _wheel_file(standin)
     if standin.entry_points:
         files[f"{dist_info}/entry_points.txt"] = _entry_points(standin)
     record_path = f"{dist_info}/RECORD"
     record = "\n".join([*(_record_line(p, d) for p, d in sorted(files.items())), f"{record_path},,"]) + "\n"
     files[record_path] = record.encode()
 
-    wheel_path = out_dir / f"{standin.name}-{standin.version}-{standin.tag}.whl"
+    build = f"-{standin.build}" if standin.build else ""
+    wheel_path = out_dir / f"{standin.name}-{standin.version}{build}-{standin.tag}.whl"
     with zipfile.ZipFile(wheel_path, "w", zipfile.ZIP_DEFLATED) as wheel:
         for path, data in files.items():  # RECORD last, as the wheel spec asks
             info = zipfile.ZipInfo(path, ZIP_EPOCH)
