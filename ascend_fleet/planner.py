@@ -821,6 +821,11 @@ class ModelSupport:
     vllm_ascend: str | None = None  # the first that serves it; None: unknown
     vllm_config: str | None = None  # a vLLM that brings its own config class for it
 
+    def config_from_vllm(self, vllm: str) -> bool:
+        """Whether vLLM `vllm` reads this model's config with a class of its own, so its transformers
+        need not know the model_type (vLLM's config registry is looked up before AutoConfig)."""
+        return self.vllm_config is not None and _version_at_least(vllm, self.vllm_config)
+
 
 def check_model_support(model: str, model_type: str, profile: str, versions: Mapping[str, str],
                         support: Mapping[str, ModelSupport]) -> list[Finding]:
@@ -838,8 +843,7 @@ def check_model_support(model: str, model_type: str, profile: str, versions: Map
         findings.append(Finding(ERROR, "vllm-ascend-too-old", f"{model} (model_type {model_type!r}) is served from "
                                 f"vllm-ascend {known.vllm_ascend} on, profile {profile} pins {vllm_ascend}; "
                                 "choose a newer profile"))
-    own_config = known.vllm_config is not None and _version_at_least(versions["vllm"], known.vllm_config)
-    if not own_config and not _version_at_least(versions["transformers"], known.transformers):
+    if not known.config_from_vllm(versions["vllm"]) and not _version_at_least(versions["transformers"], known.transformers):
         findings.append(Finding(ERROR, "transformers-too-old", f"transformers {versions['transformers']} (profile "
                                 f"{profile}) does not know model_type {model_type!r} of {model} (needs >= "
                                 f"{known.transformers}; fails with KeyError: '{model_type}')"))

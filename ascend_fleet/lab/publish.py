@@ -10,6 +10,7 @@ after the first only builds the small stand-ins and links cached files into the 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -41,8 +42,9 @@ TINYMODEL_SOURCE = Path(__file__).parent / "sim" / "tinymodel.py"  # a change to
 VENV_TOOLS = ("pip", "setuptools", "wheel")
 # Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.
 NODE_GLIBC_MINOR = 36
-# Revisions of the tiny model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
+# Revisions of the tiny Qwen3 model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
 LAB_MODEL_REVISIONS = {"v1": 0, "v2": 1}
+QWEN35_CACHE_SUFFIX = "qwen3.5"
 
 
 def publish_profiles(profile_names: list[str], mirror_root: Path, arch: str, console: Console) -> None:
@@ -174,21 +176,28 @@ def link_into(path: Path, directory: Path) -> None:
 
 
 def publish_tiny_model(models_dir: Path, console: Console) -> list[Path]:
-    """The lab's tiny Qwen3 model on the mirror, each revision built once per version of its builder."""
+    """The lab's tiny models on the mirror, each built once per version of their builder: the Qwen3
+    one at each revision, and the Qwen3.5-MoE W8A8 one that the Qwen3.5 recipe serves."""
     # Imported here: numpy and tokenizers would add 0.3 s to every `ascend-fleet` command.
     from ascend_fleet.lab.sim import tinymodel
 
     key = hashlib.sha256(TINYMODEL_SOURCE.read_bytes()).hexdigest()[:12]
-    published = []
-    for revision, seed in LAB_MODEL_REVISIONS.items():
+    builds = {
         # v1 keeps its old cache name: labs that built it before v2 existed reuse it.
-        cached = MODEL_CACHE / (key if revision == "v1" else f"{key}-{revision}")
+        **{key if revision == "v1" else f"{key}-{revision}":
+           functools.partial(tinymodel.build_tiny_model, revision=revision, seed=seed)
+           for revision, seed in LAB_MODEL_REVISIONS.items()},
+        f"{key}-{QWEN35_CACHE_SUFFIX}": tinymodel.build_tiny_qwen35_moe,
+    }
+    published = []
+    for name, build in builds.items():
+        cached = MODEL_CACHE / name
         if not cached.exists():
-            console.print(f"lab: building the tiny model {revision} into {cached} (once)")
+            console.print(f"lab: building the tiny model {name} into {cached} (once)")
             MODEL_CACHE.mkdir(parents=True, exist_ok=True)
             # Built beside its place and renamed in: the cache never holds half a model.
             building = Path(tempfile.mkdtemp(prefix=f".{cached.name}.", dir=MODEL_CACHE))
-            tinymodel.build_tiny_model(building, revision=revision, seed=seed)
+            build(building)
             try:
                 building.rename(cached)
             except OSError:  # another lab up renamed its build in first

@@ -22,7 +22,7 @@ from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
-from ascend_fleet.fleet import check_fleet
+from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.files.stage_weights import MANIFEST_NAME, revision_dir
@@ -170,30 +170,43 @@ def preflight_stage() -> None:
                  find_problem=foreign_device_holders)
 
 
-# Run in the serving virtualenv: the model's type must be known to its transformers, and where
-# the manifest records a tokenizer probe, the node's tokenizer must reproduce its ids. Config and
-# tokenizer need no torch: USE_TORCH=0 keeps transformers from importing torch and, through it,
-# torch_npu, which wants the CANN environment (the lab's torch stand-in has no tensors at all).
+# Run in the serving virtualenv: the model's type as config.json names it, whether its transformers'
+# AutoConfig knows that type, and, where the manifest records a tokenizer probe, whether the node's
+# tokenizer reproduces its ids. Config and tokenizer need no torch: USE_TORCH=0 keeps transformers
+# from importing torch and, through it, torch_npu, which wants the CANN environment (the lab's torch
+# stand-in has no tensors at all).
 MODEL_PROBE = """
 import json, os
 os.environ["USE_TORCH"] = "0"
 import transformers
 path = {path!r}
-model_type = transformers.AutoConfig.from_pretrained(path).model_type
+model_type = json.load(open(os.path.join(path, "config.json")))["model_type"]
+try:
+    transformers.AutoConfig.from_pretrained(path)
+    config = "config-known"
+except (KeyError, ValueError):
+    config = "config-unknown"
 manifest = os.path.join(path, "ascend-fleet-manifest.json")
 probe = json.load(open(manifest)).get("tokenizer_probe") if os.path.exists(manifest) else None
 ids = probe and transformers.AutoTokenizer.from_pretrained(path).encode(probe["text"], add_special_tokens=False)
-print(model_type, "probe-mismatch" if probe and ids != probe["ids"] else "probe-ok")
+print(model_type, config, "probe-mismatch" if probe and ids != probe["ids"] else "probe-ok")
 """
 
 
-def model_problem(config: NodeConfig, venv: str) -> str | None:
-    """transformers knows the model type, and the node's tokenizer reproduces the manifest's probe ids."""
+def model_problem(config: NodeConfig, profile: Profile) -> str | None:
+    """The model's config is readable by the pinned vLLM (its transformers knows the type, or vLLM
+    brings the config class itself, as 0.17.0 does for Qwen3.5), and the node's tokenizer
+    reproduces the manifest's probe ids."""
     model_path = revision_dir(config.model_dir, config.model.id, config.model.revision)
-    result = host.get_fact(VenvPython, venv=venv, code=MODEL_PROBE.format(path=str(model_path)))
+    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=MODEL_PROBE.format(path=str(model_path)))
     if not result["ok"]:
         return f"transformers cannot load {model_path}: {result['output']}; check the profile's transformers version"
-    if result["output"].endswith("probe-mismatch"):
+    model_type, known, probe = result["output"].split()
+    support = model_support().get(model_type)
+    if known == "config-unknown" and not (support and support.config_from_vllm(profile.stack.vllm)):
+        return (f"transformers {profile.stack.transformers} does not know model_type {model_type!r} of {model_path}, "
+                f"and vLLM {profile.stack.vllm} brings no config for it; check the profile's transformers version")
+    if probe == "probe-mismatch":
         return f"the tokenizer at {model_path} does not reproduce the manifest's probe ids; restage the weights"
     return None
 
@@ -238,8 +251,8 @@ def verify_stage() -> None:
                  find_problem=lambda: npu_problem(config.npu_count))
     gates.passed(name="torch_npu imports", description="torch_npu sees every NPU",
                  find_problem=lambda: torch_npu_problem(venv, config.npu_count))
-    gates.passed(name="Model type and tokenizer", description="transformers knows the model; tokenizer probe matches",
-                 find_problem=lambda: model_problem(config, venv))
+    gates.passed(name="Model type and tokenizer", description="the pinned vLLM reads the model's config; tokenizer probe matches",
+                 find_problem=lambda: model_problem(config, node_profile()))
     for instance in config.instances:
         gates.passed(name=f"Instance {instance.name} healthy", description=f"{instance.name} /health 200, model served",
                      find_problem=lambda i=instance: instance_problem(config, i))

@@ -61,17 +61,19 @@ def test_a_resolved_set_in_the_wheelhouse_is_not_downloaded_again(wheelhouse, mo
     assert len(downloads) == 2
 
 
-def test_the_tiny_model_is_built_once_and_published_whole_in_two_revisions(tmp_path, monkeypatch):
+def test_the_tiny_models_are_built_once_and_published_whole_qwen3_in_two_revisions(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "MODEL_CACHE", tmp_path / "cache")
     first = publish.publish_tiny_model(tmp_path / "models", Console(quiet=True))
     built = sorted((tmp_path / "cache").iterdir())
     stamps = [(b / "config.json").stat().st_mtime_ns for b in built]
     second = publish.publish_tiny_model(tmp_path / "models", Console(quiet=True))
-    tree = tmp_path / "models" / "lab" / "Qwen3-Tiny"
-    assert first == second == [tree / "v1", tree / "v2"]
+    tree = tmp_path / "models" / "lab"
+    assert first == second == [tree / "Qwen3-Tiny" / "v1", tree / "Qwen3-Tiny" / "v2",
+                               tree / "Qwen3.5-Tiny-A1B-W8A8" / "v1"]
     assert [(b / "config.json").stat().st_mtime_ns for b in built] == stamps
     manifests = [json.loads((revision / "ascend-fleet-manifest.json").read_text()) for revision in first]
-    assert [m["revision"] for m in manifests] == ["v1", "v2"]
+    assert [m["revision"] for m in manifests] == ["v1", "v2", "v1"]
+    assert "quant_model_description.json" in manifests[2]["files"]
     # Same shapes, other weights: a swap to v2 is a real change of the files a node serves.
     shard = "model-00001-of-00002.safetensors"
     assert manifests[0]["files"][shard]["sha256"] != manifests[1]["files"][shard]["sha256"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.numpy import save_file
 
+from ascend_fleet.lab.sim.tinymodel import MODELSLIM_DESCRIPTION_NAME, build_tiny_qwen35_moe
 from ascend_fleet.lab.sim.wheels import OPTIONS_DIR, build_standin_wheels
 
 VLLM_VERSION = "0.13.0"
@@ -69,7 +71,11 @@ def site_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def node_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("node")
+    return make_node_root(tmp_path_factory.mktemp("node"))
+
+
+def make_node_root(root: Path) -> Path:
+    """dev/davinciN, the lab's hardware file, the simulator's run directory and a CANN home under root."""
     (root / "dev").mkdir()
     for npu in range(NPU_COUNT):
         (root / "dev" / f"davinci{npu}").touch()
@@ -407,3 +413,44 @@ def test_api_key_from_the_environment_guards_v1_only(site_dir, node_root, model_
     finally:
         server.kill()
     assert "s3cret-key" not in server.output()
+
+
+# --- Qwen3.5 on the vllm-ascend 0.18.0 row, served with its guide's options ---
+
+QWEN35_STACK = {"torch_npu": "2.9.0", "vllm_ascend": "0.18.0", "vllm": "0.18.0"}
+QWEN35_RECIPE = ["-tp", "4", "--enable-expert-parallel", "--quantization", "ascend", "--no-enable-prefix-caching",
+                 "--async-scheduling", "--speculative-config", '{"method": "qwen3_5_mtp", "num_speculative_tokens": 3}',
+                 "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}', "--max-model-len", "2048",
+                 "--served-model-name", "qwen3.5"]
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """The 0.18.0 stand-ins unpacked, a node of its own and the tiny Qwen3.5-MoE W8A8 model."""
+    site = tmp_path_factory.mktemp("site-0.18.0")
+    for wheel in build_standin_wheels(QWEN35_STACK, tmp_path_factory.mktemp("wheels-0.18.0")):
+        zipfile.ZipFile(wheel).extractall(site)
+    model = build_tiny_qwen35_moe(tmp_path_factory.mktemp("models") / "qwen3.5")
+    return site, make_node_root(tmp_path_factory.mktemp("node-0.18.0")), model
+
+
+def test_the_tiny_qwen35_w8a8_model_serves_with_the_guides_recipe(qwen35, tmp_path):
+    site, root, model = qwen35
+    server = SimServer(site, root, tmp_path / "qwen35.log", "0,1,2,3", [str(model), *QWEN35_RECIPE])
+    try:
+        assert server.health_statuses()[-1] == 200
+        reply = server.post("/v1/chat/completions", {"model": "qwen3.5", "max_tokens": 4,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 4
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+def test_ascend_quantization_of_weights_without_their_description_fails_as_vllm_ascend_0_18_does(qwen35, tmp_path):
+    site, root, model = qwen35
+    plain = tmp_path / "unquantized"
+    shutil.copytree(model, plain)
+    (plain / MODELSLIM_DESCRIPTION_NAME).unlink()
+    code, output = run_to_exit(site, root, tmp_path, "0,1,2,3", [str(plain), *QWEN35_RECIPE])
+    assert code == 1
+    assert "ModelSlim Quantization Config Not Found" in output and f"the model '{plain}' does not contain" in output

