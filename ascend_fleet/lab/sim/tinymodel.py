@@ -1,10 +1,11 @@
-"""A tiny, real Qwen3-architecture model that the lab builds locally.
+"""Tiny models that the lab builds locally: a real Qwen3-architecture model, and one shaped as
+Qwen3.5-MoE in msModelSlim's W8A8 form for the sim tier (build_tiny_qwen35_moe).
 
-No machine here can reach a model hub, so the lab makes its own model: random
+No machine here can reach a model hub, so the lab makes its own models: random
 weights in real safetensors shards with an index, a byte-level BPE tokenizer
 trained here with a Qwen-style chat template, and a sha256 manifest. Real vLLM
-(CPU) loads and serves it; the deploy's weights and verify stages check it
-exactly as they would check a model from ModelScope.
+(CPU) loads and serves the Qwen3 one; the deploy's weights and verify stages check
+both exactly as they would check a model from ModelScope.
 
 Same arguments give byte-identical files, so the manifest's sha256 are stable.
 
