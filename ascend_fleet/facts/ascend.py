@@ -156,16 +156,6 @@ class NpuDeviceHolders(FactBase):
         return []
 
 
-class BootId(FactBase):
-    """The node's boot id: changes at every boot, which is how a reboot is proven."""
-
-    def command(self) -> str:
-        return "cat /proc/sys/kernel/random/boot_id"
-
-    def process(self, output: list[str]) -> str:
-        return output[0].strip()
-
-
 class Glibc(FactBase):
     """The node's glibc release, "2.36" (what pip reads to choose manylinux wheels); None without glibc."""
 

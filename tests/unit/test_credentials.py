@@ -9,7 +9,6 @@ import stat
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand

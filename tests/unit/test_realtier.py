@@ -4,8 +4,6 @@ import importlib.metadata
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.lab.sim.realtier import (

@@ -125,23 +125,6 @@ def serving_env(cache_root: Path, *, omp_cpus: str = "0", kv_cache_gib: int = 1)
     }
 
 
-def serve_command(
-    vllm: str,
-    model_dir: Path,
-    *,
-    served_model_name: str,
-    port: int,
-    host: str = "127.0.0.1",
-    max_model_len: int = 2048,
-) -> list[str]:
-    return [
-        vllm, "serve", str(model_dir),
-        "--served-model-name", served_model_name,
-        "--host", host, "--port", str(port),
-        "--max-model-len", str(max_model_len),
-    ]
-
-
 def bench_command(
     vllm: str,
     model_dir: Path,
