@@ -19,7 +19,7 @@ import yaml
 from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
-from ascend_fleet import PROJECT_ROOT
+from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
 from ascend_fleet.planner import (
@@ -55,7 +55,7 @@ def model_support() -> dict[str, ModelSupport]:
 
 # A control-machine copy of model configs, laid out as the mirror publishes models:
 # <org>/<name>/<revision>/config.json.
-MODELS_DIR = PROJECT_ROOT / "files" / "models"
+MODELS_DIR = FILES / "models"
 HTTP_TIMEOUT_SECONDS = 10
 
 

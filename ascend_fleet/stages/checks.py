@@ -18,7 +18,7 @@ from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
-from ascend_fleet import PROJECT_ROOT
+from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
@@ -45,7 +45,7 @@ def check_vendor_files(profile: Profile, arch: str) -> None:
         expected = profile.sha256_of(name)
         if profile.packages.source != "files":
             continue
-        local = PROJECT_ROOT / "files" / name
+        local = FILES / name
         if not local.exists():
             raise FleetError(f"{host.name}: {local} is missing; download it from Huawei and put it in files/")
         actual = sha256(local.read_bytes()).hexdigest()

@@ -7,7 +7,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command
 from pyinfra.operations import apt, dnf, server
 
-from ascend_fleet import PROJECT_ROOT
+from ascend_fleet import FILES
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.operations import gates, reboot, vendor
@@ -36,7 +36,7 @@ def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
         if profile.packages.source == "mirror":
             source = {"url": f"{host.data.vendor_mirror_url}/{name}"}
         else:
-            source = {"local_path": str(PROJECT_ROOT / "files" / name)}
+            source = {"local_path": str(FILES / name)}
         sha256 = profile.sha256_of(name)
         peer_urls = spread.peer_urls if spread else None
         if spread:
