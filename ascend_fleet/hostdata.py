@@ -199,8 +199,8 @@ class NodeConfig(_Strict):
     monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")
     pip_index_url: str | None = None
     vendor_mirror_url: str | None = None
-    lab_mirror_url: str | None = None
-    lab_role: Literal["worker", "gateway"] | None = None
+    model_mirror_url: str | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
+                                         "where an http model without a url of its own is fetched from")
     rollout_waves: list[str] = Field(default_factory=list, description="group names, in rollout order")
     fleet_state_dir: str = Field("state", description="the control machine's record of drained instances and "
                                  "rollout progress (fleetstate.py); relative to where pyinfra runs")
@@ -229,11 +229,11 @@ class NodeConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _lab_models_come_from_the_lab_mirror(cls, data):
-        """An http model without a url is fetched from the lab mirror's models/ tree."""
+    def _http_models_come_from_the_model_mirror(cls, data):
+        """An http model without a url is fetched from the model mirror's models/ tree."""
         if not isinstance(data, dict):
             return data
-        model, mirror = data.get("model"), data.get("lab_mirror_url")
+        model, mirror = data.get("model"), data.get("model_mirror_url")
         if isinstance(model, dict) and model.get("source") == "http" and "url" not in model and mirror:
             return {**data, "model": {**model, "url": mirror.rstrip("/")}}
         return data

@@ -1,8 +1,8 @@
 """The rehearsal lab (inventories/lab.py): the tiny Qwen3 model on simulated 910B3 nodes.
 
-The lab inventory gives each host `lab_mirror_url`, `pip_index_url` and
-`vendor_mirror_url`; an http model with no `url` is fetched from the lab mirror,
-<lab_mirror_url>/models/<id>/<revision>/.
+The lab inventory gives each host `model_mirror_url`, `pip_index_url` and
+`vendor_mirror_url`, all on the lab mirror; an http model with no `url` is fetched from
+<model_mirror_url>/models/<id>/<revision>/.
 """
 
 profile = "lab"

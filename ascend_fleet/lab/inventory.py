@@ -20,11 +20,10 @@ def host_data(lab_dir: Path, node: NodeSpec, mirror_url: str) -> dict:
         "ssh_key": str(keys / "id_ed25519"),
         "ssh_known_hosts_file": str(keys / "known_hosts"),
         "ssh_strict_host_key_checking": "yes",
-        "lab_role": node.role,
         "chip": hardware.chip,
         "npu_count": hardware.npus,
         "nvme_mount": hardware.nvme.mount if hardware.nvme else None,
-        "lab_mirror_url": mirror_url,
+        "model_mirror_url": mirror_url,
         "pip_index_url": f"{mirror_url}/simple",
         "vendor_mirror_url": f"{mirror_url}/files",
         # Each lab keeps its rollout state apart: several labs share inventories/lab.py.

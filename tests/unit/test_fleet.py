@@ -99,7 +99,7 @@ def test_the_pyinfra_cli_loads_the_lab_inventory_with_lab_data(lab_dir):
     assert result.returncode == 0, output
     worker1 = output.split("[worker1]")[1].split("\n[")[0]
     assert "--> Groups: workers, canary, lab" in worker1
-    for expected in ('"profile": "lab"', '"id": "lab/Qwen3-Tiny"', '"lab_mirror_url": "http://10.213.0.1:8080"',
+    for expected in ('"profile": "lab"', '"id": "lab/Qwen3-Tiny"', '"model_mirror_url": "http://10.213.0.1:8080"',
                      '"pip_index_url": "http://10.213.0.1:8080/simple"', '"vendor_mirror_url": "http://10.213.0.1:8080/files"'):
         assert expected in worker1
 
@@ -303,7 +303,7 @@ def mirror(tmp_path):
 def test_lab_plan_reads_the_model_config_from_the_lab_mirror(tmp_path, mirror):
     # An inventory named lab.py gets the real group_data/lab.py, as inventories/lab.py does.
     inventory = tmp_path / "lab.py"
-    worker = {"chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "lab_mirror_url": mirror}
+    worker = {"chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "model_mirror_url": mirror}
     inventory.write_text(f"workers = [('worker1', {worker!r})]\ncanary = ['worker1']\nwave1 = []\nwave2 = []\n")
     plan = check_fleet(load_inventory(inventory, PROJECT_ROOT))
     assert [report.instance.name for report in plan.instances] == ["vllm-0", "vllm-1"]

@@ -74,8 +74,8 @@ def test_instance_environment_adds_its_npus_and_ports():
     assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
 
 
-def test_an_http_model_without_url_comes_from_the_lab_mirror():
-    node = config(lab_mirror_url="http://10.213.0.1:8080", model={"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"})
+def test_an_http_model_without_url_comes_from_the_model_mirror():
+    node = config(model_mirror_url="http://10.213.0.1:8080", model={"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"})
     assert node.model.url == "http://10.213.0.1:8080"
 
 
@@ -84,7 +84,7 @@ def test_pyinfra_connector_keys_are_not_ours_to_validate():
 
 
 def test_a_gateway_without_npus_needs_no_model_and_runs_no_instance():
-    gateway = node_config({"profile": "lab", "chip": "910B3", "npu_count": 0, "nvme_mount": None, "lab_role": "gateway",
+    gateway = node_config({"profile": "lab", "chip": "910B3", "npu_count": 0, "nvme_mount": None,
                            "gateway": {"listen_port": 80, "upstream_name": "vllm_backend"}}, "gateway")
     assert gateway.is_gateway and not gateway.is_worker
     assert gateway.instances == []
