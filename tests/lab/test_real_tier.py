@@ -17,7 +17,7 @@ import openai
 import pytest
 import requests
 
-from ascend_fleet.lab.sim import realtier
+from ascend_fleet import vllm_cpu
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_NET, Lab, require_root
 
@@ -75,8 +75,8 @@ def unit_seconds_to_healthy(lab: Lab) -> float:
 def bench(lab: Lab, port: int, name: str, results_dir: Path) -> dict:
     """Real `vllm bench serve` from the serving venv against 127.0.0.1:port; its saved JSON, kept in results_dir."""
     result_dir = BENCH_DIR / name
-    env = realtier.serving_env(BENCH_DIR / "cache")
-    argv = realtier.bench_command("/opt/ascend-fleet/venv/bin/vllm", MODEL_PATH, served_model_name=MODEL,
+    env = vllm_cpu.serving_env(BENCH_DIR / "cache")
+    argv = vllm_cpu.bench_command("/opt/ascend-fleet/venv/bin/vllm", MODEL_PATH, served_model_name=MODEL,
                                   base_url=f"http://127.0.0.1:{port}", result_dir=result_dir)
     # The services' environment first: transformers imports torch_npu, which needs CANN's.
     command = (f"set -a && . /etc/ascend-fleet/npu.env && set +a && "

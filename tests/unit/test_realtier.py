@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
-from ascend_fleet.lab.sim.realtier import (
+from ascend_fleet.vllm_cpu import (
     CUDA_BUILT_COMPANIONS,
     build_vllm_metadata_shim,
     install_commands,

