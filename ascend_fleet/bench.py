@@ -41,7 +41,7 @@ from ascend_fleet.vllm_cpu import (
     install_commands,
     serving_env,
 )
-from ascend_fleet.operations.files import stage_weights
+from ascend_fleet.node import stage_weights
 from ascend_fleet.profile import load_profile
 
 BENCH_VENV = Path(os.environ.get("ASCEND_FLEET_BENCH_VENV", "/var/lib/ascend-fleet/bench-venv"))

@@ -50,7 +50,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
-from ascend_fleet.operations.files.stage_weights import revision_dir
+from ascend_fleet.node.stage_weights import revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import read_host_facts

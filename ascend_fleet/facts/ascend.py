@@ -12,7 +12,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from ascend_fleet.credentials import API_KEY_NAME
-from ascend_fleet.operations.files.npu_metrics import parse_npu_smi_info
+from ascend_fleet.node.npu_metrics import parse_npu_smi_info
 from ascend_fleet.versions import parse_range
 
 ASCEND_HOME = "/usr/local/Ascend"

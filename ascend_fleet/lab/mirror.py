@@ -15,7 +15,7 @@ from ascend_fleet.lab import processes
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.spec import CACHE_DIR, LabSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.operations.files.peer_wheels import normalize
+from ascend_fleet.node.peer_wheels import normalize
 from ascend_fleet.templating import render
 
 CONTENT_DIRS = ("files", "simple", "packages", "models")

@@ -12,8 +12,8 @@ from pyinfra.api import operation
 from pyinfra.operations import files
 
 from ascend_fleet.facts.ascend import PipPackages
-from ascend_fleet.operations.files import peer_wheels
-from ascend_fleet.operations.files.peer_wheels import INCOMING_DIR_NAME, normalize
+from ascend_fleet.node import peer_wheels
+from ascend_fleet.node.peer_wheels import INCOMING_DIR_NAME, normalize
 from ascend_fleet.profile import PipStep
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).

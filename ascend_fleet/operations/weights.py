@@ -17,8 +17,8 @@ from pyinfra.operations import files
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.weights import StagedModel
-from ascend_fleet.operations.files import stage_weights
-from ascend_fleet.operations.files.stage_weights import SOURCES, marker_problems, model_path_parts, revision_dir
+from ascend_fleet.node import stage_weights
+from ascend_fleet.node.stage_weights import SOURCES, marker_problems, model_path_parts, revision_dir
 
 STAGER_SOURCE = Path(stage_weights.__file__)
 STAGER_ON_NODE = "/usr/local/lib/ascend-fleet/stage_weights.py"

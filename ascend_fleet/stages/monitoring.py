@@ -1,7 +1,7 @@
 """Stage: monitoring. Prometheus on the gateway group; on every worker, node_exporter with NPU health.
 
 Workers: Debian's prometheus-node-exporter, and a timer that writes what npu-smi says into
-its textfile directory (operations/files/npu_metrics.py explains why a timer). Gateways:
+its textfile directory (node/npu_metrics.py explains why a timer). Gateways:
 Debian's prometheus with the fleet's alert rules, its targets in file_sd files generated
 from the inventory (a rollout or swap rewrites them; Prometheus rereads them on its own),
 and prometheus-nginx-exporter reading nginx's stub_status on a loopback-only port.
@@ -18,9 +18,10 @@ from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from ascend_fleet import PROJECT_ROOT, TEMPLATES
+from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.node import npu_metrics
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
@@ -72,7 +73,7 @@ def npu_exporter() -> None:
                                              textfile_dir=TEXTFILE_DIR, port=NODE_EXPORTER_PORT)), mode="644")
     systemd.service(name="node_exporter running", service="prometheus-node-exporter", running=True, enabled=True,
                     restarted=defaults.will_change)
-    script = files.put(name="NPU metrics script", src=str(PROJECT_ROOT / "ascend_fleet/operations/files/npu_metrics.py"),
+    script = files.put(name="NPU metrics script", src=npu_metrics.__file__,
                        dest=NPU_METRICS_SCRIPT, mode="755")
     units = [
         files.put(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=f"/etc/systemd/system/{NPU_METRICS_UNIT}.{kind}",

@@ -18,7 +18,7 @@ from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig, host_node_config
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
-from ascend_fleet.operations.files.stage_weights import MARKER_NAME, revision_dir
+from ascend_fleet.node.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.profile import Profile
 from ascend_fleet.remote import FactQuery
 from ascend_fleet.stages.context import node_profile

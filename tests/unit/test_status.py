@@ -9,7 +9,7 @@ from pyinfra.facts.files import FileContents
 
 from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
 from ascend_fleet.hostdata import node_config
-from ascend_fleet.operations.files.npu_metrics import parse_npu_smi_info, render_metrics
+from ascend_fleet.node.npu_metrics import parse_npu_smi_info, render_metrics
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
 from ascend_fleet.status import gateway_routes, host_status, routing

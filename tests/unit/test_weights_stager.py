@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
-from ascend_fleet.operations.files import stage_weights as sw
+from ascend_fleet.node import stage_weights as sw
 
 SHA = "a" * 64
 
