@@ -399,7 +399,7 @@ def test_an_existing_unverified_directory_is_never_replaced(tmp_path, mirror):
 
 
 def serve_as_peer(model_dir: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """A node's weights server as templates/weights-peer-nginx.conf.j2 lays it out."""
+    """A node's weights server as ascend_fleet/templates/weights-peer-nginx.conf.j2 lays it out."""
     root = model_dir.parent / "peer-root"
     root.mkdir()
     (root / sw.PEER_PUBLISHED_PATH).symlink_to(model_dir)
