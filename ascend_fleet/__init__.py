@@ -5,7 +5,8 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Package data: every config file the project writes is a template here.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-PROFILES = PROJECT_ROOT / "profiles"
+# Package data too: the supported stacks (profile.py also reads profiles/ where it runs).
+PROFILES = Path(__file__).resolve().parent / "profiles"
 # Where operators put what the control machine holds for a fleet: the vendor .run files, and
 # model configs to plan with (models/<org>/<name>/<revision>/config.json).
 FILES = PROJECT_ROOT / "files"

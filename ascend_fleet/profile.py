@@ -1,4 +1,5 @@
-"""Stack profiles (profiles/*.yaml): the one place versions live.
+"""Stack profiles (ascend_fleet/profiles/*.yaml, or an operator's profiles/*.yaml where it runs): the
+one place versions live.
 
 A profile names every version of a stack (driver, firmware, CANN parts, Python,
 torch, torch_npu, vllm, vllm-ascend, transformers), the vendor package files with
@@ -172,7 +173,8 @@ class Profile(_Strict):
         entry = self.packages.files.get(file_name)
         if entry is None or entry.sha256 is None:
             raise FleetError(f"profile {self.name}: no sha256 for {file_name}; add it under packages.files in "
-                             f"profiles/{self.name}.yaml (from the vendor's download page)")
+                             f"{profile_path(self.name) or f'profiles/{self.name}.yaml'} (from the vendor's download "
+                             "page; copy the package's profile to profiles/ here first)")
         return entry.sha256
 
     def pip_pins(self) -> dict[str, str]:
@@ -206,15 +208,32 @@ class PipStep:
     extra_index_urls: list[str]
 
 
-def available_profiles(directory: Path = PROFILES) -> list[str]:
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+# An operator's own profiles: profiles/<name>.yaml in the folder ascend-fleet or pyinfra runs from
+# (a fleet repository, a copy with the sha256 of the packages downloaded) comes before the package's.
+LOCAL_PROFILES = Path("profiles")
 
 
-def load_profile(name: str, directory: Path = PROFILES) -> Profile:
-    """Load and validate profiles/<name>.yaml; every problem is one line naming the file and key."""
-    path = directory / f"{name}.yaml"
-    if not path.exists():
-        raise FleetError(f"profile {name!r}: no {path}; known profiles: {', '.join(available_profiles(directory))}")
+def profile_dirs(directory: Path | None = None) -> list[Path]:
+    """Where profiles are looked for, first match wins: `directory` alone when given."""
+    return [directory] if directory is not None else [LOCAL_PROFILES, PROFILES]
+
+
+def available_profiles(directory: Path | None = None) -> list[str]:
+    return sorted({p.stem for d in profile_dirs(directory) for p in d.glob("*.yaml")})
+
+
+def profile_path(name: str, directory: Path | None = None) -> Path | None:
+    """The file profile `name` is read from, or None."""
+    return next((d / f"{name}.yaml" for d in profile_dirs(directory) if (d / f"{name}.yaml").exists()), None)
+
+
+def load_profile(name: str, directory: Path | None = None) -> Profile:
+    """Load and validate <name>.yaml from profiles/ here or the package; every problem is one line
+    naming the file and key."""
+    path = profile_path(name, directory)
+    if path is None:
+        looked = " or ".join(str(d / f"{name}.yaml") for d in profile_dirs(directory))
+        raise FleetError(f"profile {name!r}: no {looked}; known profiles: {', '.join(available_profiles(directory))}")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:

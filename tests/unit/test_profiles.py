@@ -157,3 +157,18 @@ def test_malformed_sha256_is_refused_naming_the_file_entry(profile_dir):
     message = refusal(profile_dir)
     assert "packages.files.Ascend-cann-toolkit_8.5.0_linux-x86_64.run.sha256" in message
     assert "must be 64 lower-case hex digits" in message
+
+
+def test_an_operators_profile_where_it_runs_comes_before_the_packages(tmp_path, monkeypatch):
+    """A fleet repository keeps its own copy (the sha256 of the packages it downloaded) in profiles/."""
+    name = "vllm-ascend-0.18.0"
+    driver = load_profile(name).vendor_files("aarch64")["driver"]
+    with pytest.raises(FleetError, match=rf"add it under packages.files in {PROFILES / name}.yaml "):
+        load_profile(name).sha256_of(driver)
+    raw = yaml.safe_load((PROFILES / f"{name}.yaml").read_text())
+    raw["packages"]["files"][driver]["sha256"] = "a" * 64
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    assert load_profile(name).sha256_of(driver) == "a" * 64
+    assert {name, "lab", "handbook"} <= set(available_profiles())
