@@ -595,7 +595,7 @@ def new_model_problem(model: dict) -> str | None:
         return None
     if not model.get("url"):
         return (f"no config.json of {model['id']}@{model['revision']} on this machine to plan the swap with "
-                f"(source {model['source']} is read by the nodes only); put it at {staged}")
+                f"(source {model['source']} is read by the nodes only); put it at {staged.absolute()}")
     url = f"{model['url'].rstrip('/')}/models/{model['id']}/{model['revision']}/config.json"
     try:
         answer = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)

@@ -45,7 +45,7 @@ def check_vendor_files(profile: Profile, arch: str) -> None:
         expected = profile.sha256_of(name)
         if profile.packages.source != "files":
             continue
-        local = FILES / name
+        local = (FILES / name).absolute()
         if not local.exists():
             raise FleetError(f"{host.name}: {local} is missing; download it from Huawei and put it in files/")
         actual = sha256(local.read_bytes()).hexdigest()
