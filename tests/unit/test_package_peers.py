@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 from pyinfra.context import ctx_host
 
-from ascend_fleet.operations import vendor
 from ascend_fleet.node import peer_wheels
+from ascend_fleet.operations import vendor
 from ascend_fleet.stages.peers import PackageSpread, package_spread
 
 HOLDERS = {name: f"http://{name}:8090" for name in ("worker1", "worker2", "worker3", "worker4")}

@@ -11,8 +11,8 @@ from pyinfra.context import ctx_host
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.weights import SIZES_HEADER, FilesystemSpace, StagedModel
-from ascend_fleet.operations import weights
 from ascend_fleet.node.stage_weights import MARKER_NAME, marker_problems, parse_args
+from ascend_fleet.operations import weights
 
 MARKER = {"model_id": "lab/Qwen3-Tiny", "revision": "v1", "manifest_sha256": "f" * 64,
           "files": {"config.json": {"size": 714, "sha256": "a" * 64}}}
