@@ -11,8 +11,11 @@ from rich.console import Console
 
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.spec import CACHE_DIR
+from ascend_fleet.profile_check import manylinux_platforms
 
 SUITE = "bookworm"
+# Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.
+NODE_GLIBC_MINOR = 36
 # What any fresh server has: systemd, sshd, a Python for tooling. Everything a deploy
 # needs beyond this, it installs itself through the lab mirror.
 PACKAGES = [
@@ -21,6 +24,11 @@ PACKAGES = [
 ]
 # Timers that would take the dpkg lock at random moments under a deploy.
 MASKED_UNITS = ["apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"]
+
+
+def node_platforms(arch: str) -> list[str]:
+    """The manylinux tags a lab node's Python accepts, newest first."""
+    return manylinux_platforms(arch, NODE_GLIBC_MINOR)
 
 
 def base_image(debian_upstream: str, console: Console) -> Path:

@@ -28,20 +28,19 @@ from packaging.version import Version
 from rich.console import Console
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.lab.base import NODE_GLIBC_MINOR, node_platforms
 from ascend_fleet.lab.mirror import write_simple_index
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.profile_check import Platform, manylinux_platforms
+from ascend_fleet.profile_check import Platform
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"
 TINYMODEL_SOURCE = Path(__file__).parent / "sim" / "tinymodel.py"  # a change to the builder rebuilds the model
 # So a node can upgrade the venv's own pip and build tools from the mirror.
 VENV_TOOLS = ("pip", "setuptools", "wheel")
-# Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.
-NODE_GLIBC_MINOR = 36
 # Revisions of the tiny Qwen3 model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
 LAB_MODEL_REVISIONS = {"v1": 0, "v2": 1}
 QWEN35_CACHE_SUFFIX = "qwen3.5"
@@ -156,11 +155,6 @@ def download_wheels(requirements: list[str], python: str, arch: str) -> list[str
         for name in names:
             os.replace(Path(incoming) / name, WHEELHOUSE / name)
     return names
-
-
-def node_platforms(arch: str) -> list[str]:
-    """The manylinux tags a lab node's Python accepts, newest first."""
-    return manylinux_platforms(arch, NODE_GLIBC_MINOR)
 
 
 def link_into(path: Path, directory: Path) -> None:

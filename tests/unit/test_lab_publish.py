@@ -7,6 +7,7 @@ from packaging.requirements import Requirement
 from rich.console import Console
 
 from ascend_fleet.lab import publish
+from ascend_fleet.lab.base import node_platforms
 from ascend_fleet.lab.sim.wheels import build_lab_standins
 from ascend_fleet.profile import load_profile
 
@@ -36,7 +37,7 @@ def test_a_pin_no_standin_admits_is_a_real_wheel(tmp_path):
 
 
 def test_node_platforms_run_from_bookworm_glibc_down_to_manylinux1():
-    platforms = publish.node_platforms("x86_64")
+    platforms = node_platforms("x86_64")
     assert platforms[0] == "manylinux_2_36_x86_64" and "manylinux_2_28_x86_64" in platforms
     assert platforms[-3:] == ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 

@@ -35,9 +35,13 @@ UNIT_OF_FIRST_WORKER = textwrap.dedent("""
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the fresh virtualenv's bin, the fleet folder)."""
     root = tmp_path_factory.mktemp("operator")
+    # Built from a copy: setuptools builds in the source tree (build/, *.egg-info), and not in this checkout.
+    source = root / "source"
+    shutil.copytree(PROJECT_ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "state", "bench-results", "files"))
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
     pip = subprocess.run([str(root / "venv" / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-                          str(PROJECT_ROOT)], capture_output=True, text=True, timeout=900,
+                          str(source)], capture_output=True, text=True, timeout=900,
                          env=pip_environment(dict(os.environ)))
     assert pip.returncode == 0, pip.stderr[-3000:]
     fleet = root / "fleet"

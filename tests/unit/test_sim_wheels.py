@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab.publish import node_platforms
+from ascend_fleet.lab.base import node_platforms
 from ascend_fleet.lab.sim import real_metadata
 from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTORCH_CPU_INDEX, find, load_record, standin_basis
 from ascend_fleet.lab.sim.wheels import (

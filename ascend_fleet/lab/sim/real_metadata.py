@@ -33,6 +33,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.lab.base import node_platforms
 from ascend_fleet.profile import ARCHES, is_cpu_build
 from ascend_fleet.profile_check import pip_environment
 
@@ -163,8 +164,6 @@ class PipReadError(Exception):
 def pip_report_argv(name: str, version: str, arch: str, index_url: str, target: Path, report: Path) -> list[str]:
     """pip resolving name==version alone for a node's Python on arch and reporting it, downloading nothing:
     fast-deps reads METADATA with HTTP range requests (the index serves no PEP 658 metadata)."""
-    from ascend_fleet.lab.publish import node_platforms  # here: publish imports wheels, which imports this module
-
     abi = f"cp{PYTHON.replace('.', '')}"
     return [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "--quiet",
             "--dry-run", "--no-deps", "--ignore-installed", "--target", str(target), "--report", str(report),
