@@ -1,4 +1,4 @@
-"""Stage 3: CANN toolkit, operator kernels/ops, NNAL."""
+"""The CANN stage: CANN toolkit, operator kernels/ops, NNAL."""
 
 from ascend_fleet.stages.platform import cann_stage
 

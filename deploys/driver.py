@@ -1,4 +1,4 @@
-"""Stage 2: NPU driver and firmware, one reboot if they changed, every NPU healthy after."""
+"""The driver stage: NPU driver and firmware, one reboot if they changed, every NPU healthy after."""
 
 from ascend_fleet.stages.platform import driver_stage
 

@@ -1,4 +1,4 @@
-"""Stage 8: Nginx on the gateway group, one upstream over every instance."""
+"""The gateway stage: Nginx on the gateway group, one upstream over every instance."""
 
 from ascend_fleet.stages.serving import gateway_stage
 

@@ -1,4 +1,4 @@
-"""Stage 1: inputs valid, system supported, NVMe mounted, NPUs as the inventory says and free."""
+"""The preflight stage: inputs valid, system supported, NVMe mounted, NPUs as the inventory says and free."""
 
 from ascend_fleet.stages.checks import preflight_stage
 

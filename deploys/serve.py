@@ -1,4 +1,4 @@
-"""Stage 7: a systemd unit per vLLM instance; restarts only what changed. The instance
+"""The serve stage: a systemd unit per vLLM instance; restarts only what changed. The instance
 firewall first, so a port the data adds is closed to all but the gateway before it listens."""
 
 from ascend_fleet.stages.firewall import firewall_stage

@@ -1,4 +1,4 @@
-"""Stage 6: model weights on the local NVMe, verified, published atomically."""
+"""The weights stage: model weights on the local NVMe, verified, published atomically."""
 
 from ascend_fleet.stages.serving import weights_stage
 

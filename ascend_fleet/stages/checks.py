@@ -1,4 +1,4 @@
-"""Stage 1 (preflight) and stage 9 (verify): gates that change nothing.
+"""The preflight and verify stages (the first and the last of stages/full.py): gates that change nothing.
 
 Preflight's data checks run while pyinfra prepares the deploy, so bad input stops the
 whole run before any host is touched; its node checks are the first operations, so a
@@ -251,7 +251,8 @@ def verify_stage() -> None:
                  find_problem=lambda: npu_problem(config.npu_count))
     gates.passed(name="torch_npu imports", description="torch_npu sees every NPU",
                  find_problem=lambda: torch_npu_problem(venv, config.npu_count))
-    gates.passed(name="Model type and tokenizer", description="the pinned vLLM reads the model's config; tokenizer probe matches",
+    gates.passed(name="Model type and tokenizer",
+                 description="the pinned vLLM reads the model's config; tokenizer probe matches",
                  find_problem=lambda: model_problem(config, node_profile()))
     for instance in config.instances:
         gates.passed(name=f"Instance {instance.name} healthy", description=f"{instance.name} /health 200, model served",

@@ -1,4 +1,4 @@
-"""Stage 5: the Ascend environment for logins and for services, HCCL settings, host tuning."""
+"""The environment stage: the Ascend environment for logins and for services, HCCL settings, host tuning."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stages 2 and 3: the NPU driver and firmware (with the one reboot they need), then CANN."""
+"""The driver and CANN stages: the NPU driver and firmware (with the one reboot they need), then CANN."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stages 6-8: weights on the NVMe, a systemd unit per vLLM instance, Nginx in front."""
+"""The weights, serve and gateway stages: weights on the NVMe, a systemd unit per vLLM instance, Nginx in front."""
 
 from __future__ import annotations
 
