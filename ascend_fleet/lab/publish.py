@@ -63,7 +63,7 @@ def publish_vendor_files(profiles: list[Profile], files_dir: Path, arch: str) ->
         for file_name in profile.vendor_files(arch).values():
             if hashlib.sha256((files_dir / file_name).read_bytes()).hexdigest() != profile.sha256_of(file_name):
                 raise FleetError(f"lab: the lab's {file_name} does not match the sha256 in profiles/{profile.name}.yaml; "
-                                 "run tests/unit/test_sim_vendor.py for the packages.files block to paste")
+                                 "run tests/sim/test_sim_vendor.py for the packages.files block to paste")
 
 
 def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, console: Console) -> None:

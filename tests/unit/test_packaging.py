@@ -18,6 +18,8 @@ import pytest
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.profile_check import pip_environment
 
+pytestmark = pytest.mark.network  # pip installs the project and its dependencies
+
 QWEN35_27B = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 UNIT_OF_FIRST_WORKER = textwrap.dedent("""
     import ascend_fleet

@@ -228,6 +228,7 @@ def checked(pypi) -> dict[str, subprocess.CompletedProcess]:
     return runs
 
 
+@pytest.mark.network  # PyPI's index
 def test_pip_evaluates_markers_for_the_node_not_for_this_machine(pypi, tmp_path):
     # torch's aarch64 wheel requires triton only `platform_machine == "x86_64"`: pip left alone would ask
     # for it on an aarch64 node when it runs on an x86_64 machine. The check's pip, on stand-ins alone.
@@ -248,6 +249,7 @@ def problem_lines(run: subprocess.CompletedProcess) -> list[str]:
     return [line for line in run.stdout.splitlines() if ": note: " not in line and not SUMMARY.match(line)]
 
 
+@pytest.mark.network  # PyPI's index
 def test_0_23_0_on_aarch64_names_triton_ascend_from_huaweis_index_and_no_other_package(checked):
     run = checked["0.23.0 aarch64"]
     assert run.returncode == 1
@@ -260,6 +262,7 @@ def test_0_23_0_on_aarch64_names_triton_ascend_from_huaweis_index_and_no_other_p
     assert summary.endswith("triton-ascend 3.2.2 not checked, arctic-inference 0.1.1 built on the node")
 
 
+@pytest.mark.network  # PyPI's index
 def test_0_23_0_on_glibc_2_28_has_no_vllm_ascend_wheel_its_wheels_being_manylinux_2_34(checked):
     run = checked["0.23.0 glibc 2.28"]
     assert run.returncode == 1
@@ -267,6 +270,7 @@ def test_0_23_0_on_glibc_2_28_has_no_vllm_ascend_wheel_its_wheels_being_manylinu
             "Python 3.11 glibc 2.28: its wheels are for manylinux_2_34_aarch64 (cp310, cp311, cp312)") in run.stdout
 
 
+@pytest.mark.network  # PyPI's index
 @pytest.mark.parametrize("name", ["vllm-ascend-0.11.0", "vllm-ascend-0.13.0", "vllm-ascend-0.18.0",
                                   "vllm-ascend-0.23.0"])
 def test_each_real_profile_resolves_on_pypi_but_for_what_it_takes_from_its_other_indexes(checked, name):
@@ -279,6 +283,7 @@ def test_each_real_profile_resolves_on_pypi_but_for_what_it_takes_from_its_other
     assert "not resolved" not in summary and "; step 2 (" in summary, summary
 
 
+@pytest.mark.network  # PyPI's index
 def test_the_handbook_says_why_it_cannot_install(checked):
     run = checked["handbook"]
     assert run.returncode == 1
