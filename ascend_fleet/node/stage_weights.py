@@ -493,8 +493,9 @@ def run_tool(job: Job, argv: list[str], env: dict[str, str] | None = None, stdin
     try:
         result = subprocess.run(argv, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={**os.environ, **(env or {})})
-    except FileNotFoundError:
-        raise job.error(f"{argv[0]} is not installed on the node: install it (or choose another source)") from None
+    except (FileNotFoundError, PermissionError) as exc:  # PermissionError: a PATH entry or the file not executable
+        raise job.error(f"{argv[0]} is not installed on the node ({exc.strerror}): install it (or choose another "
+                        "source)") from None
     if result.returncode != 0:
         last = (result.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise job.error(f"{argv[0]} exited {result.returncode} ({last[:300]}): fix that and rerun to resume")
