@@ -31,6 +31,7 @@ from ascend_fleet.planner import (
     check_gpu_memory_utilization,
     check_node_instances,
     port_clashes,
+    speculates_with_mtp,
 )
 from ascend_fleet.profile import available_profiles
 
@@ -121,8 +122,7 @@ class Serving(_Strict):
 
     @property
     def speculates_with_mtp(self) -> bool:
-        """Speculative decoding with the model's own MTP layers (method qwen3_5_mtp, mtp, ...)."""
-        return bool(self.speculative_config) and str(self.speculative_config.get("method", "")).endswith("mtp")
+        return speculates_with_mtp(self.speculative_config)
 
     @model_validator(mode="after")
     def _quantization_scheme_with_ascend(self) -> Serving:

@@ -804,6 +804,12 @@ def _version_at_least(version: str, minimum: str) -> bool:
     return version_key(version) >= version_key(minimum)
 
 
+def speculates_with_mtp(speculative_config: Mapping | None) -> bool:
+    """Speculative decoding with the model's own MTP layers (method qwen3_5_mtp, mtp, ...), whose
+    draft weights are then resident beside the model."""
+    return bool(speculative_config) and str(speculative_config.get("method", "")).endswith("mtp")
+
+
 def check_mtp_layers(shape: ModelShape, mtp: bool) -> list[Finding]:
     """Refuse MTP speculative decoding for a model that has no MTP layers to draft with."""
     if mtp and not shape.mtp_layers:

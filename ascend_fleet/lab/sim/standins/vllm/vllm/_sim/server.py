@@ -134,13 +134,6 @@ def modelslim_scheme(model: ModelDir) -> str:
     return planner.modelslim_scheme(json.loads(path.read_text()))
 
 
-def speculates_with_mtp(args) -> bool:
-    """--speculative-config with one of the model's own MTP methods (qwen3_5_mtp, mtp, ...)."""
-    config = args.speculative_config
-    config = json.loads(config) if isinstance(config, str) else config or {}
-    return str(config.get("method", "")).endswith("mtp")
-
-
 def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan:
     """The planner's plan for this instance on this node's HBM; vLLM's start-up failures where it refuses."""
     try:
@@ -161,7 +154,7 @@ def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan
             dtype=dtype,
             quantization=quantization,
             ep=args.enable_expert_parallel,
-            mtp=speculates_with_mtp(args),
+            mtp=planner.speculates_with_mtp(json.loads(args.speculative_config or "{}")),  # the option is a str
             hbm_bytes_override=hardware["hbm_mb"] * planner.MIB - reserved,
             kv_dtype=None
             if args.kv_cache_dtype == "auto"
