@@ -65,7 +65,9 @@ def test_prometheus_scrapes_every_instance_worker_and_gateway(fleet):
     assert by_job["nginx"] == {("gateway", None)}
     # The NPU metrics textfile is rewritten every 15 s: what an earlier test did to a node (a fault, a
     # reboot) can show for that long after the deploy converged it, and its alert until the next
-    # evaluation after that. Within the alert timeout, every NPU reads healthy and nothing fires.
+    # evaluation after that. Within the alert timeout, every NPU reads healthy and nothing fires. A
+    # pending SLO alert is not firing: it judges the last 5 minutes' latency, which earlier tests'
+    # load on a busy machine set (InterTokenLatencyHigh pending at 68 ms in a rehearsal).
     def every_npu_healthy():
         health = prometheus(fleet, "query", query="ascend_npu_health")["result"]
         return len(health) == 8 * len(workers) and all(s["value"][1] == "0" for s in health)
@@ -73,7 +75,8 @@ def test_prometheus_scrapes_every_instance_worker_and_gateway(fleet):
     wait_for("every NPU of every worker reads healthy", every_npu_healthy)
     kv = prometheus(fleet, "query", query="vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc")["result"]
     assert len(kv) == 2 * len(workers)
-    wait_for("a converged fleet fires no alert", lambda: not prometheus(fleet, "alerts")["alerts"])
+    wait_for("a converged fleet fires no alert",
+             lambda: not [a for a in prometheus(fleet, "alerts")["alerts"] if a["state"] == "firing"])
 
 
 def test_deployed_rules_and_config_pass_promtool_on_the_gateway(fleet):
