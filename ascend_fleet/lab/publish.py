@@ -33,7 +33,7 @@ from ascend_fleet.lab.mirror import write_simple_index
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
-from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.profile import Profile, load_profile, profile_path
 from ascend_fleet.profile_check import Platform
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
@@ -62,7 +62,7 @@ def publish_vendor_files(profiles: list[Profile], files_dir: Path, arch: str) ->
     for profile in profiles:
         for file_name in profile.vendor_files(arch).values():
             if hashlib.sha256((files_dir / file_name).read_bytes()).hexdigest() != profile.sha256_of(file_name):
-                raise FleetError(f"lab: the lab's {file_name} does not match the sha256 in profiles/{profile.name}.yaml; "
+                raise FleetError(f"lab: the lab's {file_name} does not match the sha256 in {profile_path(profile.name)}; "
                                  "run tests/sim/test_sim_vendor.py for the packages.files block to paste")
 
 

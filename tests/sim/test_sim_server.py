@@ -23,8 +23,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.numpy import save_file
 
-from ascend_fleet.lab.sim.tinymodel import MODELSLIM_DESCRIPTION_NAME, build_tiny_qwen35_moe
+from ascend_fleet.lab.sim.tinymodel import build_tiny_qwen35_moe
 from ascend_fleet.lab.sim.wheels import OPTIONS_DIR, build_standin_wheels
+from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 
 VLLM_VERSION = "0.13.0"
 NPU_COUNT = 4
@@ -450,7 +451,7 @@ def test_ascend_quantization_of_weights_without_their_description_fails_as_vllm_
     site, root, model = qwen35
     plain = tmp_path / "unquantized"
     shutil.copytree(model, plain)
-    (plain / MODELSLIM_DESCRIPTION_NAME).unlink()
+    (plain / MODELSLIM_DESCRIPTION).unlink()
     code, output = run_to_exit(site, root, tmp_path, "0,1,2,3", [str(plain), *QWEN35_RECIPE])
     assert code == 1
     assert "ModelSlim Quantization Config Not Found" in output and f"the model '{plain}' does not contain" in output

@@ -15,7 +15,6 @@ from ascend_fleet.lab.sim.tinymodel import (
     INDEX_NAME,
     MANIFEST_NAME,
     QWEN_PRETOKENIZE_REGEX,
-    MODELSLIM_DESCRIPTION_NAME,
     TinyDims,
     build_tiny_model,
     build_tiny_qwen35_moe,
@@ -208,14 +207,14 @@ def test_the_tiny_qwen35_is_hybrid_moe_with_an_mtp_layer_in_msmodelslim_w8a8_for
     """What the planner and vllm-ascend read of it: three delta-net layers to one full-attention layer,
     routed and shared experts, one MTP layer; int8 matrices each with scale and offset, as the
     description says, and the rest float."""
-    from ascend_fleet.planner import ModelShape, modelslim_scheme
+    from ascend_fleet.planner import MODELSLIM_DESCRIPTION, ModelShape, modelslim_scheme
 
     model = build_tiny_qwen35_moe(tmp_path)
     config = read_json(model / "config.json")
     shape = ModelShape.from_config(config)
     assert (config["model_type"], shape.full_attention_layers, shape.linear_attention_layers) == ("qwen3_5_moe", 1, 3)
     assert (shape.moe.num_experts, shape.mtp_layers) == (8, 1)
-    description = read_json(model / MODELSLIM_DESCRIPTION_NAME)
+    description = read_json(model / MODELSLIM_DESCRIPTION)
     assert modelslim_scheme(description) == "w8a8"
     tensors = {}
     for shard in sorted(model.glob("*.safetensors")):

@@ -31,9 +31,10 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from ascend_fleet.planner import MODELSLIM_DESCRIPTION
+
 MANIFEST_NAME = "ascend-fleet-manifest.json"
 INDEX_NAME = "model.safetensors.index.json"
-MODELSLIM_DESCRIPTION_NAME = "quant_model_description.json"  # planner.MODELSLIM_DESCRIPTION, read by vllm-ascend
 PROBE_TEXT = "Ascend 910B serves Qwen3 on vLLM: 你好, world! 12345 <|im_end|>"
 
 PAD_TOKEN = "<|endoftext|>"
@@ -535,7 +536,7 @@ def build_tiny_qwen35_moe(out_dir: Path, *, name: str = QWEN35_MODEL_ID, revisio
                     for tensor in sorted(index["weight_map"]) if tensor.endswith(".weight")}
     return _write_repository(out, name, revision, tokenizer, dims.max_position_embeddings,
                              _qwen35_config(dims, vocab_size, tokenizer), index,
-                             {MODELSLIM_DESCRIPTION_NAME: description})
+                             {MODELSLIM_DESCRIPTION: description})
 
 
 def publish_model(model_dir: Path, mirror_models_dir: Path) -> Path:
