@@ -62,8 +62,9 @@ def publish_vendor_files(profiles: list[Profile], files_dir: Path, arch: str) ->
     for profile in profiles:
         for file_name in profile.vendor_files(arch).values():
             if hashlib.sha256((files_dir / file_name).read_bytes()).hexdigest() != profile.sha256_of(file_name):
-                raise FleetError(f"lab: the lab's {file_name} does not match the sha256 in {profile_path(profile.name)}; "
-                                 "run tests/sim/test_sim_vendor.py for the packages.files block to paste")
+                raise FleetError(f"lab: the lab's {file_name} does not match the sha256 in "
+                                 f"{profile_path(profile.name)}; run tests/sim/test_sim_vendor.py for the "
+                                 "packages.files block to paste")
 
 
 def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, console: Console) -> None:

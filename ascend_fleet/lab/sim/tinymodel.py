@@ -482,7 +482,8 @@ def _qwen35_layer(dims: TinyQwen35MoeDims, prefix: str, kind: str) -> tuple[dict
         value_dim = dims.linear_num_value_heads * dims.linear_value_head_dim
         conv_dim = 2 * key_dim + value_dim
         la = prefix + "linear_attn."
-        matrices |= {la + "in_proj_qkv": (conv_dim, h), la + "in_proj_z": (value_dim, h), la + "out_proj": (h, value_dim)}
+        matrices |= {la + "in_proj_qkv": (conv_dim, h), la + "in_proj_z": (value_dim, h),
+                     la + "out_proj": (h, value_dim)}
         shapes |= {la + "in_proj_b.weight": (dims.linear_num_value_heads, h),
                    la + "in_proj_a.weight": (dims.linear_num_value_heads, h),
                    la + "conv1d.weight": (conv_dim, 1, dims.linear_conv_kernel_dim),
