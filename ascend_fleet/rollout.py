@@ -42,7 +42,6 @@ from typing import Callable
 
 import click
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 from pyinfra.api import Inventory
 
 from ascend_fleet.credentials import api_headers
@@ -52,23 +51,34 @@ from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
 from ascend_fleet.node.stage_weights import revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
+from ascend_fleet.probes import (
+    EVERY_ASK,
+    HEALTH,
+    METRICS,
+    MODELS,
+    InstanceVerdict,
+    fact_key,
+    gateway_chat,
+    instance_queries,
+    judge_gateway,
+    judge_instance,
+    running_requests,
+)
 from ascend_fleet.profile import load_profile
-from ascend_fleet.remote import read_host_facts
-from ascend_fleet.stages.serving import instance_env_file, instance_http_query
+from ascend_fleet.remote import read_fleet_facts
+from ascend_fleet.stages.serving import instance_env_file
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
 MONITORING_DEPLOY = "deploys/monitoring.py"
 WEIGHTS_DEPLOY = "deploys/weights.py"
 SERVE_DEPLOY = "deploys/serve.py"
-HTTP_TIMEOUT_SECONDS = 10
+HTTP_TIMEOUT_SECONDS = 10  # requests from here: the gateway's, the mirror's
 # An nginx reload takes effect asynchronously and a restarted instance may still be warming
 # up: gates retry for this long before they fail.
 GATE_SETTLE_SECONDS = 30
 # Requests accepted by nginx workers that still had the old config need a moment to show up.
 DRAIN_SETTLE_SECONDS = 2
 POLL_SECONDS = 1
-RUNNING_METRIC = "vllm:num_requests_running"
-PROBE_PROMPT = "Say hello."
 
 
 @dataclass(frozen=True)
@@ -218,66 +228,47 @@ def step_record(name: str, hosts: list[str], backends: list[Backend], deploy: st
 # ------------------------------------------------------------------ checks over HTTP
 
 
-def instance_answers(fleet: Fleet, backend: Backend, asks: dict[str, tuple[str, dict | None]]) -> dict[str, dict]:
-    """{name: {"status": 200, "body": ...}} for each (path, JSON body to POST or None), asked on the
-    instance's own node over SSH with the instance's own key; status 0 when nothing answered."""
-    queries = {name: instance_http_query(backend.port, backend.env_file, path, HTTP_TIMEOUT_SECONDS, body)
-               for name, (path, body) in asks.items()}
-    facts = read_host_facts(backend.host, fleet.inventory.get_host(backend.host).data.dict(), queries)
-    return {name: facts.facts.get(name) or {"status": 0, "body": facts.error or ""} for name in asks}
+def instance_answers(fleet: Fleet, backends: list[Backend], asks: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+    """{backend key: {ask: answer}} (probes.instance_queries), asked on each instance's own node
+    with its own key: one SSH session per host, the hosts at the same time."""
+    plans = {}
+    for host in dict.fromkeys(b.host for b in backends):
+        queries = {fact_key(ask, b.instance): query for b in backends if b.host == host
+                   for ask, query in instance_queries(b.port, b.env_file, fleet.model_name, asks).items()}
+        plans[host] = (fleet.inventory.get_host(host).data.dict(), queries)
+    read = read_fleet_facts(plans)
+    return {b.key: {ask: read[b.host].facts.get(fact_key(ask, b.instance)) or {"status": 0, "body": read[b.host].error or ""}
+                    for ask in asks} for b in backends}
 
 
-def running_requests(fleet: Fleet, backend: Backend) -> int:
-    """vLLM's num_requests_running on one instance; an instance that does not answer runs nothing."""
-    metrics = instance_answers(fleet, backend, {"metrics": ("/metrics", None)})["metrics"]
-    if metrics["status"] != 200:
-        return 0
-    return int(sum(sample.value for family in text_string_to_metric_families(metrics["body"])
-                   for sample in family.samples if sample.name == RUNNING_METRIC))
+def failing_gates(fleet: Fleet, backends: list[Backend], model_paths: dict[str, str | None] | None = None,
+                  seconds: float | None = None) -> list[tuple[Backend, InstanceVerdict]]:
+    """The instances that still fail their gates (probes.judge_instance) when the time is up, with
+    their verdicts; empty once every one passed. model_paths: {backend key: the directory it must
+    serve from} for a swap. Each poll asks only those that have not passed yet."""
+    deadline = time.monotonic() + (GATE_SETTLE_SECONDS if seconds is None else seconds)
+    failing = [(backend, None) for backend in backends]
+    while failing:
+        waiting = [backend for backend, _ in failing]
+        answers = instance_answers(fleet, waiting, EVERY_ASK)
+        verdicts = [(b, judge_instance(answers[b.key], fleet.model_name, (model_paths or {}).get(b.key)))
+                    for b in waiting]
+        failing = [(backend, verdict) for backend, verdict in verdicts if not verdict.ok]
+        if failing and time.monotonic() >= deadline:
+            break
+        if failing:
+            time.sleep(POLL_SECONDS)
+    return failing
 
 
-def instance_problem(fleet: Fleet, backend: Backend, model_name: str, model_path: str | None) -> tuple[str, str] | None:
-    """(gate, what is wrong) for the first gate an instance fails, or None: /health 200, /v1/models
-    names the model (and, for a swap, serves it from model_path), a completion, /metrics."""
-    health = instance_answers(fleet, backend, {"health": ("/health", None)})["health"]
-    if health["status"] != 200:
-        return "health", f"/health answers {health['status'] or 'nothing'}"
-    answers = instance_answers(fleet, backend, {
-        "models": ("/v1/models", None), "metrics": ("/metrics", None),
-        "completion": ("/v1/completions", {"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})})
-    cards = json_field(answers["models"]["body"], "data") or []
-    card = next((c for c in cards if c.get("id") == model_name), None)
-    if card is None:
-        return "models", f"/v1/models names {[c.get('id') for c in cards]}, not {model_name}"
-    if model_path and card.get("root") != model_path:
-        return "models", f"serves {card.get('root')}, not {model_path}"
-    completion = answers["completion"]
-    if completion["status"] != 200 or not json_field(completion["body"], "choices"):
-        return "completion", f"a completion answers {completion['status']}: {completion['body'][:160]}"
-    metrics = answers["metrics"]
-    if metrics["status"] != 200 or RUNNING_METRIC not in metrics["body"]:
-        return "metrics", f"/metrics answers {metrics['status']} without {RUNNING_METRIC}"
-    return None
-
-
-def json_field(body: str, key: str):
-    """body[key] of a JSON object, or None when the body is not one."""
+def gateway_answer(url: str, model_name: str) -> dict:
+    """A gateway's answer to probes.gateway_chat, asked from here as a client would."""
     try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    return document.get(key) if isinstance(document, dict) else None
-
-
-def gateway_problem(url: str, model_name: str) -> str | None:
-    try:
-        answer = requests.post(f"{url}/v1/chat/completions", timeout=HTTP_TIMEOUT_SECONDS, headers=api_headers(), json={
-            "model": model_name, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 4})
+        answer = requests.post(f"{url}/v1/chat/completions", timeout=HTTP_TIMEOUT_SECONDS, headers=api_headers(),
+                               json=gateway_chat(model_name))
     except requests.RequestException as exc:
-        return f"does not answer ({type(exc).__name__})"
-    if answer.status_code != 200 or "choices" not in answer.text:
-        return f"a chat completion answers {answer.status_code}: {' '.join(answer.text.split())[:160]}"
-    return None
+        return {"status": 0, "body": f"({type(exc).__name__})"}
+    return {"status": answer.status_code, "body": answer.text}
 
 
 def retried(check: Callable[[], object], seconds: float = GATE_SETTLE_SECONDS):
@@ -337,7 +328,7 @@ class Runner:
     def wait_idle(self, backends: list[Backend], step: dict) -> str | None:
         time.sleep(DRAIN_SETTLE_SECONDS)
         deadline = time.monotonic() + self.drain_timeout
-        while (running := {b.key: running_requests(self.fleet, b) for b in backends}) and any(running.values()):
+        while (running := self.running(backends)) and any(running.values()):
             busy = {key: n for key, n in running.items() if n}
             if time.monotonic() > deadline:
                 return (f"{', '.join(f'{k} ({n})' for k, n in busy.items())} still running requests after "
@@ -346,12 +337,29 @@ class Runner:
             time.sleep(POLL_SECONDS)
         return None
 
-    def expected_path(self, step: dict, backend: Backend) -> str | None:
-        """Where the instance must serve its model from when the step sets the model (a swap)."""
+    def running(self, backends: list[Backend]) -> dict[str, int]:
+        answers = instance_answers(self.fleet, backends, (METRICS,))
+        return {key: running_requests(answer[METRICS]) for key, answer in answers.items()}
+
+    def expected_paths(self, step: dict, backends: list[Backend]) -> dict[str, str | None]:
+        """Where each instance must serve its model from when the step sets the model (a swap)."""
         model = step["data"].get("model")
-        if not model:
+        return {b.key: str(revision_dir(self.fleet.configs[b.host].model_dir, model["id"], model["revision"]))
+                if model else None for b in backends}
+
+    def gate(self, step: dict, backends: list[Backend]) -> tuple[str, str] | None:
+        """(where, what) of the first instance of the step that fails its gates, or None."""
+        if not (failing := failing_gates(self.fleet, backends, self.expected_paths(step, backends))):
             return None
-        return str(revision_dir(self.fleet.configs[backend.host].model_dir, model["id"], model["revision"]))
+        backend, verdict = failing[0]
+        return f"{backend.host} {backend.instance} gate {verdict.gate}", verdict.detail
+
+    def gateway_gate(self) -> tuple[str, str] | None:
+        """(where, what) of the first gateway whose chat completion still fails, or None."""
+        for url in self.fleet.gateway_urls():
+            if (problem := retried(lambda u=url: judge_gateway(gateway_answer(u, self.fleet.model_name)))) is not None:
+                return f"gateway {url} gate completion", problem
+        return None
 
     def run_step(self, step: dict) -> bool:
         """One step; on failure the step's instances stay drained and step['detail'] says why."""
@@ -378,19 +386,14 @@ class Runner:
         if (problem := self.pyinfra(step["deploy"], step["hosts"], step["data"], step["name"])) is not None:
             return fail("deploy", problem)
         self.report(step, "gating")
-        for backend in backends:
-            path = self.expected_path(step, backend)
-            problem = retried(lambda b=backend, p=path: instance_problem(self.fleet, b, self.fleet.model_name, p))
-            if problem is not None:
-                gate, detail = problem
-                return fail(f"{backend.host} {backend.instance} gate {gate}", detail)
+        if (failed := self.gate(step, backends)) is not None:
+            return fail(*failed)
         self.report(step, "back into the gateway")
         if (problem := self.set_gateway(self.fleet.state.drained() - set(step["instances"]),
                                         f"undrain {step['name']}")) is not None:
             return fail("gateway", problem)
-        for url in self.fleet.gateway_urls():
-            if (problem := retried(lambda u=url: gateway_problem(u, self.fleet.model_name))) is not None:
-                return fail(f"gateway {url} gate completion", problem)
+        if (failed := self.gateway_gate()) is not None:
+            return fail(*failed)
         step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
         self.fleet.state.save_rollout(self.record)
         self.report(step, "done")
@@ -423,18 +426,14 @@ class Runner:
         if (problem := self.pyinfra(SERVE_DEPLOY, hosts, step["data"], f"start {step['name']}")) is not None:
             return fail("deploy", problem)
         self.report(step, "gating the new instances")
-        for backend in new_backends:
-            path = self.expected_path(step, backend)
-            if (problem := retried(lambda b=backend, p=path: instance_problem(self.fleet, b, self.fleet.model_name, p))) is not None:
-                gate, detail = problem
-                return fail(f"{backend.host} {backend.instance} gate {gate}", detail)
+        if (failed := self.gate(step, new_backends)) is not None:
+            return fail(*failed)
         self.report(step, "switching the gateway")
         state.set_colours(step["colours"])
         if (problem := self.set_gateway(state.drained(), f"switch {step['name']}")) is not None:
             return fail("gateway", problem, flipped=True)
-        for url in self.fleet.gateway_urls():
-            if (problem := retried(lambda u=url: gateway_problem(u, self.fleet.model_name))) is not None:
-                return fail(f"gateway {url} gate completion", problem, flipped=True)
+        if (failed := self.gateway_gate()) is not None:
+            return fail(*failed, flipped=True)
         if (problem := self.wait_idle(old_backends, step)) is not None:
             return fail("drain", problem, flipped=True)
         self.report(step, "stopping the old instances")
@@ -474,10 +473,8 @@ class Runner:
         backends = {b.key: b for b in self.fleet.all_backends()}
         left_out = {}
         # An instance the data no longer lists is in no upstream: it only leaves the drained set.
-        for key in sorted(ours & backends.keys()):
-            problem = retried(lambda b=backends[key]: instance_problem(self.fleet, b, self.fleet.model_name, None))
-            if problem is not None:
-                left_out[key] = "gate {}: {}".format(*problem)
+        for backend, verdict in failing_gates(self.fleet, [backends[key] for key in sorted(ours & backends.keys())]):
+            left_out[backend.key] = f"gate {verdict.gate}: {verdict.detail}"
         if back := ours - left_out.keys():
             # The gateway lists an instance only once it has served since it last started (fleetstate.py):
             # one whose deploy failed its gate, and has passed ours since, is in the record again.
@@ -640,8 +637,7 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
 
 def served_path(fleet: Fleet, backend: Backend) -> str | None:
     """The model directory an instance serves (vLLM's /v1/models `root`), or None if it does not answer."""
-    cards = json_field(instance_answers(fleet, backend, {"models": ("/v1/models", None)})["models"]["body"], "data")
-    return cards[0].get("root") if cards else None
+    return judge_instance(instance_answers(fleet, [backend], (HEALTH, MODELS))[backend.key], fleet.model_name).root
 
 
 def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:

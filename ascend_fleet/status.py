@@ -30,10 +30,10 @@ from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
-from ascend_fleet.stages.serving import GATEWAY_CONFIG, instance_env_file, instance_http_query, unit_name
-from ascend_fleet.vllm_metrics import parse_metrics
+from ascend_fleet.stages.serving import GATEWAY_CONFIG, instance_env_file, unit_name
 
 HTTP_TIMEOUT_SECONDS = 5
 VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")
@@ -119,10 +119,10 @@ def worker_queries(config: NodeConfig, profile: Profile) -> dict[str, FactQuery]
                "cann": FactQuery(CannPackages), "npus": FactQuery(NpuStatus),
                "pip": FactQuery(PipPackages, {"venv": profile.pip.venv})}
     for instance in config.instances:
-        queries[f"unit:{instance.name}"] = FactQuery(UnitState, {"unit": unit_name(instance)})
-        for path in ("health", "v1/models", "metrics"):  # the instance's own key, when it has one, opens /v1
-            queries[f"{path}:{instance.name}"] = instance_http_query(
-                instance.port, instance_env_file(instance), f"/{path}", HTTP_TIMEOUT_SECONDS)
+        queries[fact_key("unit", instance.name)] = FactQuery(UnitState, {"unit": unit_name(instance)})
+        asked = instance_queries(instance.port, instance_env_file(instance), config.model.served_model_name,
+                                 READ_ONLY_ASKS, HTTP_TIMEOUT_SECONDS)
+        queries |= {fact_key(ask, instance.name): query for ask, query in asked.items()}
     return queries
 
 
@@ -162,21 +162,9 @@ def unit_problem(unit: dict[str, str], name: str) -> str | None:
     return f"unit {unit.get('ActiveState') or 'unknown'}/{unit.get('SubState') or '?'}{why}{last}"
 
 
-def served_model(answer: dict) -> tuple[str | None, str | None]:
-    """(served model name, revision directory it was loaded from) from /v1/models."""
-    try:
-        models = json.loads(answer["body"]).get("data") or []
-    except (ValueError, AttributeError):
-        return None, None
-    if not models:
-        return None, None
-    root = models[0].get("root")
-    return models[0].get("id"), Path(root).name if root else None
-
-
 def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any]) -> InstanceStatus:
     status = InstanceStatus(instance.name, instance.port, list(instance.npus))
-    status.unit = facts.get(f"unit:{instance.name}") or {}
+    status.unit = facts.get(fact_key("unit", instance.name)) or {}
     problem = unit_problem(status.unit, unit_name(instance))
     if problem:
         status.problems.append(problem)
@@ -199,20 +187,15 @@ def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any
     if unhealthy:
         status.problems.append(f"unhealthy: {', '.join(unhealthy)}")
 
-    status.health = (facts.get(f"health:{instance.name}") or {}).get("status", 0)
-    if status.health != 200:
-        status.problems.append(f"/health answers {status.health or 'nothing'}")
-        return status
-    status.model, status.revision = served_model(facts.get(f"v1/models:{instance.name}") or {})
-    expected = (config.model.served_model_name, config.model.revision)
-    if (status.model, status.revision) != expected:
-        status.warnings.append(f"serves {status.model}@{status.revision}, the inventory says {'@'.join(expected)}")
-    metrics_answer = facts.get(f"metrics:{instance.name}") or {}
-    if metrics_answer.get("status") == 200:
-        try:
-            status.metrics = parse_metrics(metrics_answer["body"] + "\n").to_dict()
-        except ValueError as exc:
-            status.warnings.append(f"/metrics unreadable: {exc}")
+    answers = {ask: facts.get(fact_key(ask, instance.name)) or NO_ANSWER for ask in READ_ONLY_ASKS}
+    verdict = judge_instance(answers, config.model.served_model_name)
+    status.health, status.model, status.revision = verdict.health, verdict.model, verdict.revision
+    status.metrics = verdict.metrics.to_dict() if verdict.metrics else None
+    if not verdict.ok:
+        status.problems.append(verdict.detail)
+    elif status.revision != config.model.revision:
+        status.warnings.append(f"serves {status.model}@{status.revision}, the inventory says "
+                               f"{config.model.served_model_name}@{config.model.revision}")
     return status
 
 

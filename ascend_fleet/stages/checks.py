@@ -7,7 +7,6 @@ node that cannot take the stack stops before anything on it changes.
 
 from __future__ import annotations
 
-import json
 import time
 from functools import cache
 from hashlib import sha256
@@ -20,13 +19,14 @@ from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
 from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.ascend import Glibc, HttpAnswer, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.node.stage_weights import MANIFEST_NAME, revision_dir
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
+from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
 from ascend_fleet.profile import Profile
 from ascend_fleet.stack_platform import platform_problem
 from ascend_fleet.stages.context import node_profile, pip_index_url
@@ -36,7 +36,6 @@ from ascend_fleet.stages.serving import GATEWAY_API_KEY_FILE, instance_problem, 
 
 SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
 GATEWAY_SETTLE_SECONDS = 30
-CHAT_PROBE = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 
 
 def check_vendor_files(profile: Profile, arch: str) -> None:
@@ -212,19 +211,13 @@ def model_problem(config: NodeConfig, profile: Profile) -> str | None:
 
 
 def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
-    """A chat completion through the gateway. An nginx reload finishes asynchronously (old
-    workers drain with the old config), so it gets a few seconds to take effect."""
-    body = json.dumps({**CHAT_PROBE, "model": model_name})
-    url = f"http://127.0.0.1:{config.gateway.listen_port}/v1/chat/completions"
+    """A chat completion through the gateway (probes.judge_gateway). An nginx reload finishes
+    asynchronously (old workers drain with the old config), so it gets a few seconds to take effect."""
+    query = http_query(config.gateway.listen_port, GATEWAY_API_KEY_FILE, "/v1/chat/completions", gateway_chat(model_name))
     deadline = time.monotonic() + GATEWAY_SETTLE_SECONDS
-    while True:
-        answer = host.get_fact(HttpAnswer, url=url, json_body=body, api_key_file=GATEWAY_API_KEY_FILE)
-        if answer["status"] == 200 and "choices" in answer["body"]:
-            return None
-        if time.monotonic() > deadline:
-            return (f"a chat completion through the gateway answers {answer['status'] or 'nothing'}: "
-                    f"{' '.join(answer['body'].split())[:200]}; see /var/log/nginx/error.log")
+    while (problem := judge_gateway(answers_in_deploy({"chat": query})["chat"])) and time.monotonic() < deadline:
         time.sleep(2)
+    return f"through the gateway, {problem}; see /var/log/nginx/error.log" if problem else None
 
 
 def fleet_model_name() -> str:

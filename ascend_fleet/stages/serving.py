@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from io import StringIO
 from typing import Callable
 
@@ -13,14 +12,13 @@ from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
-from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig, host_node_config
 from ascend_fleet.node.stage_weights import MARKER_NAME, revision_dir
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
+from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
-from ascend_fleet.remote import FactQuery
 from ascend_fleet.stages.context import node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
@@ -49,26 +47,15 @@ def instance_env_file(instance: Instance) -> str:
     return f"{INSTANCE_ENV_DIR}/{instance.name}.env"
 
 
-def instance_http_query(port: int, api_key_file: str, path: str, timeout_seconds: int,
-                        json_body: dict | None = None) -> FactQuery:
-    """An HTTP request (a POST of json_body, else a GET) to an instance on port, made on its own node
-    over SSH, where the instance firewall lets it in, with the instance's own key (api_key_file)."""
-    return FactQuery(HttpAnswer, {"url": f"http://127.0.0.1:{port}{path}",
-                                  "json_body": json.dumps(json_body) if json_body else None,
-                                  "timeout_seconds": timeout_seconds, "api_key_file": api_key_file})
-
-
 def instance_problem(config: NodeConfig, instance: Instance) -> str | None:
-    """An instance's gate, asked on its node: /health answers 200 and /v1/models serves the model."""
-    unit, port = unit_name(instance), instance.port
-    health = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/health")
-    if health["status"] != 200:
-        return f"instance {unit} (port {port}) /health answers {health['status'] or 'nothing'}; see `journalctl -u {unit}`"
-    models = host.get_fact(HttpAnswer, url=f"http://127.0.0.1:{port}/v1/models", api_key_file=instance_env_file(instance))
-    served = [m.get("id") for m in json.loads(models["body"] or "{}").get("data", [])]
-    if config.model.served_model_name not in served:
-        return f"instance {unit} serves {served}, not {config.model.served_model_name}"
-    return None
+    """An instance's gate, asked on its node: the one judgement of probes.judge_instance."""
+    model_name = config.model.served_model_name
+    answers = answers_in_deploy(instance_queries(instance.port, instance_env_file(instance), model_name))
+    verdict = judge_instance(answers, model_name)
+    if verdict.ok:
+        return None
+    unit = unit_name(instance)
+    return f"instance {unit} (port {instance.port}) {verdict.detail}; see `journalctl -u {unit}`"
 
 
 def still_serving(config: NodeConfig, recorded: set[str] | None) -> set[str]:
@@ -127,7 +114,6 @@ def serve_stage() -> None:
     gates.passed(name="Every NPU listed and healthy before serving", description=f"{config.npu_count} NPUs healthy",
                  find_problem=lambda: npu_problem(config.npu_count))
     profile, model = node_profile(), config.model
-    model_path = str(revision_dir(config.model_dir, model.id, model.revision))
     user = config.service_user
     server.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
                 home="/var/lib/ascend-fleet", shell="/usr/sbin/nologin")

@@ -27,7 +27,10 @@ PROD = PROJECT / "inventories" / "prod.py"
 QWEN35_27B = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 CANARY, W2, W3 = "npu-01.example.internal", "npu-02.example.internal", "npu-03.example.internal"
 WAVE1 = {f"{host}/vllm-{i}" for host in (W2, W3) for i in range(4)}  # TP2: four instances a host
-STOPPED_AT_WAVE1 = {f"{W2}/vllm-0": ("health", "/health answers 503")}
+STOPPED_AT_WAVE1 = {f"{W2}/vllm-0"}  # its /health answers 503
+
+
+CHAT_ANSWER = json.dumps({"choices": [{"text": "hello"}]})
 
 
 class Nodes:
@@ -35,7 +38,7 @@ class Nodes:
     the drained set the gateway deploy would have applied."""
 
     def __init__(self):
-        self.failing_gates: dict[str, tuple[str, str]] = {}
+        self.failing_gates: set[str] = set()  # instances whose /health answers 503
         self.gateway_fails = False
         self.runs: list[tuple[str, list[str], set[str]]] = []
 
@@ -44,6 +47,14 @@ class Nodes:
         if deploy == GATEWAY_DEPLOY and self.gateway_fails:
             return "gw-01.example.internal: gateway config refused by nginx -t (log: x.log)"
         return None
+
+    def instance_answers(self, fleet: Fleet, backends: list, asks: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+        """What an idle instance serving the fleet's model answers, or a 503 /health where told."""
+        healthy = {"health": {"status": 200, "body": ""}, "completion": {"status": 200, "body": CHAT_ANSWER},
+                   "models": {"status": 200, "body": json.dumps({"data": [{"id": fleet.model_name, "root": "/m"}]})},
+                   "metrics": {"status": 200, "body": "vllm:num_requests_running 0\n"}}
+        return {b.key: {ask: {"status": 503, "body": ""} if ask == "health" and b.key in self.failing_gates
+                        else healthy[ask] for ask in asks} for b in backends}
 
     def deploys(self) -> list[tuple[str, list[str]]]:
         return [(deploy, hosts) for deploy, hosts, _ in self.runs if deploy != GATEWAY_DEPLOY]
@@ -58,9 +69,9 @@ def nodes(monkeypatch):
     monkeypatch.chdir(PROJECT)  # group_data/ and deploys/ are found where pyinfra runs
     fake = Nodes()
     monkeypatch.setattr(Runner, "pyinfra", lambda runner, *args: fake.pyinfra(runner, *args))
-    monkeypatch.setattr(rollout, "instance_problem", lambda fleet, backend, *_: fake.failing_gates.get(backend.key))
-    monkeypatch.setattr(rollout, "running_requests", lambda fleet, backend: 0)
-    monkeypatch.setattr(rollout, "gateway_problem", lambda url, model: None)
+    monkeypatch.setattr(rollout, "instance_answers", fake.instance_answers)
+    monkeypatch.setattr(rollout, "gateway_answer", lambda url, model: {"status": 200, "body": CHAT_ANSWER})
+    monkeypatch.setattr(rollout, "GATE_SETTLE_SECONDS", 0)
     monkeypatch.setattr(rollout, "retried", lambda check, seconds=0: check())
     monkeypatch.setattr(rollout, "DRAIN_SETTLE_SECONDS", 0)
     # The prod model's config.json, as an operator puts it in files/models/ for preflight's plan.
@@ -84,7 +95,7 @@ def cli(state_dir: Path, *args: str):
 def stopped_at_wave1(nodes: Nodes, state_dir: Path) -> tuple[Fleet, dict]:
     fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
     record = plan_rollout(fleet, "deploys/serve.py", None, None)
-    nodes.failing_gates = dict(STOPPED_AT_WAVE1)
+    nodes.failing_gates = set(STOPPED_AT_WAVE1)
     assert not Runner(fleet, record, lambda *_: None, 0).run()
     return fleet, record
 
@@ -112,7 +123,7 @@ def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, 
     # The rollout is over: a new one may start, --resume has nothing to go on with.
     assert check_not_stopped(fleet.state, resume=False) is None
     # Fixed, the instance comes back with another abandon of the same record.
-    nodes.failing_gates = {}
+    nodes.failing_gates = set()
     assert Runner(fleet, abandonable(fleet.state), lambda *_: None, 0).abandon() == {}
     assert fleet.state.drained() == nodes.gateway_drained() == set()
     assert fleet.state.served()[W2] == {"vllm-0", *others}  # so the gateway lists it again
@@ -123,7 +134,7 @@ def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, 
 
 def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_refuses(nodes, state_dir):
     fleet, record = stopped_at_wave1(nodes, state_dir)
-    nodes.failing_gates, nodes.gateway_fails = {}, True
+    nodes.failing_gates, nodes.gateway_fails = set(), True
     with pytest.raises(FleetError, match="the gateway deploy failed, the drained set is as it was: gw-01.*nginx -t"):
         Runner(fleet, record, lambda *_: None, 0).abandon()
     assert fleet.state.drained() == WAVE1
@@ -171,7 +182,7 @@ def test_an_exception_in_group_data_is_one_line_naming_file_and_line(nodes, stat
 
 
 def test_resume_says_what_it_resumes_and_a_stopped_rollout_is_abandoned_from_the_cli(nodes, state_dir):
-    nodes.failing_gates = dict(STOPPED_AT_WAVE1)
+    nodes.failing_gates = set(STOPPED_AT_WAVE1)
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
     assert error.startswith(f"rollout stopped at wave1: {W2} vllm-0 gate health: /health answers 503; ")
     assert error.endswith(f"--resume (or give it up: ascend-fleet rollout {PROD} --abandon)")
@@ -187,7 +198,7 @@ def test_resume_says_what_it_resumes_and_a_stopped_rollout_is_abandoned_from_the
     assert error == (f"rollout abandoned, but {W2}/vllm-0 (gate health: /health answers 503) stays out of the "
                      f"gateway: fix it, then run ascend-fleet rollout {PROD} --abandon again to put it back")
     assert nodes.gateway_drained() == {f"{W2}/vllm-0"}
-    nodes.failing_gates = {}
+    nodes.failing_gates = set()
     error, stdout, _ = cli(state_dir, "rollout", str(PROD), "--abandon")
     assert error is None and nodes.gateway_drained() == set()
     assert stdout == ("abandoned; every instance it drained is back in the gateway. Its change is on canary, "
@@ -198,9 +209,9 @@ def test_resume_says_what_it_resumes_and_a_stopped_rollout_is_abandoned_from_the
 
 
 def test_resume_prints_the_stopped_rollouts_remaining_waves_and_drained_instances_first(nodes, state_dir):
-    nodes.failing_gates = dict(STOPPED_AT_WAVE1)
+    nodes.failing_gates = set(STOPPED_AT_WAVE1)
     cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
-    nodes.failing_gates = {}
+    nodes.failing_gates = set()
     error, stdout, stderr = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--resume")
     assert error is None
     drained = ", ".join(sorted(WAVE1))

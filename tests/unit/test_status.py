@@ -10,6 +10,7 @@ from pyinfra.facts.files import FileContents
 from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
 from ascend_fleet.hostdata import node_config
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info, render_metrics
+from ascend_fleet.probes import fact_key
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
 from ascend_fleet.status import gateway_routes, host_status, routing
@@ -134,13 +135,13 @@ def worker_facts(profile, unit_state="active", health=200, driver=None) -> dict:
         "pip": {"torch-npu": stack.torch_npu, "vllm-ascend": stack.vllm_ascend},
     }
     for name, port in (("vllm-0", 8000), ("vllm-1", 8001)):
-        facts[f"unit:{name}"] = {"LoadState": "loaded", "ActiveState": unit_state, "SubState": "x",
+        facts[fact_key("unit", name)] = {"LoadState": "loaded", "ActiveState": unit_state, "SubState": "x",
                                  "Result": "exit-code" if unit_state == "failed" else "success",
                                  "last_line": "ERROR NPU 0 is already in use"}
-        facts[f"health:{name}"] = {"status": health, "body": ""}
-        facts[f"v1/models:{name}"] = {"status": 200, "body": json.dumps(
+        facts[fact_key("health", name)] = {"status": health, "body": ""}
+        facts[fact_key("models", name)] = {"status": 200, "body": json.dumps(
             {"data": [{"id": "lab/Qwen3-Tiny", "root": "/mnt/nvme/models/lab/Qwen3-Tiny/v1"}]})}
-        facts[f"metrics:{name}"] = {"status": 200, "body": NEW_NAMES}
+        facts[fact_key("metrics", name)] = {"status": 200, "body": NEW_NAMES}
     return facts
 
 
@@ -167,7 +168,7 @@ def test_an_instance_systemd_brought_back_is_yellow_with_how_its_last_process_en
     profile = load_profile("lab")
     config = node_config(WORKER_DATA, "worker1")
     facts = worker_facts(profile)
-    facts["unit:vllm-0"] |= {"NRestarts": "2", "last_exit": "Main process exited, code=exited, status=0/SUCCESS"}
+    facts[fact_key("unit", "vllm-0")] |= {"NRestarts": "2", "last_exit": "Main process exited, code=exited, status=0/SUCCESS"}
     status = host_status(config, profile, HostFacts("worker1", facts))
     assert status.ok  # it serves again
     assert status.instances[0].warnings == [
