@@ -29,8 +29,6 @@ from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.templating import render
 
 FAMILY, TABLE = "inet", "ascend_fleet"
-RULES_FILE = "/etc/ascend-fleet/instance-firewall.nft"
-UNIT = "ascend-fleet-firewall.service"
 # The loaded table's comment carries this and the rules' digest, so a fact can tell which rules are live.
 COMMENT_PREFIX = "ascend-fleet rules sha256:"
 

@@ -49,7 +49,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
-from ascend_fleet.node.stage_weights import revision_dir
+from ascend_fleet.node_layout import instance_env_file, revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.probes import (
     EVERY_ASK,
@@ -66,7 +66,6 @@ from ascend_fleet.probes import (
 )
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import read_fleet_facts
-from ascend_fleet.stages.serving import instance_env_file
 
 GATEWAY_DEPLOY = "deploys/gateway.py"
 MONITORING_DEPLOY = "deploys/monitoring.py"
@@ -125,7 +124,7 @@ class Fleet:
         self.state = FleetState(first.fleet_state_dir)
 
     def backend(self, host: str, instance: Instance) -> Backend:
-        return Backend(host, instance.name, self.addresses[host], instance.port, instance_env_file(instance))
+        return Backend(host, instance.name, self.addresses[host], instance.port, instance_env_file(instance.name))
 
     def backends(self, host: str, only: list[str] | None = None) -> list[Backend]:
         return [self.backend(host, i) for i in self.configs[host].instances if only is None or i.name in only]
@@ -237,8 +236,9 @@ def instance_answers(fleet: Fleet, backends: list[Backend], asks: tuple[str, ...
                    for ask, query in instance_queries(b.port, b.env_file, fleet.model_name, asks).items()}
         plans[host] = (fleet.inventory.get_host(host).data.dict(), queries)
     read = read_fleet_facts(plans)
-    return {b.key: {ask: read[b.host].facts.get(fact_key(ask, b.instance)) or {"status": 0, "body": read[b.host].error or ""}
-                    for ask in asks} for b in backends}
+    unanswered = {host: {"status": 0, "body": facts.error or ""} for host, facts in read.items()}
+    return {b.key: {ask: read[b.host].facts.get(fact_key(ask, b.instance)) or unanswered[b.host] for ask in asks}
+            for b in backends}
 
 
 def failing_gates(fleet: Fleet, backends: list[Backend], model_paths: dict[str, str | None] | None = None,

@@ -30,10 +30,10 @@ from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
-from ascend_fleet.stages.serving import GATEWAY_CONFIG, instance_env_file, unit_name
 
 HTTP_TIMEOUT_SECONDS = 5
 VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")
@@ -119,8 +119,8 @@ def worker_queries(config: NodeConfig, profile: Profile) -> dict[str, FactQuery]
                "cann": FactQuery(CannPackages), "npus": FactQuery(NpuStatus),
                "pip": FactQuery(PipPackages, {"venv": profile.pip.venv})}
     for instance in config.instances:
-        queries[fact_key("unit", instance.name)] = FactQuery(UnitState, {"unit": unit_name(instance)})
-        asked = instance_queries(instance.port, instance_env_file(instance), config.model.served_model_name,
+        queries[fact_key("unit", instance.name)] = FactQuery(UnitState, {"unit": instance_unit(instance.name)})
+        asked = instance_queries(instance.port, instance_env_file(instance.name), config.model.served_model_name,
                                  READ_ONLY_ASKS, HTTP_TIMEOUT_SECONDS)
         queries |= {fact_key(ask, instance.name): query for ask, query in asked.items()}
     return queries
@@ -165,7 +165,7 @@ def unit_problem(unit: dict[str, str], name: str) -> str | None:
 def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any]) -> InstanceStatus:
     status = InstanceStatus(instance.name, instance.port, list(instance.npus))
     status.unit = facts.get(fact_key("unit", instance.name)) or {}
-    problem = unit_problem(status.unit, unit_name(instance))
+    problem = unit_problem(status.unit, instance_unit(instance.name))
     if problem:
         status.problems.append(problem)
     elif int(status.unit.get("NRestarts") or 0):

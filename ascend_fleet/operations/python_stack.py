@@ -14,12 +14,11 @@ from pyinfra.operations import files
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.node import peer_wheels
 from ascend_fleet.node.peer_wheels import INCOMING_DIR_NAME, normalize
+from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.profile import PipStep
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).
-WHEEL_DIR = "/var/cache/ascend-fleet/wheels"
 WHEELS_HELPER_SOURCE = Path(peer_wheels.__file__)
-WHEELS_HELPER_ON_NODE = "/usr/local/lib/ascend-fleet/peer_wheels.py"
 
 
 def satisfies(installed: dict[str, str], requirement: str) -> bool:
@@ -64,8 +63,8 @@ def pinned(venv: str, steps: list[PipStep], index_url: str, peer_urls: list[str]
     to_run = steps[unmet[0]:]
     if peer_urls is not None:
         origin_urls = list(dict.fromkeys(url for step in steps for url in [index_url, *step.extra_index_urls]))
-        yield from files.put._inner(src=str(WHEELS_HELPER_SOURCE), dest=WHEELS_HELPER_ON_NODE, mode="0755")
-        helper = f"{venv}/bin/python {WHEELS_HELPER_ON_NODE} --wheel-dir {WHEEL_DIR} " + " ".join(
+        yield from files.put._inner(src=str(WHEELS_HELPER_SOURCE), dest=WHEELS_HELPER, mode="0755")
+        helper = f"{venv}/bin/python {WHEELS_HELPER} --wheel-dir {WHEEL_DIR} " + " ".join(
             f"--index-url {shlex.quote(url)}" for url in origin_urls)
         if peer_urls:
             yield f"{helper} " + " ".join(f"--peer {shlex.quote(url)}" for url in peer_urls)

@@ -14,9 +14,8 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
 from ascend_fleet.facts.ascend import ASCEND_HOME, AscendDriver, AscendFirmware, CannPackages
+from ascend_fleet.node_layout import INSTALL_LOG, PACKAGE_DIR
 
-PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
-INSTALL_LOG = "/var/log/ascend-fleet-install.log"
 # Where a worker's peer server (templates/weights-peer-nginx.conf.j2) serves PACKAGE_DIR's verified files.
 PEER_PACKAGES_PATH = "packages"
 # A peer is a fleet node on the same network: one that does not answer this fast is down.

@@ -18,10 +18,10 @@ from pyinfra.operations import files
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.node import stage_weights
-from ascend_fleet.node.stage_weights import SOURCES, marker_problems, model_path_parts, revision_dir
+from ascend_fleet.node.stage_weights import SOURCES, marker_problems, model_path_parts
+from ascend_fleet.node_layout import WEIGHTS_STAGER, revision_dir
 
 STAGER_SOURCE = Path(stage_weights.__file__)
-STAGER_ON_NODE = "/usr/local/lib/ascend-fleet/stage_weights.py"
 # Room left after the weights for logs, caches and a second revision's partial files.
 DEFAULT_MIN_FREE_MARGIN_BYTES = 2 * 1024**3
 
@@ -90,7 +90,7 @@ def staged(
     if not host.get_fact(Which, command="python3"):
         raise FleetError(f"{host.name}: weights {model_id}@{revision}: python3 is missing on the node: "
                                   "install it (the weights stager is a python3 script)")
-    yield from files.put._inner(src=str(STAGER_SOURCE), dest=STAGER_ON_NODE, mode="0755")
+    yield from files.put._inner(src=str(STAGER_SOURCE), dest=WEIGHTS_STAGER, mode="0755")
     yield stager_command(host.name, model_id, revision, source, model_dir, url, peer, tokens_env_file,
                          min_free_margin_bytes, peer_urls or [], origin_start)
 
@@ -133,4 +133,4 @@ def stager_command(
     words += [word for url in peer_urls for word in ("--peer-url", QuoteString(url))]
     if peer_urls:
         words += ["--origin-start", f"{origin_start:.6f}"]
-    return StringCommand("python3", STAGER_ON_NODE, *words)
+    return StringCommand("python3", WEIGHTS_STAGER, *words)

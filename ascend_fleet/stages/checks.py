@@ -23,7 +23,7 @@ from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpu
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.hostdata import NodeConfig, host_node_config
-from ascend_fleet.node.stage_weights import MANIFEST_NAME, revision_dir
+from ascend_fleet.node_layout import GATEWAY_API_KEY_FILE, MANIFEST_NAME, NGINX_ERROR_LOG, revision_dir
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
@@ -32,7 +32,7 @@ from ascend_fleet.stack_platform import platform_problem
 from ascend_fleet.stages.context import node_profile, pip_index_url
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
-from ascend_fleet.stages.serving import GATEWAY_API_KEY_FILE, instance_problem, still_serving
+from ascend_fleet.stages.serving import instance_problem, still_serving
 
 SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
 GATEWAY_SETTLE_SECONDS = 30
@@ -185,7 +185,7 @@ try:
     config = "config-known"
 except (KeyError, ValueError):
     config = "config-unknown"
-manifest = os.path.join(path, "ascend-fleet-manifest.json")
+manifest = os.path.join(path, {manifest!r})
 probe = json.load(open(manifest)).get("tokenizer_probe") if os.path.exists(manifest) else None
 ids = probe and transformers.AutoTokenizer.from_pretrained(path).encode(probe["text"], add_special_tokens=False)
 print(model_type, config, "probe-mismatch" if probe and ids != probe["ids"] else "probe-ok")
@@ -197,7 +197,8 @@ def model_problem(config: NodeConfig, profile: Profile) -> str | None:
     brings the config class itself, as 0.17.0 does for Qwen3.5), and the node's tokenizer
     reproduces the manifest's probe ids."""
     model_path = revision_dir(config.model_dir, config.model.id, config.model.revision)
-    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=MODEL_PROBE.format(path=str(model_path)))
+    probe = MODEL_PROBE.format(path=str(model_path), manifest=MANIFEST_NAME)
+    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=probe)
     if not result["ok"]:
         return f"transformers cannot load {model_path}: {result['output']}; check the profile's transformers version"
     model_type, known, probe = result["output"].split()
@@ -213,11 +214,12 @@ def model_problem(config: NodeConfig, profile: Profile) -> str | None:
 def gateway_problem(config: NodeConfig, model_name: str) -> str | None:
     """A chat completion through the gateway (probes.judge_gateway). An nginx reload finishes
     asynchronously (old workers drain with the old config), so it gets a few seconds to take effect."""
-    query = http_query(config.gateway.listen_port, GATEWAY_API_KEY_FILE, "/v1/chat/completions", gateway_chat(model_name))
+    query = http_query(config.gateway.listen_port, GATEWAY_API_KEY_FILE, "/v1/chat/completions",
+                       gateway_chat(model_name))
     deadline = time.monotonic() + GATEWAY_SETTLE_SECONDS
     while (problem := judge_gateway(answers_in_deploy({"chat": query})["chat"])) and time.monotonic() < deadline:
         time.sleep(2)
-    return f"through the gateway, {problem}; see /var/log/nginx/error.log" if problem else None
+    return f"through the gateway, {problem}; see {NGINX_ERROR_LOG}" if problem else None
 
 
 def fleet_model_name() -> str:

@@ -13,23 +13,20 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import ASCEND_HOME
 from ascend_fleet.fleetstate import COLOURS
 from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.node_layout import CONFIG_DIR, GOVERNOR_UNIT, LOGIN_SCRIPT, SERVICE_ENV_FILE, SYSCTL_FILE, unit_file
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.environment import service_env_file
 from ascend_fleet.planner import reserved_ports
 from ascend_fleet.stages.context import node_profile, runs_npus
 from ascend_fleet.templating import render
 
-LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
-SERVICE_ENV_FILE = "/etc/ascend-fleet/npu.env"
 ENV_SCRIPTS = [f"{ASCEND_HOME}/cann/set_env.sh", f"{ASCEND_HOME}/ascend-toolkit/set_env.sh",
                f"{ASCEND_HOME}/nnal/atb/set_env.sh"]
-SYSCTL_FILE = "/etc/sysctl.d/90-ascend-fleet.conf"
 HOST_SYSCTLS = {"vm.swappiness": 0, "kernel.numa_balancing": 0}
 # The kernel takes no outgoing connection's port from these (its ephemeral range, 32768-60999 by
 # default, covers VLLM_PORT 51000 and HCCL's 60000): the vendor's answer for HCCL's ports.
 RESERVED_PORTS = "net.ipv4.ip_local_reserved_ports"
 CPU_GOVERNOR = "performance"
-GOVERNOR_UNIT = "ascend-fleet-cpu-governor.service"
 
 
 def rendered(template: str, **variables) -> StringIO:
@@ -47,7 +44,7 @@ def environment_stage() -> None:
         return
     files.put(name="Login environment", src=rendered("ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),
               dest=LOGIN_SCRIPT, mode="644")
-    files.directory(name="Service environment directory", path="/etc/ascend-fleet", mode="755")
+    files.directory(name="Service environment directory", path=CONFIG_DIR, mode="755")
     settings = {name: str(value) for name, value in (host.data.get("npu_env") or {}).items()}
     service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
                      env_scripts=ENV_SCRIPTS, venv=node_profile().pip.venv, settings=settings)
@@ -62,7 +59,7 @@ def environment_stage() -> None:
     if sysctl_conf.will_change and node_can("test -w /proc/sys/vm/swappiness"):
         server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"])
     server.sysctl(name="Instance ports reserved from the ephemeral range now", key=RESERVED_PORTS, value=reserved)
-    governor_unit = files.put(name=f"CPU governor {CPU_GOVERNOR} unit", dest=f"/etc/systemd/system/{GOVERNOR_UNIT}",
+    governor_unit = files.put(name=f"CPU governor {CPU_GOVERNOR} unit", dest=unit_file(GOVERNOR_UNIT),
                               mode="644", src=rendered("cpu-governor.service.j2", governor=CPU_GOVERNOR))
     if governor_unit.will_change:
         systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,

@@ -14,20 +14,19 @@ from pyinfra.operations import apt, files, systemd
 from ascend_fleet import TEMPLATES
 from ascend_fleet.firewall import (
     FAMILY,
-    RULES_FILE,
     TABLE,
-    UNIT,
     firewall_rules,
     instance_ports,
     instance_sources,
     peer_sources,
 )
 from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.node_layout import CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, unit_file
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.firewall import nft_table, nft_table_absent
 from ascend_fleet.templating import render
 
-UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+UNIT_FILE = unit_file(FIREWALL_UNIT)
 
 
 @deploy("Instance firewall")
@@ -38,22 +37,23 @@ def firewall_stage() -> None:
         return
     if not config.instance_firewall:
         if host.get_fact(File, path=UNIT_FILE):
-            systemd.service(name="Instance firewall not loaded at boot", service=UNIT, running=False, enabled=False)
-        removed = files.file(name=f"No unit {UNIT}", path=UNIT_FILE, present=False)
+            systemd.service(name="Instance firewall not loaded at boot", service=FIREWALL_UNIT, running=False,
+                            enabled=False)
+        removed = files.file(name=f"No unit {FIREWALL_UNIT}", path=UNIT_FILE, present=False)
         if removed.will_change:  # else systemd keeps the unit it loaded until its next reload
             systemd.daemon_reload(name="systemd forgets the firewall unit")
-        nft_table_absent(name=f"No nftables table {FAMILY} {TABLE} (instance_firewall: false)", path=RULES_FILE,
-                         family=FAMILY, table=TABLE)
+        nft_table_absent(name=f"No nftables table {FAMILY} {TABLE} (instance_firewall: false)",
+                         path=FIREWALL_RULES_FILE, family=FAMILY, table=TABLE)
         return
     # Resolved now, while the deploy is prepared: a name that does not resolve changes no host.
     rules = firewall_rules(instance_ports(host), instance_sources(config, inventory), config.model.peer_port,
                            peer_sources(config, inventory))
     apt.packages(name="nftables", packages=["nftables"], no_recommends=True, update=True, cache_time=3600)
-    files.directory(name="ascend-fleet configuration", path="/etc/ascend-fleet", mode="755")
-    nft_table(name="Instance ports for the gateway and monitoring only (nft -c, then nft -f)", path=RULES_FILE,
-              rules=rules.text, family=FAMILY, table=TABLE, comment=rules.comment)
-    unit = files.put(name=f"Unit {UNIT}", dest=UNIT_FILE, mode="644",
+    files.directory(name="ascend-fleet configuration", path=CONFIG_DIR, mode="755")
+    nft_table(name="Instance ports for the gateway and monitoring only (nft -c, then nft -f)",
+              path=FIREWALL_RULES_FILE, rules=rules.text, family=FAMILY, table=TABLE, comment=rules.comment)
+    unit = files.put(name=f"Unit {FIREWALL_UNIT}", dest=UNIT_FILE, mode="644",
                      src=StringIO(render(TEMPLATES / "instance-firewall.service.j2", family=FAMILY, table=TABLE,
-                                         rules_file=RULES_FILE)))
-    systemd.service(name="Instance firewall loaded at every boot", service=UNIT, running=True, enabled=True,
+                                         rules_file=FIREWALL_RULES_FILE)))
+    systemd.service(name="Instance firewall loaded at every boot", service=FIREWALL_UNIT, running=True, enabled=True,
                     daemon_reload=unit.will_change)

@@ -22,24 +22,30 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.node import npu_metrics
+from ascend_fleet.node_layout import (
+    NGINX_EXPORTER_DEFAULTS,
+    NGINX_STATUS_CONFIG,
+    NODE_EXPORTER_DEFAULTS,
+    NPU_METRICS_PROGRAM,
+    NPU_METRICS_UNIT,
+    PROMETHEUS_CONFIG,
+    PROMETHEUS_DEFAULTS,
+    PROMETHEUS_FILE_SD_DIR,
+    PROMETHEUS_RULES_FILE,
+    TEXTFILE_DIR,
+    unit_file,
+)
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
 from ascend_fleet.templating import render
 
 MONITORING_TEMPLATES = TEMPLATES / "monitoring"
-NPU_METRICS_SCRIPT = "/usr/local/lib/ascend-fleet/npu-metrics"
-NPU_METRICS_UNIT = "ascend-fleet-npu-metrics"
 NPU_METRICS_INTERVAL = "15s"
-TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 NODE_EXPORTER_PORT = 9100
 NGINX_EXPORTER_PORT = 9113
 NGINX_STATUS_PORT = 8080  # loopback only; the exporter's default scrape URI
 PROMETHEUS_PORT = 9090
-PROMETHEUS_DIR = "/etc/prometheus"
-RULES_FILE = f"{PROMETHEUS_DIR}/ascend-fleet.rules.yml"
-FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"
-NGINX_STATUS_CONFIG = "/etc/nginx/conf.d/ascend-fleet-status.conf"
 PROMETHEUS_READY_SECONDS = 60
 # Not Debian's default job names ("node" scrapes localhost:9100): the first start, on that default
 # config, leaves series behind that would read as a down exporter of ours.
@@ -68,16 +74,16 @@ def npu_exporter() -> None:
     """node_exporter, and the NPU metrics timer feeding its textfile collector."""
     apt.packages(name="node_exporter", packages=["prometheus-node-exporter"], no_recommends=True,
                  update=True, cache_time=3600)
-    defaults = files.put(name="node_exporter reads the NPU textfile", dest="/etc/default/prometheus-node-exporter",
+    defaults = files.put(name="node_exporter reads the NPU textfile", dest=NODE_EXPORTER_DEFAULTS,
                          src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2",
                                              textfile_dir=TEXTFILE_DIR, port=NODE_EXPORTER_PORT)), mode="644")
     systemd.service(name="node_exporter running", service="prometheus-node-exporter", running=True, enabled=True,
                     restarted=defaults.will_change)
     script = files.put(name="NPU metrics script", src=npu_metrics.__file__,
-                       dest=NPU_METRICS_SCRIPT, mode="755")
+                       dest=NPU_METRICS_PROGRAM, mode="755")
     units = [
-        files.put(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=f"/etc/systemd/system/{NPU_METRICS_UNIT}.{kind}",
-                  src=StringIO(render(MONITORING_TEMPLATES / f"npu-metrics.{kind}.j2", script=NPU_METRICS_SCRIPT,
+        files.put(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=unit_file(f"{NPU_METRICS_UNIT}.{kind}"),
+                  src=StringIO(render(MONITORING_TEMPLATES / f"npu-metrics.{kind}.j2", script=NPU_METRICS_PROGRAM,
                                       textfile_dir=TEXTFILE_DIR, interval=NPU_METRICS_INTERVAL)), mode="644")
         for kind in ("service", "timer")
     ]
@@ -107,30 +113,29 @@ def prometheus_server(config: NodeConfig) -> None:
                  content=render(MONITORING_TEMPLATES / "nginx-status.conf.j2", status_port=NGINX_STATUS_PORT))
     apt.packages(name="Prometheus and the nginx exporter", packages=["prometheus", "prometheus-nginx-exporter"],
                  no_recommends=True, update=True, cache_time=3600)
-    exporter = files.put(name="nginx exporter reads stub_status", dest="/etc/default/prometheus-nginx-exporter",
+    exporter = files.put(name="nginx exporter reads stub_status", dest=NGINX_EXPORTER_DEFAULTS,
                          src=StringIO(render(MONITORING_TEMPLATES / "nginx-exporter.default.j2",
                                              status_port=NGINX_STATUS_PORT, port=NGINX_EXPORTER_PORT)), mode="644")
     systemd.service(name="nginx exporter running", service="prometheus-nginx-exporter", running=True, enabled=True,
                     restarted=exporter.will_change)
 
-    files.directory(name="Prometheus targets directory", path=FILE_SD_DIR, mode="755")
+    files.directory(name="Prometheus targets directory", path=PROMETHEUS_FILE_SD_DIR, mode="755")
     for job, groups in scrape_targets().items():
-        files.put(name=f"Targets of {job}", dest=f"{FILE_SD_DIR}/{job}.json", mode="644",
+        files.put(name=f"Targets of {job}", dest=f"{PROMETHEUS_FILE_SD_DIR}/{job}.json", mode="644",
                   src=StringIO(render(MONITORING_TEMPLATES / "file_sd.json.j2", target_groups=groups)))
-    arguments = files.put(name="Prometheus command line", dest="/etc/default/prometheus", mode="644",
+    arguments = files.put(name="Prometheus command line", dest=PROMETHEUS_DEFAULTS, mode="644",
                           src=StringIO(render(MONITORING_TEMPLATES / "prometheus.default.j2",
                                               retention=monitoring.retention, port=PROMETHEUS_PORT)))
     systemd.service(name="Prometheus running", service="prometheus", running=True, enabled=True,
                     restarted=arguments.will_change)
-    checked_config(name="Alert rules (promtool check rules, then reload)", dest=RULES_FILE,
+    checked_config(name="Alert rules (promtool check rules, then reload)", dest=PROMETHEUS_RULES_FILE,
                    content=render(MONITORING_TEMPLATES / "ascend-fleet.rules.yml.j2", monitoring=monitoring),
-                   check=f"promtool check rules {RULES_FILE}", service="prometheus", what="alert rules")
-    config_file = f"{PROMETHEUS_DIR}/prometheus.yml"
-    checked_config(name="Prometheus config (promtool check config, then reload)", dest=config_file,
+                   check=f"promtool check rules {PROMETHEUS_RULES_FILE}", service="prometheus", what="alert rules")
+    checked_config(name="Prometheus config (promtool check config, then reload)", dest=PROMETHEUS_CONFIG,
                    content=render(MONITORING_TEMPLATES / "prometheus.yml.j2", monitoring=monitoring,
-                                  gateway_host=json.dumps(config.host), rules_file=RULES_FILE, jobs=SCRAPE_JOBS,
-                                  file_sd_dir=FILE_SD_DIR, prometheus_port=PROMETHEUS_PORT),
-                   check=f"promtool check config {config_file}", service="prometheus", what="Prometheus config")
+                                  gateway_host=json.dumps(config.host), rules_file=PROMETHEUS_RULES_FILE,
+                                  jobs=SCRAPE_JOBS, file_sd_dir=PROMETHEUS_FILE_SD_DIR, prometheus_port=PROMETHEUS_PORT),
+                   check=f"promtool check config {PROMETHEUS_CONFIG}", service="prometheus", what="Prometheus config")
     gates.passed(name="Prometheus ready", description=f"Prometheus ready on port {PROMETHEUS_PORT}",
                  find_problem=lambda: prometheus_problem(PROMETHEUS_PORT))
 

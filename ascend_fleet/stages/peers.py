@@ -26,12 +26,11 @@ from ascend_fleet.hostdata import NodeConfig, host_node_config
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
 from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
 from ascend_fleet.operations.config import checked_config
-from ascend_fleet.operations.python_stack import WHEEL_DIR
-from ascend_fleet.operations.vendor import PACKAGE_DIR, PEER_PACKAGES_PATH
+from ascend_fleet.node_layout import NGINX_DEFAULT_SITE, PACKAGE_DIR, PEER_SERVER_CONFIG, WHEEL_DIR
+from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
 from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
-PEER_SERVER_CONFIG = "/etc/nginx/conf.d/ascend-fleet-weights.conf"
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def peer_server(config: NodeConfig) -> None:
     """nginx serving this worker's published revisions, verified staging files and verified vendor
     packages to the fleet, read-only."""
     apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
-    files.link(name="No default site", path="/etc/nginx/sites-enabled/default", present=False)
+    files.link(name="No default site", path=NGINX_DEFAULT_SITE, present=False)
     content = render(TEMPLATES / "weights-peer-nginx.conf.j2", port=config.model.peer_port,
                      model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,
                      published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,

@@ -10,6 +10,7 @@ from pyinfra.operations import apt, dnf, server
 from ascend_fleet import FILES
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.node_layout import INSTALL_LOG
 from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import node_profile, package_family, runs_npus
@@ -68,7 +69,7 @@ def npu_problem(expected: int) -> str | None:
     status = host.get_fact(NpuStatus)
     if not status["ok"]:
         return (f"npu-smi fails: {status['error']}; check that the driver and firmware versions match "
-                "(profile) and /var/log/ascend-fleet-install.log")
+                f"(profile) and {INSTALL_LOG}")
     if len(status["npus"]) != expected:
         return (f"npu-smi lists {len(status['npus'])} NPUs but the inventory says npu_count={expected}; "
                 "fix the inventory or the hardware")

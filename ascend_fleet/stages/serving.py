@@ -15,7 +15,23 @@ from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_token
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig, host_node_config
-from ascend_fleet.node.stage_weights import MARKER_NAME, revision_dir
+from ascend_fleet.node_layout import (
+    GATEWAY_API_KEY_FILE,
+    GATEWAY_CONFIG,
+    HUB_TOKENS_FILE,
+    INSTANCE_ENV_DIR,
+    INSTANCE_HELPER,
+    MARKER_NAME,
+    NGINX_DEFAULT_SITE,
+    SERVICE_ENV_FILE,
+    SERVICE_HOME,
+    instance_env_file,
+    instance_home,
+    instance_state_directory,
+    instance_unit,
+    revision_dir,
+    unit_file,
+)
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
@@ -25,12 +41,6 @@ from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import vllm_args
 
-HELPER = "/usr/local/lib/ascend-fleet/ascend-fleet-instance"
-INSTANCE_ENV_DIR = "/etc/ascend-fleet/instances"
-# Root-only (0600) env files of the control machine's credentials (ascend_fleet/credentials.py).
-HUB_TOKENS_FILE = "/etc/ascend-fleet/hub-tokens.env"  # workers: the weights stager's hub tokens
-GATEWAY_API_KEY_FILE = "/etc/ascend-fleet/api-key.env"  # gateways: the key of the verify stage's probe
-GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 # A 72B model takes about 8 minutes to load on 4 cards (field notes); leave room for bigger ones.
 START_TIMEOUT_SECONDS = 1800
 STOP_TIMEOUT_SECONDS = 120
@@ -38,23 +48,14 @@ START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
 GATEWAY_UPSTREAM = {"max_fails": 2, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
 
 
-def unit_name(instance: Instance | str) -> str:
-    return f"ascend-fleet-{instance if isinstance(instance, str) else instance.name}.service"
-
-
-def instance_env_file(instance: Instance) -> str:
-    """Root-only: it holds the API key when one is configured."""
-    return f"{INSTANCE_ENV_DIR}/{instance.name}.env"
-
-
 def instance_problem(config: NodeConfig, instance: Instance) -> str | None:
     """An instance's gate, asked on its node: the one judgement of probes.judge_instance."""
     model_name = config.model.served_model_name
-    answers = answers_in_deploy(instance_queries(instance.port, instance_env_file(instance), model_name))
+    answers = answers_in_deploy(instance_queries(instance.port, instance_env_file(instance.name), model_name))
     verdict = judge_instance(answers, model_name)
     if verdict.ok:
         return None
-    unit = unit_name(instance)
+    unit = instance_unit(instance.name)
     return f"instance {unit} (port {instance.port}) {verdict.detail}; see `journalctl -u {unit}`"
 
 
@@ -62,7 +63,7 @@ def still_serving(config: NodeConfig, recorded: set[str] | None) -> set[str]:
     """Of the instances the record has for this host (all it lists, where it has none yet), those
     whose unit is active now: one that stopped or failed since leaves the gateway."""
     names = recorded if recorded is not None else {instance.name for instance in config.instances}
-    return {name for name in names if host.get_fact(UnitState, unit=unit_name(name))["ActiveState"] == "active"}
+    return {name for name in names if host.get_fact(UnitState, unit=instance_unit(name))["ActiveState"] == "active"}
 
 
 def all_but(name: str) -> Callable[[set[str] | None], set[str]]:
@@ -93,12 +94,14 @@ def weights_stage() -> None:
                   peer_urls=spread.peer_urls if spread else None, origin_start=spread.origin_start if spread else 0.0)
 
 
-def instance_unit(config: NodeConfig, instance: Instance, venv: str) -> str:
+def instance_unit_file(config: NodeConfig, instance: Instance, venv: str) -> str:
     """The systemd unit that runs one instance from the serving virtualenv `venv`."""
     model = config.model
     model_path = str(revision_dir(config.model_dir, model.id, model.revision))
     return render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
-                  revision=model.revision, service_user=config.service_user, helper=HELPER, venv=venv,
+                  revision=model.revision, service_user=config.service_user, helper=INSTANCE_HELPER, venv=venv,
+                  service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
+                  home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                   weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path),
                   start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
 
@@ -116,9 +119,9 @@ def serve_stage() -> None:
     profile, model = node_profile(), config.model
     user = config.service_user
     server.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
-                home="/var/lib/ascend-fleet", shell="/usr/sbin/nologin")
+                home=SERVICE_HOME, shell="/usr/sbin/nologin")
     files.put(name="Instance start checks", src=StringIO(render(TEMPLATES / "ascend-fleet-instance.sh.j2")),
-              dest=HELPER, mode="755")
+              dest=INSTANCE_HELPER, mode="755")
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
     if not config.serve_only:
         retire_instances(config)
@@ -126,11 +129,11 @@ def serve_stage() -> None:
         if config.serve_only and instance.name not in config.serve_only:
             continue
         unit = files.put(
-            name=f"Unit {unit_name(instance)}", dest=f"/etc/systemd/system/{unit_name(instance)}", mode="644",
-            src=StringIO(instance_unit(config, instance, profile.pip.venv)))
+            name=f"Unit {instance_unit(instance.name)}", dest=unit_file(instance_unit(instance.name)), mode="644",
+            src=StringIO(instance_unit_file(config, instance, profile.pip.venv)))
         environment = private.private_file(
-            name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance),
-            content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance,
+            name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),
+            content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),
                            settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
                            model_id=model.id, revision=model.revision, api_key=api_key()))
         changed = unit.will_change or environment.will_change
@@ -142,13 +145,13 @@ def serve_stage() -> None:
             served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
                                             why="restarting", fleet_state_dir=config.fleet_state_dir,
                                             still_serving=all_but(instance.name))
-        units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=unit_name(instance))
+        units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=instance_unit(instance.name))
         if routed:
             units.restarted_while_routed(
                 name=f"Instance {instance.name} restarted, {config.max_unavailable} at a time while the others serve",
-                unit=unit_name(instance), gateway_memory_seconds=config.gateway_fail_timeout,
+                unit=instance_unit(instance.name), gateway_memory_seconds=config.gateway_fail_timeout,
                 _parallel=config.max_unavailable)
-        systemd.service(name=f"Instance {instance.name} serving", service=unit_name(instance), running=True,
+        systemd.service(name=f"Instance {instance.name} serving", service=instance_unit(instance.name), running=True,
                         enabled=True, restarted=changed and not routed, daemon_reload=changed and not routed)
         served.instance_served(name=f"Instance {instance.name} in the gateway's record once healthy",
                                fleet_state_dir=config.fleet_state_dir, instance=instance.name,
@@ -161,7 +164,7 @@ def serving_through_gateway(config: NodeConfig, instance: Instance) -> bool:
     state = FleetState(config.fleet_state_dir)
     routed = counts_as_served(state.served(), config.host, instance.name) and \
         backend_key(config.host, instance.name) not in state.drained()
-    return routed and host.get_fact(UnitState, unit=unit_name(instance))["ActiveState"] == "active"
+    return routed and host.get_fact(UnitState, unit=instance_unit(instance.name))["ActiveState"] == "active"
 
 
 def retire_instances(config: NodeConfig) -> None:
@@ -172,13 +175,13 @@ def retire_instances(config: NodeConfig) -> None:
     for name in host.get_fact(InstanceEnvironments, directory=INSTANCE_ENV_DIR):
         if name in listed:
             continue
-        unit = unit_name(name)
+        unit = instance_unit(name)
         served.instances_out_of_service(name=f"Instance {name} out of the gateway's record", why="retired",
                                         fleet_state_dir=config.fleet_state_dir,
                                         still_serving=all_but(name))
         systemd.service(name=f"Instance {name} stopped (not in the data)", service=unit, running=False, enabled=False)
-        files.file(name=f"No unit {unit}", path=f"/etc/systemd/system/{unit}", present=False)
-        files.file(name=f"No environment of {name}", path=f"{INSTANCE_ENV_DIR}/{name}.env", present=False)
+        files.file(name=f"No unit {unit}", path=unit_file(unit), present=False)
+        files.file(name=f"No environment of {name}", path=instance_env_file(name), present=False)
         systemd.daemon_reload(name=f"Units without {name}")
 
 
@@ -222,7 +225,7 @@ def gateway_stage() -> None:
     if not config.is_gateway:
         return
     apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
-    files.link(name="No default site", path="/etc/nginx/sites-enabled/default", present=False)
+    files.link(name="No default site", path=NGINX_DEFAULT_SITE, present=False)
     # Made when the operation runs: the instances this run's serve stage found serving, and no others.
     gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG,
                          content=lambda: gateway_config(config))

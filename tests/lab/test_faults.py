@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ascend_fleet.operations.weights import STAGER_ON_NODE
+from ascend_fleet.node_layout import GATEWAY_CONFIG, WEIGHTS_STAGER
 from tests.lab.conftest import BIN, PROJECT, Lab
 from tests.lab.test_full_deploy import chat_through_gateway, restore_hardware, rewrite_hardware, totals, unit_starts
 
@@ -31,7 +31,6 @@ PREVIOUS_DRIVER = "Ascend-hdk-910b-npu-driver_24.1.0_linux-$(uname -m).run"
 PREVIOUS_TOOLKIT = "Ascend-cann-toolkit_8.3.RC2"
 PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
 UNITS = ("ascend-fleet-vllm-0.service", "ascend-fleet-vllm-1.service")
-GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 V2 = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "v2", "source": "http"})
 V2_DIR = "/mnt/nvme/models/lab/Qwen3-Tiny/v2"
 V2_PARTIAL = "/mnt/nvme/models/.partial/lab/Qwen3-Tiny/v2"
@@ -105,7 +104,7 @@ def staging_watcher(lab: Lab, node: str, action: str) -> str:
     script = (f"exec >{WATCH_LOG} 2>&1; "
               f"for i in $(seq 6000); do [ -n \"$(find {incoming} -type f 2>/dev/null)\" ] && break; "
               "sleep 0.1; done; "
-              f"p=$(pgrep -o -f '^python3 {STAGER_ON_NODE}'); "
+              f"p=$(pgrep -o -f '^python3 {WEIGHTS_STAGER}'); "
               "[ -n \"$p\" ] || { echo 'no stager running'; exit 1; }; kill -STOP $p; "
               f"echo \"$(date +%T.%N) stager $p frozen with: $(du -sb {incoming})\"; "
               f"{{ {action}; }}; echo \"$(date +%T.%N) action exit $?\"; kill -CONT $p")

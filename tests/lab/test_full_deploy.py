@@ -16,15 +16,14 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from ascend_fleet.node_layout import GATEWAY_CONFIG, PACKAGE_DIR
 from ascend_fleet.operations.python_stack import satisfies
-from ascend_fleet.operations.vendor import PACKAGE_DIR
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import Lab
 
 pytestmark = pytest.mark.lab
 
 WORKERS = ("worker1", "worker2", "worker3")
-GATEWAY_CONFIG = "/etc/nginx/conf.d/ascend-fleet.conf"
 FILLER = "/mnt/nvme/filler"
 # Every port the lab data's instances take, blue and green (issue 13): API 8000-8001 and the green
 # 8002-8003; VLLM_PORT 51000 + 16 per instance, four instances; HCCL 60000 + 16 per instance.

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from ascend_fleet import vllm_cpu
+from ascend_fleet.node_layout import instance_unit
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_NET, Lab, require_root
 
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.session_lab_part]
 
 MODEL = "lab/Qwen3-Tiny"
 MODEL_PATH = Path("/mnt/nvme/models/lab/Qwen3-Tiny/v1")
-UNIT = "ascend-fleet-vllm-0.service"
+UNIT = instance_unit("vllm-0")
 REAL_PORT = 8000
 # The simulated server beside it: its own port, NPUs, HCCL range and internal ports.
 SIM_PORT, SIM_NPUS, SIM_HCCL_PORT, SIM_VLLM_PORT = 8100, "4,5,6,7", 61000, 52000

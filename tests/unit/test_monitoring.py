@@ -15,7 +15,8 @@ import yaml
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.hostdata import Monitoring
-from ascend_fleet.stages.monitoring import FILE_SD_DIR, SCRAPE_JOBS
+from ascend_fleet.node_layout import PROMETHEUS_FILE_SD_DIR
+from ascend_fleet.stages.monitoring import SCRAPE_JOBS
 from ascend_fleet.templating import render
 
 PROMTOOL = shutil.which("promtool")
@@ -41,7 +42,7 @@ def test_rules_and_config_pass_promtool_check(tmp_path):
     config = tmp_path / "prometheus.yml"
     config.write_text(render(TEMPLATES / "monitoring" / "prometheus.yml.j2", monitoring=monitoring,
                              gateway_host='"gw-01"', rules_file=str(rules), jobs=SCRAPE_JOBS,
-                             file_sd_dir=FILE_SD_DIR, prometheus_port=9090))
+                             file_sd_dir=PROMETHEUS_FILE_SD_DIR, prometheus_port=9090))
     result = promtool("check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     parsed = yaml.safe_load(config.read_text())

@@ -25,11 +25,11 @@ UNIT_OF_FIRST_WORKER = textwrap.dedent("""
     import ascend_fleet
     from ascend_fleet.fleet import fleet_node_configs, load_inventory
     from ascend_fleet.profile import load_profile
-    from ascend_fleet.stages.serving import instance_unit
+    from ascend_fleet.stages.serving import instance_unit_file
     config = next(c for c in fleet_node_configs(load_inventory(__import__("pathlib").Path("inventories/prod.py")))
                   if c.is_worker)
     print(ascend_fleet.__file__)
-    print(instance_unit(config, config.instances[0], load_profile(config.profile).pip.venv))
+    print(instance_unit_file(config, config.instances[0], load_profile(config.profile).pip.venv))
 """)
 
 

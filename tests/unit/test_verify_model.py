@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_fleet.hostdata import Model, NodeConfig
+from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.profile import load_profile
 from ascend_fleet.stages import checks
 
@@ -23,7 +24,7 @@ class ProbeAnswer:
 
     def get_fact(self, fact, **kwargs):
         assert fact is checks.VenvPython and kwargs["code"] == checks.MODEL_PROBE.format(
-            path="/mnt/nvme/models/lab/Qwen3.5-Tiny-A1B-W8A8/v1")
+            path="/mnt/nvme/models/lab/Qwen3.5-Tiny-A1B-W8A8/v1", manifest=MANIFEST_NAME)
         return {"ok": True, "output": self.line}
 
 

@@ -19,6 +19,7 @@ from ascend_fleet.cli import build_app
 from ascend_fleet.plan_cli import layout
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
+from ascend_fleet.node_layout import SERVICE_ENV_FILE, instance_env_file, instance_home, instance_state_directory
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
 from tests.unit.test_fleet import FLEET, MODELS, write_fleet
@@ -79,6 +80,8 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     unit.write_text(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id="m", revision="r",
                            service_user="root", helper="/bin/true", venv=Path(sys.executable).parents[1],
                            weights_marker="/x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),
+                           service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
+                           home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                            start_timeout=60, stop_timeout=30, start_limit_burst=3, start_limit_interval=300))
     clean = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True)
     assert (clean.returncode, clean.stdout, clean.stderr) == (0, "", "")

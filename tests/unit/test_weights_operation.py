@@ -59,7 +59,7 @@ def stager_words(**overrides) -> list[str]:
 
 def test_stager_command_is_what_the_stager_parses():
     words = stager_words(tokens_env_file="/etc/ascend-fleet/hub-tokens.env", model_dir="/mnt/my models")
-    assert words[:2] == ["python3", weights.STAGER_ON_NODE]
+    assert words[:2] == ["python3", weights.WEIGHTS_STAGER]
     args = parse_args(words[2:])
     assert (args.host, args.model_id, args.revision, args.source) == ("worker1", "lab/Qwen3-Tiny", "v1", "http")
     assert str(args.model_dir) == "/mnt/my models" and args.min_free_margin_bytes == 1024

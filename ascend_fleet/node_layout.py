@@ -1,0 +1,87 @@
+"""Where ascend-fleet puts things on a node: every path, systemd unit and file name, once.
+
+The deploy's stages and operations, the facts that read them back, `status` and the rollout
+take them from here, and templates get them as variables. The names the node programs write
+themselves (the weights stager's marker and manifest) are theirs, re-exported here. The vendor's
+own layout (/usr/local/Ascend and its set_env.sh files) is in facts/ascend.py, beside the facts
+that read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from ascend_fleet.node import stage_weights
+
+# What the weights stager writes under a model directory, as it names it.
+MANIFEST_NAME, MARKER_NAME, revision_dir = stage_weights.MANIFEST_NAME, stage_weights.MARKER_NAME, stage_weights.revision_dir
+
+CONFIG_DIR = "/etc/ascend-fleet"
+SERVICE_ENV_FILE = f"{CONFIG_DIR}/npu.env"  # the NPU environment every instance starts with
+INSTANCE_ENV_DIR = f"{CONFIG_DIR}/instances"  # <name>.env, root only: an instance's own settings and key
+# Root-only (0600) env files of the control machine's credentials (ascend_fleet/credentials.py).
+HUB_TOKENS_FILE = f"{CONFIG_DIR}/hub-tokens.env"  # workers: the weights stager's hub tokens
+GATEWAY_API_KEY_FILE = f"{CONFIG_DIR}/api-key.env"  # gateways: the key of the verify stage's probe
+FIREWALL_RULES_FILE = f"{CONFIG_DIR}/instance-firewall.nft"
+
+PROGRAM_DIR = "/usr/local/lib/ascend-fleet"  # the node programs of ascend_fleet/node, and the unit helper
+INSTANCE_HELPER = f"{PROGRAM_DIR}/ascend-fleet-instance"
+WEIGHTS_STAGER = f"{PROGRAM_DIR}/stage_weights.py"
+WHEELS_HELPER = f"{PROGRAM_DIR}/peer_wheels.py"
+NPU_METRICS_PROGRAM = f"{PROGRAM_DIR}/npu-metrics"
+
+SYSTEMD_STATE_ROOT = "/var/lib"  # what a unit's StateDirectory= is relative to
+SERVICE_HOME = f"{SYSTEMD_STATE_ROOT}/ascend-fleet"  # the service user's home; each instance's below it
+CACHE_DIR = "/var/cache/ascend-fleet"
+PACKAGE_DIR = f"{CACHE_DIR}/packages"  # verified vendor packages, also served to peers
+WHEEL_DIR = f"{CACHE_DIR}/wheels"  # verified wheels, also served to peers
+INSTALL_LOG = "/var/log/ascend-fleet-install.log"  # every vendor installer's output
+
+LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
+SYSCTL_FILE = "/etc/sysctl.d/90-ascend-fleet.conf"
+SYSTEMD_DIR = "/etc/systemd/system"
+FIREWALL_UNIT = "ascend-fleet-firewall.service"
+GOVERNOR_UNIT = "ascend-fleet-cpu-governor.service"
+NPU_METRICS_UNIT = "ascend-fleet-npu-metrics"  # a .service and a .timer
+
+NGINX_CONF_DIR = "/etc/nginx/conf.d"
+GATEWAY_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet.conf"
+NGINX_STATUS_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-status.conf"
+PEER_SERVER_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-weights.conf"
+NGINX_DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
+NGINX_ERROR_LOG = "/var/log/nginx/error.log"
+
+PROMETHEUS_DIR = "/etc/prometheus"
+PROMETHEUS_CONFIG = f"{PROMETHEUS_DIR}/prometheus.yml"
+PROMETHEUS_RULES_FILE = f"{PROMETHEUS_DIR}/ascend-fleet.rules.yml"
+PROMETHEUS_FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"  # <job>.json: the targets of each scrape job
+# The Debian packages' defaults files, which hold the daemons' command lines.
+PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
+NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+NGINX_EXPORTER_DEFAULTS = "/etc/default/prometheus-nginx-exporter"
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile collector reads the NPU metrics here
+
+
+def unit_file(unit: str) -> str:
+    return f"{SYSTEMD_DIR}/{unit}"
+
+
+def instance_unit(name: str) -> str:
+    """The systemd unit of the instance called name."""
+    return f"ascend-fleet-{name}.service"
+
+
+def instance_env_file(name: str) -> str:
+    """Root-only: it holds the API key when one is configured."""
+    return f"{INSTANCE_ENV_DIR}/{name}.env"
+
+
+def instance_home(name: str) -> str:
+    """The instance's HOME and working directory (its caches below it)."""
+    return f"{SERVICE_HOME}/{name}"
+
+
+def instance_state_directory(name: str) -> str:
+    """instance_home as the unit's StateDirectory= names it (systemd creates it, owned by the service user)."""
+    return str(PurePosixPath(instance_home(name)).relative_to(SYSTEMD_STATE_ROOT))
+
