@@ -27,13 +27,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from safetensors.numpy import save_file
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
+from ascend_fleet.errors import FleetError
+from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 
-MANIFEST_NAME = "ascend-fleet-manifest.json"
+try:
+    import numpy as np
+    from safetensors.numpy import save_file
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+except ModuleNotFoundError as missing:
+    raise FleetError(f"the lab builds its models with {missing.name}, which is not installed; "
+                     "pip install 'ascend-fleet[lab]' (scripts/setup does)") from None
 INDEX_NAME = "model.safetensors.index.json"
 PROBE_TEXT = "Ascend 910B serves Qwen3 on vLLM: 你好, world! 12345 <|im_end|>"
 
