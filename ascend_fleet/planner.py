@@ -782,26 +782,40 @@ def check_node_instances(instances: Sequence[InstanceRecord]) -> list[Finding]:
     return findings + [Finding(ERROR, "shared-port", str(clash)) for clash in port_clashes(instances)]
 
 
-def version_key(version: str) -> tuple[tuple[int, ...], int]:
-    """Order versions: 4.57.0.dev0 < 4.57 == 4.57.0 < 4.57.1 (release numbers, then pre-releases first)."""
-    release = []
-    final = 1
-    for part in version.split("."):
-        number = re.match(r"\d+", part)
-        if number is None:
-            final = 0
-            break
-        release.append(int(number.group()))
-        if number.end() < len(part):
-            final = 0
-            break
-    while release and release[-1] == 0:
-        release.pop()
-    return tuple(release), final
+# PEP 440's version scheme, as packaging.version parses it (the planner is standard library only).
+_PYTHON_VERSION = re.compile(
+    r"^v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?P<pre>a|b|c|rc|alpha|beta|pre|preview)[-_.]?(?P<pre_n>\d*))?"
+    r"(?:-(?P<post_implicit>\d+)|[-_.]?(?:post|rev|r)[-_.]?(?P<post_n>\d*))?"
+    r"(?:[-_.]?(?P<dev>dev)[-_.]?(?P<dev_n>\d*))?"
+    r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?$", re.IGNORECASE)
+_PRE_RELEASE_ORDER = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+
+
+def python_version_key(version: str) -> tuple:
+    """Order Python package versions as pip does (PEP 440): 4.57.0.dev0 < 4.57rc1 < 4.57 == 4.57.0 <
+    4.57.0+cpu < 4.57.0.post1 < 4.57.1. Huawei's versions are ordered by ascend_fleet.versions."""
+    match = _PYTHON_VERSION.match(version.strip())
+    if match is None:
+        raise ValueError(f"{version!r} is not a PEP 440 version")
+    release = tuple(int(part) for part in match["release"].split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]
+    has_post = match["post_implicit"] is not None or match["post_n"] is not None
+    # packaging's order: a dev release of X (no pre or post) before X's pre-releases, X after them.
+    if match["pre"]:
+        pre = (0, _PRE_RELEASE_ORDER[match["pre"].lower()], int(match["pre_n"] or 0))
+    else:
+        pre = (-1,) if match["dev"] and not has_post else (1,)
+    post = (int(match["post_implicit"] or match["post_n"] or 0),) if has_post else (-1,)
+    dev = (0, int(match["dev_n"] or 0)) if match["dev"] else (1,)
+    local = tuple((1, int(part), "") if part.isdigit() else (0, 0, part.lower())
+                  for part in re.split(r"[-_.]", match["local"])) if match["local"] else ()
+    return int(match["epoch"] or 0), release, pre, post, dev, local
 
 
 def _version_at_least(version: str, minimum: str) -> bool:
-    return version_key(version) >= version_key(minimum)
+    return python_version_key(version) >= python_version_key(minimum)
 
 
 def speculates_with_mtp(speculative_config: Mapping | None) -> bool:

@@ -37,7 +37,7 @@ from ascend_fleet.planner import (
     linear_state_bytes_per_sequence,
     plan_instance,
     reserved_ports,
-    version_key,
+    python_version_key,
     weight_bytes,
     weight_bytes_per_npu,
 )
@@ -394,9 +394,22 @@ def test_the_recorded_first_releases_hold_for_the_shipped_profiles():
     assert check_model_support("m", "qwen3", "old", stacks["vllm-ascend-0.13.0"], support) == []
 
 
-def test_version_ordering():
-    assert version_key("4.57.0.dev0") < version_key("4.57.0") < version_key("4.57.1") < version_key("4.100.0")
-    assert version_key("0.9.2") < version_key("0.10.0rc1") < version_key("0.10") == version_key("0.10.0")
+# Versions the profiles pin or the planner compares against: pre-, post- and dev releases, and the
+# local labels of CPU builds (torch 2.9.0+cpu, vllm 0.32.0+cpu).
+PYTHON_VERSIONS = ["4.57.0.dev0", "4.57", "4.57.0", "4.57.1", "4.100.0", "0.9.2", "0.10.0rc1", "0.10", "0.18.0a1",
+                   "0.18.0b2", "0.18.0rc1", "0.18.0", "0.18.0.post1", "0.18.0.post1.dev2", "0.18.0.dev0",
+                   "0.32.0+cpu", "0.32.0", "2.9.0+cpu", "2.9.0+cpu.1", "2.9.0+cpu.10", "2.9.0+2", "1!0.1"]
+
+
+def test_python_versions_are_ordered_as_pip_orders_them():
+    from packaging.version import Version  # the planner itself is standard library only
+
+    def sign(a, b) -> int:
+        return (a > b) - (a < b)
+
+    disagree = [(a, b) for a in PYTHON_VERSIONS for b in PYTHON_VERSIONS
+                if sign(python_version_key(a), python_version_key(b)) != sign(Version(a), Version(b))]
+    assert disagree == []
 
 
 def test_blue_green_refuses_when_both_models_cannot_be_resident():

@@ -11,8 +11,8 @@ import yaml
 
 from ascend_fleet import PROFILES
 from ascend_fleet.errors import FleetError
+from ascend_fleet.planner import python_version_key
 from ascend_fleet.profile import available_profiles, load_profile
-from ascend_fleet.versions import version_key
 
 # vllm-ascend's versioning policy, as the field notes copy it (section 3): the one
 # place the tests keep the upstream matrix.
@@ -46,7 +46,7 @@ def follows_row(profile, release: str) -> bool:
     low, high = row["python"]
     return (stack.vllm_ascend == release and stack.vllm == row["vllm"] and stack.cann == row["cann"]
             and stack.torch == row["torch"] and stack.torch_npu == WHEEL_TORCH_NPU.get(release, row["torch_npu"])
-            and version_key(low) <= version_key(stack.python) <= version_key(high))
+            and python_version_key(low) <= python_version_key(stack.python) <= python_version_key(high))
 
 
 def test_every_required_profile_ships():
