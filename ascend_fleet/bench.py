@@ -33,7 +33,8 @@ from rich.table import Table
 from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node import stage_weights
 from ascend_fleet.profile import load_profile
 from ascend_fleet.vllm_cpu import (

@@ -25,7 +25,8 @@ from functools import cache
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import COLOURS
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.templating import render
 
 FAMILY, TABLE = "inet", "ascend_fleet"

@@ -21,7 +21,8 @@ from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.planner import (
     DEFAULT_POLICY,
     ERROR,

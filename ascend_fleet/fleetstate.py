@@ -3,7 +3,7 @@
 - `gateway.json`: the instances the gateway must keep out of rotation (`drained`, as
   `host/instance`), and which colour of instances each worker serves with (`colours`,
   blue unless recorded; a blue/green swap flips it). Every deploy reads it (the gateway
-  stage, and hostdata.host_node_config for the instances), so a plain
+  stage, and host_config.host_node_config for the instances), so a plain
   `pyinfra INVENTORY deploys/full.py` never puts back an instance a stopped rollout
   left drained, nor starts the colour a swap stopped.
 - `served` in `gateway.json`: per worker, the instances that passed their gate since they last

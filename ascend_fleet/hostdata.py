@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Mapping
-from weakref import WeakKeyDictionary
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
-from ascend_fleet.fleetstate import BLUE, COLOURS, FleetState
+from ascend_fleet.fleetstate import BLUE, COLOURS
 from ascend_fleet.planner import (
     CHIPS,
     DTYPE_BYTES,
@@ -323,35 +322,6 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
         key, what = problem
         raise FleetError(f"{host}: {key}: {what}")
     return config
-
-
-# Each host's config, validated once per pyinfra run: stages read every other host's config
-# (peers, firewall, gateway, monitoring), which would otherwise cost the fleet size squared.
-# Nothing a config is made from changes during a run (host data, the colours in the fleet state;
-# a run writes only the served record, which no config reads); outside one (a rollout's own
-# process, which records colours between its runs) nothing is kept.
-_RUN_CONFIGS: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def host_node_config(host, colour: str | None = None) -> NodeConfig:
-    """NodeConfig of a pyinfra Host: host.data already merges inventory, group and all data. Its
-    instances are those of `colour`, else of the data's `colour` (a swap starting the other set),
-    else of the colour the fleet state records as serving."""
-    run = getattr(host, "state", None)
-    if run is None:
-        return _host_node_config(host, colour)
-    configs = _RUN_CONFIGS.setdefault(run, {})
-    if (host.name, colour) not in configs:
-        configs[host.name, colour] = _host_node_config(host, colour)
-    return configs[host.name, colour]
-
-
-def _host_node_config(host, colour: str | None) -> NodeConfig:
-    data = host.data.dict()
-    if colour is None and "colour" not in data:
-        state_dir = data.get("fleet_state_dir") or NodeConfig.model_fields["fleet_state_dir"].default
-        colour = FleetState(state_dir).colour(host.name)
-    return node_config({**data, "colour": colour} if colour else data, host.name)
 
 
 def _with_derived_values(config: NodeConfig) -> NodeConfig:

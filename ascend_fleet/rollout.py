@@ -48,7 +48,8 @@ from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
-from ascend_fleet.hostdata import Instance, Model, NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.node_layout import instance_env_file, revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.probes import (

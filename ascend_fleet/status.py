@@ -29,7 +29,8 @@ from rich.text import Text
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleet import load_inventory
-from ascend_fleet.hostdata import Instance, NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile

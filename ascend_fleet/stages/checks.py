@@ -22,7 +22,8 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import GATEWAY_API_KEY_FILE, MANIFEST_NAME, NGINX_ERROR_LOG, revision_dir
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES

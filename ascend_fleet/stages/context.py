@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.facts.server import LinuxDistribution
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.host_config import host_node_config
 from ascend_fleet.profile import Profile, load_profile
 
 APT_DISTRIBUTIONS = {"Debian", "Ubuntu"}

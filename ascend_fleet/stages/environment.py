@@ -12,7 +12,7 @@ from pyinfra.operations import files, server, systemd
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import ASCEND_HOME
 from ascend_fleet.fleetstate import COLOURS
-from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import CONFIG_DIR, GOVERNOR_UNIT, LOGIN_SCRIPT, SERVICE_ENV_FILE, SYSCTL_FILE, unit_file
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.environment import service_env_file

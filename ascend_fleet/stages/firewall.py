@@ -20,7 +20,7 @@ from ascend_fleet.firewall import (
     instance_sources,
     peer_sources,
 )
-from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, unit_file
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.firewall import nft_table, nft_table_absent

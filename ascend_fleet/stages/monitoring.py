@@ -20,7 +20,8 @@ from pyinfra.operations import apt, files, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import HttpAnswer
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node import npu_metrics
 from ascend_fleet.node_layout import (
     NGINX_EXPORTER_DEFAULTS,

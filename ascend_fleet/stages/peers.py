@@ -22,7 +22,8 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
 from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
 from ascend_fleet.operations.config import checked_config

@@ -9,7 +9,8 @@ from pyinfra.operations import apt, dnf, server
 
 from ascend_fleet import FILES
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
-from ascend_fleet.hostdata import NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import INSTALL_LOG
 from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile

@@ -8,7 +8,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, dnf, pip
 
 from ascend_fleet.facts.ascend import VenvPython
-from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.host_config import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
 from ascend_fleet.stages.context import node_profile, package_family, pip_index_url, runs_npus

@@ -14,7 +14,8 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
-from ascend_fleet.hostdata import Gateway, Instance, NodeConfig, host_node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import Gateway, Instance, NodeConfig
 from ascend_fleet.node_layout import (
     GATEWAY_API_KEY_FILE,
     GATEWAY_CONFIG,

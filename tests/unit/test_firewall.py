@@ -13,7 +13,7 @@ from ascend_fleet import firewall
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.fleet import load_inventory
-from ascend_fleet.hostdata import host_node_config
+from ascend_fleet.host_config import host_node_config
 
 PROJECT = Path(__file__).resolve().parents[2]
 # What the control machine's resolver says about the example fleet's names.

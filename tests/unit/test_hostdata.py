@@ -8,7 +8,8 @@ import pytest
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.hostdata import NodeConfig, host_node_config, node_config
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig, node_config
 
 WORKER = {
     "profile": "vllm-ascend-0.13.0",
