@@ -38,14 +38,15 @@ import traceback
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import click
 import requests
+from pydantic import BaseModel, Field, ValidationError
 from pyinfra.api import Inventory
 
 from ascend_fleet.credentials import api_headers
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.host_config import host_node_config
@@ -220,9 +221,52 @@ def split_wave(name: str, hosts: list[str], instances: dict[str, list[str]], max
     return [Batch(f"{name} ({i}/{len(batches)})", b.hosts, b.serve_only) for i, b in enumerate(batches, start=1)]
 
 
-def step_record(name: str, hosts: list[str], backends: list[Backend], deploy: str, data: dict) -> dict:
-    return {"name": name, "hosts": hosts, "instances": [b.key for b in backends], "deploy": deploy, "data": data,
-            "status": "pending", "seconds": None, "detail": ""}
+class Step(BaseModel):
+    """One step of a rollout or swap: drain `instances` at the gateway, run `deploy` with `data` on
+    `hosts`, gate, undrain. A blue/green step (`colours` set) starts each host's other colour
+    instead, switches the gateway to it and stops the old one."""
+
+    name: str
+    hosts: list[str]
+    instances: list[str]  # backend keys, host/instance
+    deploy: str
+    data: dict
+    status: Literal["pending", "running", "failed", "done"] = "pending"
+    seconds: float | None = None
+    detail: str = ""  # why it failed
+    colours: dict[str, str] | None = None  # blue/green: the colour each host moves to
+    data_done: dict | None = None  # blue/green: the data once switched (the new model)
+    data_back: dict | None = None  # blue/green: the data that keeps the old colour's model
+
+    @property
+    def blue_green(self) -> bool:
+        return self.colours is not None
+
+    def mark(self, status: str, detail: str = "", started: float | None = None) -> None:
+        self.status, self.detail = status, detail
+        if started is not None:
+            self.seconds = round(time.monotonic() - started, 1)
+
+
+class Record(BaseModel):
+    """A rollout, swap or rollback as the fleet state keeps it (fleetstate.py): `--resume` goes on
+    at its first step not done, `--abandon` closes it."""
+
+    kind: Literal["rollout", "swap-model", "swap-model rollback"]
+    inventory: str
+    steps: list[Step]
+    finished: bool = False
+    deploy: str | None = None  # a rollout's deploy file
+    data: dict = Field(default_factory=dict)  # a rollout's --data
+    model: dict | None = None  # a swap's new model
+    abandoned: dict | None = None  # when, and the instances it left out of the gateway
+
+    def instances(self) -> set[str]:
+        return {key for step in self.steps for key in step.instances}
+
+
+def step_of(name: str, hosts: list[str], backends: list[Backend], deploy: str, data: dict) -> Step:
+    return Step(name=name, hosts=hosts, instances=[b.key for b in backends], deploy=deploy, data=data)
 
 
 # ------------------------------------------------------------------ checks over HTTP
@@ -300,11 +344,26 @@ def pyinfra_failure(output: str, hosts: list[str]) -> str:
 class Runner:
     """Runs the steps of one record: drain, wait, deploy, gate, undrain; progress told to `report`."""
 
-    def __init__(self, fleet: Fleet, record: dict, report: Callable[[dict, str], None], drain_timeout: float,
+    def __init__(self, fleet: Fleet, record: Record | None, report: Callable[[Step, str], None], drain_timeout: float,
                  pause: float = 0):
         self.fleet, self.record, self.report = fleet, record, report
         self.drain_timeout, self.pause = drain_timeout, pause
         self.log_dir = fleet.state.directory / "logs"
+
+    def save(self) -> None:
+        self.fleet.state.save_rollout(self.record.model_dump())
+
+    def begin(self, step: Step, what: str) -> None:
+        step.mark("running")
+        self.save()
+        self.report(step, what)
+
+    def end(self, step: Step, started: float, failure: str | None = None) -> bool:
+        """The step done, or failed with `failure` saying why: recorded and told; True when done."""
+        step.mark("failed" if failure else "done", failure or "", started)
+        self.save()
+        self.report(step, step.status)
+        return failure is None
 
     def pyinfra(self, deploy: str, hosts: list[str], data: dict, label: str) -> str | None:
         """Run a deploy on hosts; None, or one line saying why it failed (full output in the log)."""
@@ -326,7 +385,7 @@ class Runner:
         self.fleet.state.set_drained(drained)
         return self.pyinfra(GATEWAY_DEPLOY, self.fleet.gateways, self.fleet.data, label)
 
-    def wait_idle(self, backends: list[Backend], step: dict) -> str | None:
+    def wait_idle(self, backends: list[Backend], step: Step) -> str | None:
         time.sleep(DRAIN_SETTLE_SECONDS)
         deadline = time.monotonic() + self.drain_timeout
         while (running := self.running(backends)) and any(running.values()):
@@ -342,13 +401,13 @@ class Runner:
         answers = instance_answers(self.fleet, backends, (METRICS,))
         return {key: running_requests(answer[METRICS]) for key, answer in answers.items()}
 
-    def expected_paths(self, step: dict, backends: list[Backend]) -> dict[str, str | None]:
+    def expected_paths(self, step: Step, backends: list[Backend]) -> dict[str, str | None]:
         """Where each instance must serve its model from when the step sets the model (a swap)."""
-        model = step["data"].get("model")
+        model = step.data.get("model")
         return {b.key: str(revision_dir(self.fleet.configs[b.host].model_dir, model["id"], model["revision"]))
                 if model else None for b in backends}
 
-    def gate(self, step: dict, backends: list[Backend]) -> tuple[str, str] | None:
+    def gate(self, step: Step, backends: list[Backend]) -> tuple[str, str] | None:
         """(where, what) of the first instance of the step that fails its gates, or None."""
         if not (failing := failing_gates(self.fleet, backends, self.expected_paths(step, backends))):
             return None
@@ -362,76 +421,63 @@ class Runner:
                 return f"gateway {url} gate completion", problem
         return None
 
-    def run_step(self, step: dict) -> bool:
-        """One step; on failure the step's instances stay drained and step['detail'] says why."""
-        if step.get("colours"):
+    def run_step(self, step: Step) -> bool:
+        """One step; on failure the step's instances stay drained and step.detail says why."""
+        if step.blue_green:
             return self.run_blue_green_step(step)
         started = time.monotonic()
-        backends = [b for b in self.fleet.all_backends() if b.key in step["instances"]]
+        backends = [b for b in self.fleet.all_backends() if b.key in step.instances]
 
         def fail(where: str, detail: str) -> bool:
-            step.update(status="failed", detail=f"{where}: {detail}", seconds=round(time.monotonic() - started, 1))
-            self.fleet.state.save_rollout(self.record)
-            self.report(step, "failed")
-            return False
+            return self.end(step, started, f"{where}: {detail}")
 
-        step.update(status="running", detail="")
-        self.fleet.state.save_rollout(self.record)
-        self.report(step, "draining at the gateway")
-        drained = self.fleet.state.drained() | set(step["instances"])
-        if (problem := self.set_gateway(drained, f"drain {step['name']}")) is not None:
+        self.begin(step, "draining at the gateway")
+        drained = self.fleet.state.drained() | set(step.instances)
+        if (problem := self.set_gateway(drained, f"drain {step.name}")) is not None:
             return fail("gateway", problem)
         if (problem := self.wait_idle(backends, step)) is not None:
             return fail("drain", problem)
-        self.report(step, f"deploying {step['deploy']}")
-        if (problem := self.pyinfra(step["deploy"], step["hosts"], step["data"], step["name"])) is not None:
+        self.report(step, f"deploying {step.deploy}")
+        if (problem := self.pyinfra(step.deploy, step.hosts, step.data, step.name)) is not None:
             return fail("deploy", problem)
         self.report(step, "gating")
         if (failed := self.gate(step, backends)) is not None:
             return fail(*failed)
         self.report(step, "back into the gateway")
-        if (problem := self.set_gateway(self.fleet.state.drained() - set(step["instances"]),
-                                        f"undrain {step['name']}")) is not None:
+        if (problem := self.set_gateway(self.fleet.state.drained() - set(step.instances),
+                                        f"undrain {step.name}")) is not None:
             return fail("gateway", problem)
         if (failed := self.gateway_gate()) is not None:
             return fail(*failed)
-        step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
-        self.fleet.state.save_rollout(self.record)
-        self.report(step, "done")
-        return True
+        return self.end(step, started)
 
-    def run_blue_green_step(self, step: dict) -> bool:
+    def run_blue_green_step(self, step: Step) -> bool:
         """Start the other colour on the new model beside the serving one, gate it, flip the recorded
         colour and point the gateway at it, drain the old colour and stop it. Until the flip the old
         colour serves untouched; a failure before it stops the new colour again."""
         started = time.monotonic()
-        state, hosts = self.fleet.state, step["hosts"]
+        state, hosts = self.fleet.state, step.hosts
         old = {host: state.colour(host) for host in hosts}
-        new_backends = [b for host in hosts for b in self.fleet.backends_in(host, step["colours"][host])]
+        new_backends = [b for host in hosts for b in self.fleet.backends_in(host, step.colours[host])]
         old_backends = [b for host in hosts for b in self.fleet.backends_in(host, old[host])]
 
         def fail(where: str, detail: str, flipped: bool = False) -> bool:
             if flipped:
                 state.set_colours(old)
-                self.set_gateway(state.drained(), f"back to {step['name']}")
+                self.set_gateway(state.drained(), f"back to {step.name}")
             self.report(step, "stopping the new instances")
-            self.pyinfra(SERVE_DEPLOY, hosts, step["data_back"], f"stop new {step['name']}")
-            step.update(status="failed", detail=f"{where}: {detail}", seconds=round(time.monotonic() - started, 1))
-            state.save_rollout(self.record)
-            self.report(step, "failed")
-            return False
+            self.pyinfra(SERVE_DEPLOY, hosts, step.data_back, f"stop new {step.name}")
+            return self.end(step, started, f"{where}: {detail}")
 
-        step.update(status="running", detail="")
-        state.save_rollout(self.record)
-        self.report(step, "starting the new instances beside the serving ones")
-        if (problem := self.pyinfra(SERVE_DEPLOY, hosts, step["data"], f"start {step['name']}")) is not None:
+        self.begin(step, "starting the new instances beside the serving ones")
+        if (problem := self.pyinfra(SERVE_DEPLOY, hosts, step.data, f"start {step.name}")) is not None:
             return fail("deploy", problem)
         self.report(step, "gating the new instances")
         if (failed := self.gate(step, new_backends)) is not None:
             return fail(*failed)
         self.report(step, "switching the gateway")
-        state.set_colours(step["colours"])
-        if (problem := self.set_gateway(state.drained(), f"switch {step['name']}")) is not None:
+        state.set_colours(step.colours)
+        if (problem := self.set_gateway(state.drained(), f"switch {step.name}")) is not None:
             return fail("gateway", problem, flipped=True)
         if (failed := self.gateway_gate()) is not None:
             return fail(*failed, flipped=True)
@@ -441,28 +487,21 @@ class Runner:
         # Prometheus scrapes the instances that serve now, not the stopped ones.
         for deploy, hosts_of, what in ((SERVE_DEPLOY, hosts, "stopping the old instances"),
                                        (MONITORING_DEPLOY, self.fleet.gateways, "Prometheus targets")):
-            if (problem := self.pyinfra(deploy, hosts_of, step["data_done"], f"{what} {step['name']}")) is not None:
-                step.update(status="failed", detail=f"the new model serves; {what} failed: {problem}",
-                            seconds=round(time.monotonic() - started, 1))
-                state.save_rollout(self.record)
-                self.report(step, "failed")
-                return False
-        step.update(status="done", detail="", seconds=round(time.monotonic() - started, 1))
-        state.save_rollout(self.record)
-        self.report(step, "done")
-        return True
+            if (problem := self.pyinfra(deploy, hosts_of, step.data_done, f"{what} {step.name}")) is not None:
+                return self.end(step, started, f"the new model serves; {what} failed: {problem}")
+        return self.end(step, started)
 
     def run(self) -> bool:
         """Every step not yet done, in order, pausing between them; False at the first failure."""
-        pending = [step for step in self.record["steps"] if step["status"] != "done"]
+        pending = [step for step in self.record.steps if step.status != "done"]
         for index, step in enumerate(pending):
             if not self.run_step(step):
                 return False
             if self.pause and index < len(pending) - 1:
                 self.report(step, f"done; pausing {self.pause:g}s")
                 time.sleep(self.pause)
-        self.record["finished"] = True
-        self.fleet.state.save_rollout(self.record)
+        self.record.finished = True
+        self.save()
         return True
 
     def abandon(self) -> dict[str, str]:
@@ -470,7 +509,7 @@ class Runner:
         it passes its gates, and close the record: {instance: why} for each that stays out (still
         drained; after a fix, another abandon of the closed record tries them again)."""
         state = self.fleet.state
-        ours = state.drained() & record_instances(self.record)
+        ours = state.drained() & self.record.instances()
         backends = {b.key: b for b in self.fleet.all_backends()}
         left_out = {}
         # An instance the data no longer lists is in no upstream: it only leaves the drained set.
@@ -489,8 +528,9 @@ class Runner:
                 state.set_drained(before)  # as the gateways that kept their config (nginx -t first) have it
                 raise FleetError(f"the gateway deploy failed, the drained set is as it was: {problem}; "
                                  "fix it and run --abandon again")
-        self.record.update(finished=True, abandoned={"at": time.strftime("%Y-%m-%d %H:%M:%S"), "left_out": left_out})
-        state.save_rollout(self.record)
+        self.record.finished = True
+        self.record.abandoned = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "left_out": left_out}
+        self.save()
         return left_out
 
 
@@ -512,59 +552,66 @@ def parse_data(pairs: list[str]) -> dict:
     return data
 
 
-def record_instances(record: dict) -> set[str]:
-    return {key for step in record["steps"] for key in step["instances"]}
-
-
-def check_not_stopped(state: FleetState, resume: bool) -> dict | None:
-    """The unfinished record to resume, or None to start anew; refuses to start over a stopped one."""
+def recorded(state: FleetState) -> Record | None:
+    """The last rollout, swap or rollback the fleet state records."""
     record = state.rollout()
-    unfinished = record if record and not record.get("finished") else None
+    try:
+        return Record.model_validate(record) if record else None
+    except ValidationError as exc:
+        raise FleetError(f"{state.directory}: its rollout record is not one this ascend-fleet reads "
+                         f"({describe_validation(exc, Record)}); finish it with the version that wrote it, "
+                         "or move the file aside") from None
+
+
+def check_not_stopped(state: FleetState, resume: bool) -> Record | None:
+    """The unfinished record to resume, or None to start anew; refuses to start over a stopped one."""
+    record = recorded(state)
+    unfinished = record if record and not record.finished else None
     if resume and unfinished is None:
         raise FleetError(f"--resume: no stopped rollout is recorded in {state.directory}; run without --resume")
     if not resume and unfinished is not None:
-        stopped = next((s for s in unfinished["steps"] if s["status"] != "done"), unfinished["steps"][-1])
-        raise FleetError(f"a {unfinished['kind']} stopped at {stopped['name']} ({stopped['detail'] or 'interrupted'}); "
+        stopped = next((s for s in unfinished.steps if s.status != "done"), unfinished.steps[-1])
+        raise FleetError(f"a {unfinished.kind} stopped at {stopped.name} ({stopped.detail or 'interrupted'}); "
                          "fix it and add --resume, or put back what it drained with `ascend-fleet rollout "
-                         f"{unfinished['inventory']} --abandon`")
+                         f"{unfinished.inventory} --abandon`")
     return unfinished
 
 
-def abandonable(state: FleetState) -> dict:
+def abandonable(state: FleetState) -> Record:
     """The record --abandon closes: a stopped one, or one abandoned with instances left out."""
-    record = state.rollout()
-    if record and not record.get("finished"):
+    record = recorded(state)
+    if record and not record.finished:
         return record
-    if record and record.get("abandoned") and state.drained() & record_instances(record):
+    if record and record.abandoned and state.drained() & record.instances():
         return record
     raise FleetError(f"--abandon: no stopped rollout is recorded in {state.directory}, and no instance an "
                      "abandoned one left out is still drained; nothing to abandon")
 
 
-def describe_stopped(record: dict, drained: set[str]) -> str:
+def describe_stopped(record: Record, drained: set[str]) -> str:
     """What a stopped record would go on with, and what it keeps out of the gateway, in one line:
     `rollout of DEPLOY with --data ...: wave1 (hosts; why it stopped), then wave2 (hosts); drained: ...`."""
-    what = record["kind"] + (f" of {record['deploy']}" if record.get("deploy") else "")
-    if record.get("data"):
+    what = record.kind + (f" of {record.deploy}" if record.deploy else "")
+    if record.data:
         what += " with --data " + " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
-                                          for k, v in record["data"].items())
-    steps = [f"{s['name']} ({', '.join(s['hosts'])}{'; ' + s['detail'] if s['detail'] else ''})"
-             for s in record["steps"] if s["status"] != "done"]
-    ours = sorted(drained & record_instances(record))
+                                          for k, v in record.data.items())
+    steps = [f"{s.name} ({', '.join(s.hosts)}{'; ' + s.detail if s.detail else ''})"
+             for s in record.steps if s.status != "done"]
+    ours = sorted(drained & record.instances())
     return f"{what}: {', then '.join(steps) or 'no step left'}; drained: {', '.join(ours) or 'none'}"
 
 
-def check_capacity(fleet: Fleet, steps: list[dict]) -> None:
+def check_capacity(fleet: Fleet, steps: list[Step]) -> None:
     """No step may take every instance out of the gateway."""
     total = {b.key for b in fleet.all_backends()}
     for step in steps:
-        if not total - fleet.state.drained() - set(step["instances"]):
-            raise FleetError(f"step {step['name']} would drain every instance the gateway has; "
+        if not total - fleet.state.drained() - set(step.instances):
+            raise FleetError(f"step {step.name} would drain every instance the gateway has; "
                              "a rollout needs at least two waves (or --max-unavailable below the fleet's size)")
 
 
 def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavailable: int | None,
-                 limit: list[str] | None = None) -> dict:
+                 limit: list[str] | None = None) -> Record:
     """One step per wave (split by max_unavailable); with `limit`, only those workers, in their waves."""
     for host in limit or []:
         if host not in fleet.workers:
@@ -579,10 +626,9 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
         for batch in split_wave(name, hosts, instances, max_unavailable):
             backends = [b for host in batch.hosts for b in fleet.backends(host, batch.serve_only or None)]
             data = {**fleet.data, "serve_only": batch.serve_only} if batch.serve_only else fleet.data
-            steps.append(step_record(batch.name, batch.hosts, backends, deploy, data))
+            steps.append(step_of(batch.name, batch.hosts, backends, deploy, data))
     check_capacity(fleet, steps)
-    return {"kind": "rollout", "inventory": str(fleet.inventory_path), "deploy": deploy, "data": fleet.data,
-            "steps": steps, "finished": False}
+    return Record(kind="rollout", inventory=str(fleet.inventory_path), deploy=deploy, data=fleet.data, steps=steps)
 
 
 def new_model_problem(model: dict) -> str | None:
@@ -641,7 +687,7 @@ def served_path(fleet: Fleet, backend: Backend) -> str | None:
     return judge_instance(instance_answers(fleet, [backend], (HEALTH, MODELS))[backend.key], fleet.model_name).root
 
 
-def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
+def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> Record:
     """Weights first (staged beside the old, nothing restarts), then per wave one step per instance
     slot: each node loses at most one instance at a time. Instances already on the model are skipped."""
     steps = []
@@ -654,27 +700,26 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
                     slots.setdefault(backend.instance, []).append(backend)
         for instance, backends in slots.items():
             data = {**fleet.data, "model": model, "serve_only": [instance]}
-            steps.append(step_record(f"{name} {instance}", sorted({b.host for b in backends}), backends,
-                                     SERVE_DEPLOY, data))
+            steps.append(step_of(f"{name} {instance}", sorted({b.host for b in backends}), backends,
+                                 SERVE_DEPLOY, data))
     check_capacity(fleet, steps)
-    return {"kind": "swap-model", "inventory": str(fleet.inventory_path), "model": model, "steps": steps,
-            "finished": False}
+    return Record(kind="swap-model", inventory=str(fleet.inventory_path), model=model, steps=steps)
 
 
-def blue_green_step(fleet: Fleet, name: str, hosts: list[str], model: dict, previous: dict) -> dict:
+def blue_green_step(fleet: Fleet, name: str, hosts: list[str], model: dict, previous: dict) -> Step:
     """A step that moves hosts to their other colour on `model`; `previous` is the model the
     serving colour keeps if the step fails."""
     colours = {host: other_colour(fleet.state.colour(host)) for host in hosts}
     new = [b for host in hosts for b in fleet.backends_in(host, colours[host])]
     data = {**fleet.data, "model": model, "colour": next(iter(colours.values())),
             "serve_only": sorted({b.instance for b in new})}
-    step = step_record(name, hosts, new, SERVE_DEPLOY, data)
+    step = step_of(name, hosts, new, SERVE_DEPLOY, data)
     # After the flip the recorded colour serves `model`; before it the old colour keeps `previous`.
-    return {**step, "colours": colours, "data_done": {**fleet.data, "model": model},
-            "data_back": {**fleet.data, "model": previous}}
+    return step.model_copy(update={"colours": colours, "data_done": {**fleet.data, "model": model},
+                                   "data_back": {**fleet.data, "model": previous}})
 
 
-def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
+def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> Record:
     """One blue/green step per wave, for the hosts not yet serving the model everywhere."""
     steps = []
     for name, hosts in fleet.waves(waves):
@@ -691,32 +736,31 @@ def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> dict:
                 exclude_none=True)
             step_name = name if len(by_colour) == 1 else f"{name} ({colour})"
             steps.append(blue_green_step(fleet, step_name, moving, model, previous))
-    return {"kind": "swap-model", "inventory": str(fleet.inventory_path), "model": model,
-            "steps": steps, "finished": False}
+    return Record(kind="swap-model", inventory=str(fleet.inventory_path), model=model, steps=steps)
 
 
-def rollback_record(swap: dict, previous: dict[str, str], fleet: Fleet) -> dict:
+def rollback_record(swap: Record, previous: dict[str, str], fleet: Fleet) -> Record:
     """Steps that put each instance a failed swap touched back on the model it served before: a
     blue/green step back for each wave that switched, an instance step for each instance swapped."""
     steps = []
-    for step in swap["steps"]:
-        if step.get("colours"):
-            if step["status"] == "done":
-                steps.append(blue_green_step(fleet, f"back: {step['name']}", step["hosts"],
-                                             step["data_back"]["model"], step["data_done"]["model"]))
+    for step in swap.steps:
+        if step.blue_green:
+            if step.status == "done":
+                steps.append(blue_green_step(fleet, f"back: {step.name}", step.hosts,
+                                             step.data_back["model"], step.data_done["model"]))
             continue
-        if step["status"] == "pending":
+        if step.status == "pending":
             continue
         by_model: dict[str, list[Backend]] = {}
         for backend in fleet.all_backends():
-            if backend.key in step["instances"] and previous.get(backend.key):
+            if backend.key in step.instances and previous.get(backend.key):
                 by_model.setdefault(previous[backend.key], []).append(backend)
         for path, backends in by_model.items():
             model = model_of_path(fleet, backends[0].host, path)
             data = {**fleet.data, "model": model, "serve_only": sorted({b.instance for b in backends})}
-            steps.append(step_record(f"back: {step['name']}", sorted({b.host for b in backends}), backends,
-                                     SERVE_DEPLOY, data))
-    return {"kind": "swap-model rollback", "inventory": swap["inventory"], "steps": steps, "finished": False}
+            steps.append(step_of(f"back: {step.name}", sorted({b.host for b in backends}), backends,
+                                 SERVE_DEPLOY, data))
+    return Record(kind="swap-model rollback", inventory=swap.inventory, steps=steps)
 
 
 def model_of_path(fleet: Fleet, host: str, path: str) -> dict:

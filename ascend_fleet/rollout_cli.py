@@ -21,7 +21,9 @@ from ascend_fleet.rollout import (
     SERVE_DEPLOY,
     WEIGHTS_DEPLOY,
     Fleet,
+    Record,
     Runner,
+    Step,
     abandonable,
     blue_green_problem,
     check_deploy_files,
@@ -31,10 +33,11 @@ from ascend_fleet.rollout import (
     parse_data,
     plan_blue_green,
     plan_rollout,
+    model_data,
     plan_swap,
+    recorded,
     rollback_record,
     served_path,
-    model_data,
 )
 
 rollout_app = typer.Typer()
@@ -53,18 +56,18 @@ STATUS_STYLES = {"done": "green", "failed": "red", "running": "yellow", "pending
 
 
 @contextmanager
-def step_progress(record: dict, quiet: bool):
+def step_progress(record: Record, quiet: bool):
     """A spinner line per step (on stderr), updated as the runner reports."""
     with Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<22}"), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=progress_console, disable=quiet) as progress:
-        tasks = {step["name"]: progress.add_task(step["status"], step=step["name"], start=False, total=1)
-                 for step in record["steps"]}
+        tasks = {step.name: progress.add_task(step.status, step=step.name, start=False, total=1)
+                 for step in record.steps}
 
-        def report(step: dict, what: str) -> None:
-            task = tasks[step["name"]]
+        def report(step: Step, what: str) -> None:
+            task = tasks[step.name]
             progress.start_task(task)
-            finished = step["status"] in ("done", "failed")
-            colour = STATUS_STYLES.get(step["status"], "")
+            finished = step.status in ("done", "failed")
+            colour = STATUS_STYLES.get(step.status, "")
             progress.update(task, description=f"[{colour}]{what}[/]", completed=1 if finished else 0)
             if finished:
                 progress.stop_task(task)
@@ -72,19 +75,19 @@ def step_progress(record: dict, quiet: bool):
         yield report
 
 
-def summary(record: dict, title: str) -> Table:
+def summary(record: Record, title: str) -> Table:
     table = Table(title=title)
     for column in ("step", "hosts", "instances", "status", "seconds", "detail"):
         table.add_column(column, overflow="fold")
-    for step in record["steps"]:
-        colour = STATUS_STYLES.get(step["status"], "")
-        table.add_row(step["name"], ", ".join(step["hosts"]), str(len(step["instances"])),
-                      f"[{colour}]{step['status']}[/]", "" if step["seconds"] is None else f"{step['seconds']:g}",
-                      step["detail"])
+    for step in record.steps:
+        colour = STATUS_STYLES.get(step.status, "")
+        table.add_row(step.name, ", ".join(step.hosts), str(len(step.instances)),
+                      f"[{colour}]{step.status}[/]", "" if step.seconds is None else f"{step.seconds:g}",
+                      step.detail)
     return table
 
 
-def run_record(fleet: Fleet, record: dict, drain_timeout: float, pause: float, as_json: bool, title: str) -> bool:
+def run_record(fleet: Fleet, record: Record, drain_timeout: float, pause: float, as_json: bool, title: str) -> bool:
     with step_progress(record, as_json) as report:
         ok = Runner(fleet, record, report, drain_timeout, pause).run()
     if not as_json:
@@ -92,8 +95,8 @@ def run_record(fleet: Fleet, record: dict, drain_timeout: float, pause: float, a
     return ok
 
 
-def failed_step(record: dict) -> dict:
-    return next(step for step in record["steps"] if step["status"] == "failed")
+def failed_step(record: Record) -> Step:
+    return next(step for step in record.steps if step.status == "failed")
 
 
 @contextmanager
@@ -105,12 +108,12 @@ def changing_nothing(command: str):
         raise FleetError(f"{command} changed nothing: {exc}") from None
 
 
-def check_resumable(record: dict, inventory: Path, deploy: str, data: list[str] | None, fleet: Fleet) -> None:
+def check_resumable(record: Record, inventory: Path, deploy: str, data: list[str] | None, fleet: Fleet) -> None:
     """--resume goes on with the stopped rollout as it was planned, or not at all."""
-    if record["kind"] == "rollout" and record["deploy"] == deploy and (not data or record["data"] == fleet.data):
+    if record.kind == "rollout" and record.deploy == deploy and (not data or record.data == fleet.data):
         return
-    again = (f"resume it with `ascend-fleet rollout {inventory} {record['deploy']} --resume` (no --data)"
-             if record["kind"] == "rollout" else "run that swap-model again")
+    again = (f"resume it with `ascend-fleet rollout {inventory} {record.deploy} --resume` (no --data)"
+             if record.kind == "rollout" else "run that swap-model again")
     raise FleetError(f"--resume: the stopped {describe_stopped(record, fleet.state.drained())}; {again}, "
                      f"or put back what it drained with `ascend-fleet rollout {inventory} --abandon`")
 
@@ -157,15 +160,15 @@ def rollout(
                 record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit)
             else:
                 check_resumable(record, inventory, deploy, data, fleet)
-                fleet = Fleet(inventory, record["data"])
+                fleet = Fleet(inventory, record.data)
                 progress_console.print(f"resuming the {describe_stopped(record, fleet.state.drained())}",
                                        highlight=False, soft_wrap=True)
         ok = run_record(fleet, record, drain_timeout, pause, as_json, f"rollout of {deploy} on {inventory}")
     if as_json:
-        print(json.dumps({"ok": ok, **record}, indent=2))
+        print(json.dumps({"ok": ok, **record.model_dump()}, indent=2))
     if not ok:
         step = failed_step(record)
-        raise FleetError(f"rollout stopped at {step['name']}: {step['detail']}; {', '.join(step['hosts'])} stay "
+        raise FleetError(f"rollout stopped at {step.name}: {step.detail}; {', '.join(step.hosts)} stay "
                          f"drained, the other waves serve. Fix it, then: ascend-fleet rollout {inventory} {deploy} "
                          f"--resume (or give it up: ascend-fleet rollout {inventory} --abandon)")
 
@@ -182,21 +185,21 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
             state = Fleet(inventory, given).state
             held.enter_context(state.exclusive("a rollout --abandon"))
             record = abandonable(state)
-            fleet = Fleet(inventory, {**record.get("data", {}), **given})
+            fleet = Fleet(inventory, {**record.data, **given})
             check_deploy_files(GATEWAY_DEPLOY)
         what = describe_stopped(record, state.drained())
         progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True)
         with progress_console.status("gating the drained instances, then putting them back into the gateway"):
             left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
     if as_json:
-        print(json.dumps({"ok": not left_out, **record}, indent=2))
+        print(json.dumps({"ok": not left_out, **record.model_dump()}, indent=2))
     if left_out:
         out = "; ".join(f"{key} ({why})" for key, why in left_out.items())
         raise FleetError(f"rollout abandoned, but {out} stays out of the gateway: fix it, then run "
                          f"ascend-fleet rollout {inventory} --abandon again to put it back")
     if not as_json:
         def steps(*statuses: str) -> str:
-            return ", ".join(s["name"] for s in record["steps"] if s["status"] in statuses) or "none"
+            return ", ".join(s.name for s in record.steps if s.status in statuses) or "none"
 
         console.print(f"abandoned; every instance it drained is back in the gateway. Its change is on "
                       f"{steps('done')}, maybe on {steps('failed', 'running')} (where it stopped), not on "
@@ -225,10 +228,10 @@ def swap_model(
             fleet = Fleet(inventory, parse_data(data or []))
             check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, GATEWAY_DEPLOY, MONITORING_DEPLOY)
             held.enter_context(fleet.state.exclusive(f"a swap-model to {model}"))
-            stopped = fleet.state.rollout()
-            if stopped and not stopped.get("finished") and stopped["kind"] == "rollout":
-                raise FleetError(f"a rollout of {stopped['deploy']} is stopped; finish it with `ascend-fleet rollout "
-                                 f"{inventory} {stopped['deploy']} --resume`, or give it up with "
+            stopped = recorded(fleet.state)
+            if stopped and not stopped.finished and stopped.kind == "rollout":
+                raise FleetError(f"a rollout of {stopped.deploy} is stopped; finish it with `ascend-fleet rollout "
+                                 f"{inventory} {stopped.deploy} --resume`, or give it up with "
                                  f"`ascend-fleet rollout {inventory} --abandon`, before a swap")
             new = model_data(fleet, model, revision)
             if (problem := new_model_problem(new)) is not None:
@@ -241,7 +244,7 @@ def swap_model(
         progress_console.print(f"swap-model: {strategy}", highlight=False)
         previous = {b.key: served_path(fleet, b) for b in fleet.all_backends()}
         with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
-            problem = Runner(fleet, {}, lambda *_: None, drain_timeout).pyinfra(
+            problem = Runner(fleet, None, lambda *_: None, drain_timeout).pyinfra(
                 WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
         if problem is not None:
             raise FleetError(f"swap-model: staging the weights failed, nothing was restarted: {problem}")
@@ -253,10 +256,11 @@ def swap_model(
             rollback = rollback_record(record, previous, fleet)
             run_record(fleet, rollback, drain_timeout, 0, as_json, "putting the previous model back")
     if as_json:
-        print(json.dumps({"ok": ok, "strategy": strategy, **record, "rollback": rollback}, indent=2))
+        print(json.dumps({"ok": ok, "strategy": strategy, **record.model_dump(),
+                          "rollback": rollback.model_dump() if rollback else None}, indent=2))
     if not ok:
-        step, back = failed_step(record), "done" if rollback.get("finished") else "FAILED, see the table"
-        raise FleetError(f"swap-model stopped at {step['name']}: {step['detail']}; putting the previous model "
+        step, back = failed_step(record), "done" if rollback.finished else "FAILED, see the table"
+        raise FleetError(f"swap-model stopped at {step.name}: {step.detail}; putting the previous model "
                          f"back: {back}. Fix it, then run the same swap-model again (swapped instances are skipped)")
     if not as_json:
         console.print(f"every instance serves {new['id']}@{new['revision']} as {new['served_model_name']}. "

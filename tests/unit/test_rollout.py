@@ -11,6 +11,8 @@ from ascend_fleet import rollout
 from ascend_fleet.fleet import ModelConfigs
 from ascend_fleet.rollout import (
     Fleet,
+    Record,
+    Step,
     blue_green_problem,
     check_not_stopped,
     model_data,
@@ -58,16 +60,16 @@ def test_an_unknown_wave_is_refused_with_the_groups_there_are(prod):
 
 def test_waves_larger_than_max_unavailable_are_split_by_whole_hosts(prod):
     record = plan_rollout(prod, "deploys/full.py", None, max_unavailable=2)
-    assert [(s["name"], len(s["instances"])) for s in record["steps"]] == [
+    assert [(s.name, len(s.instances)) for s in record.steps] == [
         ("canary", 2), ("wave1 (1/2)", 2), ("wave1 (2/2)", 2), ("wave2 (1/2)", 2), ("wave2 (2/2)", 2)]
-    assert record["steps"][1]["instances"] == ["npu-02.example.internal/vllm-0", "npu-02.example.internal/vllm-1"]
-    assert [s["name"] for s in plan_rollout(prod, "deploys/full.py", None, 4)["steps"]] == ["canary", "wave1", "wave2"]
+    assert record.steps[1].instances == ["npu-02.example.internal/vllm-0", "npu-02.example.internal/vllm-1"]
+    assert [s.name for s in plan_rollout(prod, "deploys/full.py", None, 4).steps] == ["canary", "wave1", "wave2"]
 
 
 def test_max_unavailable_below_a_hosts_instances_takes_its_instances_a_few_at_a_time(prod):
     """Issue 17: --max-unavailable 1 was refused on hosts with two instances, the default layout."""
     record = plan_rollout(prod, "deploys/full.py", ["canary", "wave1"], max_unavailable=1)
-    assert [(s["name"], s["hosts"], s["instances"], s["data"].get("serve_only")) for s in record["steps"]] == [
+    assert [(s.name, s.hosts, s.instances, s.data.get("serve_only")) for s in record.steps] == [
         ("canary (1/2)", ["npu-01.example.internal"], ["npu-01.example.internal/vllm-0"], ["vllm-0"]),
         ("canary (2/2)", ["npu-01.example.internal"], ["npu-01.example.internal/vllm-1"], ["vllm-1"]),
         *[(f"wave1 ({i}/4)", [host], [f"{host}/{name}"], [name])
@@ -89,13 +91,23 @@ def test_a_stopped_rollout_must_be_resumed_or_abandoned(tmp_path):
     assert check_not_stopped(state, resume=False) is None
     with pytest.raises(FleetError, match="--resume: no stopped rollout"):
         check_not_stopped(state, resume=True)
-    state.save_rollout({"kind": "rollout", "inventory": "inventories/lab.py", "finished": False, "steps": [
-        {"name": "canary", "status": "done", "detail": ""},
-        {"name": "wave1", "status": "failed", "detail": "worker2 vllm-0 gate health: /health answers 503"}]})
+    steps = [Step(name=name, hosts=[host], instances=[f"{host}/vllm-0"], deploy="deploys/full.py", data={})
+             for name, host in (("canary", "worker1"), ("wave1", "worker2"))]
+    steps[0].mark("done")
+    steps[1].mark("failed", "worker2 vllm-0 gate health: /health answers 503")
+    state.save_rollout(Record(kind="rollout", inventory="inventories/lab.py", steps=steps).model_dump())
     with pytest.raises(FleetError, match=r"rollout stopped at wave1 \(worker2 vllm-0 gate health.*add --resume, "
                        r"or put back what it drained with `ascend-fleet rollout inventories/lab.py --abandon`"):
         check_not_stopped(state, resume=False)
-    assert check_not_stopped(state, resume=True)["steps"][1]["name"] == "wave1"
+    assert check_not_stopped(state, resume=True).steps[1].name == "wave1"
+
+
+def test_a_rollout_record_this_version_cannot_read_is_refused_in_one_line(tmp_path):
+    state = FleetState(tmp_path)
+    state.save_rollout({"kind": "rollout", "inventory": "inventories/lab.py", "steps": [{"name": "canary"}]})
+    with pytest.raises(FleetError, match=rf"^{tmp_path}: its rollout record is not one this ascend-fleet reads "
+                                         r"\(steps.0.hosts: .*\); .*or move the file aside$"):
+        check_not_stopped(state, resume=True)
 
 
 def test_drained_instances_survive_in_the_state_file(tmp_path):
@@ -144,7 +156,7 @@ def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_firs
 
 def test_limit_plans_only_those_workers_in_their_wave(prod):
     record = plan_rollout(prod, "deploys/full.py", None, None, limit=["npu-04.example.internal"])
-    assert [(s["name"], s["hosts"]) for s in record["steps"]] == [("wave2", ["npu-04.example.internal"])]
+    assert [(s.name, s.hosts) for s in record.steps] == [("wave2", ["npu-04.example.internal"])]
     with pytest.raises(FleetError, match="--limit gw-01.example.internal: not a worker of .*prod.py; workers: npu-01"):
         plan_rollout(prod, "deploys/full.py", None, None, limit=["gw-01.example.internal"])
 
@@ -181,17 +193,17 @@ def test_a_blue_green_swap_moves_each_wave_to_its_other_colour_and_back_on_failu
     monkeypatch.setattr(rollout, "served_path", lambda fleet, backend: served)
     new = model_data(fleet, old.id, "next")
     record = plan_blue_green(fleet, new, None)
-    canary = record["steps"][0]
-    assert [s["name"] for s in record["steps"]] == ["canary", "wave1", "wave2"]
-    assert canary["colours"] == {"npu-01.example.internal": "green"}
-    assert canary["instances"] == ["npu-01.example.internal/vllm-0-green"]
-    assert (canary["data"]["colour"], canary["data"]["serve_only"], canary["data"]["model"]["revision"]) == (
+    canary = record.steps[0]
+    assert [s.name for s in record.steps] == ["canary", "wave1", "wave2"]
+    assert canary.colours == {"npu-01.example.internal": "green"}
+    assert canary.instances == ["npu-01.example.internal/vllm-0-green"]
+    assert (canary.data["colour"], canary.data["serve_only"], canary.data["model"]["revision"]) == (
         "green", ["vllm-0-green"], "next")
-    assert canary["data_back"]["model"]["revision"] == old.revision
-    assert canary["data"]["model"]["served_model_name"] == old.served_model_name
+    assert canary.data_back["model"]["revision"] == old.revision
+    assert canary.data["model"]["served_model_name"] == old.served_model_name
     # The canary switched, wave1 failed: the canary goes back to blue on the old model.
-    canary["status"], record["steps"][1]["status"] = "done", "failed"
-    fleet.state.set_colours(canary["colours"])
+    canary.status, record.steps[1].status = "done", "failed"
+    fleet.state.set_colours(canary.colours)
     back = rollback_record(record, {}, fleet)
-    assert [(s["name"], s["colours"], s["data"]["model"]["revision"]) for s in back["steps"]] == [
+    assert [(s.name, s.colours, s.data["model"]["revision"]) for s in back.steps] == [
         ("back: canary", {"npu-01.example.internal": "blue"}, old.revision)]

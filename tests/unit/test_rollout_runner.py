@@ -102,12 +102,12 @@ def stopped_at_wave1(nodes: Nodes, state_dir: Path) -> tuple[Fleet, dict]:
 
 def test_a_failing_gate_stops_the_rollout_with_its_wave_drained_and_the_next_untouched(nodes, state_dir):
     fleet, record = stopped_at_wave1(nodes, state_dir)
-    assert [(s["name"], s["status"]) for s in record["steps"]] == [
+    assert [(s.name, s.status) for s in record.steps] == [
         ("canary", "done"), ("wave1", "failed"), ("wave2", "pending")]
-    assert record["steps"][1]["detail"] == f"{W2} vllm-0 gate health: /health answers 503"
+    assert record.steps[1].detail == f"{W2} vllm-0 gate health: /health answers 503"
     assert nodes.deploys() == [("deploys/serve.py", [CANARY]), ("deploys/serve.py", [W2, W3])]
     assert fleet.state.drained() == nodes.gateway_drained() == WAVE1
-    assert fleet.state.rollout() == record
+    assert fleet.state.rollout() == record.model_dump()  # what --resume reads back
 
 
 def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, state_dir):
@@ -138,7 +138,7 @@ def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_
     with pytest.raises(FleetError, match="the gateway deploy failed, the drained set is as it was: gw-01.*nginx -t"):
         Runner(fleet, record, lambda *_: None, 0).abandon()
     assert fleet.state.drained() == WAVE1
-    assert check_not_stopped(fleet.state, resume=True)["steps"][1]["status"] == "failed"
+    assert check_not_stopped(fleet.state, resume=True).steps[1].status == "failed"
 
 
 def test_a_rollout_of_a_deploy_file_that_does_not_exist_changes_nothing(nodes, state_dir):
@@ -227,9 +227,9 @@ def test_the_rollout_the_old_tool_left_stuck_on_a_missing_deploy_file_is_abandon
     drained, its deploy failed, --resume with the right file refused."""
     fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
     record = plan_rollout(fleet, "deploys/nosuch.py", None, None)
-    record["steps"][0].update(status="failed", detail="deploy: --> pyinfra error: No such file: deploys/nosuch.py")
-    fleet.state.save_rollout(record)
-    fleet.state.set_drained(set(record["steps"][0]["instances"]))
+    record.steps[0].mark("failed", "deploy: --> pyinfra error: No such file: deploys/nosuch.py")
+    fleet.state.save_rollout(record.model_dump())
+    fleet.state.set_drained(set(record.steps[0].instances))
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/full.py", "--resume")
     assert "the stopped rollout of deploys/nosuch.py" in error and f"`ascend-fleet rollout {PROD} --abandon`" in error
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/full.py", "--abandon")
