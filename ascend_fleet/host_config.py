@@ -4,30 +4,25 @@ Host data's schema and validation (hostdata.py) read nothing but the data."""
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
-
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.hostdata import NodeConfig, node_config
-
-# Each host's config, validated once per pyinfra run: stages read every other host's config
-# (peers, firewall, gateway, monitoring), which would otherwise cost the fleet size squared.
-# Nothing a config is made from changes during a run (host data, the colours in the fleet state;
-# a run writes only the served record, which no config reads); outside one (a rollout's own
-# process, which records colours between its runs) nothing is kept.
-_RUN_CONFIGS: WeakKeyDictionary = WeakKeyDictionary()
+from ascend_fleet.per_run import once_per_run
 
 
 def host_node_config(host, colour: str | None = None) -> NodeConfig:
     """NodeConfig of a pyinfra Host: host.data already merges inventory, group and all data. Its
     instances are those of `colour`, else of the data's `colour` (a swap starting the other set),
-    else of the colour the fleet state records as serving."""
+    else of the colour the fleet state records as serving.
+
+    Validated once per pyinfra run: stages read every other host's config (peers, firewall, gateway,
+    monitoring), which would otherwise cost the fleet size squared. Nothing a config is made from
+    changes during a run (host data, the colours in the fleet state; a run writes only the served
+    record, which no config reads); outside one (a rollout's own process, which records colours
+    between its runs) nothing is kept."""
     run = getattr(host, "state", None)
     if run is None:
         return _host_node_config(host, colour)
-    configs = _RUN_CONFIGS.setdefault(run, {})
-    if (host.name, colour) not in configs:
-        configs[host.name, colour] = _host_node_config(host, colour)
-    return configs[host.name, colour]
+    return once_per_run(run, ("host config", host.name, colour), lambda: _host_node_config(host, colour))
 
 
 def _host_node_config(host, colour: str | None) -> NodeConfig:

@@ -10,8 +10,6 @@ node and to `ascend-fleet profile check`.
 
 from __future__ import annotations
 
-from functools import cache
-
 from packaging.requirements import Requirement
 
 from ascend_fleet.profile import Profile
@@ -41,18 +39,14 @@ def uncovered_pins(profile: Profile, platform: Platform, index_url: str, indexes
     return problems
 
 
-@cache
-def _indexes_of_run(run: int) -> Indexes:
-    return Indexes()
-
-
-def platform_problem(profile: Profile, arch: str, glibc: str | None, index_url: str, run: int) -> str | None:
-    """Why this node cannot install the profile's pinned wheels, or None. `run` keys the index pages
-    read once per pyinfra run (id of its State)."""
+def platform_problem(profile: Profile, arch: str, glibc: str | None, index_url: str,
+                     indexes: Indexes) -> str | None:
+    """Why this node cannot install the profile's pinned wheels, or None. `indexes` holds the index
+    pages read so far (one per pyinfra run: per_run.once_per_run)."""
     if glibc is None:
         return ("no glibc found (`getconf GNU_LIBC_VERSION`): the stack's wheels are manylinux builds; "
                 "use a glibc-based system")
-    problems = uncovered_pins(profile, Platform(arch, profile.stack.python, glibc), index_url, _indexes_of_run(run))
+    problems = uncovered_pins(profile, Platform(arch, profile.stack.python, glibc), index_url, indexes)
     if not problems:
         return None
     return (f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; use nodes of a "

@@ -27,8 +27,10 @@ from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import GATEWAY_API_KEY_FILE, MANIFEST_NAME, NGINX_ERROR_LOG, revision_dir
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
+from ascend_fleet.per_run import once_per_run
 from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
 from ascend_fleet.profile import Profile
+from ascend_fleet.profile_check import Indexes
 from ascend_fleet.stack_platform import platform_problem
 from ascend_fleet.stages.context import node_profile, pip_index_url
 from ascend_fleet.stages.platform import npu_problem
@@ -129,16 +131,10 @@ def foreign_device_holders() -> str | None:
     return None
 
 
-_PLANNED_RUNS: set[int] = set()
-
-
 def check_fleet_plan_once() -> None:
     """The capacity plan of the whole inventory, once per pyinfra run: an instance that cannot
     fit stops the run while pyinfra prepares it, before any host is touched."""
-    run = id(host.state)
-    if run not in _PLANNED_RUNS:
-        check_fleet(inventory)
-        _PLANNED_RUNS.add(run)
+    once_per_run(host.state, "fleet plan", lambda: check_fleet(inventory))
 
 
 @deploy("Preflight")
@@ -160,7 +156,8 @@ def preflight_stage() -> None:
     gates.passed(name="The stack's wheels install here", description=f"profile {profile.name}'s pinned wheels "
                  "cover this arch, glibc and Python",
                  find_problem=lambda: platform_problem(profile, host.get_fact(Arch), host.get_fact(Glibc),
-                                                       pip_index_url(profile), id(host.state)))
+                                                       pip_index_url(profile),
+                                                       once_per_run(host.state, "pip indexes", Indexes)))
     gates.passed(name="Local NVMe mounted, room for the weights",
                  description=f"{config.nvme_mount} mounted, room for {config.model.id}@{config.model.revision}",
                  find_problem=lambda: nvme_problem(config))

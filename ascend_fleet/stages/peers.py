@@ -14,9 +14,8 @@ the package's seeder, fetches it (from a peer, else the origin) before the other
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
-from pyinfra import inventory, state
+from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
@@ -26,9 +25,10 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
 from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
-from ascend_fleet.operations.config import checked_config
 from ascend_fleet.node_layout import NGINX_DEFAULT_SITE, PACKAGE_DIR, PEER_SERVER_CONFIG, WHEEL_DIR
+from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
+from ascend_fleet.per_run import once_per_run
 from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
@@ -89,11 +89,14 @@ def package_spread(host_name: str, holders: dict[str, str], in_run: set[str]) ->
     return PackageSpread(seeder, [holders[name] for name in order])
 
 
-@cache
 def package_servers() -> dict[str, tuple[str, frozenset[str]]]:
     """Workers of the inventory (also those a --limit leaves out) that spread packages: name -> their
     peer server's URL and the artifacts their profile has on their architecture (package files, the
     stack's wheels). Read once a run."""
+    return once_per_run(host.state, "package servers", read_package_servers)
+
+
+def read_package_servers() -> dict[str, tuple[str, frozenset[str]]]:
     servers = {}
     for worker in inventory:
         config = host_node_config(worker)

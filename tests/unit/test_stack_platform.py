@@ -53,15 +53,15 @@ def test_a_python_no_wheel_is_built_for_is_refused_too(profile, index):
 
 def test_a_node_the_wheels_cover_passes(profile, index):
     assert uncovered_pins(profile, Platform("aarch64", "3.11", "2.35"), index, Indexes()) == []
-    assert platform_problem(profile, "x86_64", "2.36", index, run=1) is None
+    assert platform_problem(profile, "x86_64", "2.36", index, Indexes()) is None
 
 
 def test_the_one_line_says_what_to_do_and_a_pin_the_index_does_not_list_is_left_to_pip(profile, index):
     # Only vllm-ascend is on this index: vllm, torch and the rest are pip's (and profile check's) to judge.
-    line = platform_problem(profile, "aarch64", "2.31", index, run=2)
+    line = platform_problem(profile, "aarch64", "2.31", index, Indexes())
     assert line.startswith("vllm-ascend==0.23.0 has no wheel for aarch64 Python 3.11 glibc 2.31")
     assert line.endswith("`ascend-fleet profile check vllm-ascend-0.23.0 --arch aarch64 --glibc 2.31`)")
-    assert "no glibc found" in platform_problem(profile, "x86_64", None, index, run=3)
+    assert "no glibc found" in platform_problem(profile, "x86_64", None, index, Indexes())
 
 
 def test_an_index_that_does_not_answer_here_is_left_to_the_node(profile):
