@@ -141,7 +141,8 @@ def lab():
 @pytest.fixture(scope="session")
 def second_lab():
     """A lab of its own (subnet N+3) for the modules of scripts/test's other part, which runs beside
-    the session lab's: test_full_deploy deploys it from fresh nodes and leaves it converged, and
-    test_rollout, after it in file order, rolls out on it. Such a module takes it as its `lab`."""
+    the session lab's. Such a module takes it as its `lab` and deploys what it needs in its own
+    fixture; test_full_deploy wants fresh nodes, which file order gives it (it is the first), and
+    in another order it brings the lab up anew."""
     yield from brought_up(Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}",
                               f"10.213.{TEST_NET + 3}.0/24"))

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from ascend_fleet.node_layout import GATEWAY_CONFIG, PACKAGE_DIR
+from ascend_fleet.node_layout import CONFIG_DIR, GATEWAY_CONFIG, PACKAGE_DIR
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import Lab
@@ -67,7 +67,12 @@ def unit_starts(lab: Lab, node: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def lab(second_lab):
-    """Fresh nodes: 3 workers and a gateway nobody has deployed to (in place of the session lab)."""
+    """Fresh nodes: 3 workers and a gateway nobody has deployed to (in place of the session lab).
+    In file order this module is the first on second_lab; in any other order, the lab another
+    module deployed is brought up anew."""
+    if second_lab.run("worker1", f"test -e {CONFIG_DIR}", check=False).returncode == 0:
+        second_lab.down()
+        second_lab.up(3)
     return second_lab
 
 

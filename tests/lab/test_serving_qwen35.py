@@ -1,7 +1,7 @@
 """Qwen3.5 served the way vllm-ascend's guide serves it (issue 13): the lab's tiny Qwen3.5-MoE W8A8
 model through the example fleet's recipe plus expert parallelism (inventories/lab_qwen35.py) on the
-vllm-ascend 0.18.0 row, deployed over the fleet the other modules of its lab leave behind
-(second_lab: this module runs after test_rollout in file order)."""
+vllm-ascend 0.18.0 row, deployed over whatever fleet the other modules of its lab (second_lab)
+left behind, as an operator changes a serving fleet's model and recipe."""
 
 from __future__ import annotations
 
