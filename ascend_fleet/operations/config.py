@@ -35,6 +35,6 @@ def checked_config(dest: str, content: str, check: str, service: str, what: str)
            f"if ! out=$({check} 2>&1); then "
            f"  if [ -f {previous} ]; then mv {previous} {target}; else rm -f {target}; fi; "
            f"  echo \"new {what} rejected by {check}, the previous one keeps serving: "
-           f"$(echo \"$out\" | grep -m1 -i -E 'emerg|failed|error')\" >&2; exit 1; fi; "
+           f"$(printf '%s\\n' \"$out\" | grep -m1 -i -E 'emerg|failed|error')\" >&2; exit 1; fi; "
            f"rm -f {previous}; "
            f"if systemctl is-active --quiet {unit}; then systemctl reload {unit}; else systemctl start {unit}; fi")

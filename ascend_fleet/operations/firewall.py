@@ -36,7 +36,7 @@ def nft_table(path: str, rules: str, family: str, table: str, comment: str):
     quoted, target = shlex.quote(staged), shlex.quote(path)
     yield (f"if ! out=$(nft -c -f {quoted} 2>&1); then rm -f {quoted}; "
            f"echo {shlex.quote(f'{host.name}: `nft -c` refused the rules for {path}, nothing changed:')} "
-           f"\"$(echo \"$out\" | grep -m1 -i error)\" >&2; exit 1; fi; "
+           f"\"$(printf '%s\\n' \"$out\" | grep -m1 -i error)\" >&2; exit 1; fi; "
            f"mv {quoted} {target} && nft -f {target}")
 
 

@@ -31,7 +31,8 @@ def passed(description: str | Callable[[], str], find_problem: Callable[[], str 
         else:
             logger.info(f"{host.print_prefix}{description()}")
         return
-    yield f"echo {shlex.quote(f'{host.name}: {problem}')} >&2; exit 1"
+    # printf, not echo: dash's echo reads backslashes in the line (JSON bodies it quotes have \n) as escapes.
+    yield f"printf '%s\\n' {shlex.quote(f'{host.name}: {problem}')} >&2; exit 1"
 
 
 @operation()

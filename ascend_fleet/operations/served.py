@@ -35,7 +35,8 @@ def instance_served(fleet_state_dir: str, instance: str, find_problem: Callable[
     problem = find_problem()
     if problem is not None:
         state.set_served(host.name, served - {instance})
-        yield f"echo {shlex.quote(f'{host.name}: {problem}')} >&2; exit 1"
+        # printf, not echo: dash's echo reads backslashes in the line as escapes.
+        yield f"printf '%s\\n' {shlex.quote(f'{host.name}: {problem}')} >&2; exit 1"
         return
     state.set_served(host.name, served | {instance})
     host.noop(f"{instance} served: the gateway routes to it")

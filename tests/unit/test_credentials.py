@@ -12,13 +12,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
-from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha256File
 
 from ascend_fleet.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import HttpAnswer
 from ascend_fleet.operations.private import private_file
+from tests.fakehost import FakeHost
+from tests.fakehost import commands as operation_commands
 
 SECRET = "hf_0123456789abcdef"
 
@@ -58,35 +59,17 @@ def test_api_headers_carry_the_key_only_when_set(monkeypatch):
     assert api_headers() == {"Authorization": "Bearer k-1"}
 
 
-class FakeHost:
+def node(file: dict | None, sha256: str | None = None, **options) -> FakeHost:
     """What private_file reads of a node: the File and Sha256File facts."""
-
-    name = "worker1"
-
-    def __init__(self, file: dict | None, sha256: str | None = None, global_arguments: dict | None = None,
-                 temp_dir: str = "/tmp"):
-        self.facts = {File: file, Sha256File: sha256}
-        self.noops: list[str] = []
-        self.current_op_global_arguments = global_arguments
-        self.temp_dir = temp_dir
-
-    def get_temp_filename(self) -> str:
-        return f"{self.temp_dir}/pyinfra-0123abcd"
-
-    def get_fact(self, fact, **_arguments):
-        return self.facts[fact]
-
-    def noop(self, message: str) -> None:
-        self.noops.append(message)
+    return FakeHost({File: file, Sha256File: sha256}, **options)
 
 
 def commands(fake: FakeHost, content: str | None) -> list:
-    with ctx_host.use(fake):
-        return list(private_file._inner(dest="/etc/ascend-fleet/hub-tokens.env", content=content))
+    return operation_commands(private_file, fake, dest="/etc/ascend-fleet/hub-tokens.env", content=content)
 
 
 def test_private_file_is_uploaded_into_a_0600_file_and_no_command_holds_its_text():
-    steps = commands(FakeHost(None), env_lines({"HF_TOKEN": SECRET}))
+    steps = commands(node(None), env_lines({"HF_TOKEN": SECRET}))
     assert steps[:2] == ["mkdir -p /etc/ascend-fleet",
                          "install -m 600 -o root -g root /dev/null /etc/ascend-fleet/hub-tokens.env.new"]
     assert isinstance(steps[2], FileUploadCommand) and steps[2].dest == "/etc/ascend-fleet/hub-tokens.env.new"
@@ -95,7 +78,7 @@ def test_private_file_is_uploaded_into_a_0600_file_and_no_command_holds_its_text
 
 
 def test_under_sudo_the_login_users_upload_lands_in_a_file_it_made_0600_and_never_in_an_existing_one(tmp_path):
-    steps = commands(FakeHost(None, global_arguments={"_sudo": True}, temp_dir=str(tmp_path)),
+    steps = commands(node(None, global_arguments={"_sudo": True}, temp_dir=str(tmp_path)),
                      env_lines({"HF_TOKEN": SECRET}))
     create, upload = steps[2], steps[3]
     assert isinstance(create, StringCommand) and create.connector_arguments["_sudo"] is False
@@ -111,15 +94,15 @@ def test_private_file_is_left_alone_when_current_and_private_and_fixed_when_read
     content = env_lines({"HF_TOKEN": SECRET})
     digest = hashlib.sha256(content.encode()).hexdigest()
     private = {"mode": 600, "user": "root", "group": "root"}
-    fake = FakeHost(private, digest)
+    fake = node(private, digest)
     assert commands(fake, content) == [] and fake.noops
-    assert len(commands(FakeHost({**private, "mode": 644}, digest), content)) == 4
+    assert len(commands(node({**private, "mode": 644}, digest), content)) == 4
 
 
 def test_private_file_without_content_is_removed():
-    assert commands(FakeHost({"mode": 600, "user": "root", "group": "root"}), None) == [
+    assert commands(node({"mode": 600, "user": "root", "group": "root"}), None) == [
         "rm -f /etc/ascend-fleet/hub-tokens.env"]
-    assert commands(FakeHost(None), None) == []
+    assert commands(node(None), None) == []
 
 
 class RecordingHandler(BaseHTTPRequestHandler):

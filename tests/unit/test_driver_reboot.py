@@ -6,21 +6,14 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from pyinfra.context import ctx_host
 
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, NpuStatus, RunningFirmware
 from ascend_fleet.stages.platform import DRIVER_NOT_LOADED, needs_reboot
+from tests.fakehost import FakeHost, on
 
 DRIVER, FIRMWARE = "25.2.0", "7.7.0.6.236"
-
-
-class FakeHost:
-    def __init__(self, facts: dict):
-        self.facts = {AscendDriver: {"version": DRIVER, "complete": True}, AscendFirmware: FIRMWARE,
-                      NpuStatus: {"ok": True, "error": ""}, RunningFirmware: FIRMWARE, **facts}
-
-    def get_fact(self, fact, **_arguments):
-        return self.facts[fact]
+CONVERGED = {AscendDriver: {"version": DRIVER, "complete": True}, AscendFirmware: FIRMWARE,
+             NpuStatus: {"ok": True, "error": ""}, RunningFirmware: FIRMWARE}
 
 
 @pytest.mark.parametrize("facts, reboots", [
@@ -34,7 +27,7 @@ class FakeHost:
       NpuStatus: {"ok": False, "error": "npu-smi: not installed (no NPU driver)"}}, True),  # a fresh node
 ], ids=["converged", "driver", "firmware", "driver not loaded", "firmware not running", "fresh"])
 def test_the_driver_stage_reboots_exactly_when_the_node_does_not_run_the_profiles_driver_and_firmware(facts, reboots):
-    with ctx_host.use(FakeHost(facts)):
+    with on(FakeHost({**CONVERGED, **facts})):
         assert needs_reboot(DRIVER, FIRMWARE) is reboots
 
 

@@ -11,12 +11,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from pyinfra.context import ctx_host
 
+from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipStep
+from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.profile_check import pip_environment
+from tests.fakehost import FakeHost, commands, new_file, uploads
 
 # front pins base 2.0 as PyPI's vllm pins its torch; plugin pins base 1.0 as vllm-ascend pins its own.
 WHEELS = {("front", "1.0"): ["base==2.0"], ("plugin", "1.0"): ["base==1.0"], ("base", "1.0"): [],
@@ -24,26 +26,9 @@ WHEELS = {("front", "1.0"): ["base==2.0"], ("plugin", "1.0"): ["base==1.0"], ("b
 STEPS = [PipStep(["front==1.0"], []), PipStep(["plugin==1.0", "base==1.0"], [])]
 
 
-class FakeHost:
-    """What python_stack.pinned reads of a node: the PipPackages fact."""
-
-    name = "worker1"
-
-    def __init__(self, installed: dict[str, str]):
-        self.installed = installed
-        self.noops: list[str] = []
-
-    def get_fact(self, fact, **_arguments):
-        return self.installed
-
-    def noop(self, message: str) -> None:
-        self.noops.append(message)
-
-
-def commands(installed: dict[str, str], venv: str, index_url: str) -> tuple[list[str], list[str]]:
-    fake = FakeHost(installed)
-    with ctx_host.use(fake):
-        return list(python_stack.pinned._inner(venv=venv, steps=STEPS, index_url=index_url)), fake.noops
+def pinned_steps(installed: dict[str, str], venv: str, index_url: str) -> tuple[list[str], list[str]]:
+    fake = FakeHost({PipPackages: installed})
+    return commands(python_stack.pinned, fake, venv=venv, steps=STEPS, index_url=index_url), fake.noops
 
 
 def write_wheel(directory: Path, name: str, version: str, requires: list[str]) -> None:
@@ -112,30 +97,51 @@ def test_one_pip_run_of_every_pin_fails_where_the_steps_succeed_and_a_rerun_chan
     one_shot = run(f"{pip} install --index-url {index} front==1.0 plugin==1.0 base==1.0")
     assert one_shot.returncode != 0 and "ResolutionImpossible" in one_shot.stderr
 
-    steps, noops = commands({}, str(venv), index)
+    steps, noops = pinned_steps({}, str(venv), index)
     assert len(steps) == 2 and not noops
     for command in steps:
         result = run(command)
         assert result.returncode == 0, result.stderr
     assert installed_in(venv) == {"front": "1.0", "plugin": "1.0", "base": "1.0"}  # the last step moved base
 
-    steps, noops = commands({"front": "1.0", "plugin": "1.0", "base": "1.0"}, str(venv), index)
+    steps, noops = pinned_steps({"front": "1.0", "plugin": "1.0", "base": "1.0"}, str(venv), index)
     assert steps == [] and noops == ["front==1.0, plugin==1.0, base==1.0 installed"]
 
 
 def test_a_rerun_starts_at_the_first_step_with_an_unmet_requirement():
-    steps, _ = commands({"front": "1.0", "plugin": "0.9", "base": "1.0"}, "/opt/venv", "http://mirror/simple")
+    steps, _ = pinned_steps({"front": "1.0", "plugin": "0.9", "base": "1.0"}, "/opt/venv", "http://mirror/simple")
     assert len(steps) == 1 and steps[0].endswith("plugin==1.0 base==1.0")
-    steps, _ = commands({"front": "0.9", "plugin": "1.0", "base": "1.0"}, "/opt/venv", "http://mirror/simple")
+    steps, _ = pinned_steps({"front": "0.9", "plugin": "1.0", "base": "1.0"}, "/opt/venv", "http://mirror/simple")
     assert [s.split()[-1] for s in steps] == ["front==1.0", "base==1.0"]  # a new front moves base: step 2 again
     assert all("--trusted-host mirror" in s for s in steps)  # a plain-http index is trusted by its host
 
 
 def test_a_step_adds_its_own_indexes_to_the_main_one():
-    fake = FakeHost({})
-    with ctx_host.use(fake):
-        (command,) = python_stack.pinned._inner(venv="/v", index_url="https://pypi.org/simple", steps=[
-            PipStep(["vllm-ascend==0.23.0"], ["https://download.pytorch.org/whl/cpu/", "https://example.org/pypi"])])
+    step = PipStep(["vllm-ascend==0.23.0"], ["https://download.pytorch.org/whl/cpu/", "https://example.org/pypi"])
+    (command,) = commands(python_stack.pinned, FakeHost({PipPackages: {}}), venv="/v",
+                          index_url="https://pypi.org/simple", steps=[step])
     assert ("--index-url https://pypi.org/simple --extra-index-url https://download.pytorch.org/whl/cpu/ "
             "--extra-index-url https://example.org/pypi vllm-ascend==0.23.0") in command
 
+
+def test_only_the_seeder_installs_the_stack_first_and_each_step_tries_the_peers_wheels_before_the_index():
+    stack = dict(venv="/opt/vllm", steps=STEPS, index_url="https://pypi.org/simple", peer_urls=["http://worker2:8090"])
+    others = FakeHost(name="worker2")
+    assert commands(python_stack.pinned_seeded, others, seeder="worker1", **stack) == [] and others.noops
+    steps = commands(python_stack.pinned_seeded, FakeHost({PipPackages: {}, **new_file(WHEELS_HELPER)}),
+                     seeder="worker1", **stack)
+    assert uploads(steps) == {WHEELS_HELPER: python_stack.WHEELS_HELPER_SOURCE.read_bytes()}
+    fetch, *installs = [step for step in steps if isinstance(step, str)]
+    assert fetch.startswith(f"/opt/vllm/bin/python {WHEELS_HELPER} ") and fetch.endswith("--peer http://worker2:8090")
+    pip = "/opt/vllm/bin/python -m pip --quiet --disable-pip-version-check"
+    assert [step.split(" 2>/dev/null || ")[0] for step in installs] == [
+        f"{pip} install --no-index --find-links {WHEEL_DIR} {requirement}" for requirement in ("front==1.0",
+                                                                                               "plugin==1.0 base==1.0")]
+
+
+def test_only_installed_distributions_are_uninstalled_by_their_normalized_names():
+    fake = FakeHost({PipPackages: {"torch-npu": "2.8.0", "vllm": "0.13.0"}})
+    assert commands(python_stack.absent, fake, venv="/opt/vllm", packages=["torch_npu", "triton"]) == [
+        "/opt/vllm/bin/python -m pip uninstall --yes --quiet --disable-pip-version-check torch_npu"]
+    assert commands(python_stack.absent, fake, venv="/opt/vllm", packages=["triton"]) == []
+    assert fake.noops == ["triton not installed"]
