@@ -14,7 +14,8 @@ from pathlib import PurePosixPath
 from ascend_fleet.node import stage_weights
 
 # What the weights stager writes under a model directory, as it names it.
-MANIFEST_NAME, MARKER_NAME, revision_dir = stage_weights.MANIFEST_NAME, stage_weights.MARKER_NAME, stage_weights.revision_dir
+MANIFEST_NAME, MARKER_NAME = stage_weights.MANIFEST_NAME, stage_weights.MARKER_NAME
+revision_dir = stage_weights.revision_dir
 
 CONFIG_DIR = "/etc/ascend-fleet"
 SERVICE_ENV_FILE = f"{CONFIG_DIR}/npu.env"  # the NPU environment every instance starts with
@@ -26,7 +27,7 @@ FIREWALL_RULES_FILE = f"{CONFIG_DIR}/instance-firewall.nft"
 
 PROGRAM_DIR = "/usr/local/lib/ascend-fleet"  # the node programs of ascend_fleet/node, and the unit helper
 INSTANCE_HELPER = f"{PROGRAM_DIR}/ascend-fleet-instance"
-WEIGHTS_STAGER = f"{PROGRAM_DIR}/stage_weights.py"
+WEIGHTS_STAGER = f"{PROGRAM_DIR}/stage_weights.pyz"  # the stager package as one archive
 WHEELS_HELPER = f"{PROGRAM_DIR}/peer_wheels.py"
 NPU_METRICS_PROGRAM = f"{PROGRAM_DIR}/npu-metrics"
 

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
+from functools import cache
 from pathlib import Path
 
 from pyinfra import host
@@ -21,7 +24,9 @@ from ascend_fleet.node import stage_weights
 from ascend_fleet.node.stage_weights import SOURCES, marker_problems, model_path_parts
 from ascend_fleet.node_layout import WEIGHTS_STAGER, revision_dir
 
-STAGER_SOURCE = Path(stage_weights.__file__)
+STAGER_PACKAGE = Path(stage_weights.__file__).parent
+# The archive's own entry point: the package inside it runs as a top-level package there.
+ARCHIVE_MAIN = "import sys\n\nfrom stage_weights.main import main\n\nsys.exit(main(sys.argv[1:]))\n"
 # Room left after the weights for logs, caches and a second revision's partial files.
 DEFAULT_MIN_FREE_MARGIN_BYTES = 2 * 1024**3
 
@@ -90,9 +95,25 @@ def staged(
     if not host.get_fact(Which, command="python3"):
         raise FleetError(f"{host.name}: weights {model_id}@{revision}: python3 is missing on the node: "
                                   "install it (the weights stager is a python3 script)")
-    yield from files.put._inner(src=str(STAGER_SOURCE), dest=WEIGHTS_STAGER, mode="0755")
+    yield from files.put._inner(src=io.BytesIO(stager_archive()), dest=WEIGHTS_STAGER, mode="0755")
     yield stager_command(host.name, model_id, revision, source, model_dir, url, peer, tokens_env_file,
                          min_free_margin_bytes, peer_urls or [], origin_start)
+
+
+@cache
+def stager_archive() -> bytes:
+    """The stager package as one zip archive python3 runs (zipapp's layout), byte for byte the same
+    from the same sources: fixed timestamps and order, no compression, so a rerun uploads nothing."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zipped:
+        members = {"__main__.py": ARCHIVE_MAIN.encode()}
+        members |= {f"stage_weights/{path.name}": path.read_bytes() for path in STAGER_PACKAGE.glob("*.py")
+                    if path.name != "__main__.py"}
+        for name in sorted(members):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            zipped.writestr(info, members[name])
+    return archive.getvalue()
 
 
 def check_arguments(model_id: str, revision: str, source: str, url: str | None, peer: str | None) -> None:

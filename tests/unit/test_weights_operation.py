@@ -8,11 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.context import ctx_host
+from pyinfra.facts.server import Which
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.weights import SIZES_HEADER, FilesystemSpace, StagedModel
 from ascend_fleet.node.stage_weights import MARKER_NAME, marker_problems, parse_args
+from ascend_fleet.node_layout import WEIGHTS_STAGER
 from ascend_fleet.operations import weights
+from tests.fakehost import FakeHost, commands, fact, new_file, uploads
 
 MARKER = {"model_id": "lab/Qwen3-Tiny", "revision": "v1", "manifest_sha256": "f" * 64,
           "files": {"config.json": {"size": 714, "sha256": "a" * 64}}}
@@ -99,3 +102,33 @@ def test_bad_arguments_fail_in_one_line_before_the_node_is_touched(on_host, argu
 def test_good_arguments_pass(on_host):
     weights.check_arguments("Qwen/Qwen3-8B", "v1", "rsync", None, "root@worker2")
     weights.check_arguments("Qwen/Qwen3-8B", "v1", "modelscope", None, None)
+
+
+MODEL_DIR = "/mnt/nvme/models"
+STAGED = {**MARKER, "sizes": {MARKER_NAME: 1150, "config.json": 714}}
+
+
+def staged(marker: dict | None, python3: str | None = "/usr/bin/python3") -> tuple[list, list[str]]:
+    fake = FakeHost({fact(StagedModel, model_dir=MODEL_DIR, model_id="lab/Qwen3-Tiny", revision="v1"): marker,
+                     fact(Which, command="python3"): python3, **new_file(WEIGHTS_STAGER)})
+    return commands(weights.staged, fake, model_id="lab/Qwen3-Tiny", revision="v1", source="http",
+                    model_dir=MODEL_DIR, url="http://mirror:8080"), fake.noops
+
+
+def test_a_revision_staged_whole_is_left_alone():
+    assert staged(STAGED) == ([], [f"lab/Qwen3-Tiny@v1 is staged at {MODEL_DIR}/lab/Qwen3-Tiny/v1"])
+
+
+@pytest.mark.parametrize("marker", [None, {**STAGED, "sizes": {MARKER_NAME: 1150, "config.json": 5}},
+                                    {**STAGED, "revision": "v0"}],
+                         ids=["not staged", "a file cut short", "another revision's marker"])
+def test_a_revision_not_staged_whole_is_staged_by_the_node_side_stager(marker):
+    steps, _ = staged(marker)
+    assert uploads(steps) == {WEIGHTS_STAGER: weights.stager_archive()}
+    words = shlex.split(steps[-1].get_raw_value())
+    assert words[:2] == ["python3", WEIGHTS_STAGER] and parse_args(words[2:]).host == "worker1"
+
+
+def test_a_node_without_python3_is_refused_in_one_line_before_anything_is_put_on_it():
+    with pytest.raises(FleetError, match=r"^worker1: weights lab/Qwen3-Tiny@v1: python3 is missing on the node"):
+        staged(None, python3=None)

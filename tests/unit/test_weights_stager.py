@@ -8,6 +8,8 @@ import http.server
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -212,9 +214,9 @@ def test_hub_tokens_travel_in_the_environment_never_the_command_line(
 
     def fake_run(argv, **kwargs):
         seen.update(argv=argv, env=kwargs["env"])
-        return sw.subprocess.CompletedProcess(argv, 0, b"", b"")
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
 
-    monkeypatch.setattr(sw.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     secret = {"MODELSCOPE_API_TOKEN": "ms-secret", "HF_TOKEN": "hf-secret"}
     hub = hub_class(job(tmp_path, secret), endpoint)
     hub.fetch(["config.json"], tmp_path)
@@ -327,8 +329,8 @@ def run_stager(tmp_path, url, revision="v1", margin=0, peers=()) -> tuple[int, s
             "--min-free-margin-bytes", str(margin), *(word for peer in peers for word in ("--peer-url", peer))]
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sw.sys, "stderr", err)
-        patch.setattr(sw.os, "sync", lambda: None)  # the test's tmp filesystem needs no flush
+        patch.setattr(sys, "stderr", err)
+        patch.setattr(os, "sync", lambda: None)  # the test's tmp filesystem needs no flush
         code = sw.main(argv)
     return code, err.getvalue()
 

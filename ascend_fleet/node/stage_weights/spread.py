@@ -1,0 +1,205 @@
+"""The fleet as a source (class Spread): each file from a peer that serves a verified copy of it,
+else from the origin, so the origin sends each file about once."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import random
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+
+from .revision import PEER_PUBLISHED_PATH, PEER_STAGING_PATH, Job, StageError, model_path_parts, say
+from .sources import Source, download_resuming, http_get
+from .verified import Journal, admit, check_fetched
+
+
+# Spreading over the fleet (class Spread): files one node fetches at once, of which from the
+# origin (its link is the scarce one: the fleet shares it), and how often peers are asked what
+# they hold. A peer that failed is asked again after PEER_RETRY_SECONDS; one that sends nothing
+# for PEER_TIMEOUT_SECONDS is given up for that file.
+FETCHERS, ORIGIN_FETCHERS = 4, 1
+PEER_POLL_SECONDS, PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 0.3, 5, 30
+IDLE_SECONDS = 0.2
+WAIT = "wait"
+
+
+class Spread(Source):
+    """The origin and the fleet: each file comes from a peer that serves a verified copy of it when
+    one does, else from the origin, so the origin sends each file about once and a file spreads
+    as soon as one node has verified it.
+
+    A peer is another node's nginx (templates/weights-peer-nginx.conf.j2): ``/published/`` its
+    published revisions, ``/staging/`` the verified files of revisions it is still staging; its
+    JSON listings say what it holds. Every copy is verified against the origin's manifest here,
+    whoever sent it: a copy that does not match is deleted and never served on, and that peer is
+    not asked for that file again. A peer that fails is skipped; the file resumes from another.
+    The origin is kept busy with one file at a time that no peer holds: first this node's share
+    of the list (it starts at origin_start, 0 to 1, a different place on each node; a share is
+    the list over the fleet's size), then from the far end of the list backwards, so a node done
+    with its share meets the node still on the next share instead of following it. Beside it,
+    the rarest file that peers hold, from the least busy holder.
+    """
+
+    def __init__(self, job: Job, origin: Source, peer_urls: list[str], origin_start: float):
+        super().__init__(job)
+        self.origin, self.origin_start = origin, origin_start
+        self.peers = [url.rstrip("/") for url in peer_urls]
+        self.lock = threading.Lock()
+        self.holdings: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}  # peer -> name -> URL
+        self.polled = {peer: threading.Event() for peer in self.peers}
+        self.avoided: dict[str, set[str]] = {}  # name -> peers not asked for it again (bad or cut-off copy)
+        self.busy: dict[str, str | None] = {}  # name -> the peer (None: the origin) it is being fetched from
+        self.load: Counter = Counter()  # peer -> files being fetched from it
+        self.counts: Counter = Counter()  # "origin", each peer, "refused"
+        self.done = threading.Event()
+        self.failure: StageError | None = None
+        self.files: dict = {}
+        self.waiting: list[str] = []  # the files not yet verified, in the order this node asks the origin
+        self.own_share: set[str] = set()
+        self.journal: Journal | None = None
+
+    def describe(self) -> str:
+        return f"{self.origin.describe()} spread over {len(self.peers)} peers"
+
+    def manifest(self) -> dict:
+        return self.origin.manifest()  # the digests always come from the origin, never from a peer
+
+    def revision_url(self, peer: str, where: str) -> str:
+        parts = model_path_parts(self.job.model_id, self.job.revision)
+        return "/".join((peer, where, *map(urllib.parse.quote, parts), ""))
+
+    def listing(self, peer: str) -> dict[str, str]:
+        """name -> URL of each file of the revision that the peer serves at the manifest's size."""
+        for where in (PEER_STAGING_PATH, PEER_PUBLISHED_PATH):
+            try:
+                return self.walk(self.revision_url(peer, where), "")
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    raise
+        return {}
+
+    def walk(self, base: str, prefix: str) -> dict[str, str]:
+        with http_get(base + urllib.parse.quote(prefix), {}, PEER_RETRY_SECONDS) as response:
+            entries = json.load(response)
+        found = {}
+        for entry in entries:
+            name = prefix + entry["name"]
+            if entry["type"] == "directory" and any(known.startswith(name + "/") for known in self.files):
+                found.update(self.walk(base, name + "/"))
+            elif entry["type"] == "file" and self.files.get(name, {}).get("size") == entry["size"]:
+                found[name] = base + urllib.parse.quote(name)
+        return found
+
+    def poll(self, peer: str) -> None:
+        while not self.done.is_set():
+            try:
+                held, pause = self.listing(peer), PEER_POLL_SECONDS
+            except (OSError, ValueError, TypeError, KeyError, http.client.HTTPException):
+                held, pause = {}, PEER_RETRY_SECONDS  # down, or not serving: skipped until it answers
+            with self.lock:
+                self.holdings[peer] = held
+            self.polled[peer].set()
+            self.done.wait(pause)
+
+    def fetch_all(self, files: dict, pending: list[str], journal: Journal) -> None:
+        self.files, self.journal = files, journal
+        start = int(self.origin_start * len(pending)) % max(len(pending), 1)
+        self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
+        self.own_share = set(self.waiting[:math.ceil(len(pending) / (len(self.peers) + 1))])
+        pollers = [threading.Thread(target=self.poll, args=(peer,), daemon=True) for peer in self.peers]
+        for thread in pollers:
+            thread.start()
+        for event in self.polled.values():  # what peers hold before anything is asked of the origin
+            event.wait(2 * PEER_RETRY_SECONDS)
+        fetchers = [threading.Thread(target=self.fetcher, daemon=True) for _ in range(FETCHERS)]
+        for thread in fetchers:
+            thread.start()
+        for thread in fetchers:
+            thread.join()
+        self.done.set()
+        for thread in pollers:
+            thread.join()
+        if self.failure:
+            raise self.failure
+        by_peer = ", ".join(f"{peer} {self.counts[peer]}" for peer in self.peers if self.counts[peer])
+        say(f"fetched {len(pending)} files: {self.counts['origin']} from the origin, "
+            f"{sum(self.counts[peer] for peer in self.peers)} from peers ({by_peer or 'none'}); "
+            f"refused {self.counts['refused']} bad copies from peers")
+
+    def fetcher(self) -> None:
+        while True:
+            with self.lock:
+                task = None if self.failure else self.next_task()
+            if task is None:
+                return
+            if task == WAIT:
+                time.sleep(IDLE_SECONDS)
+                continue
+            name, peer = task
+            try:
+                self.fetch_one(name, peer)
+            except StageError as error:
+                with self.lock:
+                    self.failure = self.failure or error
+            finally:
+                with self.lock:
+                    del self.busy[name]
+                    self.load[peer] -= 1
+
+    def next_task(self) -> tuple[str, str | None] | str | None:
+        """(name, peer or None for the origin), WAIT, or None when every file left is being fetched."""
+        left = [name for name in self.waiting if name not in self.busy]
+        if not left:
+            return None
+        offered = {name: [peer for peer in self.peers if name in self.holdings[peer]
+                          and peer not in self.avoided.get(name, ())] for name in left}
+        unheld = [name for name in left if not offered[name]]
+        if unheld and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
+            own = [name for name in unheld if name in self.own_share]
+            name, peer = own[0] if own else unheld[-1], None
+        elif len(unheld) < len(left):
+            name = min(left, key=lambda n: (len(offered[n]) or len(self.peers) + 1, random.random()))
+            peer = min(offered[name], key=lambda p: (self.load[p], random.random()))
+        else:
+            return WAIT
+        self.busy[name] = peer
+        self.load[peer] += 1
+        return name, peer
+
+    def fetch_one(self, name: str, peer: str | None) -> None:
+        entry, incoming = self.files[name], self.job.incoming / name
+        resumed = incoming.is_file() and incoming.stat().st_size > 0
+        if peer is None:
+            self.origin.fetch([name], self.job.incoming)
+        else:
+            try:
+                download_resuming(self.holdings[peer][name], incoming, entry["size"], PEER_TIMEOUT_SECONDS)
+            except (OSError, KeyError, http.client.HTTPException) as error:
+                say(f"{name}: {peer} failed ({str(error) or type(error).__name__}); fetching the rest elsewhere")
+                with self.lock:
+                    self.holdings[peer] = {}  # until it answers a listing again
+                return
+        problem, short = check_fetched(self.job, name, entry)
+        with self.lock:
+            if problem is None:
+                admit(self.job, name, self.journal)
+                self.waiting.remove(name)
+                self.counts[peer or "origin"] += 1
+                say(f"verified {name} from {peer or 'the origin'}")
+            elif peer is not None and short:  # the peer hung up (it died?): the bytes so far are kept
+                self.avoided.setdefault(name, set()).add(peer)
+                say(f"{name}: {peer} stopped sending at {incoming.stat().st_size} of {entry['size']} bytes; "
+                    "resuming it from another holder")
+            elif peer is not None:
+                self.avoided.setdefault(name, set()).add(peer)
+                self.counts["refused"] += 1
+                say(f"refused {name} from {peer}: it {problem}; fetching it elsewhere")
+            elif not (short or resumed):  # the origin's own whole copy is wrong: nothing to fall back on
+                raise self.job.error(f"{name} {problem}; nothing was published: rerun (and if it fails "
+                                     f"again, fix the copy at {self.origin.describe()})")
