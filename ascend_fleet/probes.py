@@ -53,9 +53,9 @@ class InstanceVerdict:
 def instance_queries(port: int, api_key_file: str, model_name: str, asks: tuple[str, ...] = EVERY_ASK,
                      timeout_seconds: int = HTTP_TIMEOUT_SECONDS) -> dict[str, FactQuery]:
     """{ask: the HttpAnswer query that asks it} for an instance on port, with its key (api_key_file)."""
-    requests = {HEALTH: ("/health", None), MODELS: ("/v1/models", None), METRICS: ("/metrics", None),
-                COMPLETION: ("/v1/completions", {"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})}
-    return {ask: http_query(port, api_key_file, *requests[ask], timeout_seconds) for ask in asks}
+    path_and_body = {HEALTH: ("/health", None), MODELS: ("/v1/models", None), METRICS: ("/metrics", None),
+                     COMPLETION: ("/v1/completions", {"model": model_name, "prompt": PROBE_PROMPT, "max_tokens": 4})}
+    return {ask: http_query(port, api_key_file, *path_and_body[ask], timeout_seconds) for ask in asks}
 
 
 def fact_key(what: str, instance: str) -> str:
