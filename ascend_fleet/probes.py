@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyinfra import host
@@ -98,30 +98,27 @@ def judge_instance(answers: Mapping[str, dict], model_name: str, model_path: str
     seen = InstanceVerdict(health, first.get("id"), first.get("root"))
     card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model_name), None)
     if card is None:
-        return _failed(seen, MODELS, f"/v1/models names {[c.get('id') for c in cards if isinstance(c, dict)]}, "
-                                     f"not {model_name}")
-    seen = InstanceVerdict(health, card.get("id"), card.get("root"))
+        named = [c.get("id") for c in cards if isinstance(c, dict)]
+        return replace(seen, gate=MODELS, detail=f"/v1/models names {named}, not {model_name}")
+    seen = replace(seen, model=card.get("id"), root=card.get("root"))
     if model_path and card.get("root") != model_path:
-        return _failed(seen, MODELS, f"serves {card.get('root')}, not {model_path}")
+        return replace(seen, gate=MODELS, detail=f"serves {card.get('root')}, not {model_path}")
     if COMPLETION in answers:
         completion = answers[COMPLETION]
         if completion["status"] != 200 or not json_field(completion["body"], "choices"):
-            return _failed(seen, COMPLETION, f"a completion answers {completion['status'] or 'nothing'}: "
-                                             f"{' '.join(completion['body'].split())[:160]}")
+            return replace(seen, gate=COMPLETION, detail=f"a completion answers {completion['status'] or 'nothing'}: "
+                                                         f"{' '.join(completion['body'].split())[:160]}")
     if METRICS not in answers:
         return seen
     metrics = answers[METRICS]
     try:
         parsed = parse_metrics(metrics["body"] + "\n") if metrics["status"] == 200 else None
     except ValueError as exc:
-        return _failed(seen, METRICS, f"/metrics unreadable: {exc}")
+        return replace(seen, gate=METRICS, detail=f"/metrics unreadable: {exc}")
     if parsed is None or parsed.running is None:
-        return _failed(seen, METRICS, f"/metrics answers {metrics['status'] or 'nothing'} without {RUNNING[0]}")
-    return InstanceVerdict(health, seen.model, seen.root, parsed)
-
-
-def _failed(seen: InstanceVerdict, gate: str, detail: str) -> InstanceVerdict:
-    return InstanceVerdict(seen.health, seen.model, seen.root, seen.metrics, gate, detail)
+        return replace(seen, gate=METRICS,
+                       detail=f"/metrics answers {metrics['status'] or 'nothing'} without {RUNNING[0]}")
+    return replace(seen, metrics=parsed)
 
 
 def running_requests(metrics_answer: dict) -> int:
