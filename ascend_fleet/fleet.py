@@ -208,6 +208,9 @@ def fleet_node_configs(inventory: Inventory) -> list[NodeConfig]:
     configs = [host_node_config(host) for host in inventory]
     for config in configs:
         _check_rollout_waves(inventory, config)
+    problem = next(npu_network_problems(configs, npu_peers(inventory, configs)), None)
+    if problem:
+        raise FleetError(problem)
     return configs
 
 
@@ -218,6 +221,51 @@ def _check_rollout_waves(inventory: Inventory, config: NodeConfig) -> None:
     if config.is_worker and config.rollout_waves and not in_waves:
         raise FleetError(f"{config.host}: rollout_waves: the host is in none of {', '.join(config.rollout_waves)}; "
                          "add it to one of those groups")
+
+
+def npu_peers(inventory: Inventory, configs: list[NodeConfig]) -> dict[str, list[str]]:
+    """Host -> the other members of its npu_peer_group, in inventory order; refuses a group that is not
+    an inventory group holding the host."""
+    peers = {}
+    for config in configs:
+        if config.npu_peer_group is None:
+            continue
+        members = [member.name for member in inventory.groups.get(config.npu_peer_group, ())]
+        if config.host not in members:
+            raise FleetError(f"{config.host}: npu_peer_group: {config.npu_peer_group} is not an inventory group "
+                             "holding this host; add the host to that group or name its group")
+        peers[config.host] = [member for member in members if member != config.host]
+    return peers
+
+
+def npu_network_problems(configs: list[NodeConfig], peers: dict[str, list[str]]):
+    """One line per way the fleet's NPU network plan cannot work: an NPU address used twice, NPUs that
+    disagree on TLS (HCCL links between them fail), a peer that has no NPU network or that its NPUs
+    cannot reach (another subnet and no gateway)."""
+    planned = [config for config in configs if config.npu_addresses]
+    owners: dict = {}
+    for config in planned:
+        for npu, address in enumerate(config.npu_addresses):
+            if address in owners:
+                host, other = owners[address]
+                yield (f"{config.host}: npu_addresses: NPU {npu}'s {address} is {host}'s NPU {other} too; "
+                       "expected each NPU address once in the fleet")
+            owners.setdefault(address, (config.host, npu))
+    for config in planned[1:]:
+        if config.npu_tls != planned[0].npu_tls:
+            yield (f"{config.host}: npu_tls: {config.npu_tls} but {planned[0].host}'s is {planned[0].npu_tls}; every "
+                   "NPU of the fleet must have the same TLS switch")
+    by_host = {config.host: config for config in configs}
+    for host, members in peers.items():
+        config = by_host[host]
+        for member in members:
+            other = by_host[member]
+            if not other.npu_addresses:
+                yield (f"{host}: npu_peer_group {config.npu_peer_group}: {member} has no npu_addresses; plan its "
+                       "NPU network too")
+            elif other.npu_subnet != config.npu_subnet and config.npu_gateway is None:
+                yield (f"{host}: npu_peer_group {config.npu_peer_group}: {member}'s NPUs are in {other.npu_subnet}, "
+                       f"outside {config.npu_subnet}, and npu_gateway is not set; its NPUs could not reach them")
 
 
 def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[Finding]:

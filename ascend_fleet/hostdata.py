@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -178,6 +180,16 @@ class Monitoring(_Strict):
     alertmanagers: list[str] = Field(default_factory=list, description="host:port of Alertmanagers to notify")
 
 
+@dataclass(frozen=True)
+class NpuNicSettings:
+    """What `hccn_tool -i N` sets on one NPU's own NIC (its RoCE port on the parameter plane)."""
+
+    address: str
+    netmask: str
+    gateway: str | None
+    netdetect: str | None
+
+
 class NodeConfig(_Strict):
     """Everything the deploy stages and the planner need to know about one host."""
 
@@ -221,6 +233,19 @@ class NodeConfig(_Strict):
                                     "instance_allowed_sources and loopback reach the instance ports, and only "
                                     "workers the weights peer port (ascend_fleet/firewall.py); false where the "
                                     "site's own firewall does it")
+    npu_addresses: list[IPv4Address] = Field(
+        default_factory=list, description="host data: NPU i's address on the NPUs' own network (the parameter "
+        "plane that multi-node HCCL uses; `hccn_tool -i i -ip -s`), one per NPU, all in one subnet; empty: the "
+        "deploy leaves the NPU network as it is")
+    npu_netmask: IPv4Address | None = Field(None, description="the NPU addresses' netmask, e.g. 255.255.255.0")
+    npu_gateway: IPv4Address | None = Field(None, description="`hccn_tool -gateway`: within the NPUs' subnet")
+    npu_netdetect: IPv4Address | None = Field(None, description="`hccn_tool -netdetect`: the address each NPU's "
+                                              "net health probes (-net_health); default: npu_gateway")
+    npu_tls: bool = Field(False, description="the TLS switch every NPU must report (`hccn_tool -tls -g`); the "
+                          "whole fleet must agree (vllm-ascend's multi-node checklist)")
+    npu_peer_group: Identifier | None = Field(
+        None, description="an inventory group whose hosts' NPUs must reach each other (the hosts of one "
+        "multi-node instance): each NPU pings the same NPU of every other member before anything serves")
     instance_allowed_sources: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list, description="addresses, networks (CIDR) or names resolved on the control machine "
         "that may reach the instance ports besides the gateway hosts, e.g. a gateway's address on the serving "
@@ -263,6 +288,21 @@ class NodeConfig(_Strict):
     @property
     def is_gateway(self) -> bool:
         return self.gateway is not None
+
+    @property
+    def npu_subnet(self) -> IPv4Network | None:
+        """The subnet of NPU 0's address, which every NPU of the host shares."""
+        if not self.npu_addresses or self.npu_netmask is None:
+            return None
+        return IPv4Network(f"{self.npu_addresses[0]}/{self.npu_netmask}", strict=False)
+
+    def npu_nic_settings(self) -> dict[int, NpuNicSettings]:
+        """NPU -> what hccn_tool sets on its NIC; empty when the data plans no NPU network."""
+        netdetect = self.npu_netdetect or self.npu_gateway
+        return {npu: NpuNicSettings(str(address), str(self.npu_netmask),
+                                    str(self.npu_gateway) if self.npu_gateway else None,
+                                    str(netdetect) if netdetect else None)
+                for npu, address in enumerate(self.npu_addresses)}
 
     def instance_env(self, instance: Instance) -> dict[str, str]:
         """The environment of one instance's service: the node's settings plus its NPUs and ports."""
@@ -350,14 +390,54 @@ def _problems(config: NodeConfig, derived: bool):
     if config.profile not in known:
         yield "profile", f"unknown profile {config.profile!r}; expected one of: {', '.join(known)}"
     if not config.is_worker:
+        if config.npu_addresses:
+            yield "npu_addresses", "set on a host without NPUs (npu_count 0); drop it or set npu_count"
         return
     for key in ("chip", "nvme_mount", "model", "serving"):
         if getattr(config, key) is None:
             yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
     yield from _instance_problems(config, derived)
+    yield from _npu_network_problems(config)
     for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
         if finding.severity == ERROR:
             yield "serving.gpu_memory_utilization", finding.message
+
+
+def _npu_network_problems(config: NodeConfig):
+    """The NPU network plan: one address per NPU, all in one subnet (Atlas A2: the 8 NPU ports of a node
+    share a segment), the gateway inside it (hccn_tool refuses a gateway outside the address's segment)."""
+    addresses = config.npu_addresses
+    if not addresses:
+        for key in ("npu_netmask", "npu_gateway", "npu_netdetect", "npu_peer_group"):
+            if getattr(config, key) is not None:
+                yield key, "set without npu_addresses; give each NPU its address (host data) or drop it"
+        return
+    if len(addresses) != config.npu_count:
+        yield "npu_addresses", (f"{len(addresses)} addresses for npu_count {config.npu_count}; expected one per NPU, "
+                                "NPU i's at index i")
+        return
+    if config.npu_netmask is None:
+        yield "npu_netmask", "missing; required with npu_addresses (e.g. 255.255.255.0)"
+        return
+    try:
+        subnet = config.npu_subnet
+    except ValueError:
+        yield "npu_netmask", f"{config.npu_netmask} is not a netmask; expected e.g. 255.255.255.0"
+        return
+    for npu, address in enumerate(addresses):
+        if addresses.index(address) != npu:
+            yield "npu_addresses", f"NPUs {addresses.index(address)} and {npu} both have {address}; expected distinct"
+        elif address not in subnet:
+            yield "npu_addresses", (f"NPU {npu}'s {address} is outside NPU 0's subnet {subnet}; the NPU ports of a "
+                                    "node share one subnet")
+        elif address in (subnet.network_address, subnet.broadcast_address):
+            yield "npu_addresses", f"NPU {npu}'s {address} is the network or broadcast address of {subnet}"
+    if config.npu_gateway is not None and config.npu_gateway not in subnet:
+        yield "npu_gateway", (f"{config.npu_gateway} is outside the NPUs' subnet {subnet}; hccn_tool refuses a "
+                              "gateway outside the address's segment")
+    for key in ("npu_gateway", "npu_netdetect"):
+        if getattr(config, key) in addresses:
+            yield key, f"{getattr(config, key)} is an NPU's own address; expected the switch side's"
 
 
 def _instance_problems(config: NodeConfig, derived: bool):

@@ -12,6 +12,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from pyinfra.api import Inventory
 from typer.testing import CliRunner
 
 from ascend_fleet import PROJECT_ROOT
@@ -345,3 +346,45 @@ def test_plan_of_one_model_config_refuses_a_profile_too_old_for_it():
                                       "0.17.0rc1 on, profile vllm-ascend-0.13.0 pins 0.13.0; choose a newer profile")
     served = runner.invoke(build_app(), ["plan", "--model-config", str(config), "--tp", "2", "--profile", "vllm-ascend-0.18.0"])
     assert served.exception is None, served.output
+
+
+# --- the fleet's NPU network plan (hccn_tool addresses, TLS, peers) ---
+
+
+def npu_fleet(directory: Path, hosts: dict[str, dict], groups: str = "") -> Inventory:
+    """Workers node1.. with the given NPU network data each, all in the canary wave."""
+    (directory / "group_data").mkdir()
+    (directory / "group_data" / "test.py").write_text(FLEET.format(profile="lab", model="x", serving=""))
+    workers = [(name, {"chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", **data})
+               for name, data in hosts.items()]
+    inventory = directory / "test.py"
+    inventory.write_text(f"workers = {workers!r}\ncanary = {list(hosts)!r}\n{groups}")
+    return load_inventory(inventory, directory)
+
+
+def npu_plan(first: int, subnet: str = "10.20.0", **more) -> dict:
+    return {"npu_addresses": [f"{subnet}.{first + npu}" for npu in range(8)], "npu_netmask": "255.255.255.0", **more}
+
+
+def test_a_fleet_whose_npu_network_plan_holds_together_is_accepted(tmp_path):
+    inventory = npu_fleet(tmp_path, {"node1": npu_plan(11, npu_peer_group="pair"), "node2": npu_plan(21, npu_peer_group="pair")},
+                          "pair = ['node1', 'node2']\n")
+    assert [config.host for config in fleet_node_configs(inventory)] == ["node1", "node2"]
+
+
+@pytest.mark.parametrize("hosts, groups, expected", [
+    ({"node1": npu_plan(11), "node2": npu_plan(18)}, "",
+     "node2: npu_addresses: NPU 0's 10.20.0.18 is node1's NPU 7 too; expected each NPU address once in the fleet"),
+    ({"node1": npu_plan(11), "node2": npu_plan(21, npu_tls=True)}, "",
+     "node2: npu_tls: True but node1's is False; every NPU of the fleet must have the same TLS switch"),
+    ({"node1": npu_plan(11, npu_peer_group="pair"), "node2": {}}, "pair = ['node1', 'node2']\n",
+     "node1: npu_peer_group pair: node2 has no npu_addresses; plan its NPU network too"),
+    ({"node1": npu_plan(11, npu_peer_group="pair"), "node2": npu_plan(11, "10.20.1")}, "pair = ['node1', 'node2']\n",
+     "node1: npu_peer_group pair: node2's NPUs are in 10.20.1.0/24, outside 10.20.0.0/24, and npu_gateway is not set"),
+    ({"node1": npu_plan(11, npu_peer_group="pair"), "node2": npu_plan(21)}, "pair = ['node2']\n",
+     "node1: npu_peer_group: pair is not an inventory group holding this host"),
+], ids=["address twice", "tls differs", "peer without plan", "peer unreachable", "not in its group"])
+def test_an_npu_network_plan_that_cannot_work_is_refused_in_one_line(tmp_path, hosts, groups, expected):
+    with pytest.raises(FleetError) as caught:
+        fleet_node_configs(npu_fleet(tmp_path, hosts, groups))
+    assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)

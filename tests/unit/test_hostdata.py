@@ -23,6 +23,10 @@ WORKER = {
 }
 
 
+NPU_ADDRESSES = [f"10.20.0.{11 + npu}" for npu in range(8)]
+NPU_NETWORK = {"npu_addresses": NPU_ADDRESSES, "npu_netmask": "255.255.255.0", "npu_gateway": "10.20.0.254"}
+
+
 def instance(name, npus, port=8000, hccl=60000, vllm=51000) -> dict:
     return {"name": name, "npus": npus, "port": port, "hccl_base_port": hccl, "vllm_port": vllm}
 
@@ -89,6 +93,16 @@ def test_a_gateway_without_npus_needs_no_model_and_runs_no_instance():
                            "gateway": {"listen_port": 80, "upstream_name": "vllm_backend"}}, "gateway")
     assert gateway.is_gateway and not gateway.is_worker
     assert gateway.instances == []
+
+
+def test_each_npu_gets_its_address_and_the_shared_netmask_gateway_and_netdetect():
+    settings = config(**NPU_NETWORK).npu_nic_settings()
+    assert sorted(settings) == list(range(8))
+    assert (settings[3].address, settings[3].netmask) == ("10.20.0.14", "255.255.255.0")
+    # Without its own netdetect address, each NPU's net health probes the gateway.
+    assert (settings[3].gateway, settings[3].netdetect) == ("10.20.0.254", "10.20.0.254")
+    assert config(**NPU_NETWORK, npu_netdetect="10.20.0.1").npu_nic_settings()[0].netdetect == "10.20.0.1"
+    assert config().npu_nic_settings() == {}
 
 
 def test_reads_a_pyinfra_host():
@@ -209,6 +223,27 @@ REFUSALS = {
                                       "less than or equal to 65505 (got 65521); lower the base ports or run fewer instances"),
     "hccl base below 1024": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 1000, 51000)]},
                              "worker1: instances.0.hccl_base_port: Input should be greater than or equal to 1024"),
+    # The NPU network (hccn_tool): one address per NPU, one subnet, the gateway inside it.
+    "npu addresses not one per npu": ({"npu_addresses": NPU_ADDRESSES[:4], "npu_netmask": "255.255.255.0"},
+                                      "worker1: npu_addresses: 4 addresses for npu_count 8; expected one per NPU"),
+    "npu address not ipv4": ({"npu_addresses": ["10.20.0.300", *NPU_ADDRESSES[1:]]},
+                             "worker1: npu_addresses.0: Input is not a valid IPv4 address"),
+    "npu addresses without netmask": ({"npu_addresses": NPU_ADDRESSES},
+                                      "worker1: npu_netmask: missing; required with npu_addresses"),
+    "npu netmask not a mask": ({**NPU_NETWORK, "npu_netmask": "255.0.255.0"},
+                               "worker1: npu_netmask: 255.0.255.0 is not a netmask"),
+    "npu address outside the subnet": ({**NPU_NETWORK, "npu_addresses": [*NPU_ADDRESSES[:7], "10.20.1.8"]},
+                                       "worker1: npu_addresses: NPU 7's 10.20.1.8 is outside NPU 0's subnet "
+                                       "10.20.0.0/24; the NPU ports of a node share one subnet"),
+    "npu address twice": ({**NPU_NETWORK, "npu_addresses": [*NPU_ADDRESSES[:7], "10.20.0.11"]},
+                          "worker1: npu_addresses: NPUs 0 and 7 both have 10.20.0.11; expected distinct"),
+    "npu gateway outside the subnet": ({**NPU_NETWORK, "npu_gateway": "10.20.1.254"},
+                                       "worker1: npu_gateway: 10.20.1.254 is outside the NPUs' subnet 10.20.0.0/24; "
+                                       "hccn_tool refuses a gateway outside the address's segment"),
+    "npu netdetect is an npu": ({**NPU_NETWORK, "npu_netdetect": "10.20.0.12"},
+                                "worker1: npu_netdetect: 10.20.0.12 is an NPU's own address"),
+    "npu gateway without addresses": ({"npu_gateway": "10.20.0.254"},
+                                      "worker1: npu_gateway: set without npu_addresses"),
 }
 
 
