@@ -8,6 +8,7 @@ from ascend_fleet.stages.checks import preflight_stage, verify_stage
 from ascend_fleet.stages.environment import environment_stage
 from ascend_fleet.stages.firewall import firewall_stage
 from ascend_fleet.stages.monitoring import monitoring_stage
+from ascend_fleet.stages.npu_network import npu_network_stage
 from ascend_fleet.stages.platform import cann_stage, driver_stage
 from ascend_fleet.stages.python_stack import python_stage
 from ascend_fleet.stages.serving import gateway_stage, serve_stage, weights_stage
@@ -17,6 +18,7 @@ def full_deploy() -> None:
     preflight_stage()
     firewall_stage()  # before the peer port (packages, wheels, weights) and the instances listen
     driver_stage()
+    npu_network_stage()  # needs the driver's hccn_tool; a host it stops starts no instance
     cann_stage()
     python_stage()
     environment_stage()
