@@ -29,6 +29,9 @@ DEFAULT_PROFILES = ("lab", "lab-previous")
 CHIP_HBM_MB = {"910B3": 65536, "910B4": 32768}
 
 Health = Literal["OK", "Warning", "Alarm", "Critical"]
+NicState = Literal["up", "down"]
+# Where the parameter plane's addresses start above its network address (below: the host, the switch side).
+NPU_FIRST_HOST = 16
 
 
 class _Strict(BaseModel):
@@ -67,6 +70,10 @@ class NodeHardware(_Strict):
     chip: Literal["910B3", "910B4"] = "910B3"
     npus: int = Field(8, ge=0, le=16)
     npu_health: dict[int, Health] = Field(default_factory=dict, description="NPU index -> health; others OK")
+    npu_nic: dict[int, NicState] = Field(default_factory=dict,
+                                         description="NPU index -> its RoCE port's link (down: no carrier); others up")
+    npu_tls: dict[int, Literal[0, 1]] = Field(default_factory=dict,
+                                              description="NPU index -> the TLS switch it starts with; others 0")
     nvme: NvmeSpec | None = Field(default_factory=NvmeSpec)
     ram_gb: int = Field(1024, gt=0, description="host RAM the node reports")
     glibc: str | None = Field(None, pattern=r"^\d+\.\d+$",
@@ -74,8 +81,9 @@ class NodeHardware(_Strict):
                                           "rehearse an older system; default: the base image's own (2.36)")
     preexisting: Preexisting = Field(default_factory=Preexisting)
 
-    def hardware_json(self, node: str, role: str) -> dict:
-        """The document nodes read at /etc/ascend-lab/hardware.json (docs/lab-contract.md)."""
+    def hardware_json(self, node: str, role: str, plane: dict | None = None) -> dict:
+        """The document nodes read at /etc/ascend-lab/hardware.json (docs/lab-contract.md); plane: the
+        node's NPU ports (LabSpec.npu_plane_json), for the simulated hccn_tool."""
         return {
             "node": node,
             "role": role,
@@ -83,9 +91,12 @@ class NodeHardware(_Strict):
             "npu_count": self.npus,
             "hbm_mb": CHIP_HBM_MB[self.chip],
             "npu_health": [self.npu_health.get(i, "OK") for i in range(self.npus)],
+            "npu_nic": [self.npu_nic.get(i, "up") for i in range(self.npus)],
+            "npu_tls": [self.npu_tls.get(i, 0) for i in range(self.npus)],
             "ram_gb": self.ram_gb,
             "nvme": self.nvme.model_dump() if self.nvme else None,
             "glibc": self.glibc,
+            "npu_plane": plane,
         }
 
 
@@ -111,6 +122,8 @@ class LabSpec(_Strict):
     name: str = Field("lab", pattern=r"^[a-z][a-z0-9]{0,7}$", description="part of every host-side name")
     lab_dir: Path = DEFAULT_LAB_DIR
     subnet: str = "10.213.0.0/24"
+    npu_subnet: str | None = Field(None, description="the NPUs' parameter plane; default: the lab subnet with 1 "
+                                                     "added to its second octet (10.213.200.0/24 -> 10.214.200.0/24)")
     mirror_port: int = 8080
     debian_upstream: str = "http://deb.debian.org"
     profiles: list[str] = Field(default_factory=lambda: list(DEFAULT_PROFILES),
@@ -133,6 +146,42 @@ class LabSpec(_Strict):
     @property
     def bridge(self) -> str:
         return f"af-{self.name}-br"
+
+    # --- the parameter plane: the NPUs' RoCE ports on a bridge of their own ---------------
+
+    @property
+    def npu_network(self) -> ipaddress.IPv4Network:
+        return npu_network(self.subnet, self.npu_subnet)
+
+    @property
+    def npu_bridge(self) -> str:
+        return f"af-{self.name}-pp"
+
+    @property
+    def npu_host_address(self) -> str:
+        """The host's address on the plane: the switch side, which NPUs use as gateway and net-detect target."""
+        return str(self.npu_network.network_address + 1)
+
+    def npu_addresses(self, node: NodeSpec) -> list[str]:
+        """NPU i's planned address at index i: worker w's NPUs from NPU_FIRST_HOST + (w-1) * stride."""
+        base = self.npu_network.network_address + NPU_FIRST_HOST + (node.index - 1) * self.npu_stride
+        return [str(base + i) for i in range(node.hardware.npus)] if node.role == "worker" else []
+
+    @property
+    def npu_stride(self) -> int:
+        return max([n.hardware.npus for n in self.workers] + [1])
+
+    def npu_plane_json(self, node: NodeSpec) -> dict | None:
+        """What a node's simulated NPUs know of the plane: their ports and the switch they plug into."""
+        if node.role != "worker" or not node.hardware.npus:
+            return None
+        return {"interfaces": [npu_interface(i) for i in range(node.hardware.npus)],
+                "switch_ports": [self.npu_host_port(node, i) for i in range(node.hardware.npus)],
+                "switch_address": self.npu_host_address, "switch_name": self.npu_bridge}
+
+    def npu_host_port(self, node: NodeSpec, npu: int) -> str:
+        """The host (switch) end of a node's NPU port; the node end is npu_interface(npu)."""
+        return f"n{self.name}-{node.index}-{npu}"
 
     def netns(self, node: NodeSpec) -> str:
         return f"af-{self.name}-{node.name}"
@@ -166,6 +215,11 @@ class LabSpec(_Strict):
         if network.num_addresses < workers + 16:
             raise FleetError(f"lab up: subnet {network} is too small for {workers} workers")
 
+        plane = npu_network(str(network), settings.get("npu_subnet"))
+        if plane.overlaps(network):
+            raise FleetError(f"lab up: the NPU parameter plane {plane} overlaps the lab subnet {network}; "
+                             "give the plane a subnet of its own")
+
         gateway_defaults = {"npus": 0, "nvme": None}
         nodes = [
             NodeSpec(
@@ -181,7 +235,29 @@ class LabSpec(_Strict):
                 groups=["workers"] + [g for g, members in groups.items() if name in members],
                 hardware=_node_hardware(hardware_file, name, hardware.defaults, hardware.nodes.get(name, {})),
             ))
-        return cls(nodes=nodes, **settings)
+        spec = cls(nodes=nodes, **settings)
+        last = plane.network_address + NPU_FIRST_HOST + workers * spec.npu_stride - 1
+        if last >= plane.broadcast_address:
+            raise FleetError(f"lab up: the NPU parameter plane {plane} cannot hold {workers} workers x "
+                             f"{spec.npu_stride} NPUs (it needs addresses up to {last}); give a larger plane")
+        return spec
+
+
+def npu_interface(npu: int) -> str:
+    """NPU npu's RoCE port inside its node's network namespace (the simulated hccn_tool's name for it too)."""
+    return f"hccn{npu}"
+
+
+def npu_network(subnet: str, npu_subnet: str | None = None) -> ipaddress.IPv4Network:
+    """The parameter plane's subnet: the one given, else the lab subnet one step up in its second octet,
+    so labs whose subnets do not overlap get planes that do not overlap either."""
+    if npu_subnet:
+        return ipaddress.IPv4Network(npu_subnet)
+    lab = ipaddress.IPv4Network(subnet)
+    shifted = int(lab.network_address) + (1 << 16)
+    if shifted >= 1 << 32:
+        raise FleetError(f"lab up: no parameter plane follows subnet {lab}; give one with npu_subnet")
+    return ipaddress.IPv4Network((shifted, lab.prefixlen))
 
 
 def default_rollout_groups(workers: list[str]) -> dict[str, list[str]]:
@@ -214,10 +290,11 @@ def _node_hardware(path: Path | None, node: str, defaults: dict, overrides: dict
         hardware = NodeHardware.model_validate(merged)
     except ValidationError as exc:
         raise FleetError(f"lab up: hardware file {path}: node {node}: {one_line(exc, NodeHardware)}") from None
-    bad = [i for i in hardware.npu_health if i >= hardware.npus]
-    if bad:
-        raise FleetError(f"lab up: hardware file {path}: node {node}: npu_health names NPU {bad[0]} "
-                         f"but the node has {hardware.npus} NPUs (0-{hardware.npus - 1})")
+    for key in ("npu_health", "npu_nic", "npu_tls"):
+        bad = [i for i in getattr(hardware, key) if i >= hardware.npus or i < 0]
+        if bad:
+            raise FleetError(f"lab up: hardware file {path}: node {node}: {key} names NPU {bad[0]} "
+                             f"but the node has {hardware.npus} NPUs (0-{hardware.npus - 1})")
     return hardware
 
 

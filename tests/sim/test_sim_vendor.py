@@ -117,7 +117,7 @@ def test_run_file_is_a_shell_header_then_a_gzipped_tar(tmp_path):
     assert f'payload_sha256="{hashlib.sha256(payload).hexdigest()}"' in header
     members = payload_members(driver)
     assert set(members) == {"package.json", "versions.py", "ascend_sim.py", "ascend_sim_install.py", "npu_smi.py",
-                            "ascend_sim_activate.py", "ascend-sim-driver.service"}
+                            "hccn_tool.py", "ascend_sim_activate.py", "ascend-sim-driver.service"}
     assert json.loads(members["package.json"]) == {
         "kind": "driver", "name": "Ascend-hdk-910b-npu-driver", "version": "24.1.0", "arch": "x86_64",
         "chip": "910b", "fw_range": ["7.5.0", "7.5.99"]}

@@ -32,8 +32,8 @@ HEADER_TEMPLATE = SIM_DIR / "makeself_header.sh"
 COMMON_PAYLOAD = ("versions.py", "ascend_sim.py", "ascend_sim_install.py")
 # The payload's version ordering is the project's own, shipped as a plain module.
 SHARED_MODULES = {"versions.py": SIM_DIR.parent.parent / "versions.py"}
-DRIVER_PAYLOAD = ("npu_smi.py", "ascend_sim_activate.py", "ascend-sim-driver.service")
-EXECUTABLES = {"ascend_sim_install.py", "npu_smi.py", "ascend_sim_activate.py"}
+DRIVER_PAYLOAD = ("npu_smi.py", "hccn_tool.py", "ascend_sim_activate.py", "ascend-sim-driver.service")
+EXECUTABLES = {"ascend_sim_install.py", "npu_smi.py", "hccn_tool.py", "ascend_sim_activate.py"}
 # Fixed archive metadata keeps the output identical from run to run (2024-01-01T00:00:00Z).
 ARCHIVE_MTIME = 1704067200
 

@@ -1,14 +1,17 @@
 #!/usr/bin/python3
 """Boot-time half of the simulated driver, run by ascend-sim-driver.service (like a kernel module load).
 
-Records the installed driver and firmware as the running ones for this boot and creates
-the device stand-ins in /dev (a tmpfs recreated at every boot) from the hardware file.
+Records the installed driver and firmware as the running ones for this boot, creates
+the device stand-ins in /dev (a tmpfs recreated at every boot) from the hardware file, and
+applies /etc/hccn.conf to the NPUs' ports (`hccn_tool -a -cfg recovery`): the NPUs forget their
+network settings at power-off (the lab resets their ports before each boot), the file keeps them.
 """
 
 import grp
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +52,10 @@ def main():
     node.path(sim.RUN_DIR).joinpath("loaded.json").write_text(json.dumps(loaded) + "\n")
     print(f"ascend-sim: driver {driver['version']} and firmware {loaded['firmware_version']} loaded, "
           f"{hardware['npu_count']} NPUs")
+    if hardware["npu_count"] and node.path("/etc/hccn.conf").exists():
+        recovery = subprocess.run([str(Path(__file__).resolve().parent / "hccn_tool"), "-a", "-cfg", "recovery"],
+                                  capture_output=True, text=True)
+        print(f"ascend-sim: /etc/hccn.conf applied: {(recovery.stdout + recovery.stderr).strip()}")
     return 0
 
 

@@ -200,7 +200,7 @@ def check_driver_prerequisites():
 
 
 def write_driver_files(node, driver, source_dir, base, for_all, install_boot_id):
-    """Driver files, npu-smi, the boot unit and the install records; no checks (the host's preinstall uses it too)."""
+    """Driver files, npu-smi, hccn_tool, the boot unit and the install records; no checks (the host's preinstall uses it too)."""
     driver_dir = node.path(base) / "driver"
     tools = driver_dir / "tools"
     for sub in ("lib64/common", "lib64/driver"):
@@ -213,6 +213,8 @@ def write_driver_files(node, driver, source_dir, base, for_all, install_boot_id)
     install_file(Path(versions.__file__), tools / "versions.py")  # ascend_sim's own import
     install_file(source_dir / "ascend_sim_activate.py", tools / "ascend_sim_activate.py", 0o755)
     install_file(source_dir / "npu_smi.py", tools / "npu-smi", 0o755)
+    # Only under tools/, not on PATH: vendor guides call it by this path or link it onto PATH by hand.
+    install_file(source_dir / "hccn_tool.py", tools / "hccn_tool", 0o755)
     (tools / "upgrade-tool").write_text(UPGRADE_TOOL)
     (tools / "upgrade-tool").chmod(0o755)
     symlink(node.path(NPU_SMI_LINK), f"{base}/driver/tools/npu-smi")
