@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet.lab import lab as lab_api
+from ascend_fleet.lab.spec import DEFAULT_LAB_DIR
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.node_layout import instance_unit
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Two test runs on one machine (a checkout and a clean clone) pick different numbers.
 TEST_NET = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200"))
-TEST_LAB_DIR = Path(f"/var/lib/ascend-fleet/test-{TEST_NET}")
+# On this machine, beside the lab `ascend-fleet lab up` makes by default (not a node's path).
+TEST_LAB_DIR = DEFAULT_LAB_DIR.parent / f"test-{TEST_NET}"
 # The lab data's instances on each worker (group_data/lab.py: 8 NPUs at TP4).
 INSTANCES = ("vllm-0", "vllm-1")
 
@@ -110,8 +113,8 @@ def down_windows(lab: Lab) -> dict[str, tuple[int, int]]:
     kernel's monotonic clock, which the lab's nodes share with this machine."""
     windows = {}
     for worker in lab.workers:
-        out = lab.run(worker, " ; ".join(f"systemctl show -P ActiveExitTimestampMonotonic ascend-fleet-{i}; "
-                                         f"systemctl show -P ActiveEnterTimestampMonotonic ascend-fleet-{i}"
+        out = lab.run(worker, " ; ".join(f"systemctl show -P ActiveExitTimestampMonotonic {instance_unit(i)}; "
+                                         f"systemctl show -P ActiveEnterTimestampMonotonic {instance_unit(i)}"
                                          for i in INSTANCES)).stdout
         values = [int(v) for v in out.split()]
         for instance, (left, back) in zip(INSTANCES, zip(values[::2], values[1::2])):

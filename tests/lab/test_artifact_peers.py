@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import pytest
 
 from ascend_fleet.lab.mirror import mirror_root
-from ascend_fleet.node_layout import PACKAGE_DIR
+from ascend_fleet.node_layout import PACKAGE_DIR, WHEEL_DIR
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
 from ascend_fleet.profile import load_profile
 
@@ -136,7 +136,6 @@ def test_a_corrupt_copy_on_a_peer_is_refused_and_the_package_taken_from_another(
 
 
 VENV = load_profile("lab").pip.venv
-WHEEL_DIR = "/var/cache/ascend-fleet/wheels"
 PINNED = "vllm-ascend"
 
 

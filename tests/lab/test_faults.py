@@ -19,8 +19,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from ascend_fleet.node_layout import GATEWAY_CONFIG, WEIGHTS_STAGER
-from tests.lab.conftest import BIN, PROJECT, Lab
+from ascend_fleet.node_layout import (GATEWAY_CONFIG, MARKER_NAME, NGINX_CONF_DIR, PACKAGE_DIR, WEIGHTS_STAGER,
+                                     instance_unit)
+from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import chat_through_gateway, restore_hardware, rewrite_hardware, totals, unit_starts
 
 pytestmark = pytest.mark.lab
@@ -29,8 +30,9 @@ pytestmark = pytest.mark.lab
 PREVIOUS_FIRMWARE = "Ascend-hdk-910b-npu-firmware_7.5.0.3.220.run"
 PREVIOUS_DRIVER = "Ascend-hdk-910b-npu-driver_24.1.0_linux-$(uname -m).run"
 PREVIOUS_TOOLKIT = "Ascend-cann-toolkit_8.3.RC2"
-PACKAGE_DIR = "/var/cache/ascend-fleet/packages"
-UNITS = ("ascend-fleet-vllm-0.service", "ascend-fleet-vllm-1.service")
+UNITS = tuple(instance_unit(name) for name in INSTANCES)
+# An operator's file beside the gateway's config, not the deploy's.
+LEFTOVER_CONFIG = f"{NGINX_CONF_DIR}/zz-leftover.conf"
 V2 = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "v2", "source": "http"})
 V2_DIR = "/mnt/nvme/models/lab/Qwen3-Tiny/v2"
 V2_PARTIAL = "/mnt/nvme/models/.partial/lab/Qwen3-Tiny/v2"
@@ -189,7 +191,7 @@ def test_an_instance_that_crash_loops_stops_retrying_is_routed_around_and_shown(
 def test_a_gateway_config_nginx_rejects_keeps_the_old_one_serving(lab, serving):
     # An operator's leftover file defines the same upstream, so any new config fails nginx -t;
     # the hand edit makes the deployed config differ from what the gateway stage renders.
-    lab.run("gateway", "echo 'upstream vllm_backend { server 127.0.0.1:9; }' > /etc/nginx/conf.d/zz-leftover.conf; "
+    lab.run("gateway", f"echo 'upstream vllm_backend {{ server 127.0.0.1:9; }}' > {LEFTOVER_CONFIG}; "
                        f"echo '# edited by hand' >> {GATEWAY_CONFIG}")
     try:
         before = lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
@@ -201,7 +203,7 @@ def test_a_gateway_config_nginx_rejects_keeps_the_old_one_serving(lab, serving):
         assert lab.run("gateway", f"ls {GATEWAY_CONFIG}.new {GATEWAY_CONFIG}.previous", check=False).returncode != 0
         all_serving(lab)
     finally:
-        lab.run("gateway", "rm -f /etc/nginx/conf.d/zz-leftover.conf")
+        lab.run("gateway", f"rm -f {LEFTOVER_CONFIG}")
     converged(lab, "deploys/gateway.py")
     assert "edited by hand" not in lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
 
@@ -256,10 +258,10 @@ def test_ssh_dropped_during_a_weight_download_then_a_rerun_resumes(lab, serving)
         assert error_lines(result.stdout, "worker1"), result.stdout[-3000:]
         # Nothing unfinished is published: v2 is either absent or complete with its marker.
         listing = lab.run("worker1", f"ls -A {V2_DIR} 2>/dev/null; true").stdout.split()
-        assert not listing or ".ascend-fleet-staged.json" in listing
+        assert not listing or MARKER_NAME in listing
         all_serving(lab)
         converged(lab, "deploys/weights.py", "--limit", "worker1", "--data", f"model={V2}")
-        assert ".ascend-fleet-staged.json" in lab.run("worker1", f"ls -A {V2_DIR}").stdout
+        assert MARKER_NAME in lab.run("worker1", f"ls -A {V2_DIR}").stdout
     finally:
         lab.run("worker1", f"rm -rf {V2_DIR} {V2_PARTIAL}")
 

@@ -16,10 +16,11 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from ascend_fleet.node_layout import CONFIG_DIR, GATEWAY_CONFIG, PACKAGE_DIR
+from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
+                                     SERVICE_ENV_FILE, instance_unit)
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import Lab
+from tests.lab.conftest import INSTANCES, Lab
 
 pytestmark = pytest.mark.lab
 
@@ -60,7 +61,8 @@ def chat_through_gateway(lab: Lab) -> requests.Response:
 
 def unit_starts(lab: Lab, node: str) -> dict[str, str]:
     """When each instance's unit last entered the active state (changes only on a (re)start)."""
-    out = lab.run(node, "for u in ascend-fleet-vllm-0 ascend-fleet-vllm-1; do "
+    units = " ".join(instance_unit(name) for name in INSTANCES)
+    out = lab.run(node, f"for u in {units}; do "
                         "echo $u $(systemctl show -P ActiveEnterTimestampMonotonic $u); done").stdout
     return dict(line.split() for line in out.splitlines())
 
@@ -134,8 +136,8 @@ def test_second_run_changes_nothing(lab, deployed):
     # How each worker's boot-time units stand before the rerun: the firewall unit has been found
     # inactive after a driver reboot (issue 17), and the rerun would start it and hide how.
     units = {worker: lab.run(worker, "systemctl show -p ActiveState -p SubState -p Result -p ExecMainStatus "
-                                     "-p InactiveExitTimestamp -p ActiveEnterTimestamp ascend-fleet-firewall; "
-                                     "journalctl -b --no-pager -u ascend-fleet-firewall | tail -5", check=False).stdout
+                                     f"-p InactiveExitTimestamp -p ActiveEnterTimestamp {FIREWALL_UNIT}; "
+                                     f"journalctl -b --no-pager -u {FIREWALL_UNIT} | tail -5", check=False).stdout
              for worker in WORKERS}
     started = time.monotonic()
     again = lab.pyinfra("deploys/full.py")
@@ -153,7 +155,7 @@ def test_the_service_environment_carries_cann_and_the_atb_build_of_the_serving_t
     torch was built with, which the script asks the python3 on PATH for."""
     venv = load_profile("lab").pip.venv
     abi = lab.run("worker1", f"{venv}/bin/python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))'")
-    env = dict(line.split("=", 1) for line in lab.run("worker1", "cat /etc/ascend-fleet/npu.env").stdout.splitlines()
+    env = dict(line.split("=", 1) for line in lab.run("worker1", f"cat {SERVICE_ENV_FILE}").stdout.splitlines()
                if "=" in line and not line.startswith("#"))
     atb = f"/usr/local/Ascend/nnal/atb/latest/atb/cxx_abi_{abi.stdout.strip()}"
     assert env["ATB_HOME_PATH"] == atb
@@ -262,10 +264,10 @@ def test_an_nvme_too_small_for_the_weights_stops_before_anything_changes(lab, de
     huge = models / "huge"
     shutil.copytree(models / "v1", huge)
     try:
-        manifest = json.loads((huge / "ascend-fleet-manifest.json").read_text())
+        manifest = json.loads((huge / MANIFEST_NAME).read_text())
         manifest["revision"] = "huge"
         next(iter(manifest["files"].values()))["size"] = 20 * 1024**3
-        (huge / "ascend-fleet-manifest.json").write_text(json.dumps(manifest))
+        (huge / MANIFEST_NAME).write_text(json.dumps(manifest))
         model = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "huge", "source": "http"})
         before = unit_starts(lab, "worker2")
         result = lab.pyinfra("deploys/full.py", "--limit", "worker2", "--data", f"model={model}", check=False)

@@ -11,6 +11,7 @@ import shlex
 import pytest
 
 from ascend_fleet.lab.spec import DEFAULT_PROFILES
+from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 from tests.lab.test_sim_platform import APT_LISTS, HDK_FLAGS, PKGS, RESET, Mirror, fetch, firmware_file, install_driver, sh
@@ -74,7 +75,7 @@ def test_a_venv_installs_torch_npu_from_the_mirror_alone_and_sees_the_npus(lab, 
 
 def test_the_model_manifest_and_a_shard_download_and_match_their_sha256(lab, node):
     url = f"{lab.mirror_url}/{MODEL}"
-    manifest = json.loads(lab.run(node, f"curl -fsS {url}/ascend-fleet-manifest.json").stdout)
+    manifest = json.loads(lab.run(node, f"curl -fsS {url}/{MANIFEST_NAME}").stdout)
     shard = next(name for name in manifest["files"] if name.endswith(".safetensors"))
     digest = lab.run(node, f"curl -fsS {url}/{shard} | sha256sum").stdout.split()[0]
     assert digest == manifest["files"][shard]["sha256"]

@@ -11,6 +11,7 @@ import time
 import pytest
 import requests
 
+from ascend_fleet.node_layout import PROMETHEUS_CONFIG, instance_unit
 from tests.lab.conftest import Lab
 
 pytestmark = pytest.mark.lab
@@ -80,7 +81,7 @@ def test_prometheus_scrapes_every_instance_worker_and_gateway(fleet):
 
 
 def test_deployed_rules_and_config_pass_promtool_on_the_gateway(fleet):
-    out = fleet.run("gateway", "promtool check config /etc/prometheus/prometheus.yml").stdout
+    out = fleet.run("gateway", f"promtool check config {PROMETHEUS_CONFIG}").stdout
     assert "SUCCESS" in out and "8 rules found" in out
     rules = {r["name"]: r for g in prometheus(fleet, "rules")["groups"] for r in g["rules"]}
     assert {"InstanceDown", "KVCacheNearlyFull", "TTFTHigh", "InterTokenLatencyHigh", "WaitingRequestsGrowing",
@@ -90,13 +91,13 @@ def test_deployed_rules_and_config_pass_promtool_on_the_gateway(fleet):
 
 
 def test_stopping_an_instance_fires_instance_down(fleet):
-    fleet.run("worker3", "systemctl stop ascend-fleet-vllm-0")
+    fleet.run("worker3", f"systemctl stop {instance_unit('vllm-0')}")
     try:
         alerts, seconds = wait_for("InstanceDown for worker3/vllm-0",
                                    lambda: firing(fleet, "InstanceDown", host="worker3", instance_name="vllm-0"))
         every_down = firing(fleet, "InstanceDown")
     finally:
-        fleet.run("worker3", "systemctl start ascend-fleet-vllm-0")
+        fleet.run("worker3", f"systemctl start {instance_unit('vllm-0')}")
     assert alerts[0]["annotations"]["summary"] == "vLLM instance worker3/vllm-0 is down"
     assert every_down == alerts, "only the stopped instance is down"
     print(f"InstanceDown fired {seconds:.0f}s after the unit stopped (scrape 2s, for 10s)")

@@ -18,9 +18,9 @@ import pytest
 import requests
 
 from ascend_fleet import vllm_cpu
-from ascend_fleet.node_layout import instance_unit
+from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import TEST_NET, Lab, require_root
+from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 
 pytestmark = [pytest.mark.lab, pytest.mark.session_lab_part]
 
@@ -41,7 +41,7 @@ def real_lab():
     """One worker and a gateway; the mirror carries lab-real and, for the simulated server, lab."""
     require_root()
     # Subnets N+1..N+3 are the other modules' extra labs.
-    lab = Lab(Path(f"/var/lib/ascend-fleet/test-{TEST_NET}-real"), f"r{TEST_NET}", f"10.213.{TEST_NET + 4}.0/24",
+    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-real"), f"r{TEST_NET}", f"10.213.{TEST_NET + 4}.0/24",
               inventory="inventories/lab_real.py")
     lab.down()  # a previous session that crashed
     lab.up(1, "--profile", "lab-real", "--profile", "lab")
@@ -80,7 +80,7 @@ def bench(lab: Lab, port: int, name: str, results_dir: Path) -> dict:
     argv = vllm_cpu.bench_command("/opt/ascend-fleet/venv/bin/vllm", MODEL_PATH, served_model_name=MODEL,
                                   base_url=f"http://127.0.0.1:{port}", result_dir=result_dir)
     # The services' environment first: transformers imports torch_npu, which needs CANN's.
-    command = (f"set -a && . /etc/ascend-fleet/npu.env && set +a && "
+    command = (f"set -a && . {SERVICE_ENV_FILE} && set +a && "
                f"env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(argv)}")
     lab.run("worker1", f"rm -rf {result_dir} && mkdir -p {BENCH_DIR} && {command} > {BENCH_DIR}/{name}.log 2>&1 || "
                        f"{{ tail -30 {BENCH_DIR}/{name}.log; exit 1; }}", timeout=900)
@@ -191,14 +191,14 @@ def sim_server(real_lab, deployed):
     """The sim tier's stand-in (profile lab's vllm and vllm-ascend, from the mirror) in a venv of its
     own, serving the same model on other NPUs and ports, under a transient unit."""
     sim = load_profile("lab").stack
-    env = f"--property=EnvironmentFile=/etc/ascend-fleet/npu.env -E ASCEND_RT_VISIBLE_DEVICES={SIM_NPUS} " \
+    env = f"--property=EnvironmentFile={SERVICE_ENV_FILE} -E ASCEND_RT_VISIBLE_DEVICES={SIM_NPUS} " \
           f"-E HCCL_IF_BASE_PORT={SIM_HCCL_PORT} -E VLLM_PORT={SIM_VLLM_PORT}"
     real_lab.run("worker1", f"python3.11 -m venv {SIM_VENV} && {SIM_VENV}/bin/pip install -q vllm=={sim.vllm} && "
                             f"{SIM_VENV}/bin/pip install -q --no-deps vllm-ascend=={sim.vllm_ascend}", timeout=900)
     real_lab.run("worker1", f"systemd-run --unit {SIM_UNIT} {env} {SIM_VENV}/bin/vllm serve {MODEL_PATH} "
                             f"--served-model-name {MODEL} --port {SIM_PORT} --tensor-parallel-size 4 "
                             f"--max-model-len 2048 --max-num-seqs 8 && "
-                            f"/usr/local/lib/ascend-fleet/ascend-fleet-instance wait-healthy {SIM_PORT} 120 || "
+                            f"{INSTANCE_HELPER} wait-healthy {SIM_PORT} 120 || "
                             f"{{ journalctl -u {SIM_UNIT} | tail -20; exit 1; }}")
     yield
     real_lab.run("worker1", f"systemctl stop {SIM_UNIT}", check=False)

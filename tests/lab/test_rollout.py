@@ -19,13 +19,14 @@ import pytest
 
 from ascend_fleet.lab.lab import fleet_state_dir
 from ascend_fleet.loadgen import LoadGenerator
-from tests.lab.conftest import PROJECT, Lab, down_windows
+from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit, unit_file
+from tests.lab.conftest import INSTANCES, PROJECT, Lab, down_windows
 
 pytestmark = pytest.mark.lab
 
 MODEL = "lab/Qwen3-Tiny"
 NPU_ENV = runpy.run_path(str(PROJECT / "group_data" / "all.py"))["npu_env"]
-FAULT_DROPIN = "/etc/systemd/system/ascend-fleet-vllm-0.service.d/fault.conf"
+FAULT_DROPIN = f"{unit_file(instance_unit('vllm-0'))}.d/fault.conf"
 LOAD_RESULTS: dict[str, dict] = {}
 
 
@@ -62,15 +63,16 @@ def buffsize_data(size: int) -> str:
 
 
 def instance_env(lab: Lab, node: str) -> str:
-    return lab.run(node, "cat /etc/ascend-fleet/instances/vllm-0.env /etc/ascend-fleet/instances/vllm-1.env").stdout
+    return lab.run(node, f"cat {' '.join(map(instance_env_file, INSTANCES))}").stdout
 
 
 def unit_starts(lab: Lab, node: str) -> str:
-    return lab.run(node, "systemctl show -P ActiveEnterTimestampMonotonic ascend-fleet-vllm-0 ascend-fleet-vllm-1").stdout
+    units = " ".join(map(instance_unit, INSTANCES))
+    return lab.run(node, f"systemctl show -P ActiveEnterTimestampMonotonic {units}").stdout
 
 
 def gateway_config(lab: Lab) -> str:
-    return lab.run("gateway", "cat /etc/nginx/conf.d/ascend-fleet.conf").stdout
+    return lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
 
 
 def rollout(lab: Lab, *args: str, check: bool = True):
@@ -88,7 +90,7 @@ def break_health(lab: Lab, node: str) -> None:
 def heal(lab: Lab, node: str) -> None:
     """The operator's fix: remove the fault and restart the instance."""
     lab.run(node, f"rm -r {FAULT_DROPIN.rsplit('/', 1)[0]} && systemctl daemon-reload && "
-                  "systemctl restart ascend-fleet-vllm-0")
+                  f"systemctl restart {instance_unit('vllm-0')}")
 
 
 def fleet_state(lab: Lab) -> dict[str, str]:
@@ -232,14 +234,14 @@ ONE_INSTANCE = "instances=" + json.dumps([{"name": "vllm-0", "npus": [0, 1, 2, 3
 
 
 def units(lab: Lab, node: str) -> list[str]:
-    return lab.run(node, "systemctl list-units --state=active --no-legend --plain 'ascend-fleet-vllm*' | "
+    return lab.run(node, f"systemctl list-units --state=active --no-legend --plain '{instance_unit('vllm*')}' | "
                          "cut -d' ' -f1").stdout.split()
 
 
 def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_request(lab, serving):
     rollout(lab, "--data", ONE_INSTANCE)
     for node in lab.workers:  # the serve stage stopped the instance the data no longer lists
-        assert units(lab, node) == ["ascend-fleet-vllm-0.service"]
+        assert units(lab, node) == [instance_unit("vllm-0")]
     with under_load(serving, "blue/green swap to v2"):
         result = lab.cli("swap-model", "inventories/lab.py", "--model", MODEL, "--revision", "v2",
                          "--data", ONE_INSTANCE, "--json", timeout=3600)
@@ -247,11 +249,11 @@ def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_requ
     assert record["ok"] and record["strategy"] == "blue/green per wave", result.stderr
     assert [s["status"] for s in record["steps"]] == ["done", "done", "done"]
     for node in lab.workers:
-        assert units(lab, node) == ["ascend-fleet-vllm-0-green.service"]
+        assert units(lab, node) == [instance_unit("vllm-0-green")]
         cards = json.loads(instance_get(lab, node, 8001, "/v1/models"))["data"]
         assert (cards[0]["id"], cards[0]["root"]) == (MODEL, f"/mnt/nvme/models/{MODEL}/v2")
         assert "ASCEND_RT_VISIBLE_DEVICES=4,5,6,7" in lab.run(
-            node, "cat /etc/ascend-fleet/instances/vllm-0-green.env").stdout
+            node, f"cat {instance_env_file('vllm-0-green')}").stdout
     config = gateway_config(lab)
     assert ":8001 max_fails" in config and ":8000 max_fails" not in config
     summary = LOAD_RESULTS["blue/green swap to v2"]
@@ -260,7 +262,7 @@ def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_requ
         lab.cli("swap-model", "inventories/lab.py", "--model", MODEL, "--revision", "v1", "--data", ONE_INSTANCE,
                 timeout=3600)
     for node in lab.workers:
-        assert units(lab, node) == ["ascend-fleet-vllm-0.service"]
+        assert units(lab, node) == [instance_unit("vllm-0")]
     assert LOAD_RESULTS["blue/green swap back to v1"]["errors"] == 0, LOAD_RESULTS["blue/green swap back to v1"]
     rollout(lab)  # the lab's own data again: two blue instances per worker
     assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v1"}

@@ -21,17 +21,17 @@ import pytest
 import requests
 
 from ascend_fleet.loadgen import LoadGenerator
-from tests.lab.conftest import BIN, PROJECT, Lab
+from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, GATEWAY_API_KEY_FILE,
+                                     HUB_TOKENS_FILE, INSTANCE_ENV_DIR, instance_env_file, instance_unit, unit_file)
+from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import totals
 
 pytestmark = pytest.mark.lab
 
-WORKER_PRIVATE_FILES = {"/etc/ascend-fleet/hub-tokens.env", "/etc/ascend-fleet/instances/vllm-0.env",
-                        "/etc/ascend-fleet/instances/vllm-1.env"}
-GATEWAY_PRIVATE_FILES = {"/etc/ascend-fleet/api-key.env"}
+WORKER_PRIVATE_FILES = {HUB_TOKENS_FILE, *(instance_env_file(name) for name in INSTANCES)}
+GATEWAY_PRIVATE_FILES = {GATEWAY_API_KEY_FILE}
 INSTANCE_PORTS = (8000, 8001)
 PEER_PORT = 8090  # the weights peer port (model.peer_port's default)
-FIREWALL_RULES = "/etc/ascend-fleet/instance-firewall.nft"
 # Every file of the node (also /run, /tmp and the NVMe), its journal, its process list (arguments
 # of every process) and what /proc says each process was started with; not /proc's environ files,
 # where a process's environment is, by design, the key vLLM reads. The planted values come on
@@ -141,7 +141,7 @@ def test_the_planted_values_are_only_in_root_only_env_files(planted):
             assert found == {"HF_TOKEN": set(), "MODELSCOPE_API_TOKEN": set(), "VLLM_API_KEY": GATEWAY_PRIVATE_FILES}
             private = GATEWAY_PRIVATE_FILES
         else:
-            hub_tokens = {"/etc/ascend-fleet/hub-tokens.env"}
+            hub_tokens = {HUB_TOKENS_FILE}
             assert found == {"HF_TOKEN": hub_tokens, "MODELSCOPE_API_TOKEN": hub_tokens,
                              "VLLM_API_KEY": WORKER_PRIVATE_FILES - hub_tokens}, (node, found)
             private = WORKER_PRIVATE_FILES
@@ -152,12 +152,12 @@ def test_the_planted_values_are_only_in_root_only_env_files(planted):
 def test_units_run_as_the_service_user_root_owned_and_not_world_writable(planted):
     lab, _, _ = planted
     worker = lab.workers[0]
-    files = lab.run(worker, "stat -c '%n %a %U %G' /etc/systemd/system/ascend-fleet-vllm-*.service "
-                            "/etc/ascend-fleet /etc/ascend-fleet/instances").stdout.splitlines()
+    unit_files = " ".join(unit_file(instance_unit(name)) for name in INSTANCES)
+    files = lab.run(worker, f"stat -c '%n %a %U %G' {unit_files} {CONFIG_DIR} {INSTANCE_ENV_DIR}").stdout.splitlines()
     for line in files:
         name, mode, user, group = line.split()
         assert (user, group) == ("root", "root") and int(mode[-1]) & 2 == 0 and int(mode[-2]) & 2 == 0, line
-    for unit in ("ascend-fleet-vllm-0", "ascend-fleet-vllm-1"):
+    for unit in map(instance_unit, INSTANCES):
         pid = lab.run(worker, f"systemctl show -P MainPID {unit}").stdout.strip()
         owner = lab.run(worker, f"ps -o user= -p {pid}").stdout.strip()
         devices = lab.run(worker, f"ls -l /proc/{pid}/fd | grep -o '/dev/davinci[0-9]*' | sort -u").stdout.split()
@@ -210,7 +210,7 @@ def test_the_firewall_comes_off_and_on_under_load_a_rerun_changes_nothing_and_a_
     try:
         lab.pyinfra("--data", "instance_firewall=false", "deploys/firewall.py")
         assert loaded_rules(lab, "worker3") == "" and connect_from_here(worker, INSTANCE_PORTS[0]) == "open"
-        assert lab.run("worker3", f"test ! -e {FIREWALL_RULES}", check=False).returncode == 0
+        assert lab.run("worker3", f"test ! -e {FIREWALL_RULES_FILE}", check=False).returncode == 0
         lab.pyinfra("deploys/firewall.py")
     finally:
         load = generator.stop().summary()
@@ -218,7 +218,7 @@ def test_the_firewall_comes_off_and_on_under_load_a_rerun_changes_nothing_and_a_
     assert loaded_rules(lab, "worker3") == rules and connect_from_here(worker, INSTANCE_PORTS[0]) == "refused"
     again = lab.pyinfra("deploys/firewall.py").stdout
     assert totals(again)["changed"] == 0, again[-3000:]
-    assert lab.run("worker3", "systemctl is-enabled ascend-fleet-firewall.service").stdout.strip() == "enabled"
+    assert lab.run("worker3", f"systemctl is-enabled {FIREWALL_UNIT}").stdout.strip() == "enabled"
     lab.reboot("worker3")
     assert loaded_rules(lab, "worker3") == rules
     assert connect_from_here(worker, INSTANCE_PORTS[0]) == "refused"

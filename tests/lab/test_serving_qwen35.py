@@ -11,6 +11,7 @@ import runpy
 import pytest
 import requests
 
+from ascend_fleet.node_layout import instance_unit
 from tests.lab.conftest import INSTANCES, PROJECT, Lab
 
 RECIPE = runpy.run_path(str(PROJECT / "group_data" / "lab_qwen35.py"))
@@ -29,7 +30,7 @@ def deployed(lab):
 
 def serving_argv(lab: Lab, node: str, instance: str) -> list[str]:
     """The running vLLM's own command line, as the kernel has it."""
-    out = lab.run(node, f"tr '\\0' '\\n' < /proc/$(systemctl show -P MainPID ascend-fleet-{instance})/cmdline").stdout
+    out = lab.run(node, f"tr '\\0' '\\n' < /proc/$(systemctl show -P MainPID {instance_unit(instance)})/cmdline").stdout
     return out.splitlines()
 
 
@@ -46,7 +47,7 @@ def test_every_instance_runs_the_guides_options_and_its_unit_verifies_clean(lab,
             assert json.loads(option(argv, "--speculative-config")) == SERVING["speculative_config"]
             assert json.loads(option(argv, "--compilation-config")) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
             assert option(argv, "--served-model-name") == RECIPE["model"]["served_model_name"]
-            verify = lab.run(node, f"systemd-analyze verify --man=no ascend-fleet-{instance}.service 2>&1", check=False)
+            verify = lab.run(node, f"systemd-analyze verify --man=no {instance_unit(instance)} 2>&1", check=False)
             assert verify.returncode == 0 and verify.stdout == "", f"{node} {instance}: {verify.stdout}"
 
 

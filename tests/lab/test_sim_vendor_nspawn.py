@@ -19,6 +19,7 @@ from rich.console import Console
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver, publish_vendor_packages
+from ascend_fleet.node_layout import unit_file
 
 pytestmark = pytest.mark.lab
 
@@ -270,14 +271,14 @@ def test_preinstalled_driver_is_running_from_the_first_boot(node):
 def test_driver_unit_runs_at_a_real_boot(node):
     """The one test that boots systemd: the unit is ordered before sysinit and creates the devices."""
     preinstall_driver(node.upper, OLD.driver, OLD.driver_fw_compat, OLD.firmware, accounts_from=node.base)
-    probe = node.upper / "etc/systemd/system/simv-probe.service"
+    probe = node.upper / unit_file("simv-probe.service").lstrip("/")  # a unit of the test's own
     probe.write_text("[Unit]\nAfter=multi-user.target\n[Service]\nType=oneshot\n"
                      "ExecStart=/bin/sh -c 'npu-smi info -l > /root/probe.out 2>&1; ls /dev >> /root/probe.out'\n"
                      "ExecStartPost=/bin/systemctl poweroff --no-block\n"
                      "[Install]\nWantedBy=multi-user.target\n")
-    wants = node.upper / "etc/systemd/system/multi-user.target.wants"
+    wants = probe.parent / "multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    (wants / "simv-probe.service").symlink_to("/etc/systemd/system/simv-probe.service")
+    (wants / "simv-probe.service").symlink_to(unit_file("simv-probe.service"))
     subprocess.run(["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--console=pipe", "--boot",
                     f"--machine={node.name}", f"--directory={node.base}", f"--overlay={node.base}:{node.upper}:/"],
                    stdin=subprocess.DEVNULL, capture_output=True, timeout=300)

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from ascend_fleet.node_layout import instance_unit
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import BIN, PROJECT, TEST_NET, Lab
 
@@ -69,7 +70,7 @@ def test_a_stopped_instance_turns_red_at_the_next_reading(fleet):
                              env=fleet.env, cwd=PROJECT, stdout=subprocess.PIPE, text=True)
     try:
         assert json.loads(watch.stdout.readline())["ok"]
-        fleet.run("worker2", "systemctl stop ascend-fleet-vllm-1")  # returns once the unit has stopped
+        fleet.run("worker2", f"systemctl stop {instance_unit('vllm-1')}")  # returns once the unit has stopped
         stopped_at = datetime.now(timezone.utc)
         # The first reading started after the stop must show it (one in flight may not).
         while True:
@@ -79,7 +80,7 @@ def test_a_stopped_instance_turns_red_at_the_next_reading(fleet):
     finally:
         watch.terminate()
         watch.wait(timeout=30)
-        fleet.run("worker2", "systemctl start ascend-fleet-vllm-1")
+        fleet.run("worker2", f"systemctl start {instance_unit('vllm-1')}")
     assert not reading["ok"]
     row = instances(reading)["worker2/vllm-1"]
     assert row["unit"]["ActiveState"] in ("inactive", "deactivating")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.lab.sim.tinymodel import MANIFEST_NAME, build_tiny_model, publish_model
+from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
+from ascend_fleet.node_layout import MANIFEST_NAME, MARKER_NAME
 
 pytestmark = pytest.mark.lab
 
@@ -107,7 +108,7 @@ def listing(lab, node: str, directory: str) -> str:
 
 
 def stat_on_node(lab, node: str, directory: str) -> str:
-    return lab.run(node, f"cd {directory} && stat -c '%n %i %s %Y' -- .ascend-fleet-staged.json *").stdout
+    return lab.run(node, f"cd {directory} && stat -c '%n %i %s %Y' -- {MARKER_NAME} *").stdout
 
 
 def test_first_run_stages_every_worker_and_the_second_changes_nothing(lab, mirror):
@@ -116,7 +117,7 @@ def test_first_run_stages_every_worker_and_the_second_changes_nothing(lab, mirro
 
     manifest = json.loads((mirror / MODEL / "v1" / MANIFEST_NAME).read_text())
     for worker in lab.workers:
-        marker = json.loads(lab.run(worker, f"cat {revision_path('v1')}/.ascend-fleet-staged.json").stdout)
+        marker = json.loads(lab.run(worker, f"cat {revision_path('v1')}/{MARKER_NAME}").stdout)
         assert (marker["model_id"], marker["revision"]) == (MODEL, "v1")
         assert marker["files"] == manifest["files"]
         on_node = sha256_on_node(lab, worker, revision_path("v1"))
@@ -189,7 +190,7 @@ def test_a_revision_being_served_is_left_untouched_while_the_next_is_staged(lab,
         assert (stat_on_node(lab, "worker2", served), sha256_on_node(lab, "worker2", served)) == before
         held = lab.run("worker2", f"readlink /proc/{holder}/fd/3").stdout.strip()
         assert held == f"{served}/{SHARD_1}"  # still the live file, not "(deleted)"
-        assert lab.run("worker2", f"test -f {revision_path('v2')}/.ascend-fleet-staged.json",
+        assert lab.run("worker2", f"test -f {revision_path('v2')}/{MARKER_NAME}",
                        check=False).returncode == 0
     finally:
         lab.run("worker2", f"kill {holder}", check=False)

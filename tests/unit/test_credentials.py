@@ -17,6 +17,7 @@ from pyinfra.facts.files import File, Sha256File
 from ascend_fleet.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import HttpAnswer
+from ascend_fleet.node_layout import CONFIG_DIR, HUB_TOKENS_FILE, instance_home
 from ascend_fleet.operations.private import private_file
 from tests.fakehost import FakeHost
 from tests.fakehost import commands as operation_commands
@@ -65,15 +66,14 @@ def node(file: dict | None, sha256: str | None = None, **options) -> FakeHost:
 
 
 def commands(fake: FakeHost, content: str | None) -> list:
-    return operation_commands(private_file, fake, dest="/etc/ascend-fleet/hub-tokens.env", content=content)
+    return operation_commands(private_file, fake, dest=HUB_TOKENS_FILE, content=content)
 
 
 def test_private_file_is_uploaded_into_a_0600_file_and_no_command_holds_its_text():
     steps = commands(node(None), env_lines({"HF_TOKEN": SECRET}))
-    assert steps[:2] == ["mkdir -p /etc/ascend-fleet",
-                         "install -m 600 -o root -g root /dev/null /etc/ascend-fleet/hub-tokens.env.new"]
-    assert isinstance(steps[2], FileUploadCommand) and steps[2].dest == "/etc/ascend-fleet/hub-tokens.env.new"
-    assert steps[3] == "mv /etc/ascend-fleet/hub-tokens.env.new /etc/ascend-fleet/hub-tokens.env"
+    assert steps[:2] == [f"mkdir -p {CONFIG_DIR}", f"install -m 600 -o root -g root /dev/null {HUB_TOKENS_FILE}.new"]
+    assert isinstance(steps[2], FileUploadCommand) and steps[2].dest == f"{HUB_TOKENS_FILE}.new"
+    assert steps[3] == f"mv {HUB_TOKENS_FILE}.new {HUB_TOKENS_FILE}"
     assert not any(SECRET in str(step) for step in steps)
 
 
@@ -101,7 +101,7 @@ def test_private_file_is_left_alone_when_current_and_private_and_fixed_when_read
 
 def test_private_file_without_content_is_removed():
     assert commands(node({"mode": 600, "user": "root", "group": "root"}), None) == [
-        "rm -f /etc/ascend-fleet/hub-tokens.env"]
+        f"rm -f {HUB_TOKENS_FILE}"]
     assert commands(node(None), None) == []
 
 
@@ -120,7 +120,7 @@ class RecordingHandler(BaseHTTPRequestHandler):
 
 def test_http_answer_sends_the_key_of_the_env_file_without_it_on_a_command_line(tmp_path):
     key_file = tmp_path / "instance.env"
-    key_file.write_text(f"HOME=/var/lib/x\nVLLM_API_KEY={SECRET}\n")
+    key_file.write_text(f"HOME={instance_home('vllm-0')}\nVLLM_API_KEY={SECRET}\n")
     server = HTTPServer(("127.0.0.1", 0), RecordingHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

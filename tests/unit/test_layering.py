@@ -1,22 +1,44 @@
 """The package's layers, read from its source (docs/architecture.md): the product never imports the
-lab, facts never import operations, and every node path is spelled once, in node_layout.py."""
+lab, facts never import operations, and every node path and unit name is spelled once, in
+node_layout.py: the product and the tests take them from there."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import ascend_fleet
 from ascend_fleet import node_layout
 
 PACKAGE = Path(ascend_fleet.__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 # The product's modules: not the lab (which imports the product), not the node programs (shipped
 # alone, they name what they write themselves), not the layout itself.
 PRODUCT = sorted(p for p in PACKAGE.rglob("*.py")
                  if not p.is_relative_to(PACKAGE / "lab") and not p.is_relative_to(PACKAGE / "node")
                  and p != Path(node_layout.__file__))
-# Paths on the control machine, not on a node, that share a prefix with the service's home.
-CONTROL_MACHINE_PATHS = {"/var/lib/ascend-fleet/bench-venv", "/var/cache/ascend-fleet/bench"}
+# The tests: of the product (unit), on the lab (lab), of the simulator (sim) and what they share.
+TEST_MODULES = sorted([*TESTS.glob("*.py"),
+                       *(module for part in ("unit", "lab", "sim") for module in (TESTS / part).rglob("*.py"))])
+
+# Every path the layout names, and the unit names (less .service) it gives units and instances.
+LAYOUT_PATHS = sorted((value for name, value in vars(node_layout).items()
+                       if name.isupper() and isinstance(value, str) and value.startswith("/")), key=len, reverse=True)
+UNIT_NAMES = {value.removesuffix(".service") for name, value in vars(node_layout).items() if name.endswith("_UNIT")} | {
+    node_layout.instance_unit("vllm").removesuffix(".service")}
+# A layout path anywhere in a string (a command line too), with what follows it of the path.
+LAYOUT_PATH = re.compile(r"(?<![\w./-])(?:%s)(?:/[^\s'\";|&<>(){}$`]*)?(?![\w.-])"
+                         % "|".join(map(re.escape, LAYOUT_PATHS)))
+# Paths below a layout directory that are not ascend-fleet's on a node, each with why it is spelled.
+NOT_NODE_PATHS = {
+    "/var/lib/ascend-fleet/bench-venv": "the control machine's: bench.py's virtualenv for vllm bench",
+    "/var/cache/ascend-fleet/bench": "the control machine's: bench.py's cache",
+    "/etc/systemd/system/ascend-sim-driver.service": "the simulated vendor driver's unit, where Huawei's driver puts "
+                                                     "its own (tests/sim and test_sim_platform.py check it is there)",
+    "/etc/systemd/system/sysinit.target.wants/ascend-sim-driver.service": "the same unit's enablement",
+    "/var/lib/ascend-sim": "the simulated driver's state directory (test_sim_platform.py resets a node to bare)",
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -54,18 +76,39 @@ def test_facts_never_import_operations():
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
-def test_every_node_path_is_spelled_in_the_layout_module_only():
-    paths = {value for name, value in vars(node_layout).items() if name.isupper() and isinstance(value, str)
-             and value.startswith("/")}
-    assert node_layout.GATEWAY_CONFIG in paths and node_layout.SERVICE_HOME in paths
+def node_path_spellings(modules: list[Path], root: Path) -> list[str]:
+    """Each string of the modules that spells a layout path (or a path below one) or a unit name itself."""
     found = []
-    for module in PRODUCT:
-        for line, text in strings_of(module):
-            if text in CONTROL_MACHINE_PATHS:
-                continue
-            if any(text == path or text.startswith(f"{path}/") for path in paths) or "ascend-fleet-vllm" in text:
-                found.append(f"{module.relative_to(PACKAGE)}:{line}: {text!r}")
-    assert found == []
+    for module in modules:
+        for line, text in sorted(strings_of(module)):
+            paths = [path for path in LAYOUT_PATH.findall(text) if path not in NOT_NODE_PATHS]
+            units = [unit for unit in UNIT_NAMES if unit in text]
+            if paths or units:
+                found.append(f"{module.relative_to(root)}:{line}: {text!r}")
+    return found
+
+
+def test_every_node_path_is_spelled_in_the_layout_module_only():
+    assert node_layout.GATEWAY_CONFIG in LAYOUT_PATHS and node_layout.SERVICE_HOME in LAYOUT_PATHS
+    assert {node_layout.FIREWALL_UNIT.removesuffix(".service"), node_layout.NPU_METRICS_UNIT} <= UNIT_NAMES
+    assert any(unit in node_layout.instance_unit("vllm-0-green") for unit in UNIT_NAMES)
+    assert node_path_spellings(PRODUCT, PACKAGE) == []
+
+
+def test_the_tests_take_node_paths_and_unit_names_from_the_layout_module_too():
+    assert len(TEST_MODULES) > 50 and Path(__file__).resolve() in TEST_MODULES
+    assert node_path_spellings(TEST_MODULES, TESTS) == []
+
+
+def test_the_check_finds_a_node_path_or_unit_name_in_a_command_line(tmp_path):
+    config_dir, firewall = node_layout.CONFIG_DIR, node_layout.FIREWALL_UNIT.removesuffix(".service")
+    module = tmp_path / "test_planted.py"
+    module.write_text(f"CAT = 'cat {config_dir}' + '/npu.env'\nBENCH = '/var/cache/ascend-fleet/bench'\n"
+                      f"def f(lab):\n    lab.run('w', f'systemctl restart {firewall}; ls {{lab}}')\n"
+                      f"    return 'tail {node_layout.NGINX_ERROR_LOG}', 'rm -rf {config_dir}-other /etc/default/x'\n")
+    assert node_path_spellings([module], tmp_path) == [
+        f"test_planted.py:1: 'cat {config_dir}'", f"test_planted.py:4: 'systemctl restart {firewall}; ls '",
+        f"test_planted.py:5: 'tail {node_layout.NGINX_ERROR_LOG}'"]
 
 
 def test_templates_get_the_node_paths_as_variables():

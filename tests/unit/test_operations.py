@@ -19,6 +19,7 @@ from ascend_fleet.facts.ascend import SourcedEnvironment
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.node_layout import SERVICE_ENV_FILE, instance_unit
 from ascend_fleet.operations import config, environment, firewall, gates, gateway, served, units, vendor
 from tests.fakehost import FakeHost, commands, fact, new_file, on, uploaded, uploads
 
@@ -147,7 +148,7 @@ def test_the_service_environment_drops_cuda_and_the_settings_win_over_what_cann_
     scripts, venv = ["/usr/local/Ascend/cann/set_env.sh"], "/opt/vllm"
     captured = {"LD_LIBRARY_PATH": "/usr/local/Ascend/cann/lib64:/usr/local/cuda/lib64", "CUDA_HOME": "/usr/local/cuda",
                 "HCCL_BUFFSIZE": "120", "ASCEND_TOOLKIT_HOME": "/usr/local/Ascend/cann"}
-    dest = "/etc/ascend-fleet/npu.env"
+    dest = SERVICE_ENV_FILE
     fake = FakeHost({fact(SourcedEnvironment, scripts=scripts, venv=venv): captured, **new_file(dest)})
     steps = commands(environment.service_env_file, fake, dest=dest, env_scripts=scripts, venv=venv,
                      settings={"HCCL_BUFFSIZE": "512"})
@@ -306,24 +307,23 @@ def test_instances_that_no_longer_serve_leave_the_record_and_a_host_without_one_
 
 
 def test_only_a_failed_unit_has_its_failure_cleared():
-    unit = "ascend-fleet-vllm-0.service"
+    unit = instance_unit("vllm-0")
     assert commands(units.failure_cleared, FakeHost({UnitState: {"ActiveState": "failed"}}), unit=unit) == [
-        "systemctl reset-failed ascend-fleet-vllm-0.service"]
+        f"systemctl reset-failed {unit}"]
     for state in ("active", "inactive"):
         fake = FakeHost({UnitState: {"ActiveState": state}})
         assert commands(units.failure_cleared, fake, unit=unit) == [] and fake.noops == [f"{unit} has not failed"]
 
 
 def test_a_routed_unit_restarts_on_its_new_unit_file_then_waits_out_the_gateways_memory(node):
-    steps = commands(units.restarted_while_routed, FakeHost(), unit="ascend-fleet-vllm-0.service",
-                     gateway_memory_seconds=30)
+    unit = instance_unit("vllm-0")
+    steps = commands(units.restarted_while_routed, FakeHost(), unit=unit, gateway_memory_seconds=30)
     assert node.run(steps).returncode == 0
-    assert node.calls() == ["systemctl daemon-reload", "systemctl restart ascend-fleet-vllm-0.service", "sleep 30"]
+    assert node.calls() == ["systemctl daemon-reload", f"systemctl restart {unit}", "sleep 30"]
 
 
 def test_a_routed_unit_that_fails_to_restart_fails_at_once_without_the_wait(node):
-    steps = commands(units.restarted_while_routed, FakeHost(), unit="ascend-fleet-vllm-0.service",
-                     gateway_memory_seconds=30)
+    steps = commands(units.restarted_while_routed, FakeHost(), unit=instance_unit("vllm-0"), gateway_memory_seconds=30)
     assert node.run(steps, RESTART_FAILS="yes").returncode != 0
     assert "sleep 30" not in node.calls()
 

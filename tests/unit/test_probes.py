@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ascend_fleet.node_layout import instance_env_file
 from ascend_fleet.probes import (
     EVERY_ASK,
     READ_ONLY_ASKS,
@@ -56,7 +57,7 @@ def test_a_swap_gate_wants_the_new_revision_directory():
 
 
 def test_status_reads_without_a_completion_and_is_judged_on_what_it_asked():
-    queries = instance_queries(8000, "/etc/ascend-fleet/instances/vllm-0.env", MODEL, READ_ONLY_ASKS)
+    queries = instance_queries(8000, instance_env_file("vllm-0"), MODEL, READ_ONLY_ASKS)
     assert set(queries) == {"health", "models", "metrics"}
     assert all(q.arguments["url"].startswith("http://127.0.0.1:8000/") and q.arguments["json_body"] is None
                for q in queries.values())
@@ -65,10 +66,10 @@ def test_status_reads_without_a_completion_and_is_judged_on_what_it_asked():
 
 
 def test_the_completion_is_a_post_of_the_served_model_with_the_instances_key():
-    completion = instance_queries(8001, "/etc/ascend-fleet/instances/vllm-1.env", MODEL, EVERY_ASK)["completion"]
+    completion = instance_queries(8001, instance_env_file("vllm-1"), MODEL, EVERY_ASK)["completion"]
     assert completion.arguments["url"] == "http://127.0.0.1:8001/v1/completions"
     assert json.loads(completion.arguments["json_body"])["model"] == MODEL
-    assert completion.arguments["api_key_file"] == "/etc/ascend-fleet/instances/vllm-1.env"
+    assert completion.arguments["api_key_file"] == instance_env_file("vllm-1")
 
 
 def test_running_requests_sum_the_engines_and_an_unanswering_instance_runs_none():

@@ -9,6 +9,7 @@ from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.loadgen import LoadReport, RequestResult, percentile
 from ascend_fleet import rollout
 from ascend_fleet.fleet import ModelConfigs
+from ascend_fleet.node_layout import instance_unit
 from ascend_fleet.rollout import (
     Fleet,
     Record,
@@ -123,11 +124,12 @@ def test_data_is_parsed_as_pyinfra_parses_it():
 
 
 def test_a_failed_deploy_is_told_by_the_gates_own_line():
+    unit = instance_unit("vllm-0")
     output = ("--> Starting operation: Verify | Instance vllm-0 healthy\n"
               "    [worker1] No changes\n"
-              "    [worker2] worker2: instance ascend-fleet-vllm-0.service (port 8000) /health answers 503; see journalctl\n"
+              f"    [worker2] worker2: instance {unit} (port 8000) /health answers 503; see journalctl\n"
               "    [worker2] Error: executed 0/1 commands\n")
-    assert pyinfra_failure(output, ["worker2"]).startswith("worker2: instance ascend-fleet-vllm-0.service")
+    assert pyinfra_failure(output, ["worker2"]).startswith(f"worker2: instance {unit}")
     assert pyinfra_failure("--> pyinfra error: No hosts remaining!\n", ["worker2"]) == "--> pyinfra error: No hosts remaining!"
 
 

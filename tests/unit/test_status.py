@@ -9,6 +9,7 @@ from pyinfra.facts.files import FileContents
 
 from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
 from ascend_fleet.hostdata import node_config
+from ascend_fleet.node_layout import NGINX_CONF_DIR
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info, render_metrics
 from ascend_fleet.probes import fact_key
 from ascend_fleet.profile import load_profile
@@ -60,7 +61,7 @@ def test_an_idle_instance_has_no_percentiles_and_inf_bucket_gives_the_last_bound
 
 def test_every_fact_comes_back_from_one_script_and_parses_as_in_a_deploy():
     queries = {"firmware": FactQuery(AscendFirmware), "cann": FactQuery(CannPackages),
-               "config": FactQuery(FileContents, {"path": "/etc/nginx/conf.d/x.conf"})}
+               "config": FactQuery(FileContents, {"path": f"{NGINX_CONF_DIR}/x.conf"})}
     facts = facts_of(queries)
     script = fact_script(queries, facts, "@@m:")
     assert "firmware/version.info" in script and script.count("@@m:") == 3

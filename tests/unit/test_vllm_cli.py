@@ -19,7 +19,8 @@ from ascend_fleet.cli import build_app
 from ascend_fleet.plan_cli import layout
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
-from ascend_fleet.node_layout import SERVICE_ENV_FILE, instance_env_file, instance_home, instance_state_directory
+from ascend_fleet.node_layout import (SERVICE_ENV_FILE, instance_env_file, instance_home, instance_state_directory,
+                                     instance_unit)
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
 from tests.unit.test_fleet import FLEET, MODELS, write_fleet
@@ -76,7 +77,7 @@ def test_options_the_pinned_vllm_does_not_have_are_refused_before_any_host_chang
 def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE + ', "extra_args": ["--chat-template-content-format", "100%$x"]')
     instance = config.instances[0]
-    unit = tmp_path / "ascend-fleet-vllm-0.service"
+    unit = tmp_path / instance_unit(instance.name)
     unit.write_text(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id="m", revision="r",
                            service_user="root", helper="/bin/true", venv=Path(sys.executable).parents[1],
                            weights_marker="/x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),

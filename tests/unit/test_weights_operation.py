@@ -13,7 +13,7 @@ from pyinfra.facts.server import Which
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.weights import SIZES_HEADER, FilesystemSpace, StagedModel
 from ascend_fleet.node.stage_weights import MARKER_NAME, marker_problems, parse_args
-from ascend_fleet.node_layout import WEIGHTS_STAGER
+from ascend_fleet.node_layout import HUB_TOKENS_FILE, WEIGHTS_STAGER
 from ascend_fleet.operations import weights
 from tests.fakehost import FakeHost, commands, fact, new_file, uploads
 
@@ -61,12 +61,12 @@ def stager_words(**overrides) -> list[str]:
 
 
 def test_stager_command_is_what_the_stager_parses():
-    words = stager_words(tokens_env_file="/etc/ascend-fleet/hub-tokens.env", model_dir="/mnt/my models")
+    words = stager_words(tokens_env_file=HUB_TOKENS_FILE, model_dir="/mnt/my models")
     assert words[:2] == ["python3", weights.WEIGHTS_STAGER]
     args = parse_args(words[2:])
     assert (args.host, args.model_id, args.revision, args.source) == ("worker1", "lab/Qwen3-Tiny", "v1", "http")
     assert str(args.model_dir) == "/mnt/my models" and args.min_free_margin_bytes == 1024
-    assert str(args.tokens_env_file) == "/etc/ascend-fleet/hub-tokens.env"
+    assert str(args.tokens_env_file) == HUB_TOKENS_FILE
     assert "--peer" not in words
 
 
