@@ -23,6 +23,7 @@ from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
+from ascend_fleet.multi_node import DataParallelRole, data_parallel_roles
 from ascend_fleet.planner import (
     DEFAULT_POLICY,
     ERROR,
@@ -94,6 +95,7 @@ class InstanceReport:
     instance: Instance
     plan: InstancePlan
     findings: list[Finding]
+    members: tuple[str, ...] = ()  # a multi-node instance's hosts, its head (host) first
 
     @property
     def verdict(self) -> str:
@@ -102,6 +104,7 @@ class InstanceReport:
     def to_dict(self) -> dict:
         return {
             "host": self.host,
+            "members": list(self.members),
             "instance": self.instance.model_dump(),
             "verdict": self.verdict,
             "findings": [vars(finding) for finding in self.findings],
@@ -208,10 +211,21 @@ def fleet_node_configs(inventory: Inventory) -> list[NodeConfig]:
     configs = [host_node_config(host) for host in inventory]
     for config in configs:
         _check_rollout_waves(inventory, config)
+    data_parallel_roles(group_members(inventory), configs)
     problem = next(npu_network_problems(configs, npu_peers(inventory, configs)), None)
     if problem:
         raise FleetError(problem)
     return configs
+
+
+def group_members(inventory: Inventory) -> dict[str, list[str]]:
+    """Every inventory group's host names, in inventory order."""
+    return {group: [host.name for host in hosts] for group, hosts in inventory.groups.items()}
+
+
+def fleet_roles(inventory: Inventory) -> dict[str, DataParallelRole]:
+    """Each multi-node instance member's role (multi_node.py), from the whole inventory."""
+    return data_parallel_roles(group_members(inventory), [host_node_config(host) for host in inventory])
 
 
 def _check_rollout_waves(inventory: Inventory, config: NodeConfig) -> None:
@@ -223,16 +237,22 @@ def _check_rollout_waves(inventory: Inventory, config: NodeConfig) -> None:
                          "add it to one of those groups")
 
 
+def npu_peer_group(config: NodeConfig) -> str | None:
+    """The group whose NPUs this host's must reach: npu_peer_group, else its multi-node instance's hosts."""
+    return config.npu_peer_group or (config.data_parallel.group if config.data_parallel else None)
+
+
 def npu_peers(inventory: Inventory, configs: list[NodeConfig]) -> dict[str, list[str]]:
-    """Host -> the other members of its npu_peer_group, in inventory order; refuses a group that is not
+    """Host -> the other members of its NPU peer group, in inventory order; refuses a group that is not
     an inventory group holding the host."""
     peers = {}
     for config in configs:
-        if config.npu_peer_group is None:
+        group = npu_peer_group(config)
+        if group is None:
             continue
-        members = [member.name for member in inventory.groups.get(config.npu_peer_group, ())]
+        members = [member.name for member in inventory.groups.get(group, ())]
         if config.host not in members:
-            raise FleetError(f"{config.host}: npu_peer_group: {config.npu_peer_group} is not an inventory group "
+            raise FleetError(f"{config.host}: npu_peer_group: {group} is not an inventory group "
                              "holding this host; add the host to that group or name its group")
         peers[config.host] = [member for member in members if member != config.host]
     return peers
@@ -261,14 +281,15 @@ def npu_network_problems(configs: list[NodeConfig], peers: dict[str, list[str]])
         for member in members:
             other = by_host[member]
             if not other.npu_addresses:
-                yield (f"{host}: npu_peer_group {config.npu_peer_group}: {member} has no npu_addresses; plan its "
-                       "NPU network too")
+                yield (f"{host}: npu_peer_group {npu_peer_group(config)}: {member} has no npu_addresses; plan its "
+                       "NPU network too (the hosts of a multi-node instance reach each other over it)")
             elif other.npu_subnet != config.npu_subnet and config.npu_gateway is None:
-                yield (f"{host}: npu_peer_group {config.npu_peer_group}: {member}'s NPUs are in {other.npu_subnet}, "
+                yield (f"{host}: npu_peer_group {npu_peer_group(config)}: {member}'s NPUs are in {other.npu_subnet}, "
                        f"outside {config.npu_subnet}, and npu_gateway is not set; its NPUs could not reach them")
 
 
-def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[Finding]:
+def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape,
+                   role: DataParallelRole | None = None) -> list[Finding]:
     """What the profile and serving options imply beyond capacity (field notes, section 3)."""
     serving = config.serving
     findings = [
@@ -277,7 +298,7 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> l
         *check_block_size(serving.block_size, serving.enable_prefix_caching, serving.enable_chunked_prefill, shape.is_hybrid),
         *check_vllm_use_v1(config.npu_env, profile.stack.vllm),
         # The options differ per instance only in values (ports, TP size): the first stands for all.
-        *check_vllm_args(vllm_args(config, config.instances[0], "MODEL"), profile.stack.vllm),
+        *check_vllm_args(vllm_args(config, config.instances[0], "MODEL", role), profile.stack.vllm),
     ]
     if profile.upstream.vllm_ascend_row is None:
         findings.append(Finding(WARNING, "profile-no-upstream-row",
@@ -285,25 +306,30 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape) -> l
     return findings
 
 
-def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape) -> list[InstanceReport]:
-    """Plan every instance of one worker with its chip, TP size, serving options and HCCL buffers."""
+def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
+              role: DataParallelRole | None = None) -> list[InstanceReport]:
+    """Plan every instance of one worker with its chip, TP size, serving options and HCCL buffers; a
+    multi-node instance once, at its head, over all its DP ranks (its members report nothing)."""
+    if role and not role.is_head:
+        return []
     serving = config.serving
     # HCCL reserves its buffers outside vLLM's budget: plan with the size the node really sets.
     buffsize = int(config.npu_env.get("HCCL_BUFFSIZE", DEFAULT_POLICY.hccl_buffsize_mib))
     policy = replace(DEFAULT_POLICY, hccl_buffsize_mib=buffsize)
-    stack = stack_findings(config, profile, shape)
+    stack = stack_findings(config, profile, shape, role)
     reports = []
     quantization, quantization_findings = planned_quantization(shape, serving.quantization_scheme,
                                                                serving.quantization == "ascend")
     for instance in config.instances:
-        plan = plan_instance(shape, chip_by_name(config.chip), tp=len(instance.npus),
+        plan = plan_instance(shape, chip_by_name(config.chip), tp=config.tensor_parallel_size,
+                             dp=role.size if role else 1,
                              max_model_len=serving.max_model_len,
                              gpu_memory_utilization=serving.gpu_memory_utilization,
                              dtype=serving.dtype, quantization=quantization,
                              ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
                              policy=policy)
         findings = [*plan.findings, *quantization_findings, *stack]
-        reports.append(InstanceReport(config.host, instance, plan, findings))
+        reports.append(InstanceReport(config.host, instance, plan, findings, role.members if role else ()))
     return reports
 
 
@@ -312,12 +338,14 @@ def plan_fleet(inventory: Inventory, model_config: Path | None = None, models_di
     shapes = ModelConfigs(model_config, models_dir)
     profiles: dict[str, Profile] = {}
     reports = []
-    for config in fleet_node_configs(inventory):
+    configs = fleet_node_configs(inventory)
+    roles = data_parallel_roles(group_members(inventory), configs)
+    for config in configs:
         if not config.is_worker:
             continue
         if config.profile not in profiles:
             profiles[config.profile] = _load_profile(config)
-        reports.extend(plan_node(config, profiles[config.profile], shapes.shape(config)))
+        reports.extend(plan_node(config, profiles[config.profile], shapes.shape(config), roles.get(config.host)))
     return FleetPlan(reports)
 
 

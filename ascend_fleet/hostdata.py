@@ -22,6 +22,7 @@ from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_wi
 from ascend_fleet.fleetstate import BLUE, COLOURS
 from ascend_fleet.planner import (
     CHIPS,
+    DP_RPC_PORT,
     DTYPE_BYTES,
     ERROR,
     HCCL_PORT_COUNT,
@@ -40,6 +41,9 @@ from ascend_fleet.profile import available_profiles
 PYINFRA_KEY_PREFIXES = ("ssh_", "_")
 # The serve stage sets these per instance; one fleet-wide value would make instances collide.
 PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", "VLLM_PORT"})
+# A multi-node instance's member reaches the others on its own address and NIC (vllm-ascend's
+# multi-node guide): data_parallel and serving_address set these per host.
+PER_HOST_ENV = ("HCCL_IF_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 # NodeConfig's own keys, not the data's: node_config sets them.
 HIDDEN_KEYS = frozenset({"host"})
 # Wrapped lists of valid keys stay this narrow, indented under the error's own line.
@@ -147,6 +151,22 @@ class Instance(_Strict):
         return InstanceRecord(self.name, tuple(self.npus), self.port, self.hccl_base_port, self.vllm_port)
 
 
+class DataParallel(_Strict):
+    """One instance over the hosts of an inventory group, as vllm-ascend's multi-node guide serves a
+    model bigger than a node (vLLM data parallel across nodes): the group's first host is the head,
+    which serves the API; each other host runs headless engines that join it."""
+
+    group: Identifier = Field(description="the inventory group whose hosts serve this instance together, "
+                              "in rank order (its first host is the head)")
+    size_local: int = Field(1, ge=1, description="--data-parallel-size-local: DP ranks (engines) per host, each a "
+                            "TP group of tensor_parallel_size NPUs")
+    rpc_port: Port = Field(DP_RPC_PORT, description="--data-parallel-rpc-port: where the members reach the head's "
+                           "engine coordination (vLLM's default)")
+    api_server_count: int | None = Field(None, ge=1, description="--api-server-count on the head")
+    nic: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="the host NIC the members reach each other "
+                     "on (serving_address's): GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME and HCCL_SOCKET_IFNAME")
+
+
 class InstancePorts(_Strict):
     """Where derived instances take their ports: instance i gets each base plus i steps."""
 
@@ -233,6 +253,11 @@ class NodeConfig(_Strict):
                                     "instance_allowed_sources and loopback reach the instance ports, and only "
                                     "workers the weights peer port (ascend_fleet/firewall.py); false where the "
                                     "site's own firewall does it")
+    data_parallel: DataParallel | None = Field(None, description="the host serves one instance with the other "
+                                               "hosts of a group (a model bigger than a node); group data")
+    serving_address: IPv4Address | None = Field(None, description="host data: the host's address on the network "
+                                                "the hosts of a multi-node instance reach each other on (HCCL_IF_IP; "
+                                                "the head's is --data-parallel-address)")
     npu_addresses: list[IPv4Address] = Field(
         default_factory=list, description="host data: NPU i's address on the NPUs' own network (the parameter "
         "plane that multi-node HCCL uses; `hccn_tool -i i -ip -s`), one per NPU, all in one subnet; empty: the "
@@ -277,6 +302,8 @@ class NodeConfig(_Strict):
         for key in env:
             if key in PER_INSTANCE_ENV:
                 raise ValueError(f"{key} is set per instance (see instances), not fleet-wide")
+            if key in PER_HOST_ENV:
+                raise ValueError(f"{key} is set per host from serving_address and data_parallel.nic, not fleet-wide")
         if not env.get("HCCL_BUFFSIZE", "0").isdigit():
             raise ValueError("HCCL_BUFFSIZE must be a whole number of MB")
         return env
@@ -306,12 +333,22 @@ class NodeConfig(_Strict):
 
     def instance_env(self, instance: Instance) -> dict[str, str]:
         """The environment of one instance's service: the node's settings plus its NPUs and ports."""
+        member = {}
+        if self.data_parallel:
+            member = {"HCCL_IF_IP": str(self.serving_address),
+                      **{name: self.data_parallel.nic for name in PER_HOST_ENV[1:]}}
         return {
             **self.npu_env,
+            **member,
             "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, instance.npus)),
             "HCCL_IF_BASE_PORT": str(instance.hccl_base_port),
             "VLLM_PORT": str(instance.vllm_port),
         }
+
+    @property
+    def npus_per_instance(self) -> int:
+        """An instance's NPUs on this host: one TP group, or size_local of them on a multi-node member."""
+        return self.tensor_parallel_size * (self.data_parallel.size_local if self.data_parallel else 1)
 
 
 def derive_instances(npu_count: int, tensor_parallel_size: int, ports: InstancePorts) -> list[Instance]:
@@ -368,7 +405,11 @@ def _with_derived_values(config: NodeConfig) -> NodeConfig:
     derived = {}
     if config.model_dir is None and config.nvme_mount:
         derived["model_dir"] = f"{config.nvme_mount.rstrip('/')}/models"
-    if not config.instances and config.is_worker and config.npu_count % config.tensor_parallel_size == 0:
+    if config.data_parallel and not config.instances and config.npus_per_instance <= config.npu_count:
+        # A multi-node instance's member runs one process for all its local DP ranks.
+        derived["instances"] = derive_instances(config.npus_per_instance, config.npus_per_instance,
+                                                config.instance_ports)
+    elif not config.instances and config.is_worker and config.npu_count % config.tensor_parallel_size == 0:
         derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports)
     derived["instances"] = colour_instances(derived.get("instances", config.instances), config.colour, config.npu_count)
     return config.model_copy(update=derived)
@@ -440,17 +481,35 @@ def _npu_network_problems(config: NodeConfig):
             yield key, f"{getattr(config, key)} is an NPU's own address; expected the switch side's"
 
 
+def _data_parallel_problems(config: NodeConfig):
+    if config.data_parallel is None:
+        return
+    if config.npus_per_instance > config.npu_count:
+        yield "data_parallel.size_local", (
+            f"{config.data_parallel.size_local} ranks of tensor_parallel_size {config.tensor_parallel_size} take "
+            f"{config.npus_per_instance} NPUs; the host has {config.npu_count}")
+    if config.serving_address is None:
+        yield "serving_address", ("missing; a multi-node instance's member needs its address on the network the "
+                                  "members reach each other on (host data)")
+    if len(config.instances) != 1:
+        yield "instances", f"{len(config.instances)} instances; a multi-node instance's member runs exactly one"
+
+
 def _instance_problems(config: NodeConfig, derived: bool):
     tp, count = config.tensor_parallel_size, config.npu_count
+    yield from _data_parallel_problems(config)
     if not config.instances:
         yield "tensor_parallel_size", f"{tp} does not divide the {count} NPUs; expected a divisor of {count}"
     names = [instance.name for instance in config.instances]
     for name in sorted({name for name in names if names.count(name) > 1}):
         yield "instances", f"two instances are named {name}; expected distinct names"
     for instance in config.instances:
-        if len(instance.npus) != tp:
+        if len(instance.npus) != config.npus_per_instance:
             yield f"instances.{instance.name}.npus", (
-                f"{len(instance.npus)} NPUs but tensor_parallel_size is {tp}; expected one TP group of {tp}")
+                f"{len(instance.npus)} NPUs but tensor_parallel_size is {tp}; expected one TP group of {tp}"
+                if not config.data_parallel else
+                f"{len(instance.npus)} NPUs; expected data_parallel.size_local x tensor_parallel_size = "
+                f"{config.npus_per_instance}")
         for npu in instance.npus:
             if npu >= count:
                 yield f"instances.{instance.name}.npus", f"NPU {npu} does not exist; npu_count is {count} (NPUs 0-{count - 1})"

@@ -687,6 +687,10 @@ def check_hccl_headroom(free_outside_budget: int, hccl_reserve: int) -> list[Fin
 
 
 HCCL_PORT_COUNT = 16  # HCCL takes HCCL_IF_BASE_PORT .. +15
+# vLLM's ParallelConfig defaults: the port a multi-node instance's head coordinates its engines on
+# (--data-parallel-rpc-port) and its data-parallel master port (no CLI flag in 0.11.0-0.18.0's tables).
+DP_RPC_PORT = 29550
+DP_MASTER_PORT = 29500
 # vLLM takes VLLM_PORT and counts up from it for its further internal sockets (get_open_port
 # moves past busy ones), so each instance keeps this many from its VLLM_PORT.
 VLLM_PORT_SPAN = 16
@@ -724,11 +728,12 @@ class InstanceRecord:
         )
 
 
-def reserved_ports(records: Sequence[InstanceRecord]) -> str:
-    """Every port of these instances in the form the kernel reads net.ipv4.ip_local_reserved_ports
-    back in (so a rerun compares equal): ascending, touching ports merged into one a-b range, a
-    lone port alone, e.g. "8000-8001,51000-51031,60000-60031"."""
-    ports = sorted({port for record in records for taken in record.port_ranges() for port in taken.ports})
+def reserved_ports(records: Sequence[InstanceRecord], more: Sequence[PortRange] = ()) -> str:
+    """Every port of these instances (and of `more`, e.g. a multi-node head's) in the form the kernel
+    reads net.ipv4.ip_local_reserved_ports back in (so a rerun compares equal): ascending, touching
+    ports merged into one a-b range, a lone port alone, e.g. "8000-8001,51000-51031,60000-60031"."""
+    taken = [*(claimed for record in records for claimed in record.port_ranges()), *more]
+    ports = sorted({port for claimed in taken for port in claimed.ports})
     spans: list[list[int]] = []
     for port in ports:
         if spans and port == spans[-1][1] + 1:

@@ -11,16 +11,20 @@ from pathlib import Path
 from packaging.version import Version
 
 from ascend_fleet.hostdata import Instance, NodeConfig
+from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.planner import ERROR, WARNING, Finding
 
 OPTIONS_DIR = Path(__file__).with_name("vllm_options")
 
 
-def vllm_args(config: NodeConfig, instance: Instance, model_path: str) -> list[str]:
-    """The `vllm serve` options for one instance, from the model and serving data."""
+def vllm_args(config: NodeConfig, instance: Instance, model_path: str,
+              role: DataParallelRole | None = None) -> list[str]:
+    """The `vllm serve` options for one instance, from the model and serving data; a multi-node
+    instance's member adds its part (the head serves the API, the others run headless)."""
     serving, model = config.serving, config.model
     args = ["--model", model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
-            "--port", str(instance.port), "--tensor-parallel-size", str(len(instance.npus)),
+            "--port", str(instance.port), "--tensor-parallel-size", str(config.tensor_parallel_size),
+            *(role.vllm_args() if role else []),
             "--dtype", serving.dtype, "--max-model-len", str(serving.max_model_len),
             "--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
     # vLLM's BooleanOptionalAction pairs: only --no-X turns off what vLLM turns on by default.

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, inventory
 from pyinfra.facts.server import LinuxDistribution
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
+from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.per_run import once_per_run
 from ascend_fleet.profile import Profile, load_profile
 
 APT_DISTRIBUTIONS = {"Debian", "Ubuntu"}
@@ -27,6 +30,11 @@ def node_profile() -> Profile:
 def pip_index_url(profile: Profile) -> str:
     """The index the serving stack installs from: the profile's, else this host's `pip_index_url`."""
     return profile.pip.index_url or host.data.pip_index_url
+
+
+def data_parallel_role(host_name: str) -> DataParallelRole | None:
+    """The host's part in a multi-node instance (multi_node.py), or None: worked out once per run."""
+    return once_per_run(host.state, "data parallel roles", lambda: fleet_roles(inventory)).get(host_name)
 
 
 def runs_npus() -> bool:

@@ -17,7 +17,7 @@ from ascend_fleet.node_layout import CONFIG_DIR, GOVERNOR_UNIT, LOGIN_SCRIPT, SE
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.environment import service_env_file
 from ascend_fleet.planner import reserved_ports
-from ascend_fleet.stages.context import node_profile, runs_npus
+from ascend_fleet.stages.context import data_parallel_role, node_profile, runs_npus
 from ascend_fleet.templating import render
 
 ENV_SCRIPTS = [f"{ASCEND_HOME}/cann/set_env.sh", f"{ASCEND_HOME}/ascend-toolkit/set_env.sh",
@@ -50,8 +50,10 @@ def environment_stage() -> None:
                      env_scripts=ENV_SCRIPTS, venv=node_profile().pip.venv, settings=settings)
 
     # Both colours: a blue/green swap starts the other set of instances without this stage.
+    role = data_parallel_role(host.name)
     reserved = reserved_ports([instance.record() for colour in COLOURS
-                               for instance in host_node_config(host, colour).instances])
+                               for instance in host_node_config(host, colour).instances],
+                              role.head_ports() if role and role.is_head else ())
     sysctl_conf = files.put(name="Host tuning and reserved instance ports (sysctl)", dest=SYSCTL_FILE, mode="644",
                             src=rendered("sysctl-ascend-fleet.conf.j2", sysctls={**HOST_SYSCTLS, RESERVED_PORTS: reserved}))
     # Applied when they change. A container (a lab node) has a read-only /proc/sys but for its own

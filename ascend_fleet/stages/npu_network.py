@@ -13,7 +13,7 @@ from pyinfra import host, inventory
 from pyinfra.api import deploy
 
 from ascend_fleet.facts.hccn import HCCN_TOOL, NpuNicConfig, NpuNicHealth, NpuPings
-from ascend_fleet.fleet import npu_peers
+from ascend_fleet.fleet import npu_peer_group, npu_peers
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.operations import gates, hccn
@@ -27,7 +27,7 @@ NET_HEALTHY = "Success"
 
 def peer_addresses(config: NodeConfig) -> list[tuple[int, str]]:
     """(NPU, address) pairs this host's NPUs must reach: NPU i of every other member of its peer group."""
-    if config.npu_peer_group is None:
+    if npu_peer_group(config) is None:
         return []
     peers = once_per_run(host.state, "npu peers",
                          lambda: npu_peers(inventory, [host_node_config(member) for member in inventory]))
@@ -65,7 +65,7 @@ def nic_problems(config: NodeConfig) -> list[str]:
         return problems
     for (npu, address), ping in host.get_fact(NpuPings, targets=peer_addresses(config)).items():
         if not ping["received"]:
-            problems.append(f"NPU {npu} does not reach {address} of npu_peer_group {config.npu_peer_group} "
+            problems.append(f"NPU {npu} does not reach {address} of npu_peer_group {npu_peer_group(config)} "
                             f"(-ping -g address {address}: {ping['said']})")
     return problems
 
@@ -96,7 +96,7 @@ def npu_network_stage() -> None:
     if not nics:
         return
     hccn.npu_nics(name="NPU NICs: address, gateway, netdetect (hccn_tool)", nics=nics)
-    peers = f", reach {config.npu_peer_group}'s NPUs" if config.npu_peer_group else ""
+    peers = f", reach {npu_peer_group(config)}'s NPUs" if npu_peer_group(config) else ""
     gates.passed(name="NPU network checks",
                  description=f"{len(nics)} NPU NICs as planned: link up, net health, LLDP neighbour, TLS {int(config.npu_tls)}{peers}",
                  find_problem=lambda: npu_network_problem(config))

@@ -36,7 +36,8 @@ from ascend_fleet.node_layout import (
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import node_profile
+from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.stages.context import data_parallel_role, node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
@@ -50,7 +51,14 @@ GATEWAY_UPSTREAM = {"max_fails": 2, "read_timeout": 3600, "upstream_keepalive_ti
 
 
 def instance_problem(config: NodeConfig, instance: Instance) -> str | None:
-    """An instance's gate, asked on its node: the one judgement of probes.judge_instance."""
+    """An instance's gate, asked on its node: the one judgement of probes.judge_instance. A headless
+    member of a multi-node instance serves no HTTP: its unit runs, and its head's gate judges the whole."""
+    role = data_parallel_role(config.host)
+    if role and not role.is_head:
+        unit = instance_unit(instance.name)
+        state = host.get_fact(UnitState, unit=unit)["ActiveState"]
+        return None if state == "active" else (
+            f"instance {unit} (headless member of {role.group}, head {role.head}) is {state}; see `journalctl -u {unit}`")
     model_name = config.model.served_model_name
     answers = answers_in_deploy(instance_queries(instance.port, instance_env_file(instance.name), model_name))
     verdict = judge_instance(answers, model_name)
@@ -95,15 +103,18 @@ def weights_stage() -> None:
                   peer_urls=spread.peer_urls if spread else None, origin_start=spread.origin_start if spread else 0.0)
 
 
-def instance_unit_file(config: NodeConfig, instance: Instance, venv: str) -> str:
-    """The systemd unit that runs one instance from the serving virtualenv `venv`."""
+def instance_unit_file(config: NodeConfig, instance: Instance, venv: str,
+                       role: DataParallelRole | None = None) -> str:
+    """The systemd unit that runs one instance from the serving virtualenv `venv`; a multi-node
+    instance's headless member is started once it runs (it serves no /health to wait for)."""
     model = config.model
     model_path = str(revision_dir(config.model_dir, model.id, model.revision))
     return render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
                   revision=model.revision, service_user=config.service_user, helper=INSTANCE_HELPER, venv=venv,
                   service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
                   home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
-                  weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path),
+                  weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path, role),
+                  serves_http=not role or role.is_head,
                   start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
 
 
@@ -131,7 +142,7 @@ def serve_stage() -> None:
             continue
         unit = files.put(
             name=f"Unit {instance_unit(instance.name)}", dest=unit_file(instance_unit(instance.name)), mode="644",
-            src=StringIO(instance_unit_file(config, instance, profile.pip.venv)))
+            src=StringIO(instance_unit_file(config, instance, profile.pip.venv, data_parallel_role(config.host))))
         environment = private.private_file(
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),
             content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),
@@ -141,7 +152,8 @@ def serve_stage() -> None:
         # One that the gateway routes to restarts at most max_unavailable at a time across the fleet
         # (pyinfra's _parallel: hosts in batches, each back on /health and out of nginx's failure
         # memory before the next batch); the others all at once.
-        routed = changed and serving_through_gateway(config, instance)
+        # A multi-node instance's members restart together (its head waits for every engine to join).
+        routed = changed and not config.data_parallel and serving_through_gateway(config, instance)
         if changed:
             served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
                                             why="restarting", fleet_state_dir=config.fleet_state_dir,
@@ -194,7 +206,8 @@ def fleet_backends(state: FleetState) -> list[dict]:
     backends = []
     for worker in inventory:  # every host, also those a --limit leaves out
         config = host_node_config(worker)
-        if not config.is_worker:
+        role = data_parallel_role(worker.name)
+        if not config.is_worker or (role and not role.is_head):  # a headless member serves no HTTP
             continue
         address = worker.data.get("ssh_hostname") or worker.name
         backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,

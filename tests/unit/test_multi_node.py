@@ -1,0 +1,94 @@
+"""Instances bigger than a node (multi_node.py): which host is head and which rank, the `vllm serve`
+options and environment each member gets (vllm-ascend's two-node guide for Qwen3.5-397B-A17B), and
+the fleet-wide refusals, each one line naming host and key, before any host is touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import fleet_node_configs, fleet_roles, load_inventory
+from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
+
+GROUP_DATA = """
+profile = "vllm-ascend-0.18.0"
+model = {"id": "Eco-Tech/Qwen3.5-397B-A17B-w8a8-mtp", "revision": "r1", "source": "hf", "served_model_name": "qwen3.5"}
+tensor_parallel_size = 8
+serving = {"max_model_len": 32768, "gpu_memory_utilization": 0.9, "enable_expert_parallel": True,
+           "quantization": "ascend", "quantization_scheme": "w8a8"}
+rollout_waves = ["canary"]
+"""
+PAIR = '{"group": "pair_a", "rpc_port": 13389, "api_server_count": 2, "nic": "enp67s0f0"}'
+
+
+def member(n: int, **more) -> dict:
+    return {"chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "serving_address": f"192.168.13.{30 + n}",
+            "npu_addresses": [f"10.20.0.{10 * n + npu}" for npu in range(8)], "npu_netmask": "255.255.255.0", **more}
+
+
+def fleet(tmp_path: Path, hosts: dict[str, dict], groups: str, data: str = GROUP_DATA, pair: str = PAIR):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(data)
+    (tmp_path / "group_data" / "pair_a.py").write_text(f"data_parallel = {pair}\n")
+    (tmp_path / "fleet.py").write_text(f"workers = {list(hosts.items())!r}\ncanary = {list(hosts)!r}\n{groups}")
+    return load_inventory(tmp_path / "fleet.py", tmp_path)
+
+
+def test_the_first_host_of_the_group_is_the_head_and_the_next_runs_headless_from_rank_1(tmp_path):
+    inventory = fleet(tmp_path, {"npu-01": member(1), "npu-02": member(2)}, "pair_a = ['npu-01', 'npu-02']\n")
+    configs = {config.host: config for config in fleet_node_configs(inventory)}
+    roles = fleet_roles(inventory)
+    head, other = roles["npu-01"], roles["npu-02"]
+    assert (head.is_head, other.is_head, other.start_rank, head.size) == (True, False, 1, 2)
+    # One instance per member over all 8 NPUs, TP8 (the guide's layout).
+    instance = configs["npu-02"].instances[0]
+    assert (instance.name, instance.npus) == ("vllm-0", list(range(8)))
+    head_args = vllm_args(configs["npu-01"], configs["npu-01"].instances[0], "/m", head)
+    member_args = vllm_args(configs["npu-02"], instance, "/m", other)
+    assert " ".join(head_args).count("--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
+                                     "192.168.13.31 --data-parallel-rpc-port 13389 --api-server-count 2") == 1
+    assert "--headless --data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address 192.168.13.31 " \
+           "--data-parallel-rpc-port 13389 --data-parallel-start-rank 1" in " ".join(member_args)
+    assert "--tensor-parallel-size 8" in " ".join(member_args)
+    # Every option exists in the pinned vLLM's own table.
+    assert check_vllm_args(head_args, "0.18.0") == check_vllm_args(member_args, "0.18.0") == []
+    # Each member reaches the others on its own address and NIC (the guide's exports).
+    env = configs["npu-02"].instance_env(instance)
+    assert {k: env[k] for k in ("HCCL_IF_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")} == {
+        "HCCL_IF_IP": "192.168.13.32", "GLOO_SOCKET_IFNAME": "enp67s0f0", "TP_SOCKET_IFNAME": "enp67s0f0",
+        "HCCL_SOCKET_IFNAME": "enp67s0f0"}
+
+
+@pytest.mark.parametrize("hosts, groups, pair, expected", [
+    ({"npu-01": member(1), "npu-02": member(2)}, "pair_a = ['npu-01', 'npu-02']\n",
+     '{"group": "pair_a", "rpc_port": 8000, "nic": "eth0"}',
+     "npu-01: the DP RPC port 8000 of multi-node instance pair_a (head npu-01) clashes with instance vllm-0's port "
+     "8000; move data_parallel.rpc_port or instance vllm-0's port"),
+    ({"npu-01": member(1), "npu-02": member(2)}, "pair_a = ['npu-01', 'npu-02']\n",
+     '{"group": "pair_a", "rpc_port": 51003, "nic": "eth0"}',
+     "npu-01: the DP RPC port 51003 of multi-node instance pair_a (head npu-01) clashes with instance vllm-0's "
+     "VLLM_PORT 51000-51015; move data_parallel.rpc_port or instance vllm-0's vllm_port"),
+    ({"npu-01": member(1), "npu-02": member(2, tensor_parallel_size=4)}, "pair_a = ['npu-01', 'npu-02']\n", PAIR,
+     "npu-02: tensor_parallel_size differs from that of npu-01, the head of data_parallel group pair_a"),
+    ({"npu-01": member(1)}, "pair_a = ['npu-01']\n", PAIR,
+     "npu-01: data_parallel.group: pair_a holds only this host; a multi-node instance needs two or more"),
+    ({"npu-01": member(1), "npu-02": {**member(2), "npu_addresses": []}}, "pair_a = ['npu-01', 'npu-02']\n", PAIR,
+     "npu-02: npu_netmask: set without npu_addresses"),
+    ({"npu-01": member(1), "npu-02": {**member(2), "serving_address": None}}, "pair_a = ['npu-01', 'npu-02']\n", PAIR,
+     "npu-02: serving_address: missing; a multi-node instance's member needs its address"),
+], ids=["rpc port on the api port", "rpc port in vllm range", "members differ", "one host", "member without npu network",
+        "member without address"])
+def test_a_multi_node_instance_that_cannot_work_is_refused_in_one_line(tmp_path, hosts, groups, pair, expected):
+    with pytest.raises(FleetError) as caught:
+        fleet_node_configs(fleet(tmp_path, hosts, groups, pair=pair))
+    assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_a_member_without_the_npu_network_the_instance_needs_is_refused(tmp_path):
+    hosts = {"npu-01": member(1), "npu-02": {k: v for k, v in member(2).items() if not k.startswith("npu_a")
+                                             and k != "npu_netmask"}}
+    with pytest.raises(FleetError, match=r"^npu-01: npu_peer_group pair_a: npu-02 has no npu_addresses; plan its NPU "
+                                         r"network too \(the hosts of a multi-node instance reach each other over it\)"):
+        fleet_node_configs(fleet(tmp_path, hosts, "pair_a = ['npu-01', 'npu-02']\n"))
