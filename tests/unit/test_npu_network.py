@@ -20,13 +20,14 @@ WORKER = {"profile": "lab", "chip": "910B3", "npu_count": 2, "nvme_mount": "/mnt
           "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http", "url": "http://mirror"},
           "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9},
           "npu_addresses": ADDRESSES, "npu_netmask": "255.255.255.0", "npu_gateway": "10.20.0.254"}
-# The stand-in answers each -g as a configured, healthy NIC does; NPU 1's link is down.
+# The stand-in answers each -g in hccn_tool's own lines (docs/sim-fidelity.md) as a configured, healthy
+# NIC does; NPU 1's link is down and its netdetect address never set.
 STAND_IN = r"""#!/bin/sh
 npu=$2
 case "$3 $4" in
 "-ip -g") echo "ipaddr:10.20.0.1$((npu + 1))"; echo "netmask:255.255.255.0";;
-"-gateway -g") echo "gateway:10.20.0.254";;
-"-netdetect -g") echo "netdetect address:10.20.0.254";;
+"-gateway -g") echo "default gateway:10.20.0.254, Iface:eth$npu";;
+"-netdetect -g") [ "$npu" = 1 ] && echo "netdetect addr: 0.0.0.0" || echo "netdetect addr: 10.20.0.254";;
 "-link -g") [ "$npu" = 1 ] && echo "link status: DOWN" || echo "link status: UP";;
 "-net_health -g") [ "$npu" = 1 ] && echo "net health status: Fault" || echo "net health status: Success";;
 "-lldp -g") echo "Chassis ID TLV"; echo "Ifname: 100GE1/0/$npu";;
@@ -52,7 +53,8 @@ def test_the_nic_config_fact_reads_address_gateway_netdetect_and_the_persisted_f
     assert read[0] == {"address": "10.20.0.11", "netmask": "255.255.255.0", "gateway": "10.20.0.254",
                        "netdetect": "10.20.0.254",
                        "persisted": {"address": "10.20.0.11", "netmask": "255.255.255.0", "gateway": "10.20.0.254"}}
-    assert read[1]["address"] == "10.20.0.12" and read[1]["persisted"] == {}
+    # A netdetect address never set reads 0.0.0.0.
+    assert (read[1]["address"], read[1]["netdetect"], read[1]["persisted"]) == ("10.20.0.12", None, {})
 
 
 def test_an_npu_without_an_address_reads_as_none():
