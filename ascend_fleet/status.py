@@ -27,10 +27,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
+from ascend_fleet.facts.hccn import NpuNicHealth
 from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleet import fleet_roles, load_inventory
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
+from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
@@ -64,7 +66,10 @@ class InstanceStatus:
     model: str | None = None
     revision: str | None = None
     metrics: dict | None = None
-    routed: str = "unknown"  # "yes", "drained", "absent" (by every gateway), "unknown" (no gateway read)
+    routed: str = "unknown"  # "yes", "drained", "absent" (by every gateway), "unknown" (no gateway read),
+    # "via head" (a multi-node instance's headless member: the gateway reaches it through its head)
+    multi_node: str | None = None  # "head of G" or "rank R of G (head H)"
+    members: list[dict] = field(default_factory=list)  # a head's: each member host's unit and problems
     problems: list[str] = field(default_factory=list)  # red: it is not serving as it should
     warnings: list[str] = field(default_factory=list)  # yellow: serving, but not as the inventory says
 
@@ -115,12 +120,16 @@ class FleetStatus:
 
 # What to read on each host.
 
-def worker_queries(config: NodeConfig, profile: Profile) -> dict[str, FactQuery]:
+def worker_queries(config: NodeConfig, profile: Profile, role: DataParallelRole | None = None) -> dict[str, FactQuery]:
     queries = {"driver": FactQuery(AscendDriver), "firmware": FactQuery(AscendFirmware),
                "cann": FactQuery(CannPackages), "npus": FactQuery(NpuStatus),
                "pip": FactQuery(PipPackages, {"venv": profile.pip.venv})}
+    if config.npu_addresses:
+        queries["npu_network"] = FactQuery(NpuNicHealth, {"npu_count": config.npu_count})
     for instance in config.instances:
         queries[fact_key("unit", instance.name)] = FactQuery(UnitState, {"unit": instance_unit(instance.name)})
+        if role and not role.is_head:
+            continue  # a headless member serves no HTTP
         asked = instance_queries(instance.port, instance_env_file(instance.name), config.model.served_model_name,
                                  READ_ONLY_ASKS, HTTP_TIMEOUT_SECONDS)
         queries |= {fact_key(ask, instance.name): query for ask, query in asked.items()}
@@ -163,8 +172,29 @@ def unit_problem(unit: dict[str, str], name: str) -> str | None:
     return f"unit {unit.get('ActiveState') or 'unknown'}/{unit.get('SubState') or '?'}{why}{last}"
 
 
-def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any]) -> InstanceStatus:
+def npu_network_problems(config: NodeConfig, health: dict | None) -> list[str]:
+    """Each NPU NIC off the checklist the NPU network stage holds it to (link, net health, TLS)."""
+    if not config.npu_addresses:
+        return []
+    if not health:
+        return ["NPU network: hccn_tool answered nothing (no NPU driver?)"]
+    problems = []
+    for npu, state in sorted(health.items()):
+        if state["link"] != "UP":
+            problems.append(f"NPU network: NPU {npu} link {state['link']}")
+        elif config.npu_gateway and state["net_health"] != "Success":
+            problems.append(f"NPU network: NPU {npu} net health {state['net_health']}")
+        elif state["tls"] != int(config.npu_tls):
+            problems.append(f"NPU network: NPU {npu} TLS switch {state['tls']}, the fleet's is {int(config.npu_tls)}")
+    return problems
+
+
+def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any],
+                    role: DataParallelRole | None = None) -> InstanceStatus:
     status = InstanceStatus(instance.name, instance.port, list(instance.npus))
+    if role:
+        status.multi_node = (f"head of {role.group}" if role.is_head
+                             else f"rank {role.start_rank} of {role.group} (head {role.head})")
     status.unit = facts.get(fact_key("unit", instance.name)) or {}
     problem = unit_problem(status.unit, instance_unit(instance.name))
     if problem:
@@ -188,6 +218,9 @@ def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any
     if unhealthy:
         status.problems.append(f"unhealthy: {', '.join(unhealthy)}")
 
+    if role and not role.is_head:
+        status.routed = "via head"
+        return status
     answers = {ask: facts.get(fact_key(ask, instance.name)) or NO_ANSWER for ask in READ_ONLY_ASKS}
     verdict = judge_instance(answers, config.model.served_model_name)
     status.health, status.model, status.revision = verdict.health, verdict.model, verdict.revision
@@ -237,7 +270,8 @@ def routing(instance_address: str, port: int, gateways: list[HostStatus]) -> str
     return "yes"
 
 
-def host_status(config: NodeConfig, profile: Profile, facts: HostFacts) -> HostStatus:
+def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
+                part: DataParallelRole | None = None) -> HostStatus:
     role = "+".join(r for r, on in (("worker", config.is_worker), ("gateway", config.is_gateway)) if on) or "other"
     status = HostStatus(config.host, role, config.profile, error=facts.error)
     if facts.error:
@@ -251,7 +285,8 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts) -> HostS
         status.versions = {key: Version(installed[key], expected) for key, expected in expected_versions(profile).items()}
         npu_smi = values.get("npus") or {}
         status.npu_smi_error = None if npu_smi.get("ok") else npu_smi.get("error")
-        status.instances = [instance_status(config, instance, values) for instance in config.instances]
+        status.instances = [instance_status(config, instance, values, part) for instance in config.instances]
+        status.problems += npu_network_problems(config, values.get("npu_network"))
     if config.is_gateway:
         status.services = {name: values.get(f"service:{name}") or {} for name in GATEWAY_SERVICES}
         for name, unit in status.services.items():
@@ -270,26 +305,50 @@ def read_status(inventory: Inventory) -> FleetStatus:
     configs = [host_node_config(host) for host in inventory]
     profiles = {name: load_profile(name) for name in {config.profile for config in configs}}
     hosts = {host.name: host for host in inventory}
+    roles = fleet_roles(inventory)
     plans = {}
     for config in configs:
         queries = {}
         if config.is_worker:
-            queries |= worker_queries(config, profiles[config.profile])
+            queries |= worker_queries(config, profiles[config.profile], roles.get(config.host))
         if config.is_gateway:
             queries |= gateway_queries()
         plans[config.host] = (hosts[config.host].data.dict(), queries)
     facts = read_fleet_facts(plans)
-    statuses = [host_status(config, profiles[config.profile], facts[config.host]) for config in configs]
+    statuses = [host_status(config, profiles[config.profile], facts[config.host], roles.get(config.host))
+                for config in configs]
+    join_members(statuses, roles)
     gateways = [status for status, config in zip(statuses, configs) if config.is_gateway]
     for status, config in zip(statuses, configs):
         address = hosts[config.host].data.get("ssh_hostname") or config.host
         for instance in status.instances:
+            if instance.routed == "via head":
+                continue
             instance.routed = routing(address, instance.port, gateways)
             if instance.routed == "absent":
                 instance.warnings.append("the gateway does not route to it (absent from its upstream)")
             elif instance.routed == "drained":
                 instance.warnings.append("drained at the gateway")
     return FleetStatus(statuses, read_at, time.monotonic() - started)
+
+
+def join_members(statuses: list[HostStatus], roles: dict[str, DataParallelRole]) -> None:
+    """A multi-node instance is one unit: its head's row lists every member's unit and problems, and is
+    red, naming the member, when one is (its head stops answering once an engine is gone)."""
+    by_host = {status.host: status for status in statuses}
+    for host, role in roles.items():
+        if not role.is_head or not by_host[host].instances:
+            continue
+        head = by_host[host].instances[0]
+        for member in role.members[1:]:
+            other = by_host[member]
+            problems = [*([f"host: {other.error}"] if other.error else []), *other.problems,
+                        *(p for instance in other.instances for p in instance.problems)]
+            unit = other.instances[0].unit if other.instances else {}
+            head.members.append({"host": member, "rank": role.members.index(member) * role.size_local,
+                                 "unit": unit.get("ActiveState"), "problems": problems})
+            if problems:
+                head.problems.append(f"member {member} of {role.group}: {problems[0]}")
 
 
 # How it looks.
@@ -350,7 +409,9 @@ def render_table(status: FleetStatus) -> Table:
             model = f"{instance.model}@{instance.revision}" if instance.model else "-"
             gateway = Text(instance.routed, style="green" if instance.routed == "yes" else "yellow")
             table.add_row(
-                host.host if index == 0 else "", instance.name, *(versions if index == 0 else [""] * len(VERSIONS)),
+                host.host if index == 0 else "",
+                f"{instance.name}, {instance.multi_node}" if instance.multi_node else instance.name,
+                *(versions if index == 0 else [""] * len(VERSIONS)),
                 Text(health_word, style="green" if health_word == "OK" else "bold red"), hbm,
                 _unit_cell(instance.unit), Text(model, style="yellow" if instance.warnings else ""),
                 str(instance.health or "-"),

@@ -190,3 +190,30 @@ def test_routing_needs_every_gateway_to_route():
     assert routing("10.0.0.2", 8001, [gateway]) == "drained"
     assert routing("10.0.0.3", 8000, [gateway]) == "absent"
     assert routing("10.0.0.2", 8000, [HostStatus("gw", "gateway", "lab", error="down")]) == "unknown"
+
+
+def test_a_multi_node_instance_is_one_row_group_its_head_red_naming_the_member_that_is_down():
+    from ascend_fleet.multi_node import DataParallelRole
+    from ascend_fleet.status import join_members
+    profile = load_profile("lab")
+    data = {**WORKER_DATA, "tensor_parallel_size": 2, "serving_address": "10.0.0.2",
+            "data_parallel": {"group": "pair", "nic": "eth0"},
+            "npu_addresses": ["10.20.0.11", "10.20.0.12"], "npu_netmask": "255.255.255.0"}
+    roles = {host: DataParallelRole("pair", "worker1", "10.0.0.2", rank, 2, 1, 29550, None, ("worker1", "worker2"))
+             for rank, host in enumerate(("worker1", "worker2"))}
+    link = {"link": "UP", "net_health": "Success", "neighbour": "x", "tls": 0, "said": {}}
+    head_facts = {**worker_facts(profile), "npu_network": {0: link, 1: link}}
+    # worker2's unit failed and its NPU 1 lost its link.
+    member_facts = {**worker_facts(profile, "failed"), "npu_network": {0: link, 1: {**link, "link": "DOWN"}}}
+    head = host_status(node_config(data, "worker1"), profile, HostFacts("worker1", head_facts), roles["worker1"])
+    member = host_status(node_config(data, "worker2"), profile, HostFacts("worker2", member_facts), roles["worker2"])
+    assert member.instances[0].multi_node == "rank 1 of pair (head worker1)"
+    assert member.instances[0].routed == "via head" and member.instances[0].health is None  # asked no HTTP
+    assert member.problems == ["NPU network: NPU 1 link DOWN"]
+    assert head.ok
+    join_members([head, member], roles)
+    assert head.instances[0].multi_node == "head of pair"
+    assert head.instances[0].members == [{"host": "worker2", "rank": 1, "unit": "failed",
+                                          "problems": ["NPU network: NPU 1 link DOWN",
+                                                       "unit failed/x, result exit-code: ERROR NPU 0 is already in use"]}]
+    assert head.instances[0].problems == ["member worker2 of pair: NPU network: NPU 1 link DOWN"]
