@@ -5,15 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from ascend_fleet.lab.lab import fleet_state_dir, ssh_dir
-from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, NodeSpec
+from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 
 
-def host_data(lab_dir: Path, node: NodeSpec, mirror_url: str) -> dict:
-    """SSH settings (the lab's key, its own known_hosts, strict checking), the node's hardware
-    and the lab mirror's URLs (pip index, vendor files, models)."""
+def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
+    """SSH settings (the lab's key, its own known_hosts, strict checking), the node's hardware,
+    the lab mirror's URLs (pip index, vendor files, models) and, for a worker, its NPUs' address plan
+    on the lab's parameter plane (gateway and net-detect target: the host's address there)."""
     keys = ssh_dir(lab_dir)
     hardware = node.hardware
+    mirror_url = spec.mirror_url
+    plan = {}
+    if node.role == "worker" and hardware.npus:
+        plan = {"npu_addresses": spec.npu_addresses(node), "npu_netmask": str(spec.npu_network.netmask),
+                "npu_gateway": spec.npu_host_address, "npu_netdetect": spec.npu_host_address}
     return {
         "ssh_hostname": node.address,
         "ssh_user": "root",
@@ -28,6 +34,7 @@ def host_data(lab_dir: Path, node: NodeSpec, mirror_url: str) -> dict:
         "vendor_mirror_url": f"{mirror_url}/files",
         # Each lab keeps its rollout state apart: several labs share inventories/lab.py.
         "fleet_state_dir": str(fleet_state_dir(lab_dir)),
+        **plan,
     }
 
 
@@ -37,7 +44,7 @@ def lab_groups(lab_dir: Path = DEFAULT_LAB_DIR) -> dict[str, list]:
     groups: dict[str, list] = {}
     for node in state.spec.nodes:
         first, *others = node.groups
-        groups.setdefault(first, []).append((node.name, host_data(lab_dir, node, state.spec.mirror_url)))
+        groups.setdefault(first, []).append((node.name, host_data(lab_dir, node, state.spec)))
         for group in others:
             groups.setdefault(group, []).append(node.name)
     return groups

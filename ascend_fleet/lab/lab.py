@@ -75,6 +75,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
             start_lxcfs(state, spec)
             for node in spec.nodes:
                 network.create_node_network(state, spec, node)
+                network.create_npu_ports(state, spec, node)
                 prepare_node(state, spec, node, base, public_key)
                 start_node(state, spec, node)
         with console.status(f"booting {len(spec.nodes)} nodes"):

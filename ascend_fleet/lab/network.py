@@ -1,4 +1,12 @@
-"""The lab's network: a bridge on the host, a network namespace and veth per node, a firewall."""
+"""The lab's network: a bridge on the host, a network namespace and veth per node, a firewall; and the
+NPUs' parameter plane: a second bridge with one veth per NPU, its node end inside the node's namespace.
+
+The plane's ports model NPU RoCE ports, which a real node does not see as Linux interfaces: the
+simulated hccn_tool sets their addresses. Several ports of one node share a subnet, so each
+answers ARP only for its own address (arp_ignore=1, arp_announce=2) and answers from its own
+address through its own port (a routing table and rule per port, which hccn_tool writes with the
+address): a broken port k breaks exactly the traffic to and from NPU k.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ from pathlib import Path
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.lab.host import quiet, run
-from ascend_fleet.lab.spec import LabSpec, NodeSpec
+from ascend_fleet.lab.spec import LabSpec, NodeSpec, npu_interface
 from ascend_fleet.lab.state import LabState
 from ascend_fleet.templating import render
 
@@ -18,6 +26,10 @@ def firewall_table(spec: LabSpec) -> str:
 
 
 def create_bridge(state: LabState, spec: LabSpec) -> None:
+    state.record("bridge", name=spec.npu_bridge)
+    run(["ip", "link", "add", spec.npu_bridge, "type", "bridge"], what=f"creating bridge {spec.npu_bridge}")
+    run(["ip", "addr", "add", f"{spec.npu_host_address}/{spec.npu_network.prefixlen}", "dev", spec.npu_bridge])
+    run(["ip", "link", "set", spec.npu_bridge, "up"])
     state.record("bridge", name=spec.bridge)
     run(["ip", "link", "add", spec.bridge, "type", "bridge"], what=f"creating bridge {spec.bridge}")
     run(["ip", "addr", "add", f"{spec.host_address}/{spec.network.prefixlen}", "dev", spec.bridge])
@@ -26,7 +38,7 @@ def create_bridge(state: LabState, spec: LabSpec) -> None:
     table = firewall_table(spec)
     state.record("nft-table", name=table)
     ruleset = render(TEMPLATES / "lab" / "firewall.nft.j2", table=table, bridge=spec.bridge,
-                     mirror_port=spec.mirror_port)
+                     npu_bridge=spec.npu_bridge, mirror_port=spec.mirror_port)
     run(["nft", "-f", "-"], input=ruleset, what="loading the lab firewall")
 
 
@@ -56,3 +68,42 @@ def remove_link(entry: dict) -> None:
 
 def remove_nft_table(entry: dict) -> None:
     quiet(["nft", "delete", "table", "inet", entry["name"]])
+
+
+# What each port's own answers need (see the module's docstring); per port, so the node's eth0 keeps its own.
+PORT_SYSCTLS = {"arp_ignore": "1", "arp_announce": "2", "rp_filter": "0"}
+
+
+def create_npu_ports(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
+    """NPU i's port: a veth whose host end is on the plane's bridge (down where the hardware file says the
+    NIC's link is down: no carrier inside) and whose node end is npu_interface(i), up, with no address."""
+    netns = spec.netns(node)
+    for npu in range(node.hardware.npus if node.role == "worker" else 0):
+        port, inside = spec.npu_host_port(node, npu), npu_interface(npu)
+        state.record("link", name=port)
+        run(["ip", "link", "add", port, "type", "veth", "peer", "name", inside, "netns", netns],
+            what=f"creating {node.name}'s NPU {npu} port")
+        run(["ip", "link", "set", port, "master", spec.npu_bridge])
+        if node.hardware.npu_nic.get(npu, "up") == "up":
+            run(["ip", "link", "set", port, "up"])
+        run(["ip", "-n", netns, "link", "set", inside, "up"])
+        run(["ip", "netns", "exec", netns, "sysctl", "-q",
+             *[f"net.ipv4.conf.{inside}.{key}={value}" for key, value in PORT_SYSCTLS.items()]])
+
+
+def npu_table(npu: int) -> int:
+    """The routing table, and rule preference, of NPU npu's port (hccn_tool writes them with its address)."""
+    return 1000 + npu
+
+
+def forget_npu_settings(netns: str, npus: int) -> None:
+    """What an NPU forgets when its node powers off: its port's address, routes and rule. The node's
+    namespace outlives the node's boots, so the supervisor does this before each boot; the driver's
+    boot activation then applies /etc/hccn.conf, as the real driver's start-up does."""
+    for npu in range(npus):
+        inside = npu_interface(npu)
+        quiet(["ip", "-n", netns, "addr", "flush", "dev", inside])
+        quiet(["ip", "-n", netns, "route", "flush", "table", str(npu_table(npu))])
+        while quiet(["ip", "-n", netns, "rule", "del", "pref", str(npu_table(npu))]):
+            pass
+        quiet(["ip", "-n", netns, "link", "set", inside, "up"])

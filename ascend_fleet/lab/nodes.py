@@ -24,6 +24,7 @@ from ascend_fleet.templating import render
 PRIVATE_DIRS = {"root/.ssh"}
 PROGRAM_DIRS = {"usr/local/bin"}
 BOOT_TIMEOUT_SECONDS = 120
+NPU_PORTS_FILE = "npu-ports.json"
 
 
 def node_dir(lab_dir: Path, name: str) -> Path:
@@ -38,13 +39,16 @@ def prepare_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, pub
         (home / sub).mkdir(parents=True, exist_ok=True)
     prepare_root(spec, node, base, home / "upper", public_key)
     hardware = node.hardware
-    (home / "ascend-lab" / "hardware.json").write_text(json.dumps(hardware.hardware_json(node.name, node.role),
-                                                                  indent=2) + "\n")
+    described = hardware.hardware_json(node.name, node.role, spec.npu_plane_json(node))
+    (home / "ascend-lab" / "hardware.json").write_text(json.dumps(described, indent=2) + "\n")
     (home / "ascend-lab" / "mirror").write_text(spec.mirror_url + "\n")
     (home / "ascend-lab" / "meminfo").write_text(reported_meminfo(hardware.ram_gb))
     if hardware.nvme:
         create_nvme(state, home, hardware.nvme.size_gb)
     (home / "nspawn.json").write_text(json.dumps(nspawn_argv(spec, node, base, home)))
+    # The supervisor resets the NPUs' ports before each boot (network.forget_npu_settings).
+    npus = node.hardware.npus if node.role == "worker" else 0
+    (home / NPU_PORTS_FILE).write_text(json.dumps({"netns": spec.netns(node), "npus": npus}))
 
 
 def prepare_root(spec: LabSpec, node: NodeSpec, base: Path, upper: Path, public_key: str) -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ascend_fleet.lab.cgroups import join
+from ascend_fleet.lab.network import forget_npu_settings
 
 REBOOT_EXIT_CODE = 133
 SHUTDOWN_GRACE_SECONDS = 30
@@ -52,6 +53,7 @@ class Supervisor:
         boots = 0
         while not self.stopping:
             boots += 1
+            self.power_on_npus()
             self.nspawn = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=NSPAWN_ENV)
             (self.node_dir / "nspawn.pid").write_text(str(self.nspawn.pid))
             self.log(f"boot {boots}: systemd-nspawn pid {self.nspawn.pid}")
@@ -61,6 +63,13 @@ class Supervisor:
                 return 0 if self.stopping else code
             self.hold_while_asked()
         return 0
+
+    def power_on_npus(self) -> None:
+        """The NPUs come up without the settings of the last boot (the driver's start-up applies hccn.conf)."""
+        ports = self.node_dir / "npu-ports.json"
+        if ports.exists():
+            described = json.loads(ports.read_text())
+            forget_npu_settings(described["netns"], described["npus"])
 
     def wait_for_nspawn(self) -> int:
         deadline = None
