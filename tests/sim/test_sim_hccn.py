@@ -214,3 +214,28 @@ def test_the_program_writes_stdout_stderr_and_its_exit_code(node):
                             env={"PYTHONPATH": str(tool.parent)})
     assert (result.stdout, result.stderr, result.returncode) == (
         "", "Get invalid major cmd.\nEnter [ hccn_tool -h ] for more details.\n", 3)
+
+
+# --- the plane's address plan and the hardware file's keys --------------------------------------------
+
+def test_labs_side_by_side_get_planes_apart_and_each_npu_one_address():
+    first = LabSpec.build(3, None, subnet="10.213.200.0/24", name="a")
+    second = LabSpec.build(3, None, subnet="10.213.203.0/24", name="b")
+    assert (str(first.npu_network), str(second.npu_network)) == ("10.214.200.0/24", "10.214.203.0/24")
+    assert not first.npu_network.overlaps(second.npu_network) and first.npu_host_address == "10.214.200.1"
+    everything = [a for node in first.workers for a in first.npu_addresses(node)]
+    assert len(set(everything)) == 24 and everything[0] == "10.214.200.16" and everything[-1] == "10.214.200.39"
+
+
+def test_a_plane_too_small_for_the_npus_is_one_line(tmp_path):
+    with pytest.raises(Exception, match=r"^lab up: the NPU parameter plane 10.214.0.0/26 cannot hold 6 workers x 8 "
+                                        r"NPUs \(it needs addresses up to 10.214.0.63\); give a larger plane$"):
+        LabSpec.build(6, None, subnet="10.213.0.0/24", npu_subnet="10.214.0.0/26")
+
+
+@pytest.mark.parametrize("key, value", [("npu_nic", "{9: down}"), ("npu_tls", "{8: 1}")])
+def test_a_fault_on_an_npu_that_does_not_exist_is_one_line(tmp_path, key, value):
+    hardware = tmp_path / "hardware.yaml"
+    hardware.write_text(f"nodes:\n  worker1: {{{key}: {value}}}\n")
+    with pytest.raises(Exception, match=rf"node worker1: {key} names NPU \d but the node has 8 NPUs \(0-7\)$"):
+        LabSpec.build(1, hardware)
