@@ -47,10 +47,11 @@ from pyinfra.api import Inventory
 
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
-from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, load_inventory, plan_node
+from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
 from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
+from ascend_fleet.multi_node import data_parallel_roles
 from ascend_fleet.node_layout import instance_env_file, revision_dir
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.probes import (
@@ -121,6 +122,7 @@ class Fleet:
             raise FleetError(f"{inventory_path}: no host with NPUs (npu_count) to roll out to")
         if not self.gateways:
             raise FleetError(f"{inventory_path}: no gateway host (data `gateway`); a rollout drains instances there")
+        self.roles = data_parallel_roles(group_members(self.inventory), list(self.configs.values()))
         first = self.configs[self.workers[0]]
         self.model_name = first.model.served_model_name
         self.state = FleetState(first.fleet_state_dir)
@@ -129,7 +131,19 @@ class Fleet:
         return Backend(host, instance.name, self.addresses[host], instance.port, instance_env_file(instance.name))
 
     def backends(self, host: str, only: list[str] | None = None) -> list[Backend]:
+        """The host's instances the gateway routes to: none on a multi-node instance's headless member,
+        whose instance is its head's."""
+        if self.head_of(host) != host:
+            return []
         return [self.backend(host, i) for i in self.configs[host].instances if only is None or i.name in only]
+
+    def head_of(self, host: str) -> str:
+        """The host whose instance this host serves: its multi-node instance's head, or itself."""
+        return self.roles[host].head if host in self.roles else host
+
+    def instance_hosts(self, host: str) -> list[str]:
+        """Every host of the instance(s) this host heads: a multi-node instance's members, head first."""
+        return list(self.roles[host].members) if host in self.roles else [host]
 
     def other_config(self, host: str) -> NodeConfig:
         """The host's data with the instances of the colour that does not serve."""
@@ -617,16 +631,20 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
         if host not in fleet.workers:
             raise FleetError(f"--limit {host}: not a worker of {fleet.inventory_path}; "
                              f"workers: {', '.join(fleet.workers)}")
+    # A multi-node instance is one unit: it goes with its head's wave, its members in the same step,
+    # and counts as one instance against max_unavailable.
+    limited = {fleet.head_of(host) for host in limit or []}
     steps = []
     for name, members in fleet.waves(waves):
-        hosts = [host for host in members if not limit or host in limit]
+        hosts = [host for host in members if fleet.head_of(host) == host and (not limit or host in limited)]
         if not hosts:
             continue
         instances = {host: [i.name for i in fleet.configs[host].instances] for host in hosts}
         for batch in split_wave(name, hosts, instances, max_unavailable):
             backends = [b for host in batch.hosts for b in fleet.backends(host, batch.serve_only or None)]
             data = {**fleet.data, "serve_only": batch.serve_only} if batch.serve_only else fleet.data
-            steps.append(step_of(batch.name, batch.hosts, backends, deploy, data))
+            hosts_of_batch = [member for host in batch.hosts for member in fleet.instance_hosts(host)]
+            steps.append(step_of(batch.name, hosts_of_batch, backends, deploy, data))
     check_capacity(fleet, steps)
     return Record(kind="rollout", inventory=str(fleet.inventory_path), deploy=deploy, data=fleet.data, steps=steps)
 
@@ -664,6 +682,10 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
     """Why some node cannot run its other colour of instances on the new model beside the serving
     ones: they would share a port, or share NPUs whose HBM cannot hold both models (the planner's
     check_blue_green); None when every node can."""
+    heads = sorted({role.head for role in fleet.roles.values()})
+    if heads:
+        return (f"{heads[0]}: its multi-node instance ({fleet.roles[heads[0]].group}) has no second colour to start "
+                "beside it; swap the model without --blue-green (one instance at a time)")
     configs = ModelConfigs()
     for host in fleet.workers:
         config = fleet.configs[host]
@@ -700,8 +722,8 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> Record:
                     slots.setdefault(backend.instance, []).append(backend)
         for instance, backends in slots.items():
             data = {**fleet.data, "model": model, "serve_only": [instance]}
-            steps.append(step_of(f"{name} {instance}", sorted({b.host for b in backends}), backends,
-                                 SERVE_DEPLOY, data))
+            hosts_of_step = sorted({member for b in backends for member in fleet.instance_hosts(b.host)})
+            steps.append(step_of(f"{name} {instance}", hosts_of_step, backends, SERVE_DEPLOY, data))
     check_capacity(fleet, steps)
     return Record(kind="swap-model", inventory=str(fleet.inventory_path), model=model, steps=steps)
 

@@ -92,3 +92,42 @@ def test_a_member_without_the_npu_network_the_instance_needs_is_refused(tmp_path
     with pytest.raises(FleetError, match=r"^npu-01: npu_peer_group pair_a: npu-02 has no npu_addresses; plan its NPU "
                                          r"network too \(the hosts of a multi-node instance reach each other over it\)"):
         fleet_node_configs(fleet(tmp_path, hosts, "pair_a = ['npu-01', 'npu-02']\n"))
+
+
+def two_pairs(tmp_path: Path, monkeypatch):
+    """Four workers serving two two-node instances (pair_a: npu-01 head, npu-02; pair_b: npu-03 head,
+    npu-04), a gateway, waves canary (npu-01, npu-02) then wave1 (npu-03, npu-04)."""
+    from ascend_fleet.rollout import Fleet
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(GROUP_DATA.replace('["canary"]', '["canary", "wave1"]'))
+    for pair in ("pair_a", "pair_b"):
+        (tmp_path / "group_data" / f"{pair}.py").write_text(PAIR.join(("data_parallel = ", "\n")).replace("pair_a", pair))
+    (tmp_path / "group_data" / "gateway.py").write_text("gateway = {}\n")
+    hosts = {f"npu-0{n}": member(n) for n in range(1, 5)}
+    (tmp_path / "fleet.py").write_text(
+        f"workers = {list(hosts.items())!r}\ngateway = [('gw', {{}})]\ncanary = ['npu-01', 'npu-02']\n"
+        "wave1 = ['npu-03', 'npu-04']\npair_a = ['npu-01', 'npu-02']\npair_b = ['npu-03', 'npu-04']\n")
+    monkeypatch.chdir(tmp_path)
+    return Fleet(tmp_path / "fleet.py", {"fleet_state_dir": str(tmp_path / "state")})
+
+
+def test_a_rollout_moves_a_multi_node_instance_as_one_unit_counting_it_once(tmp_path, monkeypatch):
+    from ascend_fleet.rollout import plan_rollout
+    fleet = two_pairs(tmp_path, monkeypatch)
+    # The gateway reaches each instance through its head only.
+    assert [b.key for b in fleet.all_backends()] == ["npu-01/vllm-0", "npu-03/vllm-0"]
+    record = plan_rollout(fleet, "deploys/full.py", None, max_unavailable=1)
+    # One step per instance, each with all its hosts, never both instances at once.
+    assert [(step.hosts, step.instances) for step in record.steps] == [
+        (["npu-01", "npu-02"], ["npu-01/vllm-0"]), (["npu-03", "npu-04"], ["npu-03/vllm-0"])]
+    # --limit on a member rolls its whole instance.
+    limited = plan_rollout(fleet, "deploys/full.py", None, max_unavailable=1, limit=["npu-04"])
+    assert [step.hosts for step in limited.steps] == [["npu-03", "npu-04"]]
+
+
+def test_a_blue_green_swap_of_a_multi_node_instance_is_refused_in_one_line(tmp_path, monkeypatch):
+    from ascend_fleet.rollout import blue_green_problem
+    fleet = two_pairs(tmp_path, monkeypatch)
+    assert blue_green_problem(fleet, {}) == (
+        "npu-01: its multi-node instance (pair_a) has no second colour to start beside it; swap the model without "
+        "--blue-green (one instance at a time)")
