@@ -19,7 +19,9 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
     plan = {}
     if node.role == "worker" and hardware.npus:
         plan = {"npu_addresses": spec.npu_addresses(node), "npu_netmask": str(spec.npu_network.netmask),
-                "npu_gateway": spec.npu_host_address, "npu_netdetect": spec.npu_host_address}
+                "npu_gateway": spec.npu_host_address, "npu_netdetect": spec.npu_host_address,
+                # Where the hosts of a multi-node instance reach each other: the lab bridge.
+                "serving_address": node.address}
     return {
         "ssh_hostname": node.address,
         "ssh_user": "root",

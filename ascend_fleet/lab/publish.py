@@ -44,6 +44,7 @@ VENV_TOOLS = ("pip", "setuptools", "wheel")
 # Revisions of the tiny Qwen3 model the mirror carries (revision -> weight seed): v2 lets a lab rehearse a model swap.
 LAB_MODEL_REVISIONS = {"v1": 0, "v2": 1}
 QWEN35_CACHE_SUFFIX = "qwen3.5"
+QWEN35_397B_CACHE_SUFFIX = "qwen3.5-397b-shape"
 
 
 def publish_profiles(profile_names: list[str], mirror_root: Path, arch: str, console: Console) -> None:
@@ -172,7 +173,8 @@ def link_into(path: Path, directory: Path) -> None:
 
 def publish_tiny_model(models_dir: Path, console: Console) -> list[Path]:
     """The lab's tiny models on the mirror, each built once per version of their builder: the Qwen3
-    one at each revision, and the Qwen3.5-MoE W8A8 one that the Qwen3.5 recipe serves."""
+    one at each revision, the Qwen3.5-MoE W8A8 one that the Qwen3.5 recipe serves, and one of
+    Qwen3.5-397B-A17B's shape that the multi-node lab serves over two workers an instance."""
     # Imported here: numpy and tokenizers would add 0.3 s to every `ascend-fleet` command.
     from ascend_fleet.lab.sim import tinymodel
 
@@ -183,6 +185,8 @@ def publish_tiny_model(models_dir: Path, console: Console) -> list[Path]:
            functools.partial(tinymodel.build_tiny_model, revision=revision, seed=seed)
            for revision, seed in LAB_MODEL_REVISIONS.items()},
         f"{key}-{QWEN35_CACHE_SUFFIX}": tinymodel.build_tiny_qwen35_moe,
+        f"{key}-{QWEN35_397B_CACHE_SUFFIX}": functools.partial(
+            tinymodel.build_tiny_qwen35_moe, name=tinymodel.QWEN35_397B_SHAPE_ID, dims=tinymodel.TINY_397B_SHAPE),
     }
     published = []
     for name, build in builds.items():

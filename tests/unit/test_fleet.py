@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.cli import build_app
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
+from ascend_fleet.fleet import check_fleet, fleet_node_configs, fleet_roles, load_inventory, plan_fleet
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
 from ascend_fleet.vllm_cli import vllm_args
@@ -388,3 +388,18 @@ def test_an_npu_network_plan_that_cannot_work_is_refused_in_one_line(tmp_path, h
     with pytest.raises(FleetError) as caught:
         fleet_node_configs(npu_fleet(tmp_path, hosts, groups))
     assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_the_multi_node_lab_serves_two_instances_over_two_workers_each(tmp_path, monkeypatch):
+    """inventories/lab_multinode.py on a lab of 4 workers: two TP8 x DP2 instances, heads worker1 and
+    worker3, every member with its NPU network plan on the lab's parameter plane."""
+    LabState(tmp_path, LabSpec.build(4, lab_dir=tmp_path).model_dump(mode="json"), []).save()
+    monkeypatch.setattr("ascend_fleet.lab.inventory.lab_groups.__defaults__", (tmp_path,))
+    inventory = load_inventory(PROJECT_ROOT / "inventories" / "lab_multinode.py", PROJECT_ROOT)
+    configs = {config.host: config for config in fleet_node_configs(inventory)}
+    roles = fleet_roles(inventory)
+    assert {host: (role.head, role.start_rank, role.size) for host, role in roles.items()} == {
+        "worker1": ("worker1", 0, 2), "worker2": ("worker1", 1, 2), "worker3": ("worker3", 0, 2),
+        "worker4": ("worker3", 1, 2)}
+    assert [len(configs[worker].instances[0].npus) for worker in roles] == [8] * 4
+    assert configs["worker2"].instance_env(configs["worker2"].instances[0])["HCCL_IF_IP"] == "10.213.0.12"

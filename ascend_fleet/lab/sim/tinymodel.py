@@ -437,6 +437,16 @@ class TinyQwen35MoeDims:
                 for i in range(self.num_hidden_layers)]
 
 
+# Qwen3.5-397B-A17B's shape (tests/fixtures/models/qwen3.5-397b-a17b: 32 query / 2 KV heads of 256,
+# linear attention 16 key / 64 value heads of 128, 512 experts, 10 per token, one MTP layer), with
+# the sizes that only scale the weights made small: what the multi-node lab serves at TP8 x DP2.
+QWEN35_397B_SHAPE_ID = "lab/Qwen3.5-Tiny-397B-Shape-W8A8"
+TINY_397B_SHAPE = TinyQwen35MoeDims(
+    hidden_size=64, num_attention_heads=32, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+    linear_key_head_dim=128, linear_num_value_heads=64, linear_value_head_dim=128, num_experts=512,
+    num_experts_per_tok=10, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+
+
 def _qwen35_config(dims: TinyQwen35MoeDims, vocab_size: int, tokenizer: Tokenizer) -> dict:
     """config.json with the keys of Qwen3.5-MoE's published one (tests/fixtures/models/qwen3.5-122b-a10b);
     the vision tower is left out, as are its weights."""
