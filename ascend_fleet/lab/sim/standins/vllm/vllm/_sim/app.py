@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from vllm._sim.engine import Engine, RequestError
+from vllm._sim.engine import Engine, EngineDeadError, RequestError
 
 
 @dataclass
@@ -154,9 +154,15 @@ async def stream_job(engine: Engine, job: Job, include_usage: bool) -> AsyncIter
     for choice in job.shape.first_chunks():
         yield sse(job.body([choice], chunk=True))
     produced = 0
-    async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
-        produced += 1
-        yield sse(job.body([job.shape.chunk_choice(event.text, event.finish_reason)], chunk=True))
+    try:
+        async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
+            produced += 1
+            yield sse(job.body([job.shape.chunk_choice(event.text, event.finish_reason)], chunk=True))
+    except EngineDeadError as err:
+        # vLLM's streaming generators send the error as the next event, then [DONE]
+        yield sse({"error": {"message": str(err), "type": "InternalServerError", "param": None, "code": 500}})
+        yield sse("[DONE]")
+        return
     if include_usage:
         yield sse(job.body([], chunk=True, usage=usage(len(job.prompt_ids), produced)))
     yield sse("[DONE]")
@@ -224,10 +230,16 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
     async def request_error(_request: Request, exc: RequestError):
         return error_response(400, "BadRequestError", str(exc))
 
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_request: Request, exc: EngineDeadError):
+        """vLLM's engine_error_handler: 500 with the EngineDeadError message (the server then exits)."""
+        return error_response(500, "InternalServerError", str(exc))
+
     def refusal(model: str | None) -> JSONResponse | None:
         """503 while loading, 404 for a model this server does not serve."""
         if not state.ready:
             return error_response(503, "ServiceUnavailableError", "The model is still loading.")
+        engine.check_alive()
         if model is not None and model not in state.served_model_names:
             return error_response(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
         return None
@@ -243,7 +255,7 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200 if state.ready else 503)
+        return Response(status_code=200 if state.ready and not engine.dead else 503)
 
     @app.get("/version")
     async def version():

@@ -1,10 +1,11 @@
 """The simulated engine: admission against max_num_seqs and the KV cache, and paced token output."""
 
 import asyncio
+import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -14,6 +15,13 @@ from vllm._sim.text import TextCodec, generated_ids, natural_length
 
 class RequestError(ValueError):
     """A request vLLM would answer with 400."""
+
+
+class EngineDeadError(Exception):
+    """vLLM's EngineDeadError (vllm/v1/engine/exceptions.py): the engine core is gone; unrecoverable."""
+
+    def __init__(self) -> None:
+        super().__init__("EngineCore encountered an issue. See stack trace (above) for the root cause.")
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,12 @@ class Scheduler:
         self.running = 0
         self.waiting = 0
         self.reserved_tokens = 0
+        self.dead = False
         self._changed = asyncio.Condition()
+
+    async def wake_all(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
     def _blocks(self, tokens: int) -> int:
         """Tokens rounded up to whole KV blocks, as the block allocator hands them out."""
@@ -71,9 +84,12 @@ class Scheduler:
             self.waiting += 1
             self._publish()
             try:
-                await self._changed.wait_for(lambda: self._fits(need))
+                await self._changed.wait_for(lambda: self.dead or self._fits(need))
             finally:
                 self.waiting -= 1
+            if self.dead:
+                self._publish()
+                raise EngineDeadError()
             self.running += 1
             self.reserved_tokens += need
             self._publish()
@@ -103,6 +119,39 @@ class Engine:
         self.metrics = metrics
         self.scheduler = Scheduler(capacity, metrics)
         self.vocabulary = codec.generation_vocabulary()
+        self.peer_lost: str | None = None  # a DP peer whose connection closed: the next collective fails
+        self.on_dead: Callable[[], None] | None = None
+
+    @property
+    def dead(self) -> bool:
+        return self.scheduler.dead
+
+    def lose_peer(self, reason: str) -> None:
+        """A remote DP engine left. Real vLLM has no heartbeat: its engines notice at their next
+        collective, which runs only while requests are in flight (DPEngineCoreProc.run_busy_loop)."""
+        self.peer_lost = reason
+        if self.scheduler.running or self.scheduler.waiting:
+            self.die()
+
+    def check_alive(self) -> None:
+        """At each request: an engine whose DP peer left fails its first collective now."""
+        if self.peer_lost and not self.dead:
+            self.die()
+        if self.dead:
+            raise EngineDeadError()
+
+    def die(self) -> None:
+        """The engine core's fatal error and the API server's reaction to it (engine_dead, then exit)."""
+        if self.dead:
+            return
+        self.scheduler.dead = True
+        log = logging.getLogger("vllm")
+        log.error("EngineCore encountered a fatal error.")
+        log.error("(simulated) the data parallel group's collective failed: %s", self.peer_lost)
+        log.error("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+        asyncio.ensure_future(self.scheduler.wake_all())
+        if self.on_dead is not None:
+            self.on_dead()
 
     def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
         """vLLM's 400 for a request longer than --max-model-len."""
@@ -134,6 +183,8 @@ class Engine:
             self.metrics.ttft.observe(time.monotonic() - arrival)
             text, last = "", time.monotonic()
             for produced in range(1, count + 1):
+                if self.dead:
+                    raise EngineDeadError()
                 if produced > 1:
                     await asyncio.sleep(self.timing.itl_seconds)
                     now = time.monotonic()

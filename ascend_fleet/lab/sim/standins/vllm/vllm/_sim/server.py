@@ -4,11 +4,14 @@ Environment (beside vLLM's and Ascend's own: ASCEND_RT_VISIBLE_DEVICES,
 HCCL_IF_BASE_PORT, HCCL_IF_IP, VLLM_PORT, VLLM_HOST_IP, ASCEND_TOOLKIT_HOME):
 
     VLLM_API_KEY                        as in vLLM: the key /v1 requests need when --api-key is not given
+    VLLM_LOGGING_LEVEL                  as in vLLM: the log level (default INFO; DEBUG shows the DP waiting lines)
     VLLM_SIM_LOAD_BASE_SECONDS          fixed part of the simulated weight load (default 1.0)
     VLLM_SIM_LOAD_SECONDS_PER_GIB       load time per GiB of safetensors shards (default 2.0)
     VLLM_SIM_ITL_SECONDS                time per output token (default 0.02)
     VLLM_SIM_PREFILL_SECONDS_PER_TOKEN  prefill time per prompt token (default 0.0002)
     ASCEND_SIM_ROOT                     tests only: a directory standing in for "/" (see runtime.py)
+
+Data parallelism across nodes (a head and --headless members): dp.py.
 """
 
 import asyncio
@@ -28,6 +31,7 @@ import uvicorn
 from vllm._sim import planner, runtime
 from vllm._sim.app import ServingState, create_app
 from vllm._sim.claims import Claims, advertise_hbm, bind_hccl_ports, bind_internal_port, claim_npus
+from vllm._sim.dp import DataParallel, HandshakeTimeout, RemoteEngines, join_head
 from vllm._sim.engine import Capacity, Engine, Timing
 from vllm._sim.errors import StartupError
 from vllm._sim.metrics import ServerMetrics
@@ -65,7 +69,7 @@ def configure_logging() -> None:
         logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S")
     )
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
 
 
 def release_number(version: str) -> str:
@@ -205,13 +209,18 @@ def load_seconds(weight_bytes: int) -> float:
     return base + per_gib * weight_bytes / planner.GIB
 
 
-def api_socket(host: str | None, port: int) -> socket.socket:
-    """vLLM binds its API socket with SO_REUSEPORT: a second server on the same port starts and splits traffic."""
+def api_socket(host: str | None, port: int, listen: bool = True) -> socket.socket:
+    """vLLM binds its API socket with SO_REUSEPORT: a second server on the same port starts and splits traffic.
+
+    Real vLLM binds it before starting its engines and listens only when it serves (setup_server,
+    create_server_socket): until then a connection is refused. The DP head does so (listen=False,
+    uvicorn listens); the single-node path still listens at once and answers 503 while loading."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host or "0.0.0.0", port))
-    sock.listen()
+    if listen:
+        sock.listen()
     return sock
 
 
@@ -224,15 +233,19 @@ class Instance:
         check_platform()
         self.model = open_model_dir(Path(args.model_tag or args.model))
         self.plan = plan_capacity(args, self.model, read_hardware())
-        self.npus = select_npus(args.tensor_parallel_size * args.pipeline_parallel_size)
+        self.dp = DataParallel.from_args(args)
+        # each node's engines hold TP x PP NPUs each: a DP member holds them for its local ranks
+        self.npus = select_npus(args.tensor_parallel_size * args.pipeline_parallel_size * self.dp.local)
         claim_npus(claims, self.npus)
         bind_hccl_ports(claims)
         bind_internal_port(claims, log)
         names = args.served_model_name or [args.model_tag or args.model]
         self.metrics = ServerMetrics(names[0])
+        # the head's client schedules over every DP engine: their KV blocks add up (wait_for_engine_startup
+        # sums num_gpu_blocks), each engine runs max_num_seqs
         capacity = Capacity(
-            kv_cache_tokens=self.plan.kv_cache_tokens,
-            max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            kv_cache_tokens=self.plan.kv_cache_tokens * self.dp.size,
+            max_num_seqs=(args.max_num_seqs or DEFAULT_MAX_NUM_SEQS) * self.dp.size,
             block_size=args.block_size or 128,  # vllm-ascend's block size
             max_model_len=self.plan.max_model_len,
         )
@@ -252,16 +265,110 @@ class Instance:
         self.state.ready = True
 
     async def serve(self) -> None:
-        sock = api_socket(self.args.host, self.args.port)
+        spans_nodes = self.dp.spans_nodes
+        sock = api_socket(self.args.host, self.args.port, listen=not spans_nodes)
         self.claims.sockets.append(sock)
+        load = self.load
+        if spans_nodes:
+            await self.wait_for_engines()
+            load = no_load
         log.info("Starting vLLM API server 0 on http://%s:%d", self.args.host or "0.0.0.0", self.args.port)
         config = uvicorn.Config(
-            create_app(self.state, self.load, api_keys(self.args)),
+            create_app(self.state, load, api_keys(self.args)),
             log_level=self.args.uvicorn_log_level,
             access_log=not self.args.disable_uvicorn_access_log,
             timeout_keep_alive=5,
         )
-        await uvicorn.Server(config).serve(sockets=[sock])
+        server = uvicorn.Server(config)
+
+        def shut_down() -> None:
+            # launcher.py terminate_if_errored: the engine is dead, uvicorn exits (status 0)
+            server.should_exit = True
+
+        self.state.engine.on_dead = shut_down
+        await server.serve(sockets=[sock])
+
+    async def wait_for_engines(self) -> None:
+        """The DP head: its engines' handshake socket at A:P, then every rank in before serving."""
+        engines = RemoteEngines(self.dp, log, self.state.engine.lose_peer)
+        await engines.bind()
+        self.remote_engines = engines
+        log.info("Started DP Coordinator process (PID: %d)", os.getpid())
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.ensure_future(engines.wait_until_ready(self.load()))
+        # setup_server's SIGTERM handler interrupts start-up
+        loop.add_signal_handler(signal.SIGTERM, waiting.cancel)
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            engines.close()
+            raise Interrupted() from None
+        except RuntimeError as err:
+            engines.close()
+            raise StartupError(f"RuntimeError: {err}") from None
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, lambda *_: None)  # as run() set it, for uvicorn's re-raise
+
+    async def run_member(self) -> int:
+        """A --headless member (serve.py run_headless): its engines join the head; no API server."""
+        log.info(
+            "Launching %d data parallel engine(s) in headless mode, with head node address %s.",
+            self.dp.local,
+            self.dp.uri,
+        )
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stopped.set)
+        loop.add_signal_handler(signal.SIGINT, stopped.set)
+        joining = asyncio.ensure_future(join_head(self.dp, self.load))
+        stop = asyncio.ensure_future(stopped.wait())
+        await asyncio.wait({joining, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if joining.done() and joining.exception() is None:
+            connection = joining.result()
+            # joined: run until stopped. A head that goes away is not noticed (no heartbeat in vLLM:
+            # the member's engine idles until its next collective, which only the head starts).
+            await stop
+            connection.close()
+        elif joining.done():
+            err = joining.exception()
+            if not isinstance(err, HandshakeTimeout):
+                raise err
+            log.error("EngineCore failed to start.")
+            log.error("RuntimeError: Did not receive response from front-end process within 5 minutes")
+        else:
+            joining.cancel()
+        # run_headless: whatever ended the engines, the launcher shuts down and returns (exit 0)
+        log.info("Shutting down.")
+        return 0
+
+
+async def no_load() -> None:
+    """The DP head loads before it serves: nothing is left for the app's start-up."""
+
+
+class Interrupted(Exception):
+    """SIGTERM before the DP head served."""
+
+
+def check_data_parallel_args(args) -> None:
+    """serve.py's checks of the DP options before anything starts (cmd, run_headless)."""
+    release = tuple(int(part) for part in release_number(__version__).split(".")[:2])
+    if args.headless:
+        if release >= (0, 18):
+            if args.api_server_count is not None and args.api_server_count > 0:
+                raise StartupError(
+                    f"ValueError: --api-server-count={args.api_server_count} cannot be used with --headless "
+                    "(no API servers are started in headless mode)."
+                )
+        elif args.api_server_count > 1:
+            raise StartupError("ValueError: api_server_count can't be set in headless mode")
+        if args.data_parallel_size_local is not None and args.data_parallel_size_local <= 0:
+            raise StartupError("ValueError: data_parallel_size_local must be > 0 in headless mode")
+    elif release >= (0, 18) and args.api_server_count is None and args.data_parallel_size > 1:
+        # the head runs one API server process per DP rank unless told otherwise
+        if args.data_parallel_start_rank is None and not args.data_parallel_hybrid_lb:
+            log.info("Defaulting api_server_count to data_parallel_size (%d).", args.data_parallel_size)
 
 
 def api_keys(args) -> list[str]:
@@ -277,7 +384,10 @@ def run(argv: list[str], entry: str) -> int:
     log.info("vLLM API server version %s", __version__)
     claims = Claims()
     try:
+        check_data_parallel_args(args)
         instance = Instance(args, claims)
+        if args.headless:
+            return asyncio.run(instance.run_member())
         # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal;
         # ignoring the re-raised one makes a graceful stop exit 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
@@ -285,6 +395,9 @@ def run(argv: list[str], entry: str) -> int:
     except StartupError as err:
         log.error("%s", err)
         return 1
+    except Interrupted:
+        log.info("Shutting down.")
+        return 0
     finally:
         claims.release()
     return 0

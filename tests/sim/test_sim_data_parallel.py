@@ -1,0 +1,213 @@
+"""One simulated vLLM instance over two "nodes" with data parallelism, as real vLLM runs it.
+
+A head (`--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address A
+--data-parallel-rpc-port P`) and a headless member (`--headless --data-parallel-start-rank 1`),
+each a real process with its own fake node root, talking over 127.0.0.1 only. What real vLLM does
+(vLLM 0.18.0 `vllm/v1/engine/utils.py`, `core.py`, `core_client.py`, `entrypoints/cli/serve.py`,
+`entrypoints/launcher.py`) is in docs/sim-fidelity.md; these tests hold the simulator to it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import zipfile
+
+from ascend_fleet.lab.sim.tinymodel import build_tiny_qwen35_moe
+from ascend_fleet.lab.sim.wheels import build_standin_wheels
+from tests.sim.test_sim_server import QWEN35_RECIPE, QWEN35_STACK, SimServer, free_port, make_node_root
+
+FAST = {
+    "VLLM_SIM_LOAD_BASE_SECONDS": "0.3",
+    "VLLM_SIM_LOAD_SECONDS_PER_GIB": "0",
+    "VLLM_SIM_STARTUP_POLL_SECONDS": "0.2",  # real: every 10 s
+    "VLLM_LOGGING_LEVEL": "DEBUG",  # real vLLM logs its waiting lines at DEBUG
+}
+WAITING = "Waiting for 0 local, 1 remote core engine proc(s) to connect."
+DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+BOUND = 20  # seconds any one wait in these tests may take
+
+
+@pytest.fixture(scope="module")
+def dp(tmp_path_factory):
+    """The 0.18.0 stand-ins, the tiny Qwen3.5-MoE W8A8 model, and two node roots (head, member)."""
+    site = tmp_path_factory.mktemp("site-dp")
+    for wheel in build_standin_wheels(QWEN35_STACK, tmp_path_factory.mktemp("wheels-dp")):
+        zipfile.ZipFile(wheel).extractall(site)
+    model = build_tiny_qwen35_moe(tmp_path_factory.mktemp("models") / "qwen3.5")
+    return site, model, make_node_root(tmp_path_factory.mktemp("head")), make_node_root(tmp_path_factory.mktemp("member"))
+
+
+class Pair:
+    """Starts a head and members of one DP-2 instance on 127.0.0.1 with its own RPC port."""
+
+    def __init__(self, dp, tmp_path: Path):
+        self.site, self.model, self.head_root, self.member_root = dp
+        self.tmp = tmp_path
+        self.rpc_port = free_port()
+        self.started: list[SimServer] = []
+
+    def dp_args(self) -> list[str]:
+        return ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
+                "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(self.rpc_port)]
+
+    def head(self, env: dict | None = None, extra: list[str] = ()) -> SimServer:
+        server = SimServer(self.site, self.head_root, self.tmp / "head.log", "0,1,2,3",
+                           [str(self.model), *QWEN35_RECIPE, *self.dp_args(), *extra], {**FAST, **(env or {})})
+        self.started.append(server)
+        return server
+
+    def member(self, env: dict | None = None, extra: list[str] = (), name: str = "member",
+               root: Path | None = None) -> SimServer:
+        server = SimServer(self.site, root or self.member_root, self.tmp / f"{name}.log", "0,1,2,3",
+                           [str(self.model), *QWEN35_RECIPE, "--headless", "--data-parallel-start-rank", "1",
+                            *self.dp_args(), *extra], {**FAST, **(env or {})})
+        self.started.append(server)
+        return server
+
+    def serving(self) -> tuple[SimServer, SimServer]:
+        """A head, then (its HCCL range and ports held, as two hosts' would not clash) a member."""
+        head = self.head()
+        wait_for(lambda: "Started DP Coordinator process" in head.output(), "the head binds", head)
+        return head, self.member()
+
+    def kill_all(self) -> None:
+        for server in self.started:
+            server.kill()
+
+
+@pytest.fixture
+def pair(dp, tmp_path):
+    started = Pair(dp, tmp_path)
+    yield started
+    started.kill_all()
+
+
+def refuses(server: SimServer) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=2):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def wait_for(predicate, what: str, server: SimServer) -> None:
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} within {BOUND} s\n{server.output()}")
+
+
+def completion(server: SimServer) -> http.client.HTTPResponse:
+    return server.post("/v1/chat/completions", {"model": "qwen3.5", "max_tokens": 4,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_the_head_refuses_connections_until_the_member_joins_then_serves(pair):
+    head = pair.head()
+    wait_for(lambda: WAITING in head.output(), "the head logs its waiting line", head)
+    assert head.process.poll() is None and refuses(head)
+    assert "Started DP Coordinator process" in head.output()
+    assert "Defaulting api_server_count to data_parallel_size (2)." in head.output()
+    member = pair.member()
+    assert head.health_statuses()[-1] == 200
+    reply = completion(head)
+    assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 4
+    assert json.loads(head.get("/v1/models")[1])["data"][0]["id"] == "qwen3.5"
+    assert ("Launching 1 data parallel engine(s) in headless mode, with head node address "
+            f"tcp://127.0.0.1:{pair.rpc_port}.") in member.output()
+    # the head going away is not noticed by an idle member (no heartbeat in vLLM)
+    head.process.kill()
+    head.process.wait()
+    time.sleep(1)
+    assert member.process.poll() is None
+    assert member.stop() == 0 and "Shutting down." in member.output()
+
+
+def test_a_member_started_first_waits_for_the_head(pair):
+    member = pair.member()
+    wait_for(lambda: "headless mode" in member.output(), "the member starts", member)
+    time.sleep(1)
+    assert member.process.poll() is None
+    head = pair.head()
+    assert head.health_statuses()[-1] == 200
+    assert completion(head).status == 200
+    assert head.stop() == 0
+    assert member.stop() == 0
+
+
+def test_a_member_killed_mid_serving_makes_the_heads_next_request_fail_and_the_head_exit(pair):
+    head, member = pair.serving()
+    assert head.health_statuses()[-1] == 200
+    member.process.send_signal(signal.SIGKILL)
+    member.process.wait()
+    time.sleep(0.5)
+    # idle: nothing runs a collective, so nothing has noticed yet
+    assert head.get("/health")[0] == 200
+    reply = completion(head)
+    assert reply.status == 500
+    assert json.loads(reply.read())["error"] == {"message": DEAD, "type": "InternalServerError",
+                                                  "param": None, "code": 500}
+    assert head.process.wait(timeout=BOUND) == 0  # the API server exits 0, as real vLLM's does
+    assert "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client." in head.output()
+
+
+def test_the_head_has_no_startup_deadline_for_remote_engines(pair):
+    """VLLM_ENGINE_READY_TIMEOUT_S bounds only the wait after the handshake, which the members pass
+    before their READY: a head without its member waits on, refusing connections."""
+    head = pair.head({"VLLM_ENGINE_READY_TIMEOUT_S": "1", "VLLM_LOGGING_LEVEL": "INFO"})
+    wait_for(lambda: "Started DP Coordinator process" in head.output(), "the head starts", head)
+    time.sleep(2.5)
+    assert head.process.poll() is None and refuses(head)
+    assert "core engine proc(s)" not in head.output()  # DEBUG lines: not at the default level
+    assert head.stop() == 0
+
+
+def test_a_member_without_a_head_gives_up_after_the_handshake_timeout(pair):
+    member = pair.member({"VLLM_SIM_HANDSHAKE_TIMEOUT_SECONDS": "1"})
+    assert member.process.wait(timeout=BOUND) == 0  # run_headless returns: the launcher exits 0
+    output = member.output()
+    assert "EngineCore failed to start." in output
+    assert "RuntimeError: Did not receive response from front-end process within 5 minutes" in output
+    assert "Shutting down." in output
+
+
+def test_the_rpc_port_taken_stops_the_head(pair):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", pair.rpc_port))
+        taken.listen()
+        head = pair.head()
+        assert head.process.wait(timeout=BOUND) == 1
+    assert f"zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:{pair.rpc_port}')" in head.output()
+
+
+def test_headless_with_an_api_server_count_is_refused_as_in_0_18(pair):
+    member = pair.member(extra=["--api-server-count", "2"])
+    assert member.process.wait(timeout=BOUND) == 1
+    assert ("--api-server-count=2 cannot be used with --headless "
+            "(no API servers are started in headless mode).") in member.output()
+
+
+def test_a_second_member_for_the_same_rank_stops_the_head(pair, tmp_path):
+    """wait_for_engine_startup raises on a HELLO for a rank already connected (here: while the
+    first member is still loading, a third node claims rank 1 too)."""
+    head = pair.head()
+    wait_for(lambda: "Started DP Coordinator process" in head.output(), "the head binds", head)
+    first = pair.member({"VLLM_SIM_LOAD_BASE_SECONDS": "30"})
+    wait_for(lambda: "Waiting for 0 local, 1 remote core engine proc(s) to start." in head.output(),
+             "the member connects", head)
+    third = tmp_path / "third"
+    third.mkdir()
+    pair.member(name="second", root=make_node_root(third))
+    assert head.process.wait(timeout=BOUND) == 1
+    assert "RuntimeError: Unexpected HELLO message for remote engine 1 in CONNECTED state." in head.output()
+    assert first.process.poll() is None  # the first member is not told: it waits for its head
