@@ -14,11 +14,10 @@ import json
 import signal
 import socket
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
-
-import zipfile
 
 from ascend_fleet.lab.sim.tinymodel import build_tiny_qwen35_moe
 from ascend_fleet.lab.sim.wheels import build_standin_wheels
