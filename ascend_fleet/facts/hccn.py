@@ -197,3 +197,7 @@ class NpuPings(FactBase[dict]):
             else:
                 said.append(line)
         return pings
+
+    @override
+    def default(self) -> dict:
+        return {}

@@ -61,9 +61,10 @@ def nic_problems(config: NodeConfig) -> list[str]:
         elif state.get("tls") != int(config.npu_tls):
             problems.append(f"NPU {npu}: TLS switch {state.get('tls')}, the fleet's is {int(config.npu_tls)} "
                             f"(npu_tls); `hccn_tool -i {npu} -tls -s enable {int(config.npu_tls)}`")
-    if problems:
+    targets = peer_addresses(config)
+    if problems or not targets:
         return problems
-    for (npu, address), ping in host.get_fact(NpuPings, targets=peer_addresses(config)).items():
+    for (npu, address), ping in host.get_fact(NpuPings, targets=targets).items():
         if not ping["received"]:
             problems.append(f"NPU {npu} does not reach {address} of npu_peer_group {npu_peer_group(config)} "
                             f"(-ping -g address {address}: {ping['said']})")
