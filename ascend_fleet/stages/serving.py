@@ -68,6 +68,17 @@ def instance_problem(config: NodeConfig, instance: Instance) -> str | None:
     return f"instance {unit} (port {instance.port}) {verdict.detail}; see `journalctl -u {unit}`"
 
 
+def members_left_out(role: DataParallelRole) -> str | None:
+    """A multi-node instance restarts as a whole: a head restarted alone waits forever for members that
+    said hello to the old one (docs/sim-fidelity.md, vLLM data parallelism), so no run may leave out
+    some of its hosts."""
+    missing = [member for member in role.members if not host.state.is_host_in_limit(inventory.get_host(member))]
+    if not missing:
+        return None
+    return (f"this run leaves out {', '.join(missing)} of multi-node instance {role.group}, whose hosts serve and "
+            "restart together; add them to --limit")
+
+
 def still_serving(config: NodeConfig, recorded: set[str] | None) -> set[str]:
     """Of the instances the record has for this host (all it lists, where it has none yet), those
     whose unit is active now: one that stopped or failed since leaves the gateway."""
@@ -128,6 +139,11 @@ def serve_stage() -> None:
     # Read when the stage runs: an NPU that failed since preflight gets no instance (re)started on it.
     gates.passed(name="Every NPU listed and healthy before serving", description=f"{config.npu_count} NPUs healthy",
                  find_problem=lambda: npu_problem(config.npu_count))
+    role = data_parallel_role(config.host)
+    if role:
+        gates.passed(name=f"Every host of multi-node instance {role.group} in this run",
+                     description=f"{', '.join(role.members)} serve and restart together",
+                     find_problem=lambda: members_left_out(role))
     profile, model = node_profile(), config.model
     user = config.service_user
     server.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
