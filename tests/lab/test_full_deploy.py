@@ -1,8 +1,9 @@
 """deploys/full.py on the lab: fresh OS to serving, idempotent, upgrades one node alone, refuses bad input.
 
 The module runs first on the second lab (tests/lab/conftest.py), so it starts from fresh nodes
-whatever other modules deployed on the session lab. The tests run in order: the first deploys
-it, the others start from a converged fleet and leave it converged.
+whatever other modules deployed on the session lab. The module's fixture deploys it and keeps
+what the first deploy left (its output, the nodes' boot counts); each test starts from a converged
+fleet and leaves it converged, so they run in any order.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import time
 from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
+from ascend_fleet.lab.inventory import lab_groups
+from ascend_fleet.lab.state import LabState
 from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
                                      SERVICE_ENV_FILE, instance_unit)
 from ascend_fleet.operations.python_stack import satisfies
@@ -29,8 +34,8 @@ FILLER = "/mnt/nvme/filler"
 # Every port the lab data's instances take, blue and green (issue 13): API 8000-8001 and the green
 # 8002-8003; VLLM_PORT 51000 + 16 per instance, four instances; HCCL 60000 + 16 per instance.
 RESERVED = "8000-8003,51000-51063,60000-60063"
-STAGES = ("Preflight", "NPU driver and firmware", "CANN", "Python stack", "Ascend environment", "Weights", "Serve",
-          "Gateway", "Verify")
+STAGES = ("Preflight", "NPU driver and firmware", "NPU network", "CANN", "Python stack", "Ascend environment",
+          "Weights", "Serve", "Gateway", "Verify")
 TIMINGS: dict[str, float] = {}
 
 
@@ -95,8 +100,9 @@ def deployed(lab):
     restore_hardware(lab, "worker2", healthy)
     lab.run("worker3", f"rm {FILLER}")
     result = lab.pyinfra("deploys/full.py", timeout=3600)
+    boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}  # before any test reboots a node
     return {"dry": dry.stdout, "refused": refused, "refused_load": load, "refused_routes": routed,
-            "first": result.stdout}
+            "first": result.stdout, "boots": boots}
 
 
 def test_dry_run_on_a_fresh_fleet_lists_every_stages_work(deployed):
@@ -127,9 +133,8 @@ def test_fresh_fleet_ends_serving_through_nginx_after_one_reboot_each(lab, deplo
         assert lab.run(worker, "sysctl -n net.ipv4.ip_local_reserved_ports").stdout.strip() == RESERVED
     reply = chat_through_gateway(lab)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
-    boots = {n["name"]: n["boots"] for n in lab.status()["nodes"]}
     # Each worker booted at lab up and once more for its driver; the gateway never rebooted.
-    assert boots == {"gateway": 1, "worker1": 2, "worker2": 2, "worker3": 2}
+    assert deployed["boots"] == {"gateway": 1, "worker1": 2, "worker2": 2, "worker3": 2}
 
 
 def test_second_run_changes_nothing(lab, deployed):
@@ -148,6 +153,43 @@ def test_second_run_changes_nothing(lab, deployed):
     print(f"full deploy: first run {TIMINGS['first']:.0f}s, second run {TIMINGS['second']:.0f}s, "
           f"{counts['operations']} operations unchanged")
     assert planned_changes(lab.pyinfra("--dry", "deploys/full.py").stdout) == []
+
+
+def planned_host_data(lab: Lab, node: str) -> dict:
+    """The node's host data as the lab inventory gives it (its NPU network plan among it)."""
+    return next(data for members in lab_groups(lab.lab_dir).values() for entry in members
+                if isinstance(entry, tuple) for name, data in [entry] if name == node)
+
+
+def test_each_npu_nic_has_its_planned_address_kept_in_hccn_conf(lab, deployed):
+    """Issue 14: the NPU network stage gave each NPU's RoCE NIC its planned address with hccn_tool
+    (and its checks, link to TLS, passed: the deploy ended without errors)."""
+    for worker in WORKERS:
+        planned = planned_host_data(lab, worker)
+        out = lab.run(worker, f"for i in $(seq 0 7); do {HCCN_TOOL} -i $i -ip -g; done").stdout
+        assert re.findall(r"^ipaddr:(\S+)$", out, re.M) == planned["npu_addresses"], out
+        assert set(re.findall(r"^netmask:(\S+)$", out, re.M)) == {planned["npu_netmask"]}
+        kept = lab.run(worker, f"cat {HCCN_CONF}").stdout
+        assert all(f"address_{npu}={address}" in kept for npu, address in enumerate(planned["npu_addresses"])), kept
+
+
+def test_an_npu_nic_down_stops_its_host_in_one_line_and_nothing_restarts(lab, deployed):
+    """Issue 14: NPU 3's link on worker3 goes down (the switch side of its port); the rerun stops
+    worker3 at the NPU network checks, naming host, NPU and check, and every instance keeps serving."""
+    spec = LabState.require(lab.lab_dir).spec
+    port = spec.npu_host_port(spec.node("worker3"), 3)
+    before = {worker: unit_starts(lab, worker) for worker in WORKERS}
+    subprocess.run(["ip", "link", "set", port, "down"], check=True)
+    try:
+        result = lab.pyinfra("deploys/full.py", check=False)
+    finally:
+        subprocess.run(["ip", "link", "set", port, "up"], check=True)
+    assert result.returncode != 0
+    assert ("worker3: NPU network: NPU 3: link DOWN (-link -g: link status: DOWN); check its optical module, "
+            "cable and switch port") in result.stdout, result.stdout[-3000:]
+    assert totals(result.stdout)["changed"] == 0
+    assert {worker: unit_starts(lab, worker) for worker in WORKERS} == before
+    assert chat_through_gateway(lab).status_code == 200
 
 
 def test_the_service_environment_carries_cann_and_the_atb_build_of_the_serving_torch(lab, deployed):
