@@ -207,11 +207,14 @@ def _fetch_json(url: str, host: str, missing_ok: bool = False) -> dict | None:
 
 
 def fleet_node_configs(inventory: Inventory) -> list[NodeConfig]:
-    """Every host's validated data; refuses a worker that no rollout wave includes."""
+    """Every host's validated data; refuses a worker that no rollout wave includes (a multi-node
+    instance's member goes with its head), and data the fleet's multi-node instances or NPU network
+    cannot work with."""
     configs = [host_node_config(host) for host in inventory]
+    roles = data_parallel_roles(group_members(inventory), configs)
     for config in configs:
-        _check_rollout_waves(inventory, config)
-    data_parallel_roles(group_members(inventory), configs)
+        if config.host not in roles or roles[config.host].is_head:  # a member moves in its head's wave
+            _check_rollout_waves(inventory, config)
     problem = next(npu_network_problems(configs, npu_peers(inventory, configs)), None)
     if problem:
         raise FleetError(problem)

@@ -131,3 +131,28 @@ def test_a_blue_green_swap_of_a_multi_node_instance_is_refused_in_one_line(tmp_p
     assert blue_green_problem(fleet, {}) == (
         "npu-01: its multi-node instance (pair_a) has no second colour to start beside it; swap the model without "
         "--blue-green (one instance at a time)")
+
+
+def test_the_example_397b_fleet_plans_two_instances_of_two_nodes_that_fit_where_one_node_is_tight(monkeypatch):
+    """inventories/prod_397b.py: vllm-ascend's two-node recipe for Qwen3.5-397B-A17B W8A8 (MTP) on 8 x 910B3
+    nodes, planned once per instance at its head; the same instance on one node is what the planner
+    calls tight (its weights leave the KV cache 8% of the budget)."""
+    from ascend_fleet import PROJECT_ROOT
+    from ascend_fleet.fleet import check_fleet
+    from ascend_fleet.planner import TIGHT, chip_by_name, plan_instance
+    monkeypatch.chdir(PROJECT_ROOT)
+    config_dir = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-397b-a17b"
+    plan = check_fleet(load_inventory(PROJECT_ROOT / "inventories" / "prod_397b.py", PROJECT_ROOT), config_dir)
+    assert [(r.host, r.members, r.verdict, r.plan.dp, r.plan.tp) for r in plan.instances] == [
+        ("npu-01.example.internal", ("npu-01.example.internal", "npu-02.example.internal"), "fits", 2, 8),
+        ("npu-03.example.internal", ("npu-03.example.internal", "npu-04.example.internal"), "fits", 2, 8)]
+    two_nodes = plan.instances[0].plan
+    assert round(two_nodes.weight_bytes_per_npu / 2**30, 1) == 24.8 and two_nodes.kv_cache_tokens == 1_904_515
+    one_node = plan_instance(shape_of(config_dir), chip_by_name("910B3"), tp=8, dp=1, ep=True, mtp=True,
+                             max_model_len=32768, gpu_memory_utilization=0.9, dtype="bfloat16", quantization="w8a8")
+    assert one_node.verdict == TIGHT and round(one_node.weight_bytes_per_npu / 2**30, 1) == 47.6
+
+
+def shape_of(config_dir: Path):
+    from ascend_fleet.fleet import model_shape, read_model_config
+    return model_shape(read_model_config(config_dir / "config.json"), None)

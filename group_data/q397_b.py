@@ -1,0 +1,4 @@
+"""Instance q397_b of inventories/prod_397b.py: the hosts of group q397_b, the first the head; the guide's
+RPC port; the NIC the two nodes reach each other on (its HCCL_IF_IP is each host's serving_address)."""
+
+data_parallel = {"group": "q397_b", "rpc_port": 13389, "api_server_count": 2, "nic": "enp67s0f0"}
