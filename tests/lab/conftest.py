@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,18 @@ class Lab:
         before = self.boot_id(node)
         self.pyinfra("server.reboot", "--limit", node)
         assert self.boot_id(node) != before, f"{node} did not reboot"
+
+    @contextmanager
+    def npu_link_down(self, node: str, npu: int):
+        """NPU npu's RoCE link on node down while the block runs: the switch side of its port, on the
+        lab's parameter plane (the node sees no carrier)."""
+        spec = LabState.require(self.lab_dir).spec
+        port = spec.npu_host_port(spec.node(node), npu)
+        subprocess.run(["ip", "link", "set", port, "down"], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["ip", "link", "set", port, "up"], check=True)
 
     def wait_running(self, node: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import time
 from urllib.parse import urlsplit
 
@@ -20,7 +19,6 @@ import requests
 
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
-from ascend_fleet.lab.state import LabState
 from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
                                      SERVICE_ENV_FILE, instance_unit)
 from ascend_fleet.operations.python_stack import satisfies
@@ -176,14 +174,9 @@ def test_each_npu_nic_has_its_planned_address_kept_in_hccn_conf(lab, deployed):
 def test_an_npu_nic_down_stops_its_host_in_one_line_and_nothing_restarts(lab, deployed):
     """Issue 14: NPU 3's link on worker3 goes down (the switch side of its port); the rerun stops
     worker3 at the NPU network checks, naming host, NPU and check, and every instance keeps serving."""
-    spec = LabState.require(lab.lab_dir).spec
-    port = spec.npu_host_port(spec.node("worker3"), 3)
     before = {worker: unit_starts(lab, worker) for worker in WORKERS}
-    subprocess.run(["ip", "link", "set", port, "down"], check=True)
-    try:
+    with lab.npu_link_down("worker3", 3):
         result = lab.pyinfra("deploys/full.py", check=False)
-    finally:
-        subprocess.run(["ip", "link", "set", port, "up"], check=True)
     assert result.returncode != 0
     assert ("worker3: NPU network: NPU 3: link DOWN (-link -g: link status: DOWN); check its optical module, "
             "cable and switch port") in result.stdout, result.stdout[-3000:]
