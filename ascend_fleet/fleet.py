@@ -253,7 +253,7 @@ def npu_peers(inventory: Inventory, configs: list[NodeConfig]) -> dict[str, list
         group = npu_peer_group(config)
         if group is None:
             continue
-        members = [member.name for member in inventory.groups.get(group, ())]
+        members = group_members(inventory).get(group, [])
         if config.host not in members:
             raise FleetError(f"{config.host}: npu_peer_group: {group} is not an inventory group "
                              "holding this host; add the host to that group or name its group")
@@ -341,9 +341,8 @@ def plan_fleet(inventory: Inventory, model_config: Path | None = None, models_di
     shapes = ModelConfigs(model_config, models_dir)
     profiles: dict[str, Profile] = {}
     reports = []
-    configs = fleet_node_configs(inventory)
-    roles = data_parallel_roles(group_members(inventory), configs)
-    for config in configs:
+    roles = fleet_roles(inventory)
+    for config in fleet_node_configs(inventory):
         if not config.is_worker:
             continue
         if config.profile not in profiles:
