@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pytest
@@ -53,6 +54,24 @@ class Logs:
         text = self.lab.run(worker, f"tail -c +{self.peer_offsets[worker] + 1} {PEER_LOG}").stdout
         return [(client, unquote(name), status) for client, name, status in PEER_GET.findall(text)]
 
+    def sent(self) -> Sent:
+        """What was sent until now, read once: what later tests fetch is not in it."""
+        return Sent({what: self.from_origin(what) for what in ("files", "packages")},
+                    {worker: self.from_peer(worker) for worker in self.lab.workers})
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What the origin and each worker's peer server sent during one run (Logs' questions, answered then)."""
+    origin: dict[str, Counter]
+    peers: dict[str, list[tuple[str, str, str]]]
+
+    def from_origin(self, what: str = "files") -> Counter:
+        return self.origin[what]
+
+    def from_peer(self, worker: str) -> list[tuple[str, str, str]]:
+        return self.peers[worker]
+
 
 def packages_of(lab, worker: str) -> dict[str, str]:
     """The lab profile's packages on this worker's architecture: file name -> sha256."""
@@ -85,7 +104,7 @@ def fetched(lab, packages):
     """The driver and CANN stages run on every worker at once; what the origin and the peers sent."""
     logs = Logs(lab)
     lab.pyinfra("deploys/driver.py", "deploys/cann.py", timeout=1800)
-    return logs
+    return logs.sent()
 
 
 def test_each_package_leaves_the_origin_once_for_the_whole_fleet(lab, packages, fetched):
@@ -158,7 +177,7 @@ def wheels_fetched(lab, fetched):
                         f"{VENV}/bin/python -m pip uninstall --yes --quiet {PINNED}")
     logs = Logs(lab)
     lab.pyinfra("deploys/python_stack.py", timeout=1800)
-    return logs
+    return logs.sent()
 
 
 def test_each_wheel_leaves_the_origin_once_and_every_worker_runs_the_pinned_stack(lab, wheels_fetched):

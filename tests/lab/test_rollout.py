@@ -3,8 +3,9 @@
 A load generator streams chat completions through the gateway the whole time; every
 request it sent is counted, and the rollouts, the swaps (instance by instance, and blue/green)
 and the rebuild must fail none of them.
-The tests run in order on the second lab (after test_full_deploy has left it converged, or from
-fresh nodes when run alone) and leave it serving lab/Qwen3-Tiny v1 on the blue instances of the
+The tests run on the second lab (after test_full_deploy has left it converged, or from fresh nodes
+when run alone), each from the configuration it needs (set with a plain serve deploy when the fleet
+is not there), in any order, and leave it serving lab/Qwen3-Tiny v1 on the blue instances of the
 lab's data.
 """
 
@@ -75,6 +76,20 @@ def gateway_config(lab: Lab) -> str:
     return lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
 
 
+def buffsizes(lab: Lab) -> list[str]:
+    """The HCCL_BUFFSIZE each instance of each worker serves with."""
+    return [line for node in lab.workers for line in instance_env(lab, node).splitlines()
+            if line.startswith("HCCL_BUFFSIZE=")]
+
+
+def serving_buffsize(lab: Lab, size: int | None) -> None:
+    """Every instance serves with HCCL_BUFFSIZE=size (None: the lab's own data); a plain serve deploy,
+    with no load running, puts the fleet there if it is not."""
+    wanted = size if size is not None else NPU_ENV["HCCL_BUFFSIZE"]
+    if buffsizes(lab) != [f"HCCL_BUFFSIZE={wanted}"] * len(INSTANCES) * len(lab.workers):
+        lab.pyinfra("deploys/serve.py", *(("--data", buffsize_data(size)) if size is not None else ()))
+
+
 def rollout(lab: Lab, *args: str, check: bool = True):
     result = lab.cli("rollout", "inventories/lab.py", "deploys/serve.py", *args, check=check, timeout=3600)
     return result, json.loads(result.stdout) if "--json" in args and result.stdout.strip() else None
@@ -102,6 +117,8 @@ def fleet_state(lab: Lab) -> dict[str, str]:
 
 def test_a_config_change_rolls_out_one_instance_at_a_time_without_failing_a_request(lab, serving):
     """Issue 17: --max-unavailable 1 was refused on hosts with two instances, the default layout."""
+    if "HCCL_BUFFSIZE=256" in buffsizes(lab):  # the rollout must change every instance
+        serving_buffsize(lab, None)
     with under_load(serving, "config rollout"):
         result, record = rollout(lab, "--data", buffsize_data(256), "--max-unavailable", "1", "--json")
     assert record["ok"], result.stderr
@@ -135,6 +152,7 @@ def test_a_rollout_of_a_deploy_file_that_does_not_exist_changes_nothing(lab, ser
 
 
 def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_it(lab, serving):
+    serving_buffsize(lab, 256)  # where the config rollout leaves the fleet: wave2 must still be there after
     break_health(lab, "worker2")
     wave2_before = unit_starts(lab, "worker3")
     with under_load(serving, "stopped rollout"):

@@ -79,6 +79,11 @@ def stage(lab, *, limit: str = "workers", revision: str = "v1", check: bool = Tr
                        "--data", f"revision={revision}", check=check)
 
 
+def unstaged(lab, node: str, revision: str) -> None:
+    """Nothing of the revision on the node, staged or partial (another test may have staged it)."""
+    lab.run(node, f"rm -rf {revision_path(revision)} {partial_path(revision)}")
+
+
 def change_counts(output: str) -> dict[str, int]:
     """pyinfra's own results row for the stage operation: hosts changed, errored, unchanged."""
     row = re.search(r"Stage lab/Qwen3-Tiny\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", output)
@@ -112,6 +117,8 @@ def stat_on_node(lab, node: str, directory: str) -> str:
 
 
 def test_first_run_stages_every_worker_and_the_second_changes_nothing(lab, mirror):
+    for worker in lab.workers:
+        unstaged(lab, worker, "v1")
     first = stage(lab)
     assert change_counts(first.stdout) == {"success": 3, "error": 0, "no_change": 0}
 
@@ -130,6 +137,7 @@ def test_first_run_stages_every_worker_and_the_second_changes_nothing(lab, mirro
 
 def test_an_interrupted_download_resumes_without_fetching_completed_files_again(lab, mirror):
     # What a download killed midway leaves: finished files, and a shard cut off after 1000 bytes.
+    unstaged(lab, "worker1", "v2")
     url = f"{lab.mirror_url}/models/{MODEL}/v2"
     partial = partial_path("v2")
     lab.run("worker1", f"mkdir -p {partial} && cd {partial} && curl -fsS -O {url}/config.json -O {url}/{SHARD_1} "
@@ -176,6 +184,7 @@ def test_an_nvme_too_small_fails_before_downloading_with_one_line(lab, mirror):
 
 
 def test_a_revision_being_served_is_left_untouched_while_the_next_is_staged(lab, mirror):
+    unstaged(lab, "worker2", "v2")
     stage(lab, limit="worker2", revision="v1")
     served = revision_path("v1")
     # Stands in for vLLM: a process holding a shard of v1 open for as long as it serves.
