@@ -67,18 +67,23 @@ def hccn(lab: Lab, node: str, *args: str):
     return lab.run(node, f"{TOOL} {' '.join(shlex.quote(a) for a in args)}", check=False)
 
 
+def address_npu(lab: Lab, node: str, npu: int, address: str) -> None:
+    """The NPU's planned address set with hccn_tool (netmask, gateway and net-detect: the host's side)."""
+    spec = LabState.require(lab.lab_dir).spec
+    netmask, switch = str(spec.npu_network.netmask), spec.npu_host_address
+    result = hccn(lab, node, "-i", str(npu), "-ip", "-s", "address", address, "netmask", netmask)
+    assert (result.returncode, result.stdout) == (0, "Cmd executed successfully!\n"), result.stderr
+    if npu != 3 or node != "worker1":  # a down port still takes its gateway and net-detect address
+        assert hccn(lab, node, "-i", str(npu), "-gateway", "-s", "gateway", switch).returncode == 0
+    assert hccn(lab, node, "-i", str(npu), "-netdetect", "-s", "address", switch).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def addressed(plane):
-    """Every NPU's planned address set with hccn_tool (netmask, gateway and net-detect: the host's side)."""
-    spec = LabState.require(plane.lab_dir).spec
-    netmask, switch = str(spec.npu_network.netmask), spec.npu_host_address
+    """Every NPU's planned address set with hccn_tool."""
     for node, addresses in plan(plane).items():
         for npu, address in enumerate(addresses):
-            result = hccn(plane, node, "-i", str(npu), "-ip", "-s", "address", address, "netmask", netmask)
-            assert (result.returncode, result.stdout) == (0, "Cmd executed successfully!\n"), result.stderr
-            if npu != 3 or node != "worker1":  # a down port still takes its gateway and net-detect address
-                assert hccn(plane, node, "-i", str(npu), "-gateway", "-s", "gateway", switch).returncode == 0
-            assert hccn(plane, node, "-i", str(npu), "-netdetect", "-s", "address", switch).returncode == 0
+            address_npu(plane, node, npu, address)
     return plane
 
 
@@ -128,8 +133,12 @@ def test_a_tls_switch_left_on_shows_in_tls_g(addressed):
 def test_after_a_reboot_the_npus_have_what_hccn_conf_keeps_and_nothing_else(addressed):
     addresses = plan(addressed)["worker2"]
     addressed.run("worker2", f"sed -i '/_1=/d' /etc/hccn.conf")  # NPU 1's settings were never persisted
-    addressed.reboot("worker2")
-    assert hccn(addressed, "worker2", "-i", "0", "-ip", "-g").stdout == f"ipaddr:{addresses[0]}\nnetmask:255.255.255.0\n"
-    forgotten = hccn(addressed, "worker2", "-i", "1", "-ip", "-g")
-    assert (forgotten.returncode, forgotten.stderr) == (13, "Get ipconf failed, because no ip was preset there!\n")
-    assert hccn(addressed, "worker1", "-i", "2", "-ping", "-g", "address", addresses[2]).returncode == 0
+    try:
+        addressed.reboot("worker2")
+        kept = hccn(addressed, "worker2", "-i", "0", "-ip", "-g")
+        assert kept.stdout == f"ipaddr:{addresses[0]}\nnetmask:255.255.255.0\n"
+        forgotten = hccn(addressed, "worker2", "-i", "1", "-ip", "-g")
+        assert (forgotten.returncode, forgotten.stderr) == (13, "Get ipconf failed, because no ip was preset there!\n")
+        assert hccn(addressed, "worker1", "-i", "2", "-ping", "-g", "address", addresses[2]).returncode == 0
+    finally:  # NPU 1 addressed again, as `addressed` left it: the module's other tests read every NPU
+        address_npu(addressed, "worker2", 1, addresses[1])
