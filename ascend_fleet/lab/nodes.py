@@ -153,7 +153,11 @@ def remove_loop_mount(entry: dict) -> None:
 def nspawn_argv(spec: LabSpec, node: NodeSpec, base: Path, home: Path) -> list[str]:
     argv = [
         "systemd-nspawn", "--boot", "--quiet",
-        f"--machine={node.name}", f"--directory={base}", f"--overlay={base}:{home / 'upper'}:/",
+        # The machine name is the lab's and the node's: nspawn keeps per-machine state under
+        # /run/systemd/nspawn/propagate/<machine>, which two labs' worker3 would share (one's exit
+        # removed it under the other's boot: exit 255). The node's own name is its hostname.
+        f"--machine={spec.name}-{node.name}", f"--hostname={node.name}",
+        f"--directory={base}", f"--overlay={base}:{home / 'upper'}:/",
         # No machined or D-Bus on a plain host: don't register, and stay in the supervisor's cgroup.
         "--register=no", "--keep-unit",
         f"--network-namespace-path=/run/netns/{spec.netns(node)}",
