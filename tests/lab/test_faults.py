@@ -21,6 +21,7 @@ import pytest
 
 from ascend_fleet.node_layout import (GATEWAY_CONFIG, MARKER_NAME, NGINX_CONF_DIR, PACKAGE_DIR, WEIGHTS_STAGER,
                                      instance_unit)
+from ascend_fleet.profile import load_profile
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import chat_through_gateway, restore_hardware, rewrite_hardware, totals, unit_starts
 
@@ -209,7 +210,9 @@ def test_a_gateway_config_nginx_rejects_keeps_the_old_one_serving(lab, serving):
 
 
 def test_a_vendor_mirror_that_is_down_stops_the_fetch_with_one_line(lab, serving):
-    toolkit = lab.run("worker1", f"ls {PACKAGE_DIR} | grep cann-toolkit").stdout.strip()
+    # The lab profile's toolkit: the cache may also hold the previous profile's (tests below install it).
+    toolkit = load_profile("lab").vendor_files(lab.run("worker1", "uname -m").stdout.strip())["toolkit"]
+    assert toolkit in lab.run("worker1", f"ls {PACKAGE_DIR}").stdout.split()
     installed = lab.run("worker1", "cat /usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info").stdout
     down = re.sub(r":\d+$", ":9", lab.mirror_url)  # the mirror's address, nothing listening
     mirror_down = ("deploys/cann.py", "--limit", "worker1", "--data", f"vendor_mirror_url={down}/files")
@@ -247,6 +250,7 @@ def test_ssh_dropped_during_a_cann_install_then_a_rerun_converges(lab, serving):
 
 
 def test_ssh_dropped_during_a_weight_download_then_a_rerun_resumes(lab, serving):
+    lab.run("worker1", f"rm -rf {V2_DIR} {V2_PARTIAL}")  # v2 to fetch (test_weights.py stages it on the session lab)
     watcher = staging_watcher(lab, "worker1", KILL_SSH_SESSION)
     try:
         with slow_link(lab, "worker1"):
@@ -268,6 +272,7 @@ def test_ssh_dropped_during_a_weight_download_then_a_rerun_resumes(lab, serving)
 
 def test_the_nvme_filling_up_during_weight_staging_stops_with_one_line(lab, serving):
     fill = "fallocate -l $(($(findmnt -n -o AVAIL -b --target /mnt/nvme) - 65536)) /mnt/nvme/filler"
+    lab.run("worker2", f"rm -rf {V2_DIR} {V2_PARTIAL}")  # v2 to fetch (test_weights.py stages it on the session lab)
     watcher = staging_watcher(lab, "worker2", fill)
     try:
         try:
