@@ -15,13 +15,20 @@ def failure_cleared(unit: str):
     """
     Clear a failed unit's failure, so that the next start is tried: a crash loop that reached the
     unit's StartLimitBurst refuses every start ("start request repeated too quickly") until then.
+    A unit still in its crash loop (waiting to restart) is stopped first: its pending restart would
+    run what it failed on, and a start would wait for that restart's outcome (after a driver reboot,
+    enabled instances start and fail before the deploy has put CANN back).
 
     + unit: the systemd unit, e.g. ascend-fleet-vllm-0.service
     """
-    if host.get_fact(UnitState, unit=unit)["ActiveState"] != "failed":
+    state = host.get_fact(UnitState, unit=unit)
+    quoted = shlex.quote(unit)
+    if state["SubState"] == "auto-restart":
+        yield f"systemctl stop {quoted} && systemctl reset-failed {quoted}"
+    elif state["ActiveState"] == "failed":
+        yield f"systemctl reset-failed {quoted}"
+    else:
         host.noop(f"{unit} has not failed")
-        return
-    yield f"systemctl reset-failed {shlex.quote(unit)}"
 
 
 @operation()

@@ -308,11 +308,21 @@ def test_instances_that_no_longer_serve_leave_the_record_and_a_host_without_one_
 
 def test_only_a_failed_unit_has_its_failure_cleared():
     unit = instance_unit("vllm-0")
-    assert commands(units.failure_cleared, FakeHost({UnitState: {"ActiveState": "failed"}}), unit=unit) == [
+    failed = {"ActiveState": "failed", "SubState": "failed"}
+    assert commands(units.failure_cleared, FakeHost({UnitState: failed}), unit=unit) == [
         f"systemctl reset-failed {unit}"]
     for state in ("active", "inactive"):
-        fake = FakeHost({UnitState: {"ActiveState": state}})
+        fake = FakeHost({UnitState: {"ActiveState": state, "SubState": "running" if state == "active" else "dead"}})
         assert commands(units.failure_cleared, fake, unit=unit) == [] and fake.noops == [f"{unit} has not failed"]
+
+
+def test_a_unit_in_its_crash_loop_is_stopped_so_the_start_that_follows_is_a_fresh_one():
+    """Found by the lab: after a driver reboot an enabled instance crash-looped (no CANN yet), and the
+    serve stage's start waited for a restart that ran before CANN was back, failing the run."""
+    unit = instance_unit("vllm-0")
+    looping = FakeHost({UnitState: {"ActiveState": "activating", "SubState": "auto-restart"}})
+    assert commands(units.failure_cleared, looping, unit=unit) == [
+        f"systemctl stop {unit} && systemctl reset-failed {unit}"]
 
 
 def test_a_routed_unit_restarts_on_its_new_unit_file_then_waits_out_the_gateways_memory(node):
