@@ -49,6 +49,7 @@ NGINX_CONF_DIR = "/etc/nginx/conf.d"
 GATEWAY_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet.conf"
 NGINX_STATUS_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-status.conf"
 PEER_SERVER_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-weights.conf"
+PEER_SERVER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"  # every file peers fetched from the node
 NGINX_DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 NGINX_ERROR_LOG = "/var/log/nginx/error.log"
 
@@ -67,9 +68,12 @@ def unit_file(unit: str) -> str:
     return f"{SYSTEMD_DIR}/{unit}"
 
 
+INSTANCE_UNIT_PREFIX = "ascend-fleet-"  # every instance's unit name starts so
+
+
 def instance_unit(name: str) -> str:
     """The systemd unit of the instance called name."""
-    return f"ascend-fleet-{name}.service"
+    return f"{INSTANCE_UNIT_PREFIX}{name}.service"
 
 
 def instance_env_file(name: str) -> str:

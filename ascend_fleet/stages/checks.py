@@ -24,7 +24,8 @@ from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.node_layout import GATEWAY_API_KEY_FILE, MANIFEST_NAME, NGINX_ERROR_LOG, revision_dir
+from ascend_fleet.node_layout import (GATEWAY_API_KEY_FILE, INSTANCE_UNIT_PREFIX, MANIFEST_NAME, NGINX_ERROR_LOG,
+                                     revision_dir)
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.per_run import once_per_run
@@ -124,7 +125,7 @@ def npus_checked_before_deploy(config: NodeConfig) -> str:
 
 
 def foreign_device_holders() -> str | None:
-    holders = [h for h in host.get_fact(NpuDeviceHolders) if not h["unit"].startswith("ascend-fleet-")]
+    holders = [h for h in host.get_fact(NpuDeviceHolders) if not h["unit"].startswith(INSTANCE_UNIT_PREFIX)]
     if holders:
         listed = ", ".join(f"pid {h['pid']} ({h['command']})" for h in holders)
         return f"{listed} holds /dev/davinci* and is not an ascend-fleet instance; stop it before deploying"

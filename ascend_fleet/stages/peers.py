@@ -25,7 +25,7 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
 from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
-from ascend_fleet.node_layout import NGINX_DEFAULT_SITE, PACKAGE_DIR, PEER_SERVER_CONFIG, WHEEL_DIR
+from ascend_fleet.node_layout import NGINX_DEFAULT_SITE, PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
 from ascend_fleet.per_run import once_per_run
@@ -134,6 +134,6 @@ def peer_server(config: NodeConfig) -> None:
                      model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,
                      published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,
                      packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR,
-                     wheels=PEER_WHEELS_PATH, wheel_dir=WHEEL_DIR)
+                     wheels=PEER_WHEELS_PATH, wheel_dir=WHEEL_DIR, access_log=PEER_SERVER_LOG)
     checked_config(name="Peer server config (nginx -t, then reload)", dest=PEER_SERVER_CONFIG,
                    content=content, check="nginx -t", service="nginx", what="peer server config")

@@ -18,13 +18,13 @@ from urllib.parse import unquote
 import pytest
 
 from ascend_fleet.lab.mirror import mirror_root
-from ascend_fleet.node_layout import PACKAGE_DIR, WHEEL_DIR
+from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
 from ascend_fleet.profile import load_profile
 
 pytestmark = pytest.mark.lab
 
-PEER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"
+PEER_LOG = PEER_SERVER_LOG
 PEER_PORT = 8090
 MIRROR_GET = re.compile(r'"GET /(files|packages)/(\S+) HTTP/[\d.]+" (\d{3})')
 PEER_GET = re.compile(r'^(\S+) .*"GET /(?:packages|wheels)/(\S+) HTTP/[\d.]+" (\d{3})', re.MULTILINE)

@@ -22,13 +22,14 @@ from ascend_fleet.lab.nodes import node_dir
 from ascend_fleet.lab.shaping import clear_links, limit_links
 from ascend_fleet.lab.sim.tinymodel import MANIFEST_NAME, build_tiny_model, publish_model
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.node_layout import PEER_SERVER_LOG
 from tests.lab.conftest import BIN, PROJECT
 
 pytestmark = pytest.mark.lab
 
 MODEL = "lab/Spread"
 MODEL_DIR = "/mnt/nvme/models"
-WEIGHTS_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"
+WEIGHTS_LOG = PEER_SERVER_LOG
 # 24 shards of 2 MB over 16 Mbit/s links: a worker needs about 25 s, time enough to kill one midway.
 SIZE_MB, SHARDS, RATE_MBIT = 48, 24, 16
 GET_LINE = re.compile(r'^(\S+) .*"GET (\S+) HTTP/[\d.]+" (\d{3})', re.MULTILINE)
