@@ -70,11 +70,11 @@ def test_the_tiny_models_are_built_once_and_published_whole_qwen3_in_two_revisio
     second = publish.publish_tiny_model(tmp_path / "models", Console(quiet=True))
     tree = tmp_path / "models" / "lab"
     assert first == second == [tree / "Qwen3-Tiny" / "v1", tree / "Qwen3-Tiny" / "v2",
-                               tree / "Qwen3.5-Tiny-A1B-W8A8" / "v1"]
+                               tree / "Qwen3.5-Tiny-A1B-W8A8" / "v1", tree / "Qwen3.5-Tiny-397B-Shape-W8A8" / "v1"]
     assert [(b / "config.json").stat().st_mtime_ns for b in built] == stamps
     manifests = [json.loads((revision / "ascend-fleet-manifest.json").read_text()) for revision in first]
-    assert [m["revision"] for m in manifests] == ["v1", "v2", "v1"]
-    assert "quant_model_description.json" in manifests[2]["files"]
+    assert [m["revision"] for m in manifests] == ["v1", "v2", "v1", "v1"]
+    assert "quant_model_description.json" in manifests[2]["files"] and "quant_model_description.json" in manifests[3]["files"]
     # Same shapes, other weights: a swap to v2 is a real change of the files a node serves.
     shard = "model-00001-of-00002.safetensors"
     assert manifests[0]["files"][shard]["sha256"] != manifests[1]["files"][shard]["sha256"]
