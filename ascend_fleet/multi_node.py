@@ -94,7 +94,7 @@ def _check_head_ports(head: NodeConfig, role: DataParallelRole) -> None:
     for taken in role.head_ports():
         for instance in head.instances:
             for claimed in instance.record().port_ranges():
-                if taken.ports.start < claimed.ports.stop and claimed.ports.start < taken.ports.stop:
+                if taken.overlaps(claimed):
                     raise FleetError(
                         f"{head.host}: the {taken} of multi-node instance {role.group} (head {head.host}) clashes "
                         f"with instance {instance.name}'s {claimed}; move {movable(taken)}instance {instance.name}'s "

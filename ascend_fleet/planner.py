@@ -704,6 +704,9 @@ class PortRange:
     field: str
     ports: range
 
+    def overlaps(self, other: PortRange) -> bool:
+        return self.ports.start < other.ports.stop and other.ports.start < self.ports.stop
+
     def __str__(self) -> str:
         first, last = self.ports[0], self.ports[-1]
         return f"{self.name} {first}" if first == last else f"{self.name} {first}-{last}"
@@ -773,7 +776,7 @@ def port_clashes(instances: Sequence[InstanceRecord]) -> list[PortClash]:
     """Every two port ranges of one node's instances that share a port, one instance's own included."""
     claims = [(instance.name, claimed) for instance in instances for claimed in instance.port_ranges()]
     return [PortClash(first, a, second, b) for index, (first, a) in enumerate(claims) for second, b in claims[index + 1:]
-            if a.ports.start < b.ports.stop and b.ports.start < a.ports.stop]
+            if a.overlaps(b)]
 
 
 def check_node_instances(instances: Sequence[InstanceRecord]) -> list[Finding]:
