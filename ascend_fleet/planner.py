@@ -75,19 +75,28 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Chip:
-    """One NPU model: physical HBM and what a process can actually allocate."""
+    """One NPU model: physical HBM, what a process can actually allocate, and the peak speeds the
+    performance model (perfmodel.py) divides by. Sources and confidence: docs/sim-performance.md."""
 
     name: str
     hbm_bytes: int
     usable_hbm_bytes: int
+    hbm_bytes_per_second: float
+    fp16_flops: float  # dense FP16/BF16 matrix peak; INT8 runs at twice this
+    link_bytes_per_second: float  # one HCCS link to another NPU of the node
 
 
 # 910B3: 64 GiB, ~60 usable (field notes). 910B4: 32 GiB; its usable figure is
 # not published, so it assumes the same 4 GiB firmware/driver reservation as the
 # 910B3 (measure with `npu-smi info -t usages` and pass hbm_bytes_override).
+# Speeds: 910B3 1.6 TB/s (half the 910C's 3.2 TB/s: two 910B dies), ~320 TFLOPS FP16 (field
+# notes), HCCS 56 GB/s per link; 910B4's bandwidth is a third-party figure (1.2 TB/s), its
+# FLOPS assumed equal to the 910B3's.
 CHIPS = {
-    "910B3": Chip("910B3", hbm_bytes=64 * GIB, usable_hbm_bytes=60 * GIB),
-    "910B4": Chip("910B4", hbm_bytes=32 * GIB, usable_hbm_bytes=28 * GIB),
+    "910B3": Chip("910B3", hbm_bytes=64 * GIB, usable_hbm_bytes=60 * GIB, hbm_bytes_per_second=1.6e12,
+                  fp16_flops=320e12, link_bytes_per_second=56e9),
+    "910B4": Chip("910B4", hbm_bytes=32 * GIB, usable_hbm_bytes=28 * GIB, hbm_bytes_per_second=1.2e12,
+                  fp16_flops=320e12, link_bytes_per_second=56e9),
 }
 
 

@@ -1,0 +1,332 @@
+"""Performance model of one vLLM engine on Ascend NPUs: how long an engine step takes, and what a
+load of requests meets (continuous batching, chunked prefill, queueing, preemption).
+
+Standard library only: it is copied into the lab's simulated vLLM beside planner.py, whose engine
+paces its tokens with it (scaled in time); the calibration test and `plan --predict` run it here as
+a discrete-event simulation. The model, its sources and its calibration: docs/sim-performance.md.
+
+One step (vLLM V1: one forward pass over every token the scheduler picked), per NPU of the TP group:
+
+    memory       (dense weights + routed experts the step's tokens touch + KV and state read)
+                 / (HBM bandwidth x Efficiency.hbm)
+    compute      2 x active parameters per NPU x tokens / (peak x Efficiency.compute)
+    collectives  per TP all-reduce (2 a layer) and EP all-to-all (2 a MoE layer):
+                 latency x rounds (a message over HCCL_BUFFSIZE goes in several) + bytes / links
+    step         max(memory, compute) + collectives + Efficiency.step_overhead_seconds
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from . import planner  # beside this file in ascend_fleet and in the simulated vLLM
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Shares of the chip's peaks a serving step reaches, and its fixed costs: the calibrated
+    constants (docs/sim-performance.md says how each was chosen)."""
+
+    hbm: float = 0.9  # fitted: the handbook's 72B TP4 mean TPOT (38 ms)
+    compute: float = 0.75  # assumed
+    collective_latency_seconds: float = 15e-6  # assumed
+    step_overhead_seconds: float = 0.001  # assumed
+
+
+CALIBRATED = Efficiency()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one engine step computes: (request, new tokens) pairs."""
+
+    scheduled: tuple[tuple[Request, int], ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(tokens for _, tokens in self.scheduled)
+
+    @property
+    def sequences(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def context_tokens(self) -> int:
+        """KV entries attention reads: each sequence's whole context after this step."""
+        return sum(request.computed + tokens for request, tokens in self.scheduled)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The per-NPU figures of one instance that its step time depends on."""
+
+    chip: planner.Chip
+    tp: int
+    ep: bool
+    layers: int
+    moe_layers: int
+    hidden_size: int
+    dense_weight_bytes: int  # read every step
+    expert_weight_bytes: int  # routed experts, read as far as the step's tokens touch them
+    expert_share_per_token: float  # experts_per_token / num_experts
+    flops_per_token: float  # 2 x active parameters on this NPU
+    kv_bytes_per_token: int
+    state_bytes_per_sequence: int
+    int8: bool
+    hccl_buffsize_bytes: int
+    efficiency: Efficiency = CALIBRATED
+
+    @classmethod
+    def for_plan(cls, shape: planner.ModelShape, plan: planner.InstancePlan, chip: planner.Chip,
+                 hccl_buffsize_mib: int = planner.DEFAULT_POLICY.hccl_buffsize_mib,
+                 efficiency: Efficiency = CALIBRATED) -> StepCost:
+        params = shape.parameter_count()
+        routed_only = planner.ParameterCount(0, 0, 0, 0, 0, 0, params.routed_experts, 0, 0)
+        experts = planner.weight_bytes_per_npu(shape, plan.dtype, plan.quantization, tp=plan.tp, ep=plan.ep,
+                                               dp=plan.dp, params=routed_only) if shape.moe else 0
+        share = shape.moe.experts_per_token / shape.moe.num_experts if shape.moe else 0.0
+        active = params.total - params.routed_experts * (1 - share)
+        return cls(chip=chip, tp=plan.tp, ep=plan.ep, layers=shape.num_layers,
+                   moe_layers=shape.moe.moe_layers if shape.moe else 0, hidden_size=shape.hidden_size,
+                   dense_weight_bytes=plan.weight_bytes_per_npu - experts, expert_weight_bytes=experts,
+                   expert_share_per_token=share, flops_per_token=2 * active / plan.tp,
+                   kv_bytes_per_token=plan.kv_cache_bytes_per_token_per_npu,
+                   state_bytes_per_sequence=plan.linear_state_bytes_per_sequence_per_npu,
+                   int8=plan.quantization in ("w8a8",), hccl_buffsize_bytes=hccl_buffsize_mib * planner.MIB,
+                   efficiency=efficiency)
+
+    def seconds(self, batch: Batch) -> float:
+        """Wall time of one engine step over `batch`."""
+        tokens = batch.tokens
+        if not tokens:
+            return 0.0
+        touched = 1 - (1 - self.expert_share_per_token) ** tokens  # expected share of experts hit
+        read = (self.dense_weight_bytes + self.expert_weight_bytes * touched
+                + self.kv_bytes_per_token * batch.context_tokens + self.state_bytes_per_sequence * batch.sequences)
+        memory = read / (self.chip.hbm_bytes_per_second * self.efficiency.hbm)
+        peak = self.chip.fp16_flops * (2 if self.int8 else 1)
+        compute = self.flops_per_token * tokens / (peak * self.efficiency.compute)
+        return max(memory, compute) + self.collectives_seconds(tokens) + self.efficiency.step_overhead_seconds
+
+    def collectives_seconds(self, tokens: int) -> float:
+        """TP all-reduces (attention and MLP outputs) and EP all-to-alls (dispatch and combine) of one step."""
+        count = (2 * self.layers if self.tp > 1 else 0) + (2 * self.moe_layers if self.ep else 0)
+        if not count:
+            return 0.0
+        message = tokens * self.hidden_size * 2
+        rounds = math.ceil(message / self.hccl_buffsize_bytes)
+        peers = max(self.tp - 1, 1)  # a full HCCS mesh: one link to each peer
+        transfer = 2 * message * peers / max(self.tp, 2) / (self.chip.link_bytes_per_second * peers)
+        return count * (rounds * self.efficiency.collective_latency_seconds + transfer)
+
+
+@dataclass(eq=False)
+class Request:
+    """One request as the scheduler sees it (vLLM's num_computed_tokens and output so far)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    arrival: float = 0.0
+    computed: int = 0  # tokens whose KV is in the cache
+    generated: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def known_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The serving options that bound a step: --max-num-seqs, --max-num-batched-tokens, the KV cache."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_tokens: int
+    block_size: int = 128
+
+    @property
+    def blocks(self) -> int:
+        return self.kv_cache_tokens // self.block_size
+
+
+class Scheduler:
+    """vLLM V1's scheduler loop (v1/core/sched/scheduler.py) over a block pool: running requests first,
+    each its next tokens within the token budget; a request that cannot get blocks preempts the
+    newest running one (its KV freed, recomputed later); waiting requests join while no preemption
+    happened this step, max_num_seqs allows and their first chunk's blocks are free."""
+
+    def __init__(self, limits: SchedulerLimits):
+        self.limits = limits
+        self.free_blocks = limits.blocks
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def _allocate(self, request: Request, tokens: int) -> bool:
+        need = math.ceil(tokens / self.limits.block_size) - request.blocks
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= max(need, 0)
+        request.blocks += max(need, 0)
+        return True
+
+    def _free(self, request: Request) -> None:
+        self.free_blocks += request.blocks
+        request.blocks = 0
+
+    def _preempt(self, request: Request) -> None:
+        self._free(request)
+        request.computed = 0
+        request.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def schedule(self) -> Batch:
+        budget = self.limits.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            tokens = min(request.known_tokens - request.computed, budget)
+            while not self._allocate(request, request.computed + tokens):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, tokens))
+                budget -= tokens
+                index += 1
+                continue
+            break
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            request = self.waiting[0]
+            tokens = min(request.known_tokens - request.computed, budget)
+            if not self._allocate(request, request.computed + tokens):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            scheduled.append((request, tokens))
+            budget -= tokens
+        return Batch(tuple(scheduled))
+
+    def complete(self, batch: Batch, now: float) -> list[Request]:
+        """The step ended at `now`: requests whose context caught up sample a token; finished ones
+        leave. Returns the requests that got a token."""
+        sampled = []
+        for request, tokens in batch.scheduled:
+            request.computed += tokens
+            if request.computed < request.known_tokens:
+                continue  # a prefill chunk short of the prompt's end
+            request.generated += 1
+            request.token_times.append(now)
+            sampled.append(request)
+            if request.finished:
+                self.running.remove(request)
+                self._free(request)
+        return sampled
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """vllm bench serve's figures for a simulated run (milliseconds, tokens per second)."""
+
+    completed: int
+    duration_seconds: float
+    output_throughput: float
+    total_token_throughput: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    p99_tpot_ms: float
+    p99_itl_ms: float
+    preemptions: int
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    """numpy's default (linear) percentile, as vllm bench serve reports them."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * share
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def simulate(requests: Iterable[Request], limits: SchedulerLimits, cost: StepCost,
+             max_concurrency: int | None = None) -> LoadResult:
+    """Run the requests (arrival times set) through the scheduler in simulated time."""
+    pending = deque(sorted(requests, key=lambda r: r.arrival))
+    everyone = list(pending)
+    scheduler = Scheduler(limits)
+    now, in_flight = 0.0, 0
+    while pending or not scheduler.idle:
+        while pending and pending[0].arrival <= now and (max_concurrency is None or in_flight < max_concurrency):
+            request = pending.popleft()
+            request.arrival = now if max_concurrency else request.arrival  # a closed loop sends it now
+            scheduler.add(request)
+            in_flight += 1
+        batch = scheduler.schedule()
+        if not batch.scheduled:
+            if not pending or pending[0].arrival <= now:
+                raise ValueError(f"a request of {scheduler.waiting[0].known_tokens} tokens does not fit a KV cache "
+                                 f"of {limits.kv_cache_tokens} tokens")
+            now = pending[0].arrival  # idle until the next arrival
+            continue
+        now += cost.seconds(batch)
+        in_flight -= sum(1 for request in scheduler.complete(batch, now) if request.finished)
+    return summarize(everyone, scheduler.preemptions)
+
+
+def summarize(requests: Sequence[Request], preemptions: int) -> LoadResult:
+    ttft = [(r.token_times[0] - r.arrival) * 1000 for r in requests]
+    tpot = [(r.token_times[-1] - r.token_times[0]) * 1000 / (r.output_tokens - 1) for r in requests
+            if r.output_tokens > 1]
+    itl = [(b - a) * 1000 for r in requests for a, b in zip(r.token_times, r.token_times[1:])]
+    duration = max(r.token_times[-1] for r in requests) - min(r.arrival for r in requests)
+    return LoadResult(
+        completed=len(requests), duration_seconds=duration,
+        output_throughput=sum(r.output_tokens for r in requests) / duration,
+        total_token_throughput=sum(r.prompt_tokens + r.output_tokens for r in requests) / duration,
+        mean_ttft_ms=statistics.fmean(ttft), median_ttft_ms=percentile(ttft, 0.5), p99_ttft_ms=percentile(ttft, 0.99),
+        mean_tpot_ms=statistics.fmean(tpot) if tpot else 0.0, median_tpot_ms=percentile(tpot, 0.5) if tpot else 0.0,
+        p99_tpot_ms=percentile(tpot, 0.99) if tpot else 0.0, p99_itl_ms=percentile(itl, 0.99) if itl else 0.0,
+        preemptions=preemptions)
+
+
+def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
+    """Send times of `count` requests at `rate` per second (vllm bench serve: exponential gaps)."""
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate) if math.isfinite(rate) else 0.0
+    return times
+
+
+def fixed_load(count: int, prompt_tokens: int, output_tokens: int, rate: float = math.inf,
+               seed: int = 0) -> list[Request]:
+    """`count` requests of fixed lengths (vllm bench serve --dataset-name random --ignore-eos)."""
+    return [Request(prompt_tokens, output_tokens, arrival=at) for at in poisson_arrivals(count, rate, seed)]
