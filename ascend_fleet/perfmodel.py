@@ -181,6 +181,14 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    def abort(self, request: Request) -> None:
+        """Drop a request wherever it is (a client gone), freeing its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._free(request)
+
     def _allocate(self, request: Request, tokens: int) -> bool:
         need = math.ceil(tokens / self.limits.block_size) - request.blocks
         if need > self.free_blocks:

@@ -7,7 +7,7 @@
 - ``vllm``: ``vllm serve`` and ``python -m vllm.entrypoints.openai.api_server``
   start the simulated server (standins/vllm/vllm/_sim), which accepts exactly the
   CLI options of the pinned release (vllm_options/<version>.json) and sizes its
-  KV cache with ascend_fleet/planner.py, copied in at build time.
+  KV cache with ascend_fleet/planner.py and its steps with ascend_fleet/perfmodel.py, copied in at build time.
 - ``torch``, ``torchvision``, ``torchaudio``, ``triton_ascend`` (import name ``triton``):
   a version and nothing else; torch is the module torch_npu's stand-in extends.
 
@@ -51,6 +51,7 @@ from ascend_fleet.vllm_cli import OPTIONS_DIR, option_table_path
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
 PLANNER_FILE = SIM_DIR.parents[1] / "planner.py"
+PERFMODEL_FILE = SIM_DIR.parents[1] / "perfmodel.py"
 RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
 
 # A zip entry's timestamp is part of its bytes; a fixed one keeps wheels reproducible.
@@ -164,6 +165,7 @@ def vllm_contents(version: str) -> Standin:
         generated={
             "vllm/_sim/options.json": option_data(version),
             "vllm/_sim/planner.py": PLANNER_FILE.read_bytes(),
+            "vllm/_sim/perfmodel.py": PERFMODEL_FILE.read_bytes(),
             "vllm/_sim/runtime.py": RUNTIME_FILE.read_bytes(),
         },
     )

@@ -1,14 +1,17 @@
-"""The simulated engine: admission against max_num_seqs and the KV cache, and paced token output."""
+"""The simulated engine: vLLM V1's scheduler (perfmodel.py) stepping in time, and paced token output.
+
+Each step lasts what a cost model says: the performance model of the node's NPUs when the lab's
+hardware file asks for it (performance.py), else a fixed pacing (FixedPacing).
+"""
 
 import asyncio
 import logging
-import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from vllm._sim import perfmodel
 from vllm._sim.metrics import ServerMetrics
 from vllm._sim.text import TextCodec, generated_ids, natural_length
 
@@ -25,18 +28,22 @@ class EngineDeadError(Exception):
 
 
 @dataclass(frozen=True)
-class Timing:
-    """How fast the simulated NPUs "compute"; environment variables so lab profiles can tune them."""
+class FixedPacing:
+    """Step time without the performance model: one inter-token latency a step plus a cost per
+    prefilled token; environment variables so lab profiles can tune them."""
 
     itl_seconds: float
     prefill_seconds_per_token: float
 
     @classmethod
-    def from_env(cls) -> "Timing":
+    def from_env(cls) -> "FixedPacing":
         return cls(
             itl_seconds=float(os.environ.get("VLLM_SIM_ITL_SECONDS", "0.02")),
             prefill_seconds_per_token=float(os.environ.get("VLLM_SIM_PREFILL_SECONDS_PER_TOKEN", "0.0002")),
         )
+
+    def seconds(self, batch: perfmodel.Batch) -> float:
+        return self.itl_seconds + self.prefill_seconds_per_token * (batch.tokens - batch.sequences)
 
 
 @dataclass(frozen=True)
@@ -45,62 +52,66 @@ class Capacity:
     max_num_seqs: int
     block_size: int
     max_model_len: int
+    max_num_batched_tokens: int
 
 
-class Scheduler:
-    """Runs a request once max_num_seqs and the KV cache have room for its whole length; others wait."""
+class StepLoop:
+    """vLLM's busy loop: one engine step at a time over perfmodel's scheduler, each lasting what the
+    cost model says (times time_scale), then a token to every request whose context caught up."""
 
-    def __init__(self, capacity: Capacity, metrics: ServerMetrics):
-        self.capacity = capacity
+    def __init__(self, capacity: Capacity, cost, time_scale: float, metrics: ServerMetrics):
+        self.scheduler = perfmodel.Scheduler(perfmodel.SchedulerLimits(
+            max_num_seqs=capacity.max_num_seqs, max_num_batched_tokens=capacity.max_num_batched_tokens,
+            kv_cache_tokens=capacity.kv_cache_tokens, block_size=capacity.block_size))
+        self.cost = cost
+        self.time_scale = time_scale
         self.metrics = metrics
-        self.running = 0
-        self.waiting = 0
-        self.reserved_tokens = 0
-        self.dead = False
-        self._changed = asyncio.Condition()
+        self.tokens: dict[perfmodel.Request, asyncio.Queue] = {}
+        self._work = asyncio.Event()
+        self._task: asyncio.Task | None = None
 
-    async def wake_all(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    def _blocks(self, tokens: int) -> int:
-        """Tokens rounded up to whole KV blocks, as the block allocator hands them out."""
-        return math.ceil(tokens / self.capacity.block_size) * self.capacity.block_size
-
-    def _fits(self, tokens: int) -> bool:
-        return (
-            self.running < self.capacity.max_num_seqs and self.reserved_tokens + tokens <= self.capacity.kv_cache_tokens
-        )
+    @property
+    def busy(self) -> bool:
+        return not self.scheduler.idle
 
     def _publish(self) -> None:
-        self.metrics.running.set(self.running)
-        self.metrics.waiting.set(self.waiting)
-        self.metrics.kv_cache_usage.set(self.reserved_tokens / self.capacity.kv_cache_tokens)
+        self.metrics.running.set(len(self.scheduler.running))
+        self.metrics.waiting.set(len(self.scheduler.waiting))
+        limits = self.scheduler.limits
+        self.metrics.kv_cache_usage.set((limits.blocks - self.scheduler.free_blocks) / max(limits.blocks, 1))
 
-    @asynccontextmanager
-    async def slot(self, tokens: int):
-        need = self._blocks(tokens)
-        async with self._changed:
-            self.waiting += 1
+    def submit(self, request: perfmodel.Request) -> asyncio.Queue:
+        """Queue a request; its queue gets one None per token, or the error that ended the engine."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        queue = self.tokens[request] = asyncio.Queue()
+        self.scheduler.add(request)
+        self._publish()
+        self._work.set()
+        return queue
+
+    def abort(self, request: perfmodel.Request) -> None:
+        """The request is over (done, or its client gone): it leaves the batch and frees its blocks."""
+        if self.tokens.pop(request, None) is not None:
+            self.scheduler.abort(request)
             self._publish()
-            try:
-                await self._changed.wait_for(lambda: self.dead or self._fits(need))
-            finally:
-                self.waiting -= 1
-            if self.dead:
-                self._publish()
-                raise EngineDeadError()
-            self.running += 1
-            self.reserved_tokens += need
+
+    def fail_all(self, error: Exception) -> None:
+        for queue in self.tokens.values():
+            queue.put_nowait(error)
+
+    async def _run(self) -> None:
+        while True:
+            batch = self.scheduler.schedule()
             self._publish()
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self.running -= 1
-                self.reserved_tokens -= need
-                self._publish()
-                self._changed.notify_all()
+            if not batch.scheduled:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            await asyncio.sleep(self.cost.seconds(batch) * self.time_scale)
+            for request in self.scheduler.complete(batch, time.monotonic()):
+                if request in self.tokens:
+                    self.tokens[request].put_nowait(None)
 
 
 @dataclass(frozen=True)
@@ -110,27 +121,24 @@ class TokenEvent:
 
 
 class Engine:
-    """Turns a tokenized prompt into a paced stream of deterministic tokens and records vLLM's metrics."""
+    """Turns a tokenized prompt into a stream of deterministic tokens paced by the step loop, and
+    records vLLM's metrics."""
 
-    def __init__(self, codec: TextCodec, capacity: Capacity, timing: Timing, metrics: ServerMetrics):
+    def __init__(self, codec: TextCodec, capacity: Capacity, steps: StepLoop, metrics: ServerMetrics):
         self.codec = codec
         self.capacity = capacity
-        self.timing = timing
+        self.steps = steps
         self.metrics = metrics
-        self.scheduler = Scheduler(capacity, metrics)
         self.vocabulary = codec.generation_vocabulary()
+        self.dead = False
         self.peer_lost: str | None = None  # a DP peer whose connection closed: the next collective fails
         self.on_dead: Callable[[], None] | None = None
-
-    @property
-    def dead(self) -> bool:
-        return self.scheduler.dead
 
     def lose_peer(self, reason: str) -> None:
         """A remote DP engine left. Real vLLM has no heartbeat: its engines notice at their next
         collective, which runs only while requests are in flight (DPEngineCoreProc.run_busy_loop)."""
         self.peer_lost = reason
-        if self.scheduler.running or self.scheduler.waiting:
+        if self.steps.busy:
             self.die()
 
     def check_alive(self) -> None:
@@ -144,12 +152,12 @@ class Engine:
         """The engine core's fatal error and the API server's reaction to it (engine_dead, then exit)."""
         if self.dead:
             return
-        self.scheduler.dead = True
+        self.dead = True
         log = logging.getLogger("vllm")
         log.error("EngineCore encountered a fatal error.")
         log.error("(simulated) the data parallel group's collective failed: %s", self.peer_lost)
         log.error("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
-        asyncio.ensure_future(self.scheduler.wake_all())
+        self.steps.fail_all(EngineDeadError())
         if self.on_dead is not None:
             self.on_dead()
 
@@ -173,25 +181,31 @@ class Engine:
         return natural, "stop"
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool) -> AsyncIterator[TokenEvent]:
-        """Yield the output token by token: prefill delay first, then one token per ITL."""
+        """Yield the output token by token, as the step loop produces them."""
+        if self.dead:
+            raise EngineDeadError()
         arrival = time.monotonic()
         count, finish_reason = self.output_length(prompt_ids, max_tokens, ignore_eos)
         ids = generated_ids(prompt_ids, count, self.vocabulary)
-        async with self.scheduler.slot(len(prompt_ids) + max_tokens):
-            await asyncio.sleep(self.timing.prefill_seconds_per_token * len(prompt_ids) + self.timing.itl_seconds)
-            self.metrics.prompt_tokens.inc(len(prompt_ids))
-            self.metrics.ttft.observe(time.monotonic() - arrival)
-            text, last = "", time.monotonic()
-            for produced in range(1, count + 1):
-                if self.dead:
-                    raise EngineDeadError()
-                if produced > 1:
-                    await asyncio.sleep(self.timing.itl_seconds)
-                    now = time.monotonic()
+        request = perfmodel.Request(len(prompt_ids), count, arrival=arrival)
+        produced = self.steps.submit(request)
+        try:
+            text, last = "", arrival
+            for index in range(1, count + 1):
+                outcome = await produced.get()
+                if outcome is not None:
+                    raise outcome
+                now = time.monotonic()
+                if index == 1:
+                    self.metrics.prompt_tokens.inc(len(prompt_ids))
+                    self.metrics.ttft.observe(now - arrival)
+                else:
                     self.metrics.itl.observe(now - last)
-                    last = now
-                full = self.codec.decode(ids[:produced])  # whole-prefix decode keeps multi-byte characters intact
+                last = now
+                full = self.codec.decode(ids[:index])  # whole-prefix decode keeps multi-byte characters intact
                 self.metrics.generation_tokens.inc()
-                yield TokenEvent(full[len(text) :], finish_reason if produced == count else None)
+                yield TokenEvent(full[len(text):], finish_reason if index == count else None)
                 text = full
             self.metrics.e2e.observe(time.monotonic() - arrival)
+        finally:
+            self.steps.abort(request)

@@ -7,8 +7,8 @@ HCCL_IF_BASE_PORT, HCCL_IF_IP, VLLM_PORT, VLLM_HOST_IP, ASCEND_TOOLKIT_HOME):
     VLLM_LOGGING_LEVEL                  as in vLLM: the log level (default INFO; DEBUG shows the DP waiting lines)
     VLLM_SIM_LOAD_BASE_SECONDS          fixed part of the simulated weight load (default 1.0)
     VLLM_SIM_LOAD_SECONDS_PER_GIB       load time per GiB of safetensors shards (default 2.0)
-    VLLM_SIM_ITL_SECONDS                time per output token (default 0.02)
-    VLLM_SIM_PREFILL_SECONDS_PER_TOKEN  prefill time per prompt token (default 0.0002)
+    VLLM_SIM_ITL_SECONDS                time per engine step without the performance model (default 0.02)
+    VLLM_SIM_PREFILL_SECONDS_PER_TOKEN  and per prefilled token in it (default 0.0002); performance.py
     ASCEND_SIM_ROOT                     tests only: a directory standing in for "/" (see runtime.py)
 
 Data parallelism across nodes (a head and --headless members): dp.py.
@@ -32,11 +32,12 @@ from vllm._sim import planner, runtime
 from vllm._sim.app import ServingState, create_app
 from vllm._sim.claims import Claims, advertise_hbm, bind_hccl_ports, bind_internal_port, claim_npus
 from vllm._sim.dp import DataParallel, HandshakeTimeout, RemoteEngines, join_head
-from vllm._sim.engine import Capacity, Engine, Timing
+from vllm._sim.engine import Capacity, Engine, StepLoop
 from vllm._sim.errors import StartupError
 from vllm._sim.metrics import ServerMetrics
 from vllm._sim.model import ModelDir, open_model_dir
 from vllm._sim.options import build_parser, load_option_data
+from vllm._sim.performance import pacing
 from vllm._sim.text import TextCodec
 from vllm._version import __version__
 
@@ -59,6 +60,8 @@ FATAL_FINDINGS = {
     "concurrency-below-one",
 }
 DEFAULT_MAX_NUM_SEQS = 256
+# EngineArgs' default for the API server (vllm/engine/arg_utils.py default_max_num_batched_tokens).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 ASCEND_QUANTIZATION = "ascend"  # vllm-ascend's method for msModelSlim weights
 
 
@@ -232,7 +235,8 @@ class Instance:
         self.claims = claims
         check_platform()
         self.model = open_model_dir(Path(args.model_tag or args.model))
-        self.plan = plan_capacity(args, self.model, read_hardware())
+        hardware = read_hardware()
+        self.plan = plan_capacity(args, self.model, hardware)
         self.dp = DataParallel.from_args(args)
         # each node's engines hold TP x PP NPUs each: a DP member holds them for its local ranks
         self.npus = select_npus(args.tensor_parallel_size * args.pipeline_parallel_size * self.dp.local)
@@ -243,15 +247,16 @@ class Instance:
         self.metrics = ServerMetrics(names[0])
         # the head's client schedules over every DP engine: their KV blocks add up (wait_for_engine_startup
         # sums num_gpu_blocks), each engine runs max_num_seqs
+        paced = pacing(hardware, planner.ModelShape.from_config(self.model.config), self.plan)
         capacity = Capacity(
-            kv_cache_tokens=self.plan.kv_cache_tokens * self.dp.size,
+            kv_cache_tokens=paced.kv_cache_tokens * self.dp.size,
             max_num_seqs=(args.max_num_seqs or DEFAULT_MAX_NUM_SEQS) * self.dp.size,
             block_size=args.block_size or 128,  # vllm-ascend's block size
             max_model_len=self.plan.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         )
-        engine = Engine(
-            TextCodec(self.model.path, self.model.tokenizer_config), capacity, Timing.from_env(), self.metrics
-        )
+        engine = Engine(TextCodec(self.model.path, self.model.tokenizer_config), capacity,
+                        StepLoop(capacity, paced.cost, paced.time_scale, self.metrics), self.metrics)
         self.state = ServingState(engine, names, str(self.model.path), __version__)
 
     async def load(self) -> None:
