@@ -8,6 +8,7 @@ line and leaves nothing behind.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.planner import ModelShape
 from ascend_fleet.profile import available_profiles, load_profile
 
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
@@ -66,6 +68,28 @@ class Preexisting(_Strict):
         return name
 
 
+class Performance(_Strict):
+    """How fast the node's simulated vLLM steps (docs/sim-performance.md): the performance model, as
+    the real model whose config.json performs_as names, time_scale lab seconds per modelled second."""
+
+    time_scale: float = Field(1.0, gt=0)
+    performs_as: Path | None = Field(None, description="a real model's config.json; default: the served model")
+
+    @field_validator("performs_as")
+    @classmethod
+    def _a_model_config(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                ModelShape.from_config(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{path}: {exc}; name a model's config.json") from None
+        return path
+
+    def hardware_json(self) -> dict:
+        config = json.loads(self.performs_as.read_text()) if self.performs_as else None
+        return {"time_scale": self.time_scale, "performs_as": config}
+
+
 class NodeHardware(_Strict):
     chip: Literal["910B3", "910B4"] = "910B3"
     npus: int = Field(8, ge=0, le=16)
@@ -80,6 +104,7 @@ class NodeHardware(_Strict):
                               description="the glibc release the node reports (`getconf GNU_LIBC_VERSION`), to "
                                           "rehearse an older system; default: the base image's own (2.36)")
     preexisting: Preexisting = Field(default_factory=Preexisting)
+    performance: Performance | None = Field(None, description="pace vLLM with the performance model")
 
     def hardware_json(self, node: str, role: str, plane: dict | None = None) -> dict:
         """The document nodes read at /etc/ascend-lab/hardware.json (docs/lab-contract.md); plane: the
@@ -97,6 +122,7 @@ class NodeHardware(_Strict):
             "nvme": self.nvme.model_dump() if self.nvme else None,
             "glibc": self.glibc,
             "npu_plane": plane,
+            "performance": self.performance.hardware_json() if self.performance else None,
         }
 
 

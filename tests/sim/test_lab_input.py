@@ -83,3 +83,9 @@ def test_running_as_non_root(tmp_path):
         tmp_path.chmod(0o777)
         result = lab_up(tmp_path, user="nobody")
     assert_refused(result, tmp_path, "must run as root", "sudo")
+
+
+def test_a_performance_model_that_is_no_models_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    path = hardware(tmp_path, f"defaults:\n  performance:\n    time_scale: 0.25\n    performs_as: {tmp_path / 'config.json'}\n")
+    assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path, "performance.performs_as", "config.json has no hidden_size")
