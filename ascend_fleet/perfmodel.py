@@ -338,3 +338,15 @@ def fixed_load(count: int, prompt_tokens: int, output_tokens: int, rate: float =
                seed: int = 0) -> list[Request]:
     """`count` requests of fixed lengths (vllm bench serve --dataset-name random --ignore-eos)."""
     return [Request(prompt_tokens, output_tokens, arrival=at) for at in poisson_arrivals(count, rate, seed)]
+
+
+def predict(shape: planner.ModelShape, plan: planner.InstancePlan, chip: planner.Chip, concurrency: int,
+            prompt_tokens: int, output_tokens: int, max_num_seqs: int, max_num_batched_tokens: int,
+            hccl_buffsize_mib: int = planner.DEFAULT_POLICY.hccl_buffsize_mib) -> LoadResult:
+    """What the model predicts for `concurrency` clients each sending fixed-length requests back to
+    back (vllm bench serve --max-concurrency C --request-rate inf): four rounds of them."""
+    limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                             kv_cache_tokens=plan.kv_cache_tokens * plan.dp)
+    cost = StepCost.for_plan(shape, plan, chip, hccl_buffsize_mib)
+    return simulate(fixed_load(4 * concurrency, prompt_tokens, output_tokens), limits, cost,
+                    max_concurrency=concurrency)

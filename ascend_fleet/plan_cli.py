@@ -4,7 +4,7 @@ fleet (`ascend-fleet plan INVENTORY`), before anything is deployed."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.perfmodel import LoadResult, predict
 from ascend_fleet.fleet import (MODELS_DIR, FleetPlan, load_inventory, model_shape, model_support, plan_fleet,
                                 read_model_config, read_modelslim_description)
 from ascend_fleet.planner import (GIB, MIB, ConfigError, InstancePlan, check_model_support, chip_by_name, format_gib,
@@ -44,6 +45,13 @@ def plan(
     usable_hbm_gib: Annotated[Optional[float], typer.Option("--usable-hbm-gib", help="override the chip table's usable HBM per NPU")] = None,
     profile: Annotated[Optional[str], typer.Option(
         "--profile", help="with --model-config: also check that this stack profile serves the model")] = None,
+    predict_concurrency: Annotated[Optional[int], typer.Option(
+        "--predict-concurrency", min=1, help="also predict TTFT, TPOT and throughput with the performance model for "
+                                             "this many clients sending back to back (docs/sim-performance.md)")] = None,
+    input_len: Annotated[int, typer.Option("--input-len", min=1, help="--predict-concurrency: prompt tokens")] = 1024,
+    output_len: Annotated[int, typer.Option("--output-len", min=1, help="--predict-concurrency: output tokens")] = 256,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="--predict-concurrency: seats")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1)] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Weights, KV cache and concurrency per NPU, and a verdict: fits, tight, or does not fit.
@@ -83,10 +91,16 @@ def plan(
         findings += check_model_support(str(model_config), shape.model_type, stack.name, stack.stack.model_dump(),
                                         model_support())
     result = replace(result, findings=findings, verdict=judge(findings))
+    predicted = None
+    if predict_concurrency and not result.errors:
+        predicted = predict(shape, result, chip_by_name(chip), predict_concurrency, input_len, output_len,
+                            max_num_seqs, max_num_batched_tokens)
     if as_json:
-        print(result.to_json())
+        print(json.dumps({**result.to_dict(), **({"predicted": asdict(predicted)} if predicted else {})}, indent=2))
     else:
         print_plan(result, model_config)
+        if predicted:
+            print_prediction(predicted, predict_concurrency, input_len, output_len)
     if result.errors:
         raise FleetError(f"{result.verdict}: {result.errors[0].message}")
 
@@ -170,6 +184,15 @@ def print_plan(result: InstancePlan, model_config: Path) -> None:
     for finding in result.findings:
         style = "red" if finding.severity == "error" else "yellow"
         console.print(f"[{style}]{finding.severity}:[/] {finding.message}", highlight=False)
+
+
+def print_prediction(predicted: LoadResult, concurrency: int, input_len: int, output_len: int) -> None:
+    """The performance model's figures, labelled as what they are."""
+    console.print(f"predicted by the performance model (not measured; docs/sim-performance.md), {concurrency} "
+                  f"clients, {input_len} prompt + {output_len} output tokens each:", highlight=False)
+    console.print(f"  TTFT mean {predicted.mean_ttft_ms:,.0f} ms (p99 {predicted.p99_ttft_ms:,.0f}), TPOT mean "
+                  f"{predicted.mean_tpot_ms:,.1f} ms (p99 {predicted.p99_tpot_ms:,.1f}), "
+                  f"{predicted.output_throughput:,.0f} output tok/s", highlight=False)
 
 
 def _gib_and_gb(value: int) -> str:

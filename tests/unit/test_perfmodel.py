@@ -134,3 +134,21 @@ def test_moe_decode_reads_only_the_experts_its_tokens_touch():
     every_expert = (cost.dense_weight_bytes + cost.expert_weight_bytes) / (CHIP.hbm_bytes_per_second * cost.efficiency.hbm)
     assert cost.seconds(one) < every_expert / 2  # one token: its 10 experts of 512 a layer
     assert cost.seconds(many) > every_expert / 2  # 64 tokens: most experts
+
+
+def test_plan_predicts_latency_at_a_concurrency_and_says_it_is_predicted():
+    from typer.testing import CliRunner
+
+    from ascend_fleet.cli import build_app
+
+    config = str(MODELS / "qwen2.5-72b-instruct" / "config.json")
+    common = ["plan", "--model-config", config, "--tp", "4", "--dtype", "float16", "--max-num-seqs", "64"]
+    runner = CliRunner()
+    shown = runner.invoke(build_app(), [*common, "--predict-concurrency", "8"])
+    assert shown.exit_code == 0, shown.output
+    assert "predicted by the performance model (not measured" in shown.output
+    light, heavy = (json.loads(runner.invoke(build_app(), [*common, "--predict-concurrency", str(clients), "--json"]).output)
+                    for clients in (1, 48))
+    assert light["verdict"] == "fits" and light["predicted"]["completed"] == 4
+    assert heavy["predicted"]["mean_tpot_ms"] > light["predicted"]["mean_tpot_ms"]
+    assert heavy["predicted"]["output_throughput"] > 10 * light["predicted"]["output_throughput"]
