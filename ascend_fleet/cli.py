@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "profile": ("ascend_fleet.profile_cli", "profile_app", "group"),
     "status": ("ascend_fleet.status", "status", "command"),
     "bench": ("ascend_fleet.bench", "bench", "command"),
+    "tune": ("ascend_fleet.tune", "tune", "command"),
 }
 
 err_console = Console(stderr=True)

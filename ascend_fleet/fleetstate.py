@@ -12,7 +12,9 @@
   since this was kept: all its instances count, as before.
 - `rollout.json`: the steps of the last rollout or model swap and how far it got, so
   `--resume` continues at the step that failed (or `--abandon` puts back what it drained).
-- `lock`: held by the one rollout, swap or abandon changing the fleet (`exclusive`).
+- `tune.json`: the last tune's candidates, their results and whether its canary is back as its
+  data says, so `tune --resume` finishes it (tune.py).
+- `lock`: held by the one rollout, swap, abandon or tune changing the fleet (`exclusive`).
 
 The directory comes from host data (`fleet_state_dir`, relative to the directory pyinfra
 runs in, like group_data/); the lab points it into its own directory.
@@ -30,6 +32,7 @@ from ascend_fleet.errors import FleetError
 
 GATEWAY_FILE = "gateway.json"
 ROLLOUT_FILE = "rollout.json"
+TUNE_FILE = "tune.json"
 LOCK_FILE = "lock"
 BLUE, GREEN = "blue", "green"
 COLOURS = (BLUE, GREEN)
@@ -79,6 +82,12 @@ class FleetState:
 
     def save_rollout(self, record: dict) -> None:
         self._write(ROLLOUT_FILE, record)
+
+    def tune(self) -> dict | None:
+        return self._read(TUNE_FILE, None)
+
+    def save_tune(self, record: dict) -> None:
+        self._write(TUNE_FILE, record)
 
     @contextmanager
     def exclusive(self, what: str):

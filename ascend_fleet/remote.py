@@ -9,9 +9,13 @@ parses it. A host that cannot be reached is a HostFacts with an error, never an 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,3 +143,41 @@ def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, F
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_HOSTS, len(hosts))) as pool:
         futures = {name: pool.submit(read_host_facts, name, data, queries) for name, (data, queries) in hosts.items()}
         return {name: future.result() for name, future in futures.items()}
+
+
+@contextmanager
+def ssh_tunnel(host: str, data: Mapping[str, Any], remote_port: int, wait_seconds: float = 15):
+    """A local port forwarded to 127.0.0.1:remote_port on the host (OpenSSH's `ssh -N -L`, with the
+    inventory's ssh_* data), for a client that must reach a port the host's firewall keeps to itself
+    (an instance port: loopback may reach it). Yields the local port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local_port = probe.getsockname()[1]
+    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}",
+            "-o", f"StrictHostKeyChecking={data.get('ssh_strict_host_key_checking', 'accept-new')}",
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "-p", str(data.get("ssh_port") or 22)]
+    if data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(data['ssh_known_hosts_file'])}"]
+    if data.get("ssh_key"):
+        argv += ["-i", os.path.expanduser(data["ssh_key"])]
+    user = data.get("ssh_user")
+    argv.append(f"{user}@{data.get('ssh_hostname') or host}" if user else str(data.get("ssh_hostname") or host))
+    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            if tunnel.poll() is not None:
+                raise OSError(f"ssh tunnel to {host}:{remote_port} ended: "
+                              f"{tunnel.stderr.read().decode(errors='replace').strip()[-300:]}")
+            try:
+                socket.create_connection(("127.0.0.1", local_port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise OSError(f"ssh tunnel to {host}:{remote_port} not up after {wait_seconds:g}s") from None
+                time.sleep(0.2)
+        yield local_port
+    finally:
+        tunnel.terminate()
+        tunnel.wait(timeout=10)
