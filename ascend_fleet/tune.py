@@ -26,7 +26,6 @@ import itertools
 import json
 import pprint
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -41,7 +40,6 @@ from ascend_fleet import bench
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import plan_fleet
 from ascend_fleet.hostdata import Serving
-from ascend_fleet.remote import ssh_tunnel
 from ascend_fleet.rollout import SERVE_DEPLOY, Backend, Fleet, Runner, Step, check_deploy_files, failing_gates, parse_data
 
 console = Console()
@@ -127,20 +125,6 @@ def refusal(fleet: Fleet, host: str, instance: str, settings: dict[str, Any]) ->
     return f"the planner refuses it: {errors[0].message}" if errors else None
 
 
-@dataclass(frozen=True)
-class LoadShape:
-    """The benchmark each candidate gets."""
-
-    dataset: str
-    dataset_path: Path | None
-    num_prompts: int
-    request_rate: float
-    concurrency: int | None
-    input_len: int
-    output_len: int
-    seed: int = 0
-
-
 def goodput_args(slo: dict[str, float]) -> list[str]:
     """vllm bench serve --goodput KEY:MS ...: a request is good when each of its own latencies is
     within the limit (the SLO's p99 keys name the metric)."""
@@ -159,7 +143,7 @@ def winner(record: TuneRecord) -> Candidate | None:
 class Tune:
     """Runs a TuneRecord's pending candidates on the canary, and always puts the canary back."""
 
-    def __init__(self, fleet: Fleet, record: TuneRecord, load: LoadShape, report, result_dir: Path):
+    def __init__(self, fleet: Fleet, record: TuneRecord, load: bench.BenchOptions, report, result_dir: Path):
         self.fleet, self.record, self.load, self.report = fleet, record, load, report
         self.result_dir = result_dir
         host = fleet.configs[record.canary]
@@ -190,23 +174,12 @@ class Tune:
         if (problem := self.runner.wait_idle([self.backend], self.step)) is not None:
             raise FleetError(f"tune: {problem}")
 
-    def measure(self, candidate: Candidate, index: int) -> dict:
-        config = self.fleet.configs[self.record.canary]
-        with ssh_tunnel(self.record.canary, self.fleet.inventory.get_host(self.record.canary).data,
-                        self.backend.port) as local_port:
-            target = bench.Target(str(self.fleet.inventory_path), self.record.canary,
-                                  f"http://127.0.0.1:{local_port}", config, 1, [])
-            tokenizer = str(bench.fetch_tokenizer(config, bench.BENCH_CACHE))
-            name = f"candidate-{index:02d}.json"
-            load = self.load
-            command = bench.bench_command(
-                bench.BENCH_VENV, target, tokenizer, self.result_dir.resolve(), name, dataset=load.dataset,
-                dataset_path=load.dataset_path, num_prompts=load.num_prompts,
-                request_rate=float("inf") if load.concurrency else load.request_rate,
-                max_concurrency=load.concurrency, input_len=load.input_len, output_len=load.output_len,
-                seed=load.seed) + goodput_args(self.record.slo)
-            bench.run_bench(command, bench.BENCH_VENV, self.result_dir / f"{name}.log")
-        result = json.loads((self.result_dir / name).read_text())
+    def measure(self, index: int) -> dict:
+        canary = self.fleet.inventory.get_host(self.record.canary)
+        with bench.instance_target(self.fleet.inventory_path, canary, self.fleet.configs[canary.name],
+                                   self.record.instance) as target:
+            _, result = bench.measure(target, self.load, self.result_dir, f"candidate-{index:02d}.json",
+                                      goodput_args(self.record.slo))
         return {key: result.get(key) for key in MEASURED}
 
     def run(self, deadline: float | None) -> None:
@@ -225,7 +198,7 @@ class Tune:
                 else:
                     self.report(f"candidate {index + 1}: vllm bench serve {candidate.label}")
                     try:
-                        candidate.result, candidate.status = self.measure(candidate, index + 1), "done"
+                        candidate.result, candidate.status = self.measure(index + 1), "done"
                     except (FleetError, OSError) as exc:
                         candidate.status, candidate.reason = "failed", str(exc)
                 self.save()
@@ -355,7 +328,8 @@ def tune(
     instance = instance or names[0]
     if instance not in names:
         raise FleetError(f"--instance {instance}: {canary} serves {', '.join(names)}")
-    load = LoadShape(dataset, dataset_path, num_prompts, request_rate, concurrency, input_len, output_len)
+    load = bench.BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts,
+                              float("inf") if concurrency else request_rate, concurrency, input_len, output_len)
     asked = [Candidate(settings=settings) for settings in candidates_of(grid_values)]
     previous = fleet.state.tune()
     record = resumed(previous, asked, canary, instance, limits) if resume else None
@@ -364,7 +338,7 @@ def tune(
             raise FleetError(f"an unfinished tune of {previous['canary']} {previous['instance']} is recorded in "
                              f"{fleet.state.directory / 'tune.json'}: run it again with --resume")
         record = TuneRecord(inventory=str(inventory), canary=canary, instance=instance, slo=limits,
-                            load={k: str(v) if isinstance(v, Path) else v for k, v in load.__dict__.items()},
+                            load=load.to_dict(),
                             candidates=asked, started=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         for candidate in record.candidates:
             if (why := refusal(fleet, canary, instance, candidate.settings)) is not None:
@@ -380,7 +354,8 @@ def tune(
             progress.update(task, description=what,
                             completed=sum(c.status != "pending" for c in record.candidates))
 
-        Tune(fleet, record, load, report, result_dir).run(deadline)
+        recorded_load = bench.BenchOptions(**{k: v for k, v in record.load.items() if v is not None})
+        Tune(fleet, record, recorded_load, report, result_dir).run(deadline)
     return finish(record, fleet, result_dir, as_json)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.bench import Target, bench_command, fetch_tokenizer, judge, parse_slo, render
+from ascend_fleet.bench import BenchOptions, Target, bench_command, fetch_tokenizer, judge, parse_slo, render
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import node_config
 from rich.console import Console
@@ -42,17 +42,17 @@ def target(**overrides) -> Target:
 
 
 def test_command_goes_through_the_gateway_with_the_served_model_name(tmp_path):
-    command = bench_command(Path("/venv"), target(), "/tok", tmp_path, "r.json", dataset="random", dataset_path=None,
-                            num_prompts=8, request_rate=float("inf"), max_concurrency=4, input_len=64,
-                            output_len=16, seed=0)
+    command = bench_command(Path("/venv"), target(), "/tok", tmp_path, "r.json",
+                            BenchOptions(num_prompts=8, request_rate=float("inf"), max_concurrency=4, input_len=64,
+                                         output_len=16))
     assert command[:3] == ["/venv/bin/vllm", "bench", "serve"]
     options = dict(zip(command[3::2], command[4::2]))
     assert options["--base-url"] == "http://10.0.0.1:80" and options["--model"] == "lab/Qwen3-Tiny"
     assert options["--request-rate"] == "inf" and options["--max-concurrency"] == "4"
     assert "--ignore-eos" in command and "--dataset-path" not in command
-    sharegpt = bench_command(Path("/venv"), target(), "/tok", tmp_path, "r.json", dataset="sharegpt",
-                             dataset_path=Path("/data/sg.json"), num_prompts=8, request_rate=10, max_concurrency=None,
-                             input_len=64, output_len=16, seed=0)
+    sharegpt = bench_command(Path("/venv"), target(), "/tok", tmp_path, "r.json",
+                             BenchOptions(dataset="sharegpt", dataset_path="/data/sg.json", num_prompts=8,
+                                          request_rate=10, input_len=64, output_len=16))
     assert "--ignore-eos" not in sharegpt and "--random-input-len" not in sharegpt and "/data/sg.json" in sharegpt
 
 
@@ -94,3 +94,11 @@ def test_table_shows_the_change_against_a_previous_run():
     console.print(render(result, {"completed": 8, "failed": 0, "output_throughput": 100.0, "p99_ttft_ms": 100.0}))
     text = console.export_text()
     assert "+20.0%" in text and "-50.0%" in text and "lab/Qwen3-Tiny@v1" in text
+
+
+def test_a_result_keeps_its_load_so_a_later_run_sends_the_same(tmp_path):
+    options = BenchOptions(num_prompts=24, request_rate=float("inf"), max_concurrency=8, input_len=64, output_len=32)
+    result = {"ascend_fleet": {"bench": {**options.to_dict(), "command": ["vllm", "bench", "serve"]}}}
+    assert BenchOptions.of_result(json.loads(json.dumps(result)), tmp_path / "b.json") == options
+    with pytest.raises(FleetError, match="no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`"):
+        BenchOptions.of_result({"completed": 3}, tmp_path / "b.json")
