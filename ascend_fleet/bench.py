@@ -253,6 +253,37 @@ def measure(target: Target, options: BenchOptions, result_dir: Path, name: str, 
     return command, _read_result(result_dir / name)
 
 
+# What a bench gate compares with its baseline: (result key, higher is better).
+GATED = (("request_goodput", True), ("output_throughput", True), ("p99_ttft_ms", False), ("p99_tpot_ms", False))
+
+
+def regressions(baseline: dict, result: dict, max_regression: float) -> list[str]:
+    """Each metric (GATED, where both runs have it) that got worse than the baseline by more than
+    max_regression (a share, 0.05 for 5 %), and any failed request more, one line each."""
+    found = []
+    if (result.get("failed") or 0) > (baseline.get("failed") or 0):
+        found.append(f"failed requests {baseline.get('failed') or 0} -> {result['failed']}")
+    for key, higher_is_better in GATED:
+        old, new = baseline.get(key), result.get(key)
+        if not old or new is None:
+            continue
+        change = (new - old) / old
+        if (-change if higher_is_better else change) > max_regression:
+            found.append(f"{key} {old:,.4g} -> {new:,.4g} ({change:+.1%}, past the {max_regression:.0%} allowed)")
+    return found
+
+
+def parse_share(text: str) -> float:
+    """`5%` or `0.05` -> 0.05."""
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 1:
+        raise FleetError(f"--max-regression {text!r}: expected a share such as 5% or 0.05")
+    return value
+
+
 def judge(result: dict, slo: dict[str, float]) -> list[dict]:
     return [{"metric": key, "limit_ms": limit, "measured_ms": result.get(key),
              "passed": result.get(key) is not None and result[key] <= limit} for key, limit in slo.items()]

@@ -45,6 +45,7 @@ import requests
 from pydantic import BaseModel, Field, ValidationError
 from pyinfra.api import Inventory
 
+from ascend_fleet.bench import BenchOptions, instance_target, measure, regressions
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
@@ -251,6 +252,7 @@ class Step(BaseModel):
     colours: dict[str, str] | None = None  # blue/green: the colour each host moves to
     data_done: dict | None = None  # blue/green: the data once switched (the new model)
     data_back: dict | None = None  # blue/green: the data that keeps the old colour's model
+    bench_gate: bool = False  # measured against the record's baseline once back in the gateway
 
     @property
     def blue_green(self) -> bool:
@@ -260,6 +262,23 @@ class Step(BaseModel):
         self.status, self.detail = status, detail
         if started is not None:
             self.seconds = round(time.monotonic() - started, 1)
+
+
+class BenchGate(BaseModel):
+    """rollout --bench-gate: the canary wave's first step is benchmarked as the baseline was (its load,
+    one of the step's instances directly) and stops the rollout when a metric regressed past the share."""
+
+    baseline: str
+    max_regression: float
+
+    def check(self) -> tuple[dict, BenchOptions]:
+        """The baseline's result and load; a refusal in one line if it is no bench result."""
+        path = Path(self.baseline)
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise FleetError(f"--bench-gate {path}: {exc}; give a result file of `ascend-fleet bench`") from None
+        return result, BenchOptions.of_result(result, path)
 
 
 class Record(BaseModel):
@@ -274,6 +293,7 @@ class Record(BaseModel):
     data: dict = Field(default_factory=dict)  # a rollout's --data
     model: dict | None = None  # a swap's new model
     abandoned: dict | None = None  # when, and the instances it left out of the gateway
+    bench_gate: BenchGate | None = None  # a rollout's --bench-gate
 
     def instances(self) -> set[str]:
         return {key for step in self.steps for key in step.instances}
@@ -463,7 +483,31 @@ class Runner:
             return fail("gateway", problem)
         if (failed := self.gateway_gate()) is not None:
             return fail(*failed)
+        if step.bench_gate and (problem := self.bench_gate(step, backends)) is not None:
+            self.set_gateway(self.fleet.state.drained() | set(step.instances), f"bench gate {step.name}")
+            return fail(*problem)
         return self.end(step, started)
+
+    def bench_gate(self, step: Step, backends: list[Backend]) -> tuple[str, str] | None:
+        """(where, what) when the step's instance benchmarks worse than the record's baseline, or None.
+        The baseline's own instance when the step changed it, else the step's first."""
+        gate = self.record.bench_gate
+        baseline, load = gate.check()
+        named = (baseline.get("ascend_fleet") or {}).get("instance")
+        backend = next((b for b in backends if b.key == named), backends[0])
+        self.report(step, f"bench gate: vllm bench serve on {backend.key}")
+        host = self.fleet.inventory.get_host(backend.host)
+        out = self.fleet.state.directory / "bench-gate"
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            with instance_target(self.fleet.inventory_path, host, self.fleet.configs[backend.host],
+                                 backend.instance) as target:
+                _, result = measure(target, load, out, f"{time.strftime('%Y%m%d-%H%M%S')}-{step.name}.json")
+        except (FleetError, OSError) as exc:
+            return f"{backend.key} bench gate", str(exc)
+        if found := regressions(baseline, result, gate.max_regression):
+            return f"{backend.key} bench gate against {gate.baseline}", "; ".join(found)
+        return None
 
     def run_blue_green_step(self, step: Step) -> bool:
         """Start the other colour on the new model beside the serving one, gate it, flip the recorded
@@ -625,8 +669,9 @@ def check_capacity(fleet: Fleet, steps: list[Step]) -> None:
 
 
 def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavailable: int | None,
-                 limit: list[str] | None = None) -> Record:
-    """One step per wave (split by max_unavailable); with `limit`, only those workers, in their waves."""
+                 limit: list[str] | None = None, bench_gate: BenchGate | None = None) -> Record:
+    """One step per wave (split by max_unavailable); with `limit`, only those workers, in their waves;
+    with `bench_gate`, the first step (the canary wave's) is benchmarked against its baseline."""
     for host in limit or []:
         if host not in fleet.workers:
             raise FleetError(f"--limit {host}: not a worker of {fleet.inventory_path}; "
@@ -646,7 +691,11 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
             hosts_of_batch = [member for host in batch.hosts for member in fleet.instance_hosts(host)]
             steps.append(step_of(batch.name, hosts_of_batch, backends, deploy, data))
     check_capacity(fleet, steps)
-    return Record(kind="rollout", inventory=str(fleet.inventory_path), deploy=deploy, data=fleet.data, steps=steps)
+    if bench_gate and steps:
+        bench_gate.check()
+        steps[0].bench_gate = True
+    return Record(kind="rollout", inventory=str(fleet.inventory_path), deploy=deploy, data=fleet.data, steps=steps,
+                  bench_gate=bench_gate)
 
 
 def new_model_problem(model: dict) -> str | None:

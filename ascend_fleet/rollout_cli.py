@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ascend_fleet.bench import BENCH_VENV, bench_venv_ready, parse_share
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
@@ -20,6 +21,7 @@ from ascend_fleet.rollout import (
     MONITORING_DEPLOY,
     SERVE_DEPLOY,
     WEIGHTS_DEPLOY,
+    BenchGate,
     Fleet,
     Record,
     Runner,
@@ -135,6 +137,12 @@ def rollout(
         "--limit", help="only this worker (repeatable), e.g. one rebuilt from bare metal")] = None,
     data: Data = None,
     drain_timeout: DrainTimeout = 600,
+    bench_gate: Annotated[Optional[Path], typer.Option(
+        "--bench-gate", help="a result of `ascend-fleet bench` (best: --instance on a canary instance): after the "
+                             "canary wave, one of its instances is benchmarked with the same load and the rollout "
+                             "stops if a metric regressed")] = None,
+    max_regression: Annotated[str, typer.Option(
+        "--max-regression", help="--bench-gate: how much worse goodput, throughput or a p99 may get")] = "5%",
     as_json: AsJson = False,
 ) -> None:
     """Roll DEPLOY out wave by wave: drain at the gateway, deploy, gate every instance, put it back.
@@ -157,7 +165,13 @@ def rollout(
             held.enter_context(fleet.state.exclusive(f"a rollout of {deploy}"))
             record = check_not_stopped(fleet.state, resume)
             if record is None:
-                record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit)
+                gate = None
+                if bench_gate is not None:
+                    if not bench_venv_ready(BENCH_VENV):
+                        raise FleetError(f"--bench-gate: no bench virtualenv at {BENCH_VENV}; run "
+                                         "`ascend-fleet bench --setup` first")
+                    gate = BenchGate(baseline=str(bench_gate), max_regression=parse_share(max_regression))
+                record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit, gate)
             else:
                 check_resumable(record, inventory, deploy, data, fleet)
                 fleet = Fleet(inventory, record.data)

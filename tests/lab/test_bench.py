@@ -1,16 +1,20 @@
 """`ascend-fleet bench` on the lab: real `vllm bench serve` (the bench virtualenv that scripts/setup
 builds) through the lab's gateway. A run writes its result with the profile, model and serving
-options it ran under; an impossible SLO makes it exit non-zero, and --compare shows the change."""
+options it ran under; an impossible SLO makes it exit non-zero, and --compare shows the change.
+A rollout with --bench-gate stops after its canary wave when that wave benchmarks worse."""
 
 from __future__ import annotations
 
 import json
+import runpy
 
 import pytest
 
 from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
+from ascend_fleet.lab.lab import fleet_state_dir
+from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_unit
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import Lab
+from tests.lab.conftest import PROJECT, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.skipif(not bench_venv_ready(BENCH_VENV),
                                                   reason=f"no bench virtualenv: run scripts/setup ({BENCH_VENV})")]
@@ -56,3 +60,42 @@ def test_bench_through_the_gateway_keeps_its_result_and_an_impossible_slo_fails(
     assert "FAIL" in second.stdout and "previous" in second.stdout and "%" in second.stdout
     print(f"bench: {saved['completed']} requests, {saved['output_throughput']:.1f} output tok/s, "
           f"TTFT p99 {saved['p99_ttft_ms']:.0f} ms, TPOT p99 {saved['p99_tpot_ms']:.0f} ms")
+
+
+def test_a_rollout_that_halves_the_seats_stops_at_the_bench_gate_after_the_canary_wave(fleet, tmp_path):
+    """Baseline: worker1's vllm-0 benchmarked directly; the rollout's data halves max_num_seqs (8 -> 4),
+    which halves what eight clients get served: the canary wave is measured, found worse and left
+    drained, with one line naming the metric; wave1 and wave2 keep the old settings and serve."""
+    load = ("--num-prompts", "24", "--request-rate", "inf", "--max-concurrency", "8", "--input-len", "64",
+            "--output-len", "32")
+    baseline_run = fleet.cli("bench", "inventories/lab.py", "--instance", "worker1/vllm-0", *load,
+                             "--slo", "ttft_ms=600000,tpot_ms=60000", "--result-dir", str(tmp_path / "baseline"),
+                             timeout=BENCH_TIMEOUT_SECONDS)
+    baseline = next((tmp_path / "baseline").glob("*.json"))
+    assert json.loads(baseline.read_text())["ascend_fleet"]["instance"] == "worker1/vllm-0", baseline_run.stdout
+    halved = {**runpy.run_path(str(PROJECT / "group_data" / "lab.py"))["serving"], "max_num_seqs": 4}
+    try:
+        stopped = fleet.cli("rollout", "inventories/lab.py", "deploys/serve.py", "--data",
+                            f"serving={json.dumps(halved)}", "--bench-gate", str(baseline), "--max-regression", "25%",
+                            check=False, timeout=3600)
+        assert stopped.returncode == 1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+        line = [text for text in stopped.stderr.splitlines() if text.strip()]
+        assert len(line) == 1 and "rollout stopped at canary: worker1/vllm-0 bench gate against" in line[0], line
+        assert "output_throughput" in line[0] and "past the 25% allowed" in line[0]
+        record = json.loads((fleet_state_dir(fleet.lab_dir) / "rollout.json").read_text())
+        assert [s["status"] for s in record["steps"]] == ["failed", "pending", "pending"]
+        gateway = fleet.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
+        assert [line.split("#")[1].strip() for line in gateway.splitlines() if " down;" in line] == \
+            ["worker1/vllm-0", "worker1/vllm-1"]
+        for worker in ("worker2", "worker3"):  # untouched, serving with the old seats
+            assert seats(fleet, worker) == "8"
+    finally:
+        fleet.cli("rollout", "inventories/lab.py", "--abandon", check=False, timeout=900)
+        fleet.pyinfra("deploys/serve.py", "--limit", "worker1")
+    assert seats(fleet, "worker1") == "8"
+
+
+def seats(lab: Lab, worker: str) -> str:
+    """--max-num-seqs of the worker's vllm-0, from its process's command line."""
+    argv = lab.run(worker, f"cat /proc/$(systemctl show -P MainPID {instance_unit('vllm-0')})/cmdline").stdout.split("\0")
+    return argv[argv.index("--max-num-seqs") + 1]

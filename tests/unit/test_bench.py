@@ -102,3 +102,20 @@ def test_a_result_keeps_its_load_so_a_later_run_sends_the_same(tmp_path):
     assert BenchOptions.of_result(json.loads(json.dumps(result)), tmp_path / "b.json") == options
     with pytest.raises(FleetError, match="no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`"):
         BenchOptions.of_result({"completed": 3}, tmp_path / "b.json")
+
+
+def test_a_bench_gate_names_each_metric_that_regressed_past_the_threshold():
+    from ascend_fleet.bench import parse_share, regressions
+
+    baseline = {"failed": 0, "output_throughput": 400.0, "p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0,
+                "request_goodput": None}
+    same = {**baseline, "output_throughput": 390.0, "p99_tpot_ms": 20.5}
+    halved = {**baseline, "output_throughput": 200.0, "p99_ttft_ms": 400.0}
+    assert regressions(baseline, same, 0.05) == []
+    assert regressions(baseline, halved, 0.05) == [
+        "output_throughput 400 -> 200 (-50.0%, past the 5% allowed)",
+        "p99_ttft_ms 100 -> 400 (+300.0%, past the 5% allowed)"]
+    assert regressions(baseline, {**same, "failed": 2}, 0.05) == ["failed requests 0 -> 2"]
+    assert parse_share("5%") == parse_share("0.05") == 0.05
+    with pytest.raises(FleetError, match="expected a share such as 5%"):
+        parse_share("five")

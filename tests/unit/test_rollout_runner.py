@@ -4,6 +4,7 @@ sees: the one line, which instances the gateway keeps out, which hosts a deploy 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -291,3 +292,33 @@ def test_a_swap_with_the_mirror_down_or_nothing_to_plan_with_says_so_and_suggest
     assert rollout.new_model_problem(model_data(Fleet(PROD, {"model": json.loads(http_model(mirror)[6:])}),
                                                 "Qwen/Qwen2.5-72B-Instruct", "v1")) is None
     assert nodes.runs == []
+
+
+def test_a_bench_gate_stops_after_the_canary_wave_when_its_instance_measures_worse(nodes, state_dir, tmp_path,
+                                                                                   monkeypatch):
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"failed": 0, "output_throughput": 400.0, "p99_tpot_ms": 20.0, "ascend_fleet": {
+        "instance": f"{CANARY}/vllm-1", "bench": {"num_prompts": 24, "max_concurrency": 8, "request_rate": "inf"}}}))
+    measured: list[tuple[str, object]] = []
+    monkeypatch.setattr(rollout, "instance_target", lambda path, host, config, instance: contextlib.nullcontext(
+        f"{host.name}/{instance}"))
+
+    def measure(target, load, out, name):
+        measured.append((target, load))
+        return [], {"failed": 0, "output_throughput": throughput, "p99_tpot_ms": 21.0}
+
+    monkeypatch.setattr(rollout, "measure", measure)
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    throughput = 190.0  # half the seats: half the tokens
+    record = plan_rollout(fleet, "deploys/serve.py", None, None, bench_gate=rollout.BenchGate(
+        baseline=str(baseline), max_regression=0.05))
+    assert not Runner(fleet, record, lambda *_: None, 0).run()
+    assert [(s.name, s.status) for s in record.steps] == [("canary", "failed"), ("wave1", "pending"), ("wave2", "pending")]
+    assert record.steps[0].detail == (f"{CANARY}/vllm-1 bench gate against {baseline}: output_throughput 400 -> 190 "
+                                      "(-52.5%, past the 5% allowed)")
+    assert measured[0][0] == f"{CANARY}/vllm-1" and measured[0][1].max_concurrency == 8  # the baseline's instance and load
+    assert fleet.state.drained() == nodes.gateway_drained() == {f"{CANARY}/vllm-{i}" for i in range(4)}
+    assert nodes.deploys() == [("deploys/serve.py", [CANARY])]  # the other waves untouched
+    throughput = 398.0  # fixed: --resume measures again and goes on
+    assert Runner(fleet, check_not_stopped(fleet.state, resume=True), lambda *_: None, 0).run()
+    assert fleet.state.drained() == set() and len(measured) == 2
