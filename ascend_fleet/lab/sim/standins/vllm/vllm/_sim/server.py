@@ -60,8 +60,10 @@ FATAL_FINDINGS = {
     "concurrency-below-one",
 }
 DEFAULT_MAX_NUM_SEQS = 256
-# EngineArgs' default for the API server (vllm/engine/arg_utils.py default_max_num_batched_tokens).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# EngineArgs' default for the API server on a device under 70 GiB, as a 910B3's 64 GiB is
+# (vllm/engine/arg_utils.py, _set_default_args: default_max_num_batched_tokens); whether vllm-ascend
+# changes it is not known here (docs/sim-fidelity.md).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 ASCEND_QUANTIZATION = "ascend"  # vllm-ascend's method for msModelSlim weights
 
 
