@@ -79,9 +79,9 @@ def test_a_rollout_that_halves_the_seats_stops_at_the_bench_gate_after_the_canar
                             f"serving={json.dumps(halved)}", "--bench-gate", str(baseline), "--max-regression", "25%",
                             check=False, timeout=3600)
         assert stopped.returncode == 1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
-        line = [text for text in stopped.stderr.splitlines() if text.strip()]
-        assert len(line) == 1 and "rollout stopped at canary: worker1/vllm-0 bench gate against" in line[0], line
-        assert "output_throughput" in line[0] and "past the 25% allowed" in line[0]
+        line = stopped.stderr.strip().splitlines()[-1]  # the one line, after the progress display
+        assert "rollout stopped at canary: worker1/vllm-0 bench gate against" in line, stopped.stderr[-3000:]
+        assert "output_throughput" in line and "past the 25% allowed" in line
         record = json.loads((fleet_state_dir(fleet.lab_dir) / "rollout.json").read_text())
         assert [s["status"] for s in record["steps"]] == ["failed", "pending", "pending"]
         gateway = fleet.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
