@@ -244,6 +244,8 @@ class Scheduler:
         leave. Returns the requests that got a token."""
         sampled = []
         for request, tokens in batch.scheduled:
+            if request not in self.running:
+                continue  # aborted while the step ran
             request.computed += tokens
             if request.computed < request.known_tokens:
                 continue  # a prefill chunk short of the prompt's end

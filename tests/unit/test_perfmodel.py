@@ -152,3 +152,15 @@ def test_plan_predicts_latency_at_a_concurrency_and_says_it_is_predicted():
     assert light["verdict"] == "fits" and light["predicted"]["completed"] == 4
     assert heavy["predicted"]["mean_tpot_ms"] > light["predicted"]["mean_tpot_ms"]
     assert heavy["predicted"]["output_throughput"] > 10 * light["predicted"]["output_throughput"]
+
+
+def test_a_request_aborted_while_its_step_runs_frees_its_blocks_and_gets_no_token():
+    limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=8192, kv_cache_tokens=4096, block_size=128)
+    scheduler = perfmodel.Scheduler(limits)
+    gone, staying = Request(300, 4), Request(100, 4)
+    scheduler.add(gone)
+    scheduler.add(staying)
+    batch = scheduler.schedule()
+    scheduler.abort(gone)  # its client disconnected mid-step
+    assert scheduler.complete(batch, now=1.0) == [staying]
+    assert scheduler.free_blocks == limits.blocks - 1 and gone.token_times == []
