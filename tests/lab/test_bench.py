@@ -66,7 +66,7 @@ def test_a_rollout_that_halves_the_seats_stops_at_the_bench_gate_after_the_canar
     """Baseline: worker1's vllm-0 benchmarked directly; the rollout's data halves max_num_seqs (8 -> 4),
     which halves what eight clients get served: the canary wave is measured, found worse and left
     drained, with one line naming the metric; wave1 and wave2 keep the old settings and serve."""
-    load = ("--num-prompts", "24", "--request-rate", "inf", "--max-concurrency", "8", "--input-len", "64",
+    load = ("--num-prompts", "16", "--request-rate", "inf", "--max-concurrency", "8", "--input-len", "64",
             "--output-len", "32")
     baseline_run = fleet.cli("bench", "inventories/lab.py", "--instance", "worker1/vllm-0", *load,
                              "--slo", "ttft_ms=600000,tpot_ms=60000", "--result-dir", str(tmp_path / "baseline"),

@@ -210,22 +210,3 @@ def test_vllm_bench_serve_runs_to_completion_against_the_simulated_server(real_l
     assert (result["completed"], result["failed"]) == (result["num_prompts"], 0)
     assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
 
-
-def test_a_tune_of_two_candidates_runs_on_real_vllm_and_puts_the_instance_back(real_lab, deployed, tmp_path):
-    """`ascend-fleet tune` is not tied to the simulator: real vLLM for CPU restarted with each candidate
-    through the serve deploy, benchmarked through the SSH tunnel, then back as the data says."""
-    started = time.monotonic()
-    result = real_lab.cli("tune", "inventories/lab_real.py", "--canary", "worker1", "--grid", "max_num_seqs=2,8",
-                          "--num-prompts", "8", "--concurrency", "4", "--input-len", "32", "--output-len", "16",
-                          "--slo", "ttft_ms=600000,tpot_ms=60000", "--result-dir", str(tmp_path), "--json",
-                          timeout=2400)
-    record = json.loads(result.stdout)
-    RESULTS["tune"] = {"seconds": round(time.monotonic() - started), "winner": record["winner"],
-                       **{f"max_num_seqs={c['settings']['max_num_seqs']}": summary(c["result"])
-                          for c in record["candidates"]}}
-    assert [c["status"] for c in record["candidates"]] == ["done", "done"], record
-    assert all(c["result"]["completed"] == 8 and c["result"]["failed"] == 0 for c in record["candidates"])
-    assert record["restored"] and record["finished"]
-    argv = real_lab.run("worker1", f"cat /proc/$(systemctl show -P MainPID {UNIT})/cmdline").stdout.split("\0")
-    assert argv[argv.index("--max-num-seqs") + 1] == "8"  # group_data/lab_real.py
-    test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab, deployed)

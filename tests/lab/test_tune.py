@@ -23,9 +23,10 @@ pytestmark = [pytest.mark.lab, pytest.mark.skipif(not bench_venv_ready(BENCH_VEN
                                                   reason=f"no bench virtualenv: run scripts/setup ({BENCH_VENV})")]
 
 PERFORMS_AS = PROJECT / "tests/fixtures/models/qwen2.5-72b-instruct/config.json"
-# Three seat counts x two memory shares: 0.99 is over what the planner allows, so three are refused.
-GRID = ["--grid", "max_num_seqs=2,8,32", "--grid", "gpu_memory_utilization=0.9,0.99"]
-LOAD = ["--num-prompts", "24", "--concurrency", "8", "--input-len", "64", "--output-len", "32"]
+# Two seat counts x three memory shares: over 0.98 the planner refuses, so four of the six are skipped
+# (each measured candidate is a restart and a benchmark: two keep the test short).
+GRID = ["--grid", "max_num_seqs=2,8", "--grid", "gpu_memory_utilization=0.9,0.985,0.99"]
+LOAD = ["--num-prompts", "16", "--concurrency", "8", "--input-len", "64", "--output-len", "32"]
 # Generous limits: whatever this shared machine's load, the candidates that run meet them.
 SLO = ["--slo", "ttft_ms=60000,tpot_ms=5000"]
 
@@ -92,9 +93,9 @@ def test_tune_measures_each_candidate_restores_the_canary_and_survives_ctrl_c(mo
     print(f"tune: {json.dumps([(c['settings'], c['status'], c['result'].get('request_goodput'), c['result'].get('p99_tpot_ms')) for c in record['candidates']])}")
     print(f"load through the gateway during the tune: {json.dumps(report.summary())}")
     statuses = [c["status"] for c in record["candidates"]]
-    assert statuses.count("done") == 3 and statuses.count("skipped") == 3
+    assert statuses.count("done") == 2 and statuses.count("skipped") == 4
     for candidate in record["candidates"]:
-        if candidate["settings"]["gpu_memory_utilization"] == 0.99:
+        if candidate["settings"]["gpu_memory_utilization"] > 0.98:
             assert "the planner refuses it" in candidate["reason"]
     assert record["winner"] is not None and record["restored"] and record["finished"]
     measured = {c["settings"]["max_num_seqs"]: c["result"] for c in record["candidates"] if c["status"] == "done"}
