@@ -145,25 +145,32 @@ def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, F
         return {name: future.result() for name, future in futures.items()}
 
 
+def tunnel_argv(host: str, data: Mapping[str, Any], local_port: int, remote_port: int) -> list[str]:
+    """OpenSSH's `ssh -N -L` forwarding 127.0.0.1:local_port to the host's 127.0.0.1:remote_port, with
+    the inventory's ssh_* data (a dict, or pyinfra's HostData: read with .get only)."""
+    known_hosts, key, user = data.get("ssh_known_hosts_file"), data.get("ssh_key"), data.get("ssh_user")
+    address = data.get("ssh_hostname") or host
+    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}",
+            "-o", f"StrictHostKeyChecking={data.get('ssh_strict_host_key_checking') or 'accept-new'}",
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "-p", str(data.get("ssh_port") or 22)]
+    if known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(known_hosts)}"]
+    if key:
+        argv += ["-i", os.path.expanduser(key)]
+    return [*argv, f"{user}@{address}" if user else str(address)]
+
+
 @contextmanager
 def ssh_tunnel(host: str, data: Mapping[str, Any], remote_port: int, wait_seconds: float = 15):
-    """A local port forwarded to 127.0.0.1:remote_port on the host (OpenSSH's `ssh -N -L`, with the
-    inventory's ssh_* data), for a client that must reach a port the host's firewall keeps to itself
-    (an instance port: loopback may reach it). Yields the local port."""
+    """A local port forwarded to 127.0.0.1:remote_port on the host (tunnel_argv), for a client that
+    must reach a port the host's firewall keeps to itself (an instance port: loopback may reach it).
+    Yields the local port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         local_port = probe.getsockname()[1]
-    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}",
-            "-o", f"StrictHostKeyChecking={data.get('ssh_strict_host_key_checking', 'accept-new')}",
-            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "-p", str(data.get("ssh_port") or 22)]
-    if data.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(data['ssh_known_hosts_file'])}"]
-    if data.get("ssh_key"):
-        argv += ["-i", os.path.expanduser(data["ssh_key"])]
-    user = data.get("ssh_user")
-    argv.append(f"{user}@{data.get('ssh_hostname') or host}" if user else str(data.get("ssh_hostname") or host))
-    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tunnel = subprocess.Popen(tunnel_argv(host, data, local_port, remote_port), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + wait_seconds
         while True:
