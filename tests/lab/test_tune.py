@@ -6,6 +6,7 @@ measured candidate and finished with --resume."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -70,13 +71,16 @@ def test_tune_measures_each_candidate_restores_the_canary_and_survives_ctrl_c(mo
     assert seats_of_vllm0(lab) == "8"  # group_data/lab.py
     load = LoadGenerator(gateway, "lab/Qwen3-Tiny", concurrency=2, max_tokens=16).start()
     try:
+        # As at a terminal: a process group of its own that Ctrl-C reaches, and SIGINT not ignored (a
+        # shell's background job, as scripts/test runs pytest, starts with it ignored, and so would the tune).
         first = subprocess.Popen(tune_argv(tmp_path), env=lab.env, cwd=PROJECT, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 900
         while not (state.exists() and any(c["status"] == "done" for c in json.loads(state.read_text())["candidates"])):
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-4000:]
             time.sleep(1)
-        first.send_signal(signal.SIGINT)  # Ctrl-C: the canary goes back before the command ends
+        os.killpg(first.pid, signal.SIGINT)  # Ctrl-C: the canary goes back before the command ends
         interrupted = first.communicate(timeout=600)[0]
         stopped = json.loads(state.read_text())
         assert first.returncode == 130, interrupted[-4000:]
