@@ -100,7 +100,7 @@ def test_stopping_an_instance_fires_instance_down(fleet):
         fleet.run("worker3", f"systemctl start {instance_unit('vllm-0')}")
     assert alerts[0]["annotations"]["summary"] == "vLLM instance worker3/vllm-0 is down"
     assert every_down == alerts, "only the stopped instance is down"
-    print(f"InstanceDown fired {seconds:.0f}s after the unit stopped (scrape 2s, for 10s)")
+    print(f"InstanceDown fired {seconds:.0f}s after the unit stopped (scrape 5s, for 10s)")
     wait_for("InstanceDown resolved", lambda: not firing(fleet, "InstanceDown"))
 
 
