@@ -191,8 +191,11 @@ def start_lxcfs(state: LabState, spec: LabSpec) -> None:
     state.save()
     deadline = time.monotonic() + 30
     while not (mountpoint / "proc" / "uptime").exists():
-        if time.monotonic() > deadline or not processes.is_ours(entry["pid"], entry["marker"]):
-            raise FleetError(f"lab: lxcfs did not mount {mountpoint}; see {logs / 'lxcfs.log'}")
+        running = processes.is_ours(entry["pid"], entry["marker"])
+        if time.monotonic() > deadline or not running:
+            how = "exited" if not running else "did not mount it within 30 s"
+            raise FleetError(f"lab: lxcfs for {mountpoint} {how}; its log ends: "
+                             f"{processes.last_words(logs / 'lxcfs.log')}")
         time.sleep(0.1)
 
 
@@ -235,4 +238,4 @@ def wait_for_ssh(spec: LabSpec, node: NodeSpec, timeout: float = BOOT_TIMEOUT_SE
             pass
         time.sleep(0.3)
     raise FleetError(f"lab: node {node.name} ({node.address}) did not answer on SSH within {timeout:.0f}s; "
-                     f"see {node_dir(spec.lab_dir, node.name) / 'console.log'}")
+                     f"its console ends: {processes.last_words(node_dir(spec.lab_dir, node.name) / 'console.log')}")

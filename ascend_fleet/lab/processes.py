@@ -22,6 +22,17 @@ def spawn(argv: list[str], log: Path) -> int:
     return process.pid
 
 
+def last_words(log: Path, lines: int = 3) -> str:
+    """The last lines a process wrote to its log, on one line: an error that names a log quotes
+    it, because `lab up` removes the lab's directory (its logs too) when it fails."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(tail) or "(empty log)"
+
+
 def is_ours(pid: int, marker: str) -> bool:
     """True while pid runs a command line containing marker (a zombie counts as gone)."""
     _reap(pid)

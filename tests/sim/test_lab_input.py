@@ -89,3 +89,19 @@ def test_a_performance_model_that_is_no_models_config(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
     path = hardware(tmp_path, f"defaults:\n  performance:\n    time_scale: 0.25\n    performs_as: {tmp_path / 'config.json'}\n")
     assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path, "performance.performs_as", "config.json has no hidden_size")
+
+
+def test_an_lxcfs_that_cannot_mount_is_quoted_and_the_lab_removed(tmp_path):
+    """`lab up` removes the lab's directory when it fails, logs included: its error quotes lxcfs."""
+    if os.geteuid() != 0:
+        pytest.skip("lxcfs starts after the root check")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "lxcfs").write_text("#!/bin/sh\necho 'fuse: device not found, try modprobe fuse first' >&2\nexit 1\n")
+    (fake / "lxcfs").chmod(0o755)
+    net = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200")) + 7
+    result = subprocess.run(
+        [str(BIN / "ascend-fleet"), "lab", "up", "--name", "bad", "--lab-dir", str(tmp_path / "lab"),
+         "--nodes", "1", "--subnet", f"10.213.{net}.0/24"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert_refused(result, tmp_path, "lxcfs", "exited", "fuse: device not found, try modprobe fuse first")
