@@ -72,7 +72,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
             network.create_bridge(state, spec)
             start_mirror(state, spec)
             publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
-            start_lxcfs(state, spec)
+            start_lxcfs(state, spec, console)
             for node in spec.nodes:
                 network.create_node_network(state, spec, node)
                 network.create_npu_ports(state, spec, node)

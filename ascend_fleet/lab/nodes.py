@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import cgroups, processes
@@ -177,26 +179,42 @@ def lxcfs_dir(lab_dir: Path) -> Path:
     return lab_dir / "lxcfs"
 
 
-def start_lxcfs(state: LabState, spec: LabSpec) -> None:
-    """One lxcfs for the lab: its /proc/uptime counts from each node's own boot."""
+def start_lxcfs(state: LabState, spec: LabSpec, console: Console) -> None:
+    """One lxcfs for the lab: its /proc/uptime counts from each node's own boot.
+
+    Started once more if the first one ends before its mount appears: it did so once in a CI run
+    (the lab's directory, its log with it, was removed before anyone read why)."""
     mountpoint, logs = lxcfs_dir(spec.lab_dir), spec.lab_dir / "lxcfs-run"
     state.record("dir", path=str(logs))
     logs.mkdir(parents=True, exist_ok=True)
     mountpoint.mkdir(parents=True, exist_ok=True)
     state.record("mount", path=str(mountpoint))
     entry = state.record("process", role="lxcfs", marker=str(mountpoint), pid=None)
-    # Its own pidfile: lxcfs locks the default one, which would allow one lab per machine.
-    entry["pid"] = processes.spawn(["lxcfs", "--foreground", f"--pidfile={logs / 'lxcfs.pid'}", str(mountpoint)],
-                                   logs / "lxcfs.log")
-    state.save()
-    deadline = time.monotonic() + 30
+    for attempt in (1, 2):
+        # Its own pidfile: lxcfs locks the default one, which would allow one lab per machine.
+        entry["pid"] = processes.spawn(["lxcfs", "--foreground", f"--pidfile={logs / 'lxcfs.pid'}", str(mountpoint)],
+                                       logs / "lxcfs.log")
+        state.save()
+        problem = lxcfs_mount_problem(mountpoint, entry)
+        if problem is None:
+            return
+        processes.stop(entry["pid"], entry["marker"])
+        words = processes.last_words(logs / "lxcfs.log")
+        if attempt == 2:
+            raise FleetError(f"lab: lxcfs for {mountpoint} {problem} twice; its log ends: {words}")
+        console.print(f"lab: lxcfs for {mountpoint} {problem} ({words}); starting it once more")
+
+
+def lxcfs_mount_problem(mountpoint: Path, entry: dict, timeout: float = 30) -> str | None:
+    """None once lxcfs's /proc/uptime is there; else what went wrong."""
+    deadline = time.monotonic() + timeout
     while not (mountpoint / "proc" / "uptime").exists():
-        running = processes.is_ours(entry["pid"], entry["marker"])
-        if time.monotonic() > deadline or not running:
-            how = "exited" if not running else "did not mount it within 30 s"
-            raise FleetError(f"lab: lxcfs for {mountpoint} {how}; its log ends: "
-                             f"{processes.last_words(logs / 'lxcfs.log')}")
+        if not processes.is_ours(entry["pid"], entry["marker"]):
+            return "exited"
+        if time.monotonic() > deadline:
+            return f"did not mount it within {timeout:.0f} s"
         time.sleep(0.1)
+    return None
 
 
 def remove_mount(entry: dict) -> None:
