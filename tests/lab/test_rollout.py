@@ -240,10 +240,10 @@ def test_a_model_swap_under_load_fails_no_request_and_keeps_the_served_name(lab,
     assert lab.run("worker1", f"ls /mnt/nvme/models/{MODEL}").stdout.split() == ["v1", "v2"]
     summary = LOAD_RESULTS["model swap to v2"]
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
-    with under_load(serving, "model swap back to v1"):
-        lab.cli("swap-model", "inventories/lab.py", "--model", MODEL, "--revision", "v1", timeout=3600)
+    # The data still names v1: a plain deploy serves it again, as the swap warns (the lab's state for
+    # the next test; a swap back under load would be this test once more).
+    lab.pyinfra("deploys/serve.py")
     assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v1"}
-    assert LOAD_RESULTS["model swap back to v1"]["errors"] == 0, LOAD_RESULTS["model swap back to v1"]
 
 
 # One TP4 instance per worker leaves NPUs 4-7 free: the new model can start beside the old.
@@ -257,7 +257,7 @@ def units(lab: Lab, node: str) -> list[str]:
 
 
 def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_request(lab, serving):
-    rollout(lab, "--data", ONE_INSTANCE)
+    lab.pyinfra("deploys/serve.py", "--data", ONE_INSTANCE)  # no load yet: all workers at once
     for node in lab.workers:  # the serve stage stopped the instance the data no longer lists
         assert units(lab, node) == [instance_unit("vllm-0")]
     with under_load(serving, "blue/green swap to v2"):
@@ -282,7 +282,7 @@ def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_requ
     for node in lab.workers:
         assert units(lab, node) == [instance_unit("vllm-0")]
     assert LOAD_RESULTS["blue/green swap back to v1"]["errors"] == 0, LOAD_RESULTS["blue/green swap back to v1"]
-    rollout(lab)  # the lab's own data again: two blue instances per worker
+    lab.pyinfra("deploys/serve.py")  # the lab's own data again: two blue instances per worker
     assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v1"}
 
 
