@@ -10,7 +10,7 @@ loopback (the instance firewall keeps the control machine off its port), with `-
 SLOs. Candidates the planner refuses are skipped with its reason, before anything changes.
 
 At the end, and on Ctrl-C or any failure, the canary is put back as its data says, gated and
-returned to the gateway. `tune.json` in the fleet state keeps every candidate's result, so the same
+returned to the gateway (Ctrl-C: CtrlC). `tune.json` in the fleet state keeps every candidate's result, so the same
 command with `--resume` finishes a tune that stopped. The report: a table, a PNG of goodput and p99
 latency per candidate, and the winner (the most goodput among candidates whose p99s meet the SLO and
 that failed no request) as a group-data snippet.
@@ -25,7 +25,10 @@ from __future__ import annotations
 import itertools
 import json
 import pprint
+import signal
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -140,6 +143,31 @@ def winner(record: TuneRecord) -> Candidate | None:
     return max(done, key=lambda c: c.result.get("request_goodput") or 0, default=None)
 
 
+class CtrlC:
+    """Ctrl-C during a tune, noted rather than raised: the terminal sends it to the tune's children
+    too (pyinfra, vllm bench, ssh), so the step that runs ends by itself; the tune then puts the
+    canary back and exits 130. A KeyboardInterrupt raised wherever the tune happens to be, inside
+    gevent's loop (pyinfra's), once left it waiting forever, with no child left, in a CI rehearsal.
+    A second Ctrl-C stops at once, the canary left drained for --resume."""
+
+    def __init__(self, report: Callable[[str], None]):
+        self.report, self.pressed = report, False
+
+    def __call__(self, _signum, _frame) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        self.report("Ctrl-C: ending the current candidate, then the canary goes back (Ctrl-C again: stop now)")
+
+    @contextmanager
+    def noted(self):
+        previous = signal.signal(signal.SIGINT, self)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 class Tune:
     """Runs a TuneRecord's pending candidates on the canary, and always puts the canary back."""
 
@@ -182,13 +210,15 @@ class Tune:
                                       goodput_args(self.record.slo))
         return {key: result.get(key) for key in MEASURED}
 
-    def run(self, deadline: float | None) -> None:
-        """Every pending candidate (until the deadline), then the canary put back; on any exit."""
+    def run(self, deadline: float | None, ctrl_c: CtrlC) -> None:
+        """Every pending candidate (until the deadline or a Ctrl-C), then the canary put back; on any exit."""
         pending = [(i, c) for i, c in enumerate(self.record.candidates) if c.status == "pending"]
         try:
             if pending:
                 self.drain()
             for index, candidate in pending:
+                if ctrl_c.pressed:
+                    break
                 if deadline is not None and time.monotonic() > deadline:
                     self.report(f"budget spent: {len(pending) - index} candidates left for --resume")
                     break
@@ -201,6 +231,8 @@ class Tune:
                         candidate.result, candidate.status = self.measure(index + 1), "done"
                     except (FleetError, OSError) as exc:
                         candidate.status, candidate.reason = "failed", str(exc)
+                if ctrl_c.pressed:  # its pyinfra or bench got the Ctrl-C too: not measured, left for --resume
+                    candidate.status, candidate.reason, candidate.result = "pending", "", {}
                 self.save()
         finally:
             self.restore()
@@ -355,7 +387,13 @@ def tune(
                             completed=sum(c.status != "pending" for c in record.candidates))
 
         recorded_load = bench.BenchOptions(**{k: v for k, v in record.load.items() if v is not None})
-        Tune(fleet, record, recorded_load, report, result_dir).run(deadline)
+        with CtrlC(report).noted() as ctrl_c:
+            Tune(fleet, record, recorded_load, report, result_dir).run(deadline, ctrl_c)
+    if ctrl_c.pressed:
+        left = sum(c.status == "pending" for c in record.candidates)
+        progress_console.print(f"interrupted: {canary} {instance} is back with its own settings and in the gateway; "
+                               f"the same command with --resume runs the {left} candidates left")
+        raise typer.Exit(130)
     return finish(record, fleet, result_dir, as_json)
 
 

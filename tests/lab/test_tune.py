@@ -5,6 +5,7 @@ measured candidate and finished with --resume."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -73,7 +74,9 @@ def test_tune_measures_each_candidate_restores_the_canary_and_survives_ctrl_c(mo
     try:
         # As at a terminal: a process group of its own that Ctrl-C reaches, and SIGINT not ignored (a
         # shell's background job, as scripts/test runs pytest, starts with it ignored, and so would the tune).
-        first = subprocess.Popen(tune_argv(tmp_path), env=lab.env, cwd=PROJECT, stdout=subprocess.PIPE,
+        # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print where each thread is.
+        first = subprocess.Popen(tune_argv(tmp_path), env={**lab.env, "PYTHONFAULTHANDLER": "1"}, cwd=PROJECT,
+                                 stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 900
@@ -81,7 +84,18 @@ def test_tune_measures_each_candidate_restores_the_canary_and_survives_ctrl_c(mo
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-4000:]
             time.sleep(1)
         os.killpg(first.pid, signal.SIGINT)  # Ctrl-C: the canary goes back before the command ends
-        interrupted = first.communicate(timeout=600)[0]
+        try:
+            interrupted = first.communicate(timeout=600)[0]
+        except subprocess.TimeoutExpired:
+            first.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                first.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first.pid, signal.SIGKILL)  # what it started (pyinfra, vllm bench, ssh) holds the pipe
+            hung = first.communicate(timeout=30)[0]
+            logs = sorted((fleet_state_dir(lab.lab_dir) / "logs").glob("*.log"))[-2:]
+            pytest.fail(f"tune still running 600 s after Ctrl-C; its output and stacks:\n{hung[-8000:]}\n"
+                        + "\n".join(f"{log.name}:\n{log.read_text()[-3000:]}" for log in logs))
         stopped = json.loads(state.read_text())
         assert first.returncode == 130, interrupted[-4000:]
         assert stopped["restored"] and not stopped["finished"], interrupted[-4000:]

@@ -3,13 +3,16 @@ arguments, the winner, and the report (table, PNG, group-data snippet)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import Serving
-from ascend_fleet.tune import (Candidate, TuneRecord, candidate_data, candidates_of, goodput_args, parse_grid, plot,
+from ascend_fleet.tune import (Candidate, CtrlC, TuneRecord, candidate_data, candidates_of, goodput_args, parse_grid, plot,
                                render, snippet, winner)
 
 SLO = {"p99_ttft_ms": 2000.0, "p99_tpot_ms": 50.0}
@@ -94,3 +97,17 @@ def test_the_report_shows_each_candidate_the_winner_and_why_one_was_skipped(tmp_
     exec(text, namespace)  # the snippet is group data: Python that sets serving and npu_env
     assert namespace["serving"]["max_num_seqs"] == 16 and namespace["serving"]["enable_prefix_caching"] is True
     assert namespace["npu_env"] == {"HCCL_BUFFSIZE": "200"}
+
+
+def test_a_first_ctrl_c_is_noted_and_said_a_second_stops_at_once_and_the_handler_goes_back():
+    before = signal.getsignal(signal.SIGINT)
+    said = []
+    with CtrlC(said.append).noted() as ctrl_c:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs in the main thread, between bytecodes
+        assert ctrl_c.pressed
+        assert said == ["Ctrl-C: ending the current candidate, then the canary goes back (Ctrl-C again: stop now)"]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is before
