@@ -9,9 +9,9 @@ gates run, then `vllm bench serve` measures it directly, through an SSH tunnel t
 loopback (the instance firewall keeps the control machine off its port), with `--goodput` at the
 SLOs. Candidates the planner refuses are skipped with its reason, before anything changes.
 
-At the end, and on Ctrl-C or any failure, the canary is put back as its data says, gated and
-returned to the gateway (Ctrl-C: CtrlC). `tune.json` in the fleet state keeps every candidate's result, so the same
-command with `--resume` finishes a tune that stopped. The report: a table, a PNG of goodput and p99
+At the end, and on Ctrl-C (CtrlC) or any failure, the canary is put back as its data says, gated
+and returned to the gateway. `tune.json` in the fleet state keeps every candidate's result, so the
+same command with `--resume` finishes a tune that stopped. The report: a table, a PNG of goodput and p99
 latency per candidate, and the winner (the most goodput among candidates whose p99s meet the SLO and
 that failed no request) as a group-data snippet.
 
