@@ -76,8 +76,7 @@ def test_tune_measures_each_candidate_restores_the_canary_and_survives_ctrl_c(mo
         # shell's background job, as scripts/test runs pytest, starts with it ignored, and so would the tune).
         # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print where each thread is.
         first = subprocess.Popen(tune_argv(tmp_path), env={**lab.env, "PYTHONFAULTHANDLER": "1"}, cwd=PROJECT,
-                                 stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 900
         while not (state.exists() and any(c["status"] == "done" for c in json.loads(state.read_text())["candidates"])):

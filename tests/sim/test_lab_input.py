@@ -12,12 +12,14 @@ import pytest
 BIN = Path(sys.executable).parent
 
 
-def lab_up(tmp_path: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess:
+def lab_up(tmp_path: Path, *args: str, user: str | None = None, path: str | None = None) -> subprocess.CompletedProcess:
+    """path: a PATH for the command (tools of one's own before the system's)."""
     lab_dir = tmp_path / "lab"
     argv = [str(BIN / "ascend-fleet"), "lab", "up", "--name", "bad", "--lab-dir", str(lab_dir), *args]
     if user:
         argv = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "PATH": path} if path else None
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
 
 def assert_refused(result: subprocess.CompletedProcess, tmp_path: Path, *phrases: str) -> None:
@@ -99,9 +101,6 @@ def test_an_lxcfs_that_cannot_mount_is_quoted_and_the_lab_removed(tmp_path):
     fake.mkdir()
     (fake / "lxcfs").write_text("#!/bin/sh\necho 'fuse: device not found, try modprobe fuse first' >&2\nexit 1\n")
     (fake / "lxcfs").chmod(0o755)
-    net = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200")) + 7
-    result = subprocess.run(
-        [str(BIN / "ascend-fleet"), "lab", "up", "--name", "bad", "--lab-dir", str(tmp_path / "lab"),
-         "--nodes", "1", "--subnet", f"10.213.{net}.0/24"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    net = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200")) + 7  # beside the lab tests' subnets
+    result = lab_up(tmp_path, "--nodes", "1", "--subnet", f"10.213.{net}.0/24", path=f"{fake}:{os.environ['PATH']}")
     assert_refused(result, tmp_path, "lxcfs", "exited", "fuse: device not found, try modprobe fuse first")
