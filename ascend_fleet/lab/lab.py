@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 from rich.console import Console
 
+from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import cgroups, network, processes
 from ascend_fleet.lab.base import base_image
@@ -19,6 +21,7 @@ from ascend_fleet.lab.nodes import (node_dir, empty_nvme, prepare_node, prepare_
 from ascend_fleet.lab.publish import publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.templating import render
 
 REQUIRED_TOOLS = ["debootstrap", "systemd-nspawn", "ip", "nft", "nginx", "lxcfs", "losetup", "mkfs.ext4", "ssh-keygen",
                   "ssh"]
@@ -50,7 +53,8 @@ def check_can_run(spec: LabSpec) -> None:
 
 
 def up(spec: LabSpec, console: Console) -> LabState:
-    """Create the lab described by spec; on any failure remove what was created, then re-raise."""
+    """Create the lab described by spec, or grow the running one to it (more workers, all else as it
+    is); on any failure remove what this call created, then re-raise."""
     require_root("lab up")
     existing = LabState.load(spec.lab_dir)
     if existing is not None:
@@ -58,7 +62,11 @@ def up(spec: LabSpec, console: Console) -> LabState:
             if existing.spec_data == spec.model_dump(mode="json"):
                 console.print(f"lab up: the lab in {spec.lab_dir} is already up as asked")
                 return existing
-            raise FleetError(f"lab up: a different lab is up in {spec.lab_dir}; `ascend-fleet lab down` first")
+            if (added := added_workers(existing.spec, spec)) is not None:
+                grow(existing, spec, added, console)
+                return existing
+            raise FleetError(f"lab up: a different lab is up in {spec.lab_dir}; a running lab only grows (more "
+                             "--nodes, everything else as it was brought up): `ascend-fleet lab down` first")
         console.print(f"a previous lab in {spec.lab_dir} did not finish cleanly: removing its leftovers")
         down(spec.lab_dir)
     check_can_run(spec)
@@ -78,15 +86,70 @@ def up(spec: LabSpec, console: Console) -> LabState:
                 network.create_npu_ports(state, spec, node)
                 prepare_node(state, spec, node, base, public_key)
                 start_node(state, spec, node)
-        with console.status(f"booting {len(spec.nodes)} nodes"):
-            with ThreadPoolExecutor(max_workers=len(spec.nodes)) as pool:
-                list(pool.map(lambda node: wait_for_ssh(spec, node), spec.nodes))
+        boot(spec, spec.nodes, console)
         write_known_hosts(spec)
     except BaseException:
         console.print("lab up failed: removing what it created")
         down(spec.lab_dir)
         raise
     return state
+
+
+def boot(spec: LabSpec, nodes: list[NodeSpec], console: Console) -> None:
+    with console.status(f"booting {len(nodes)} nodes"):
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            list(pool.map(lambda node: wait_for_ssh(spec, node), nodes))
+
+
+def added_workers(running: LabSpec, asked: LabSpec) -> list[NodeSpec] | None:
+    """The workers `asked` adds to the `running` lab when it is that lab with more workers (whose
+    rollout groups are laid out anew), else None."""
+    def without_groups(nodes: list[NodeSpec]) -> list[NodeSpec]:
+        return [node.model_copy(update={"groups": []}) for node in nodes]
+
+    kept = asked.nodes[:len(running.nodes)]
+    if (len(asked.nodes) <= len(running.nodes) or without_groups(kept) != without_groups(running.nodes)
+            or running.model_dump(exclude={"nodes"}) != asked.model_dump(exclude={"nodes"})):
+        return None
+    return asked.nodes[len(running.nodes):]
+
+
+def grow(state: LabState, spec: LabSpec, added: list[NodeSpec], console: Console) -> None:
+    """Add workers to the running lab, made and booted as `up` makes them. The running nodes go on
+    untouched but for /etc/hosts, which names the new ones. On failure, only what this added is removed."""
+    running = state.spec
+    mark = len(state.resources)
+    public_key = (ssh_dir(spec.lab_dir) / "id_ed25519.pub").read_text().strip()
+    try:
+        base = base_image(spec.debian_upstream, console)
+        with console.status(f"adding {', '.join(node.name for node in added)}"):
+            for node in added:
+                network.create_node_network(state, spec, node)
+                network.create_npu_ports(state, spec, node)
+                prepare_node(state, spec, node, base, public_key)
+                start_node(state, spec, node)
+        boot(spec, added, console)
+        write_known_hosts(spec)
+        for node in running.nodes:
+            write_hosts(spec, node)
+        state.spec_data = spec.model_dump(mode="json")
+        state.save()
+    except BaseException:
+        console.print(f"lab up failed: removing {', '.join(node.name for node in added)}")
+        remove_recorded(state, since=mark)
+        state.save()
+        write_known_hosts(running)
+        with suppress(FleetError):
+            for node in running.nodes:
+                write_hosts(running, node)
+        raise
+
+
+def write_hosts(spec: LabSpec, node: NodeSpec) -> None:
+    """A running node's /etc/hosts as the lab's nodes are now (as its first boot wrote it)."""
+    hosts = render(TEMPLATES / "lab" / "node" / "etc" / "hosts.j2", node=node, nodes=spec.nodes,
+                   host_address=spec.host_address)
+    run([*ssh_argv(spec.lab_dir, node), "cat > /etc/hosts"], input=hosts, what=f"/etc/hosts on {node.name}")
 
 
 def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
@@ -176,17 +239,24 @@ def down(lab_dir: Path) -> bool:
     state = LabState.load(lab_dir)
     if state is None:
         return False
-    # The nodes first, side by side: each is an orderly shutdown of its own systemd (seconds each).
-    nodes = list(node_processes(state).values())
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        list(pool.map(stop_recorded_process, nodes))
-    for entry in reversed(state.resources):
-        REMOVERS[entry["kind"]](entry)
+    remove_recorded(state)
     state.remove()
     for leftover in (lab_dir / "nodes", lab_dir):
         if leftover.is_dir() and not any(leftover.iterdir()):
             leftover.rmdir()
     return True
+
+
+def remove_recorded(state: LabState, since: int = 0) -> None:
+    """Remove what the state recorded from entry `since` on, newest first, and forget it. The nodes
+    first, side by side: each is an orderly shutdown of its own systemd (seconds each)."""
+    entries = state.resources[since:]
+    nodes = [entry for entry in entries if entry["kind"] == "process" and entry["role"].startswith("node ")]
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        list(pool.map(stop_recorded_process, nodes))
+    for entry in reversed(entries):
+        REMOVERS[entry["kind"]](entry)
+    del state.resources[since:]
 
 
 def remove_dir(path: Path) -> None:

@@ -6,11 +6,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
+from tests.lab.conftest import BIN, PROJECT, TEST_LAB_DIR, TEST_NET, Lab, require_root
 
 pytestmark = pytest.mark.lab
 
@@ -130,3 +131,42 @@ def test_lab_down_leaves_nothing_behind_even_after_a_crash(tmp_path):
     assert not lab.lab_dir.exists()
     # Idempotent: a second down finds nothing to do.
     assert "nothing to remove" in lab.cli("lab", "down").stdout
+
+
+def test_a_running_lab_grows_by_a_worker_and_a_failed_growth_removes_only_what_it_added(tmp_path):
+    require_root()
+    name = f"d{TEST_NET}"
+    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-grow"), name, f"10.213.{TEST_NET + 1}.0/24")
+    lab.down()
+    lab.up(1)
+    try:
+        booted = lab.boot_id("worker1")
+        # worker2's host key cannot be made: lab up fails in one line, after worker2's links were made.
+        tools = tmp_path / "bin"
+        tools.mkdir()
+        (tools / "ssh-keygen").write_text("#!/bin/sh\necho 'ssh-keygen: no entropy' >&2\nexit 1\n")
+        (tools / "ssh-keygen").chmod(0o755)
+        failed = subprocess.run([str(BIN / "ascend-fleet"), "lab", "up", "--nodes", "2", "--name", name, "--subnet",
+                                 lab.subnet], env={**lab.env, "PATH": f"{tools}:{os.environ['PATH']}"}, cwd=PROJECT,
+                                capture_output=True, text=True, timeout=300)
+        assert failed.returncode == 1 and "host key for worker2" in failed.stderr, failed.stdout + failed.stderr
+        assert [n["name"] for n in lab.status()["nodes"]] == ["gateway", "worker1"]
+        assert not [p.name for p in Path("/sys/class/net").iterdir()
+                    if p.name == f"af-{name}-2" or p.name.startswith(f"n{name}-2-")]
+        assert not Path(f"/run/netns/af-{name}-worker2").exists() and not (lab.lab_dir / "nodes/worker2").exists()
+        assert lab.boot_id("worker1") == booted
+
+        lab.up(2)
+        assert [(n["name"], n["state"]) for n in lab.status()["nodes"]] == [
+            ("gateway", "running"), ("worker1", "running"), ("worker2", "running")]
+        assert lab.boot_id("worker1") == booted
+        worker2 = next(n["address"] for n in lab.status()["nodes"] if n["name"] == "worker2")
+        assert lab.run("worker1", "getent hosts worker2").stdout.split()[0] == worker2
+        assert lab.run("worker2", "hostname").stdout.strip() == "worker2"
+        # Anything else than more workers is another lab.
+        refused = lab.cli("lab", "up", "--nodes", "1", "--name", name, "--subnet", lab.subnet, check=False)
+        assert refused.returncode == 1 and "only grows" in refused.stderr, refused.stdout + refused.stderr
+    finally:
+        lab.down()
+    assert not lab.lab_dir.exists()
+    assert not [p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith((f"af-{name}", f"n{name}-"))]
