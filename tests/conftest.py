@@ -11,6 +11,10 @@ import pyinfra_cli  # noqa: F401
 import pytest  # noqa: E402  (after pyinfra_cli, for the reason above)
 
 PARTS = ("session-lab", "others")
+# The modules that share tests/lab/conftest.py's second_lab, in the order in which each finds the lab
+# closest to what it needs: fresh nodes first; the 4-worker layout, grown from the 3, last.
+SECOND_LAB_ORDER = tuple(f"tests/lab/{name}.py" for name in (
+    "test_full_deploy", "test_rollout", "test_serving_qwen35", "test_multi_node"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,7 +30,22 @@ def in_session_lab_part(item: pytest.Item) -> bool:
     return (bool(lab) and lab[-1].scope == "session") or item.get_closest_marker("session_lab_part") is not None
 
 
+def in_second_lab_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items, with those of SECOND_LAB_ORDER's modules moved together, where the first of them
+    was, in that order (each module's own in theirs)."""
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    shared = [item for item in items if module(item) in SECOND_LAB_ORDER]
+    if not shared:
+        return items
+    first = items.index(shared[0])
+    rest = [item for item in items if module(item) not in SECOND_LAB_ORDER]
+    return rest[:first] + sorted(shared, key=lambda item: SECOND_LAB_ORDER.index(module(item))) + rest[first:]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = in_second_lab_order(items)
     part = config.getoption("--part")
     if part is None:
         return

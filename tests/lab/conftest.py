@@ -52,6 +52,16 @@ class Lab:
     def down(self) -> None:
         self.cli("lab", "down")
 
+    def with_workers(self, workers: int) -> Lab:
+        """This lab with `workers` workers: brought up when it is not, grown when it has fewer (the nodes
+        it has keep what they run), brought up anew when it has more."""
+        have = len(self.workers) if LabState.load(self.lab_dir) else 0
+        if have > workers:
+            self.down()
+        if have != workers:
+            self.up(workers)
+        return self
+
     def status(self) -> dict:
         """What `ascend-fleet lab status --json` prints (test_lab.py runs the command itself), read in
         this process: each command costs a Python start of about 1.5 s CPU, and tests ask often."""
@@ -158,7 +168,8 @@ def lab():
 def second_lab():
     """A lab of its own (subnet N+3) for the modules of scripts/test's other part, which runs beside
     the session lab's. Such a module takes it as its `lab` and deploys what it needs in its own
-    fixture; test_full_deploy wants fresh nodes, which file order gives it (it is the first), and
-    in another order it brings the lab up anew."""
+    fixture. tests/conftest.py runs them in the order that makes that cheapest (SECOND_LAB_ORDER):
+    test_full_deploy first, on fresh nodes; test_multi_node last, which grows the lab to 4 workers.
+    Run otherwise (alone, or after a crash), each brings the lab to what it needs."""
     yield from brought_up(Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-fresh"), f"f{TEST_NET}",
                               f"10.213.{TEST_NET + 3}.0/24"))

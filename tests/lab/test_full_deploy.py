@@ -73,12 +73,11 @@ def unit_starts(lab: Lab, node: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def lab(second_lab):
     """Fresh nodes: 3 workers and a gateway nobody has deployed to (in place of the session lab).
-    In file order this module is the first on second_lab; in any other order, the lab another
-    module deployed is brought up anew."""
+    This module is the first on second_lab (tests/conftest.py); run after another, it brings the lab
+    up anew."""
     if second_lab.run("worker1", f"test -e {CONFIG_DIR}", check=False).returncode == 0:
         second_lab.down()
-        second_lab.up(3)
-    return second_lab
+    return second_lab.with_workers(len(WORKERS))
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,10 @@ inventories/lab_multinode.py serves two instances over two workers each (lab_pai
 head, and worker2; lab_pair_b: worker3 and worker4), as vllm-ascend's guide serves Qwen3.5-397B-A17B
 W8A8 on two Atlas A2 nodes, over the lab's NPU parameter plane.
 
-The module deploys from fresh nodes once (its fixture) and each test leaves the fleet serving as
-the inventory says, so the tests run in any order and alone.
+The module runs on the second lab grown to 4 workers, last of the modules there (tests/conftest.py),
+so three workers come deployed for another layout, which this deploy replaces, and the fourth is
+fresh. It deploys once (its fixture) and each test leaves the fleet serving as the inventory says,
+so the tests run in any order and alone.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import requests
 from ascend_fleet.facts.hccn import HCCN_TOOL
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
-from tests.lab.conftest import PROJECT, TEST_LAB_DIR, TEST_NET, Lab, require_root
+from tests.lab.conftest import PROJECT, Lab
 from tests.lab.test_full_deploy import planned_host_data, totals
 
 pytestmark = pytest.mark.lab
@@ -34,19 +36,14 @@ GROUP_DATA = runpy.run_path(str(PROJECT / "group_data" / "lab_multinode.py"))
 
 
 @pytest.fixture(scope="module")
-def lab():
-    require_root()
-    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-multi"), f"m{TEST_NET}", f"10.213.{TEST_NET + 6}.0/24",
-              inventory=INVENTORY)
-    lab.down()
-    lab.up(4)
-    yield lab
-    lab.down()
+def lab(second_lab):
+    grown = second_lab.with_workers(len(WORKERS))
+    return Lab(grown.lab_dir, grown.name, grown.subnet, inventory=INVENTORY)
 
 
 @pytest.fixture(scope="module")
 def deployed(lab):
-    """The fleet deployed from fresh nodes, then the same deploy again."""
+    """The fleet deployed, then the same deploy again."""
     first = lab.pyinfra("deploys/full.py", timeout=3600)
     again = lab.pyinfra("deploys/full.py", timeout=3600)
     return {"first": first.stdout, "again": again.stdout}

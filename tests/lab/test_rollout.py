@@ -38,7 +38,7 @@ def address(lab: Lab, node: str) -> str:
 @pytest.fixture(scope="module")
 def lab(second_lab):
     """Beside the session lab's tests, not after them: the module is scripts/test's longest."""
-    return second_lab
+    return second_lab.with_workers(3)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ SERVING = RECIPE["serving"]
 
 @pytest.fixture(scope="module")
 def lab(second_lab):
-    return Lab(second_lab.lab_dir, second_lab.name, second_lab.subnet, inventory="inventories/lab_qwen35.py")
+    fleet = second_lab.with_workers(3)
+    return Lab(fleet.lab_dir, fleet.name, fleet.subnet, inventory="inventories/lab_qwen35.py")
 
 
 @pytest.fixture(scope="module")
