@@ -9,6 +9,7 @@ started beside it from the sim tier's stand-in; both results are kept as JSON.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import requests
 
 from ascend_fleet import vllm_cpu
+from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
 from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
@@ -184,6 +186,33 @@ def test_vllm_bench_serve_runs_to_completion_against_the_real_instance(real_lab,
     RESULTS["bench_real"] = summary(result)
     assert (result["completed"], result["failed"]) == (result["num_prompts"], 0)
     assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
+
+
+@pytest.mark.skipif(not bench_venv_ready(BENCH_VENV), reason=f"no bench virtualenv: run scripts/setup ({BENCH_VENV})")
+def test_a_tune_restarts_real_vllm_with_each_candidate_measures_it_and_leaves_the_canary_as_it_was(
+        real_lab, deployed, results_dir, tmp_path):
+    """Issue 15: tune's mechanism (a serve deploy per candidate, its gates, vllm bench serve through a
+    tunnel, the canary put back) on real vLLM, not only on the simulator. The grid holds the
+    instance's own 8 seats (group_data/lab_real.py), as a tune's baseline."""
+    since = real_lab.run("worker1", "date +%s").stdout.strip()
+    result = real_lab.cli("tune", real_lab.inventory, "--canary", "worker1", "--grid", "max_num_seqs=4,8",
+                          "--num-prompts", "8", "--concurrency", "4", "--input-len", "32", "--output-len", "16",
+                          "--slo", "ttft_ms=60000,tpot_ms=5000", "--result-dir", str(tmp_path), "--json", timeout=1800)
+    record = json.loads(result.stdout)
+    RESULTS["tune"] = {f"max_num_seqs={c['settings']['max_num_seqs']}": {k: c["result"].get(k) for k in (
+        "completed", "failed", "request_goodput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms")}
+        for c in record["candidates"]}
+    assert [(c["settings"], c["status"]) for c in record["candidates"]] == [
+        ({"max_num_seqs": 4}, "done"), ({"max_num_seqs": 8}, "done")], result.stdout
+    assert all((c["result"]["completed"], c["result"]["failed"]) == (8, 0) for c in record["candidates"])
+    assert record["restored"] and record["winner"] in ({"max_num_seqs": 4}, {"max_num_seqs": 8})
+    assert (tmp_path / "tune.png").stat().st_size and (tmp_path / "winner.py").is_file()
+    # Real vLLM logged its arguments at each start: 4 seats, then its own 8 back with the second
+    # candidate, which the restore then had no reason to restart.
+    journal = real_lab.run("worker1", f"journalctl -u {UNIT} --since @{since} -o cat | grep 'non-default args'",
+                           check=False).stdout
+    assert re.findall(r"'max_num_seqs': (\d+)", journal) == ["4", "8"], journal
+    test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab, deployed)
 
 
 @pytest.fixture
