@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """hccn_tool for the lab's simulated NPUs: the NPU network commands a deploy makes, over real interfaces.
 
 Each NPU's RoCE port is a real interface in the node's network namespace (hardware.json's
@@ -12,12 +12,14 @@ lab resets before each boot: the driver's boot activation runs `hccn_tool -a -cf
 Output lines, error messages and exit codes follow Huawei's hccn_tool sources (main() returns the
 error code: the exit status is its low byte); docs/sim-fidelity.md names each source and what is
 the simulator's own.
+
+A deploy runs it about 60 times a node, so its start is kept short: no site-packages (-S), port
+state read from sysfs, and subprocess and ipaddress imported only by the commands that need them
+(run, address_math): imports were half of a call.
 """
 
-import ipaddress
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -102,14 +104,31 @@ class HccnError(Exception):
 
 # --- the node's NPU ports --------------------------------------------------------------------
 
+def run(argv):
+    import subprocess
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def address_math():
+    import ipaddress
+    return ipaddress
+
+
 class Net:
-    """The NPU ports as real interfaces in this network namespace (iproute2 and iputils ping)."""
+    """The NPU ports as real interfaces in this network namespace (iproute2, iputils ping, sysfs)."""
 
     def ip(self, *args, check=True):
-        result = subprocess.run(["ip", *args], capture_output=True, text=True)
+        result = run(["ip", *args])
         if check and result.returncode != 0:
             raise HccnError(DSMI_EXE_ERR)
         return result.stdout
+
+    def sysfs(self, port, name):
+        """/sys/class/net/<port>/<name>, or None (reading carrier of a port that is down fails)."""
+        try:
+            return Path("/sys/class/net", port, name).read_text().strip()
+        except OSError:
+            return None
 
     def address(self, port):
         """(address, prefix length) of the port, or None."""
@@ -117,13 +136,13 @@ class Net:
         return (match[1], int(match[2])) if match else None
 
     def set_address(self, port, address, prefix, table):
-        network = ipaddress.IPv4Network(f"{address}/{prefix}", strict=False)
+        network = address_math().IPv4Network(f"{address}/{prefix}", strict=False)
         self.ip("addr", "flush", "dev", port)
         self.ip("addr", "add", f"{address}/{prefix}", "dev", port)
         # Its own table and rule: answers from this address leave through this port (ascend_fleet.lab.network).
         self.ip("route", "flush", "table", str(table), check=False)
         self.ip("route", "add", str(network), "dev", port, "src", address, "table", str(table))
-        while subprocess.run(["ip", "rule", "del", "pref", str(table)], capture_output=True).returncode == 0:
+        while run(["ip", "rule", "del", "pref", str(table)]).returncode == 0:
             pass
         self.ip("rule", "add", "from", address, "table", str(table), "pref", str(table))
 
@@ -131,22 +150,17 @@ class Net:
         self.ip("route", "replace", "default", "via", gateway, "dev", port, "table", str(table))
 
     def carrier(self, port):
-        flags = re.search(r"<([^>]*)>", self.ip("-o", "link", "show", "dev", port))
-        return bool(flags) and "LOWER_UP" in flags[1].split(",")
+        return self.sysfs(port, "carrier") == "1"  # `ip link`'s LOWER_UP
 
     def set_admin(self, port, up):
         self.ip("link", "set", port, "up" if up else "down")
-
-    def mac(self, port):
-        match = re.search(r"link/ether ([0-9a-f:]+)", self.ip("-o", "link", "show", "dev", port))
-        return match[1] if match else "00:00:00:00:00:00"
 
     def ping(self, port, address, count, size):
         """{seq (from 0): round-trip ms} of the replies to count echo requests sent from the port."""
         argv = ["ping", "-n", "-c", str(count), "-i", "0.2", "-W", "1", "-I", port, address]
         if size is not None:
             argv[1:1] = ["-s", str(size)]
-        out = subprocess.run(argv, capture_output=True, text=True).stdout
+        out = run(argv).stdout
         return {int(m[1]) - 1: float(m[2]) for m in re.finditer(r"icmp_seq=(\d+) ttl=\d+ time=([\d.]+) ms", out)}
 
 
@@ -155,9 +169,8 @@ class Net:
 class Device:
     """NPU n: its port, the device-held settings (gone at reboot) and /etc/hccn.conf (kept)."""
 
-    def __init__(self, node, net, npu):
-        self.node, self.net, self.npu = node, net, npu
-        self.hardware = node.hardware()
+    def __init__(self, node, net, npu, hardware):
+        self.node, self.net, self.npu, self.hardware = node, net, npu, hardware
         plane = self.hardware.get("npu_plane") or {}
         ports, switch_ports = plane.get("interfaces", []), plane.get("switch_ports", [])
         self.port = ports[npu] if npu < len(ports) else None  # None: a lab without a parameter plane
@@ -223,14 +236,14 @@ def write_conf(node, npu, **values):
 
 def ipv4(text, code=PARAM_IP_INVALID_ERR):
     try:
-        return ipaddress.IPv4Address(text)
+        return address_math().IPv4Address(text)
     except ValueError:
         raise HccnError(code) from None
 
 
 def prefix_of(netmask):
     try:
-        return ipaddress.IPv4Network(f"0.0.0.0/{netmask}").prefixlen
+        return address_math().IPv4Network(f"0.0.0.0/{netmask}").prefixlen
     except ValueError:
         raise HccnError(PARAM_IP_INVALID_ERR) from None
 
@@ -247,8 +260,8 @@ def pairs(args, allowed):
 def apply_address(dev, address, netmask, all_devices):
     prefix = prefix_of(netmask)
     ip = ipv4(address)
-    if ip in (ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False).network_address,
-              ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False).broadcast_address) and prefix < 31:
+    network = address_math().IPv4Network(f"{ip}/{prefix}", strict=False)
+    if ip in (network.network_address, network.broadcast_address) and prefix < 31:
         raise HccnError(PARAM_IP_INVALID_ERR)
     for other in all_devices:
         if other.npu != dev.npu and other.port and (other.address() or (None,))[0] == address:
@@ -273,6 +286,7 @@ def cmd_ip(dev, args, all_devices):
         apply_address(dev, values["address"], values["netmask"], all_devices)
         conf = read_conf(dev.node)
         gateway = conf.get(f"gateway_{dev.npu}")
+        ipaddress = address_math()
         network = ipaddress.IPv4Network(f"{values['address']}/{values['netmask']}", strict=False)
         if gateway and ipaddress.IPv4Address(gateway) not in network:
             write_conf(dev.node, dev.npu, gateway=None)  # the real tool drops a gateway the new subnet leaves out
@@ -287,7 +301,7 @@ def cmd_ip(dev, args, all_devices):
         if current is None:
             raise HccnError(DSMI_IPCONF_NOT_PRESET_ERR)
         address, prefix = current
-        return [f"ipaddr:{address}", f"netmask:{ipaddress.IPv4Network(f'0.0.0.0/{prefix}').netmask}"]
+        return [f"ipaddr:{address}", f"netmask:{address_math().IPv4Network(f'0.0.0.0/{prefix}').netmask}"]
     raise HccnError(PARAM_OP_NOT_SUPPORT_ERR)
 
 
@@ -301,6 +315,7 @@ def cmd_gateway(dev, args, _all):
         current = dev.address()
         if current is None:
             raise HccnError(TOOL_GATEWAY_NO_IP_CONF_ERR)
+        ipaddress = address_math()
         if ipaddress.IPv4Address(gateway) not in ipaddress.IPv4Network(f"{current[0]}/{current[1]}", strict=False):
             raise HccnError(PARAM_DIFF_SEGMT_GTWY_ERR)
         apply_gateway(dev, gateway)
@@ -321,7 +336,7 @@ def cmd_netdetect(dev, args, _all):
         if len(args) != 3:
             raise HccnError(PARAM_CMD_COUNT_ERR)
         address = pairs(args[1:], ("address",))["address"]
-        if ipv4(address) == ipaddress.IPv4Address("255.255.255.255"):
+        if ipv4(address) == address_math().IPv4Address("255.255.255.255"):
             raise HccnError(TOOL_COFNIG_BROAD_ADDRESS_ERR)
         dev.update_state(netdetect=address)
         write_conf(dev.node, dev.npu, netdetect=address)
@@ -470,8 +485,8 @@ def help_text():
 
 
 def devices(node, net):
-    count = node.hardware()["npu_count"]
-    return [Device(node, net, n) for n in range(count)]
+    hardware = node.hardware()
+    return [Device(node, net, n, hardware) for n in range(hardware["npu_count"])]
 
 
 def execute(node, net, argv):

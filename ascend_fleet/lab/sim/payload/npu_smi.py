@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """npu-smi for the lab's simulated NPUs: the queries a deploy makes, in the real tool's output formats.
 
 `npu-smi info`, `info -l`, `info -t board|usages|health -i <id>` and `-v`. Health comes from
