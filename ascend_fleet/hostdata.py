@@ -193,6 +193,8 @@ class Monitoring(_Strict):
     evaluation_interval: Duration = "15s"
     retention: Duration = "15d"
     instance_down_for: Duration = Field("1m", description="an instance's /metrics unanswered this long")
+    npu_metrics_interval: Duration = Field("15s", description="how often each worker's timer reads npu-smi into "
+                                                              "node_exporter's textfile")
     slo_for: Duration = Field("5m", description="KV cache, TTFT and ITL above their limits this long")
     kv_cache_usage_above: float = Field(0.9, gt=0, le=1)
     ttft_p99_above_seconds: float = Field(2.0, gt=0)

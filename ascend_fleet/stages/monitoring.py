@@ -42,7 +42,6 @@ from ascend_fleet.operations.gateway import nginx_config
 from ascend_fleet.templating import render
 
 MONITORING_TEMPLATES = TEMPLATES / "monitoring"
-NPU_METRICS_INTERVAL = "15s"
 NODE_EXPORTER_PORT = 9100
 NGINX_EXPORTER_PORT = 9113
 NGINX_STATUS_PORT = 8080  # loopback only; the exporter's default scrape URI
@@ -71,8 +70,8 @@ def scrape_targets() -> dict[str, list[dict]]:
     return jobs
 
 
-def npu_exporter() -> None:
-    """node_exporter, and the NPU metrics timer feeding its textfile collector."""
+def npu_exporter(interval: str) -> None:
+    """node_exporter, and the NPU metrics timer feeding its textfile collector every `interval`."""
     apt.packages(name="node_exporter", packages=["prometheus-node-exporter"], no_recommends=True,
                  update=True, cache_time=3600)
     defaults = files.put(name="node_exporter reads the NPU textfile", dest=NODE_EXPORTER_DEFAULTS,
@@ -85,11 +84,11 @@ def npu_exporter() -> None:
     units = [
         files.put(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=unit_file(f"{NPU_METRICS_UNIT}.{kind}"),
                   src=StringIO(render(MONITORING_TEMPLATES / f"npu-metrics.{kind}.j2", script=NPU_METRICS_PROGRAM,
-                                      textfile_dir=TEXTFILE_DIR, interval=NPU_METRICS_INTERVAL)), mode="644")
+                                      textfile_dir=TEXTFILE_DIR, interval=interval)), mode="644")
         for kind in ("service", "timer")
     ]
     changed = script.will_change or any(unit.will_change for unit in units)
-    systemd.service(name="NPU metrics every 15s", service=f"{NPU_METRICS_UNIT}.timer", running=True, enabled=True,
+    systemd.service(name=f"NPU metrics every {interval}", service=f"{NPU_METRICS_UNIT}.timer", running=True, enabled=True,
                     restarted=changed, daemon_reload=changed)
 
 
@@ -146,6 +145,6 @@ def monitoring_stage() -> None:
     gates.stage_begins(name="Stage: monitoring", stage="monitoring")
     config = host_node_config(host)
     if config.is_worker:
-        npu_exporter()
+        npu_exporter(config.monitoring.npu_metrics_interval)
     if config.is_gateway:
         prometheus_server(config)

@@ -1,7 +1,8 @@
 """The monitoring stage on the lab: the gateway's real Prometheus scrapes every instance, every
 worker's node_exporter (NPU health from npu-smi) and nginx; its deployed rules pass promtool on the
 node; stopping an instance fires InstanceDown and a Critical NPU fires NpuUnhealthy, read from
-Prometheus's HTTP API. The lab's group data shortens `for:` to 10 s (production: 1 minute)."""
+Prometheus's HTTP API. The module deploys monitoring that looks every 5 s, with InstanceDown's `for:`
+at 10 s (production: 15 s and 1 minute), and puts the lab's own settings back at the end."""
 
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ import time
 import pytest
 import requests
 
-from ascend_fleet.node_layout import PROMETHEUS_CONFIG, instance_unit
+from ascend_fleet.node_layout import NPU_METRICS_UNIT, PROMETHEUS_CONFIG, instance_unit
 from tests.lab.conftest import Lab
 
 pytestmark = pytest.mark.lab
 
 PROMETHEUS_PORT = 9090
 ALERT_TIMEOUT_SECONDS = 90
+FAST = {"scrape_interval": "5s", "evaluation_interval": "5s", "instance_down_for": "10s", "npu_metrics_interval": "5s"}
 
 
 @pytest.fixture(scope="module")
 def fleet(lab: Lab) -> Lab:
-    lab.pyinfra("deploys/full.py", timeout=3600)
-    return lab
+    lab.pyinfra("deploys/full.py", "--data", f"monitoring={json.dumps(FAST)}", timeout=3600)
+    yield lab
+    lab.pyinfra("deploys/monitoring.py")
 
 
 def prometheus(lab: Lab, path: str, **params):
@@ -64,9 +67,9 @@ def test_prometheus_scrapes_every_instance_worker_and_gateway(fleet):
     assert by_job["vllm"] == {(w, i) for w in workers for i in ("vllm-0", "vllm-1")}
     assert by_job["npu_node"] == {(w, None) for w in workers}
     assert by_job["nginx"] == {("gateway", None)}
-    # The NPU metrics textfile is rewritten every 15 s: what an earlier test did to a node (a fault, a
-    # reboot) can show for that long after the deploy converged it, and its alert until the next
-    # evaluation after that. Within the alert timeout, every NPU reads healthy and nothing fires. A
+    # Before this module's deploy the NPU metrics textfile was rewritten once a minute: what an earlier
+    # test did to a node (a fault, a reboot) can show for that long after the deploy converged it, and
+    # its alert until the next evaluation after that. Within the alert timeout, every NPU reads healthy and nothing fires. A
     # pending SLO alert is not firing: it judges the last 5 minutes' latency, which earlier tests'
     # load on a busy machine set (InterTokenLatencyHigh pending at 68 ms in a rehearsal).
     def every_npu_healthy():
@@ -86,7 +89,7 @@ def test_deployed_rules_and_config_pass_promtool_on_the_gateway(fleet):
     rules = {r["name"]: r for g in prometheus(fleet, "rules")["groups"] for r in g["rules"]}
     assert {"InstanceDown", "KVCacheNearlyFull", "TTFTHigh", "InterTokenLatencyHigh", "WaitingRequestsGrowing",
             "NpuUnhealthy", "NpuHealthUnknown", "GatewayDown"} <= set(rules)
-    assert rules["InstanceDown"]["duration"] == 10  # the lab's group data
+    assert rules["InstanceDown"]["duration"] == 10  # FAST
     assert rules["KVCacheNearlyFull"]["duration"] == 300  # the production default
 
 
@@ -105,6 +108,8 @@ def test_stopping_an_instance_fires_instance_down(fleet):
 
 
 def test_a_critical_npu_fires_npu_unhealthy(fleet):
+    timer = fleet.run("worker1", f"systemctl cat {NPU_METRICS_UNIT}.timer").stdout
+    assert "OnUnitActiveSec=5s" in timer, timer  # FAST's npu_metrics_interval
     hardware_file = fleet.lab_dir / "nodes" / "worker1" / "ascend-lab" / "hardware.json"
     original = hardware_file.read_text()
     hardware = json.loads(original)
@@ -116,4 +121,4 @@ def test_a_critical_npu_fires_npu_unhealthy(fleet):
     finally:
         hardware_file.write_text(original)
     assert alerts[0]["value"] in ("3", "3e+00")
-    print(f"NpuUnhealthy fired {seconds:.0f}s after npu-smi turned Critical (timer 15s, for 10s)")
+    print(f"NpuUnhealthy fired {seconds:.0f}s after npu-smi turned Critical (timer 5s)")
