@@ -82,10 +82,7 @@ def up(spec: LabSpec, console: Console) -> LabState:
             publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
             start_lxcfs(state, spec, console)
             for node in spec.nodes:
-                network.create_node_network(state, spec, node)
-                network.create_npu_ports(state, spec, node)
-                prepare_node(state, spec, node, base, public_key)
-                start_node(state, spec, node)
+                make_node(state, spec, node, base, public_key)
         boot(spec, spec.nodes, console)
         write_known_hosts(spec)
     except BaseException:
@@ -93,6 +90,14 @@ def up(spec: LabSpec, console: Console) -> LabState:
         down(spec.lab_dir)
         raise
     return state
+
+
+def make_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, public_key: str) -> None:
+    """A node's links, NPU ports, overlay and disk, and its supervisor started (it boots)."""
+    network.create_node_network(state, spec, node)
+    network.create_npu_ports(state, spec, node)
+    prepare_node(state, spec, node, base, public_key)
+    start_node(state, spec, node)
 
 
 def boot(spec: LabSpec, nodes: list[NodeSpec], console: Console) -> None:
@@ -119,15 +124,12 @@ def grow(state: LabState, spec: LabSpec, added: list[NodeSpec], console: Console
     untouched but for /etc/hosts, which names the new ones. On failure, only what this added is removed."""
     running = state.spec
     mark = len(state.resources)
-    public_key = (ssh_dir(spec.lab_dir) / "id_ed25519.pub").read_text().strip()
+    public_key = login_public_key(spec.lab_dir)
     try:
         base = base_image(spec.debian_upstream, console)
         with console.status(f"adding {', '.join(node.name for node in added)}"):
             for node in added:
-                network.create_node_network(state, spec, node)
-                network.create_npu_ports(state, spec, node)
-                prepare_node(state, spec, node, base, public_key)
-                start_node(state, spec, node)
+                make_node(state, spec, node, base, public_key)
         boot(spec, added, console)
         write_known_hosts(spec)
         for node in running.nodes:
@@ -166,7 +168,7 @@ def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
     wipe_root(home)
     if node.hardware.nvme and not keep_nvme:
         empty_nvme(home / "nvme")
-    public_key = (ssh_dir(lab_dir) / "id_ed25519.pub").read_text().strip()
+    public_key = login_public_key(lab_dir)
     prepare_root(spec, node, base_image(spec.debian_upstream, Console(quiet=True)), home / "upper", public_key)
     spawn_supervisor(state, entry, home)
     wait_for_ssh(spec, node)
@@ -188,7 +190,11 @@ def create_login_key(state: LabState, spec: LabSpec) -> str:
     keys.mkdir(mode=0o700, parents=True, exist_ok=True)
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ascend-fleet-lab-{spec.name}",
          "-f", str(keys / "id_ed25519")], what="creating the lab's SSH key")
-    return (keys / "id_ed25519.pub").read_text().strip()
+    return login_public_key(spec.lab_dir)
+
+
+def login_public_key(lab_dir: Path) -> str:
+    return (ssh_dir(lab_dir) / "id_ed25519.pub").read_text().strip()
 
 
 def write_known_hosts(spec: LabSpec) -> None:

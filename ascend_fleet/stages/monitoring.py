@@ -88,8 +88,8 @@ def npu_exporter(interval: str) -> None:
         for kind in ("service", "timer")
     ]
     changed = script.will_change or any(unit.will_change for unit in units)
-    systemd.service(name=f"NPU metrics every {interval}", service=f"{NPU_METRICS_UNIT}.timer", running=True, enabled=True,
-                    restarted=changed, daemon_reload=changed)
+    systemd.service(name=f"NPU metrics every {interval}", service=f"{NPU_METRICS_UNIT}.timer", running=True,
+                    enabled=True, restarted=changed, daemon_reload=changed)
 
 
 def prometheus_problem(port: int) -> str | None:

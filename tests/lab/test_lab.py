@@ -111,12 +111,18 @@ def lab_footprint(lab_dir: Path, name: str, pids: list[int]) -> list[str]:
     return leftovers
 
 
-def test_lab_down_leaves_nothing_behind_even_after_a_crash(tmp_path):
+def one_worker_lab(suffix: str) -> Lab:
+    """A lab of one worker and a gateway, of its own (subnet N+1), up anew."""
     require_root()
-    name = f"d{TEST_NET}"
-    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-teardown"), name, f"10.213.{TEST_NET + 1}.0/24")
+    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-{suffix}"), f"d{TEST_NET}", f"10.213.{TEST_NET + 1}.0/24")
     lab.down()
     lab.up(1)
+    return lab
+
+
+def test_lab_down_leaves_nothing_behind_even_after_a_crash(tmp_path):
+    lab = one_worker_lab("teardown")
+    name = lab.name
     state = json.loads((lab.lab_dir / "state.json").read_text())
     pids = [r["pid"] for r in state["resources"] if r["kind"] == "process"]
     netns = [r["name"] for r in state["resources"] if r["kind"] == "netns"]
@@ -134,11 +140,8 @@ def test_lab_down_leaves_nothing_behind_even_after_a_crash(tmp_path):
 
 
 def test_a_running_lab_grows_by_a_worker_and_a_failed_growth_removes_only_what_it_added(tmp_path):
-    require_root()
-    name = f"d{TEST_NET}"
-    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-grow"), name, f"10.213.{TEST_NET + 1}.0/24")
-    lab.down()
-    lab.up(1)
+    lab = one_worker_lab("grow")
+    name = lab.name
     try:
         booted = lab.boot_id("worker1")
         # worker2's host key cannot be made: lab up fails in one line, after worker2's links were made.

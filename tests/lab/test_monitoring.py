@@ -69,9 +69,10 @@ def test_prometheus_scrapes_every_instance_worker_and_gateway(fleet):
     assert by_job["nginx"] == {("gateway", None)}
     # Before this module's deploy the NPU metrics textfile was rewritten once a minute: what an earlier
     # test did to a node (a fault, a reboot) can show for that long after the deploy converged it, and
-    # its alert until the next evaluation after that. Within the alert timeout, every NPU reads healthy and nothing fires. A
-    # pending SLO alert is not firing: it judges the last 5 minutes' latency, which earlier tests'
-    # load on a busy machine set (InterTokenLatencyHigh pending at 68 ms in a rehearsal).
+    # its alert until the next evaluation after that. Within the alert timeout, every NPU reads
+    # healthy and nothing fires. A pending SLO alert is not firing: it judges the last 5 minutes'
+    # latency, which earlier tests' load on a busy machine set (InterTokenLatencyHigh pending at 68 ms
+    # in a rehearsal).
     def every_npu_healthy():
         health = prometheus(fleet, "query", query="ascend_npu_health")["result"]
         return len(health) == 8 * len(workers) and all(s["value"][1] == "0" for s in health)
