@@ -21,6 +21,20 @@ class InstanceEnvironments(FactBase):
         return [line for line in output if line]
 
 
+def last_line_command(quoted_unit: str, since: str = "", old_main: str = "") -> str:
+    """Shell printing the last line a unit's own processes logged (not systemd's messages about it),
+    "" if none: the main process's own when it exited non-zero (its error, not the start check's
+    "exited before /health answered"), else the unit's. To read only what one start logged: since,
+    a journalctl --since expression ("@$started"), and old_main, the main PID before it ("$before"),
+    whose lines (its shutdown on a restart) are not this start's error."""
+    journal = "journalctl --no-pager -q -o cat -n 1" + (f" --since {since}" if since else "")
+    new_main = f" && [ \"$main\" != {old_main} ]" if old_main else ""
+    return (f"main=$(systemctl show -P ExecMainPID {quoted_unit} 2>/dev/null); line=; "
+            f"if [ \"$(systemctl show -P ExecMainStatus {quoted_unit} 2>/dev/null)\" != 0 ]{new_main}; then "
+            f"line=$({journal} _SYSTEMD_UNIT={quoted_unit} _PID=$main 2>/dev/null); fi; "
+            f"[ -n \"$line\" ] || line=$({journal} _SYSTEMD_UNIT={quoted_unit} 2>/dev/null); printf '%s' \"$line\"")
+
+
 class UnitState(FactBase):
     """Where a unit is and why: {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
     "Result": "exit-code", "NRestarts": "2", "last_line": "ERROR ... NPU 0 is already in use",
@@ -33,13 +47,8 @@ class UnitState(FactBase):
 
     def command(self, unit: str) -> str:
         quoted = shlex.quote(unit)
-        journal = f"journalctl --no-pager -q -o cat -n 1 _SYSTEMD_UNIT={quoted}"
         return (f"systemctl show --property={','.join(UNIT_PROPERTIES)} {quoted} 2>/dev/null; "
-                f"main=$(systemctl show -P ExecMainPID {quoted} 2>/dev/null); "
-                f"line=; if [ \"$(systemctl show -P ExecMainStatus {quoted} 2>/dev/null)\" != 0 ]; then "
-                f"line=$({journal} _PID=$main 2>/dev/null); fi; "
-                f"[ -n \"$line\" ] || line=$({journal} 2>/dev/null); "
-                f"echo \"last_line=$line\"; "
+                f"echo \"last_line=$({last_line_command(quoted)})\"; "
                 f"echo \"last_exit=$(journalctl --no-pager -q -o cat -u {quoted} --grep 'Main process exited' -n 1 "
                 f"2>/dev/null)\"; true")
 

@@ -6,8 +6,9 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.facts.systemd import SystemdEnabled
 
-from ascend_fleet.facts.systemd import UnitState
+from ascend_fleet.facts.systemd import UnitState, last_line_command
 
 
 @operation()
@@ -42,5 +43,39 @@ def restarted_while_routed(unit: str, gateway_memory_seconds: int):
     + unit: the systemd unit, e.g. ascend-fleet-vllm-0.service; its start waits for /health (ExecStartPost)
     + gateway_memory_seconds: the gateway's fail_timeout
     """
+    restart = start_saying_why(unit, "restart")
+    yield f"systemctl daemon-reload && {{ {restart}; }} && sleep {int(gateway_memory_seconds)}"
+
+
+@operation()
+def running(unit: str, restarted: bool = False):
+    """
+    A unit running and enabled at boot, like pyinfra's systemd.service, but a start that fails says
+    why in one line: what the start logged last (the start check's reason, vLLM's own error), where
+    systemctl only says "see systemctl status".
+
+    + unit: the systemd unit, e.g. ascend-fleet-vllm-0.service
+    + restarted: its unit file or environment changed: reread unit files and restart it (start it if
+      it is not running)
+    """
+    is_running = host.get_fact(UnitState, unit=unit)["SubState"] == "running"
+    if restarted:
+        yield "systemctl daemon-reload"
+    if restarted or not is_running:
+        yield start_saying_why(unit, "restart" if is_running else "start")
+    if not host.get_fact(SystemdEnabled, services=[unit]).get(unit, False):
+        yield f"systemctl enable {shlex.quote(unit)}"
+    elif is_running and not restarted:
+        host.noop(f"{unit} is running")
+
+
+def start_saying_why(unit: str, verb: str) -> str:
+    """Shell that starts or restarts (verb) a unit; when the start fails it prints one line on stderr,
+    "<unit> did not start: <reason>", the reason being the last line this start logged (else what
+    systemctl said), and exits 1."""
     quoted = shlex.quote(unit)
-    yield f"systemctl daemon-reload && systemctl restart {quoted} && sleep {int(gateway_memory_seconds)}"
+    reason = last_line_command(quoted, since='"@$started"', old_main='"$before"')
+    return (f"started=$(date +%s.%N); before=$(systemctl show -P ExecMainPID {quoted}); "
+            f"out=$(systemctl {verb} {quoted} 2>&1) || {{ journalctl --sync 2>/dev/null; reason=$({reason}); "
+            f"printf '%s did not start: %s; see journalctl -u %s\\n' {quoted} \"${{reason:-$out}}\" {quoted} >&2; "
+            "exit 1; }")

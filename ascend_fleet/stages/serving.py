@@ -180,8 +180,8 @@ def serve_stage() -> None:
                 name=f"Instance {instance.name} restarted, {config.max_unavailable} at a time while the others serve",
                 unit=instance_unit(instance.name), gateway_memory_seconds=config.gateway_fail_timeout,
                 _parallel=config.max_unavailable)
-        systemd.service(name=f"Instance {instance.name} serving", service=instance_unit(instance.name), running=True,
-                        enabled=True, restarted=changed and not routed, daemon_reload=changed and not routed)
+        units.running(name=f"Instance {instance.name} serving", unit=instance_unit(instance.name),
+                      restarted=changed and not routed)
         served.instance_served(name=f"Instance {instance.name} in the gateway's record once healthy",
                                fleet_state_dir=config.fleet_state_dir, instance=instance.name,
                                find_problem=lambda i=instance: instance_problem(config, i))

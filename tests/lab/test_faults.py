@@ -183,6 +183,11 @@ def test_an_instance_that_crash_loops_stops_retrying_is_routed_around_and_shown(
         assert status.returncode == 1
         shown = status.stdout[status.stdout.index('"worker1"'):]
         assert "failed/failed" in shown and "NPU 4" in shown and "already in use" in shown, shown[:3000]
+        # A deploy while the NPU is still held starts the unit again, and says why it did not start.
+        result = lab.pyinfra("deploys/serve.py", "--limit", "worker1", check=False)
+        assert result.returncode != 0
+        line = next(line for line in error_lines(result.stdout, "worker1") if "did not start" in line)
+        assert f"{unit} did not start: " in line and "NPU 4" in line and "already in use" in line, line
     finally:
         lab.run("worker1", f"kill {holder}", check=False)
     converged(lab, "deploys/serve.py", "--limit", "worker1")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.facts.files import Sha256File
+from pyinfra.facts.systemd import SystemdEnabled
 
 from ascend_fleet.facts.ascend import SourcedEnvironment
 from ascend_fleet.facts.firewall import NftTableComment
@@ -25,7 +26,15 @@ from tests.fakehost import FakeHost, commands, fact, new_file, on, uploaded, upl
 
 # Stand-ins for what the operations' shell commands call: each logs its call to $CALLS.
 STUBS = {
-    "systemctl": 'case "$1" in is-active) [ -n "$ACTIVE" ];; restart) [ -z "$RESTART_FAILS" ];; esac',
+    # A start or restart fails as $START_FAILS says: "pre" (the start check, no new main process) or
+    # "main" (a new main process, pid 200, exited 1). The main pid is 100 until a start.
+    "systemctl": ('case "$1" in is-active) [ -n "$ACTIVE" ];; '
+                  'start|restart) [ "$START_FAILS" = pre ] || echo 200 > "$CALLS.main"; [ -z "$START_FAILS" ] || { '
+                  'echo "Job for $2 failed because the control process exited with error code." >&2; exit 1; };; '
+                  'show) case "$3" in ExecMainPID) cat "$CALLS.main" 2>/dev/null || echo 100;; '
+                  'ExecMainStatus) [ -n "$START_FAILS" ] && echo 1 || echo 0;; esac;; esac'),
+    # The journal: $MAIN_LINE for the main process's lines (_PID=), else $UNIT_LINE.
+    "journalctl": 'case "$*" in *--sync*) ;; *_PID=*) echo "$MAIN_LINE";; *) echo "$UNIT_LINE";; esac',
     "nginx": ('if grep -q bad "$CONFIG"; then echo "nginx: [emerg] unknown directive \\"bad\\" in $CONFIG:1" >&2; '
               'echo "nginx: configuration file /etc/nginx/nginx.conf test failed" >&2; exit 1; fi'),
     "nft": ('if [ "$1" = -c ] && grep -q bad "$3"; then '
@@ -325,17 +334,65 @@ def test_a_unit_in_its_crash_loop_is_stopped_so_the_start_that_follows_is_a_fres
         f"systemctl stop {unit} && systemctl reset-failed {unit}"]
 
 
+def started_calls(node: Node) -> list[str]:
+    """What the node was asked to do, without the reads that go with a start."""
+    return [call for call in node.calls() if not call.startswith(("systemctl show", "journalctl"))]
+
+
 def test_a_routed_unit_restarts_on_its_new_unit_file_then_waits_out_the_gateways_memory(node):
     unit = instance_unit("vllm-0")
     steps = commands(units.restarted_while_routed, FakeHost(), unit=unit, gateway_memory_seconds=30)
     assert node.run(steps).returncode == 0
-    assert node.calls() == ["systemctl daemon-reload", f"systemctl restart {unit}", "sleep 30"]
+    assert started_calls(node) == ["systemctl daemon-reload", f"systemctl restart {unit}", "sleep 30"]
 
 
-def test_a_routed_unit_that_fails_to_restart_fails_at_once_without_the_wait(node):
-    steps = commands(units.restarted_while_routed, FakeHost(), unit=instance_unit("vllm-0"), gateway_memory_seconds=30)
-    assert node.run(steps, RESTART_FAILS="yes").returncode != 0
-    assert "sleep 30" not in node.calls()
+def test_a_routed_unit_that_fails_to_restart_fails_at_once_without_the_wait_and_says_why(node):
+    unit = instance_unit("vllm-0")
+    steps = commands(units.restarted_while_routed, FakeHost(), unit=unit, gateway_memory_seconds=30)
+    result = node.run(steps, START_FAILS="pre", UNIT_LINE="weights are not staged: no /mnt/nvme/m/.ok")
+    assert result.returncode != 0 and "sleep 30" not in node.calls()
+    assert result.stderr == (f"{unit} did not start: weights are not staged: no /mnt/nvme/m/.ok; "
+                             f"see journalctl -u {unit}\n")
+
+
+def unit_host(sub_state: str, enabled: bool) -> FakeHost:
+    unit = instance_unit("vllm-0")
+    active = "active" if sub_state == "running" else "failed"
+    return FakeHost({UnitState: {"ActiveState": active, "SubState": sub_state},
+                     fact(SystemdEnabled, services=[unit]): {unit: enabled}})
+
+
+def test_a_running_enabled_unit_is_left_alone_and_a_stopped_one_started_and_enabled(node):
+    unit = instance_unit("vllm-0")
+    fake = unit_host("running", enabled=True)
+    assert commands(units.running, fake, unit=unit) == [] and fake.noops == [f"{unit} is running"]
+    assert node.run(commands(units.running, unit_host("failed", enabled=False), unit=unit)).returncode == 0
+    assert started_calls(node) == [f"systemctl start {unit}", f"systemctl enable {unit}"]
+
+
+def test_a_changed_unit_is_restarted_on_its_new_unit_file(node):
+    unit = instance_unit("vllm-0")
+    steps = commands(units.running, unit_host("running", enabled=True), unit=unit, restarted=True)
+    assert node.run(steps).returncode == 0
+    assert started_calls(node) == ["systemctl daemon-reload", f"systemctl restart {unit}"]
+
+
+def test_a_start_that_fails_says_why_in_one_line_from_what_it_logged(node):
+    """Found by CI: a rerun after Ctrl-C failed at "Instance vllm-0 serving" with systemctl's "see
+    systemctl status" alone, and the reason (in the node's journal) was gone with the lab."""
+    unit = instance_unit("vllm-0")
+    steps = commands(units.running, unit_host("failed", enabled=True), unit=unit)
+    check = "port 8000 is already in use (LISTEN 0 5 *:8000); a second vLLM would silently share it"
+    result = node.run(steps, START_FAILS="pre", UNIT_LINE=check, MAIN_LINE="INFO: Shutting down")
+    assert result.returncode == 1
+    assert result.stderr == f"{unit} did not start: {check}; see journalctl -u {unit}\n"
+    # A new main process that exited: its own error, not the start check's "exited before /health".
+    crashed = node.run(steps, START_FAILS="main", UNIT_LINE="vLLM (pid 200) exited before /health answered",
+                       MAIN_LINE="RuntimeError: NPU 4 is already in use by process 77")
+    assert crashed.stderr.startswith(f"{unit} did not start: RuntimeError: NPU 4 is already in use by process 77;")
+    # Nothing in the journal: systemctl's own words.
+    silent = node.run(steps, START_FAILS="pre")
+    assert "did not start: Job for" in silent.stderr
 
 
 # ---------------------------------------------------------------- vendor packages
