@@ -27,7 +27,8 @@ def last_line_command(quoted_unit: str, since: str = "", old_main: str = "") -> 
     "exited before /health answered"), else the unit's. To read only what one start logged: since,
     a journalctl --since expression ("@$started"), and old_main, the main PID before it ("$before"),
     whose lines (its shutdown on a restart) are not this start's error."""
-    journal = "journalctl --no-pager -q -o cat -n 1" + (f" --since {since}" if since else "")
+    # -r: with --since, -n 1 alone is the first line after it, not the last.
+    journal = "journalctl --no-pager -q -o cat -r -n 1" + (f" --since {since}" if since else "")
     new_main = f" && [ \"$main\" != {old_main} ]" if old_main else ""
     return (f"main=$(systemctl show -P ExecMainPID {quoted_unit} 2>/dev/null); line=; "
             f"if [ \"$(systemctl show -P ExecMainStatus {quoted_unit} 2>/dev/null)\" != 0 ]{new_main}; then "

@@ -74,13 +74,8 @@ def start_saying_why(unit: str, verb: str) -> str:
     "<unit> did not start: <reason>", the reason being the last line this start logged (else what
     systemctl said), and exits 1."""
     quoted = shlex.quote(unit)
-    last_line = last_line_command(quoted, since='"@$started"', old_main='"$before"')
-    # journald reads a process's output on its own time: the error a process wrote as it exited can
-    # reach the journal after systemctl returned (the lab read vLLM's first line, not its error).
-    # Read until the answer holds for a second, five seconds at most.
+    reason = last_line_command(quoted, since='"@$started"', old_main='"$before"')
     return (f"started=$(date +%s.%N); before=$(systemctl show -P ExecMainPID {quoted}); "
-            f"out=$(systemctl {verb} {quoted} 2>&1) || {{ reason=unread; for wait in 1 2 3 4 5; do "
-            f"journalctl --sync 2>/dev/null; again=$({last_line}); [ \"$again\" = \"$reason\" ] && break; "
-            "reason=$again; sleep 1; done; "
+            f"out=$(systemctl {verb} {quoted} 2>&1) || {{ journalctl --sync 2>/dev/null; reason=$({reason}); "
             f"printf '%s did not start: %s; see journalctl -u %s\\n' {quoted} \"${{reason:-$out}}\" {quoted} >&2; "
             "exit 1; }")
