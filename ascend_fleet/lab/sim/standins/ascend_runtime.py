@@ -46,7 +46,9 @@ def check_cann_environment() -> None:
     """Fail as torch_npu's import does when CANN's set_env.sh was not sourced."""
     home = os.environ.get("ASCEND_TOOLKIT_HOME")
     if not home or not Path(home).is_dir():
+        # The real error is the first sentence; the lab's hint after it says which of the two it was.
+        found = f"ASCEND_TOOLKIT_HOME={home} is not a directory" if home else "no ASCEND_TOOLKIT_HOME"
         raise ImportError(
             "libhccl.so: cannot open shared object file: No such file or directory "
-            "(CANN environment missing: source the toolkit's set_env.sh)"
+            f"(CANN environment missing, {found}: source the toolkit's set_env.sh)"
         )
