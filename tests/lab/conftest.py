@@ -7,6 +7,7 @@ in a lab of its own (own directory, name and subnet), so a lab the user has up i
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -23,8 +24,34 @@ from ascend_fleet.node_layout import instance_unit
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-# Two test runs on one machine (a checkout and a clean clone) pick different numbers.
-TEST_NET = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200"))
+# Each test process's labs use subnets 10.213.N.0/24 to N+7 and lab directories test-N*.
+TEST_NETS = range(200, 250, 10)
+TEST_NET_LOCKS = Path("/run/lock")
+
+
+def claimed_test_net() -> int:
+    """This process's N, held (flock) until it exits: ASCEND_FLEET_TEST_NET if set, else the first
+    of TEST_NETS no other test process holds. Two runs on one lab would tear down and redeploy each
+    other's nodes (a rehearsal left running when CI started made CI fail that way, twice); so a
+    second run takes other subnets, and an N asked for that another run holds is refused."""
+    asked = os.environ.get("ASCEND_FLEET_TEST_NET")
+    for net in [int(asked)] if asked else TEST_NETS:
+        lock = open(TEST_NET_LOCKS / f"ascend-fleet-test-{net}.lock", "a")  # noqa: SIM115 (held until exit)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        HELD_LOCKS.append(lock)
+        return net
+    raise pytest.UsageError(f"another test run on this machine holds ASCEND_FLEET_TEST_NET {asked}: let it "
+                            "finish or pick another number" if asked else
+                            f"every test net ({', '.join(map(str, TEST_NETS))}) is held by a test run on this "
+                            "machine: let one finish")
+
+
+HELD_LOCKS: list = []
+TEST_NET = claimed_test_net()
 # On this machine, beside the lab `ascend-fleet lab up` makes by default (not a node's path).
 TEST_LAB_DIR = DEFAULT_LAB_DIR.parent / f"test-{TEST_NET}"
 # The lab data's instances on each worker (group_data/lab.py: 8 NPUs at TP4).

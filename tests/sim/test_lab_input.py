@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab.conftest import TEST_NET
+
 BIN = Path(sys.executable).parent
 
 
@@ -101,6 +103,6 @@ def test_an_lxcfs_that_cannot_mount_is_quoted_and_the_lab_removed(tmp_path):
     fake.mkdir()
     (fake / "lxcfs").write_text("#!/bin/sh\necho 'fuse: device not found, try modprobe fuse first' >&2\nexit 1\n")
     (fake / "lxcfs").chmod(0o755)
-    net = int(os.environ.get("ASCEND_FLEET_TEST_NET", "200")) + 7  # beside the lab tests' subnets
+    net = TEST_NET + 7  # beside this run's lab tests' subnets
     result = lab_up(tmp_path, "--nodes", "1", "--subnet", f"10.213.{net}.0/24", path=f"{fake}:{os.environ['PATH']}")
     assert_refused(result, tmp_path, "lxcfs", "exited", "fuse: device not found, try modprobe fuse first")
