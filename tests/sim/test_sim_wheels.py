@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -392,4 +393,12 @@ def test_visible_devices_narrow_and_order_the_npus(runtime, monkeypatch):
 def test_missing_cann_environment_fails_like_torch_npu(runtime, monkeypatch):
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     with pytest.raises(ImportError, match="libhccl.so"):
+        runtime.check_cann_environment()
+
+
+def test_a_cann_home_that_is_gone_is_named_in_the_labs_hint(runtime, monkeypatch, tmp_path):
+    gone = str(tmp_path / "cann")
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", gone)
+    hint = rf"\(.*ASCEND_TOOLKIT_HOME={re.escape(gone)} is not a directory"
+    with pytest.raises(ImportError, match=rf"^libhccl\.so: .* No such file or directory {hint}"):
         runtime.check_cann_environment()
