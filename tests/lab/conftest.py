@@ -27,12 +27,13 @@ BIN = Path(sys.executable).parent
 # Each test process's labs use subnets 10.213.N.0/24 to N+7 and lab directories test-N*.
 TEST_NETS = range(200, 250, 10)
 TEST_NET_LOCKS = Path("/run/lock")
+HELD_LOCKS: list = []  # open for as long as this process runs: its claim
 
 
 def claimed_test_net() -> int:
     """This process's N, held (flock) until it exits: ASCEND_FLEET_TEST_NET if set, else the first
     of TEST_NETS no other test process holds. Two runs on one lab would tear down and redeploy each
-    other's nodes (a rehearsal left running when CI started made CI fail that way, twice); so a
+    other's nodes (likeliest cause of two CI failures: a rehearsal still running when CI began); so a
     second run takes other subnets, and an N asked for that another run holds is refused."""
     asked = os.environ.get("ASCEND_FLEET_TEST_NET")
     for net in [int(asked)] if asked else TEST_NETS:
@@ -44,13 +45,13 @@ def claimed_test_net() -> int:
             continue
         HELD_LOCKS.append(lock)
         return net
-    raise pytest.UsageError(f"another test run on this machine holds ASCEND_FLEET_TEST_NET {asked}: let it "
-                            "finish or pick another number" if asked else
-                            f"every test net ({', '.join(map(str, TEST_NETS))}) is held by a test run on this "
-                            "machine: let one finish")
+    if asked:
+        raise pytest.UsageError(f"another test run on this machine holds ASCEND_FLEET_TEST_NET {asked}: "
+                                "let it finish or pick another number")
+    raise pytest.UsageError(f"every test net ({', '.join(map(str, TEST_NETS))}) is held by a test run on "
+                            "this machine: let one finish")
 
 
-HELD_LOCKS: list = []
 TEST_NET = claimed_test_net()
 # On this machine, beside the lab `ascend-fleet lab up` makes by default (not a node's path).
 TEST_LAB_DIR = DEFAULT_LAB_DIR.parent / f"test-{TEST_NET}"
