@@ -57,17 +57,17 @@ class Pair:
         return ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
                 "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(self.rpc_port)]
 
-    def head(self, env: dict | None = None, extra: list[str] = ()) -> SimServer:
+    def head(self, env: dict | None = None, extra: list[str] = (), entry: str = "serve") -> SimServer:
         server = SimServer(self.site, self.head_root, self.tmp / "head.log", "0,1,2,3",
-                           [str(self.model), *QWEN35_RECIPE, *self.dp_args(), *extra], {**FAST, **(env or {})})
+                           [str(self.model), *QWEN35_RECIPE, *self.dp_args(), *extra], {**FAST, **(env or {})}, entry)
         self.started.append(server)
         return server
 
     def member(self, env: dict | None = None, extra: list[str] = (), name: str = "member",
-               root: Path | None = None) -> SimServer:
+               root: Path | None = None, entry: str = "serve") -> SimServer:
         server = SimServer(self.site, root or self.member_root, self.tmp / f"{name}.log", "0,1,2,3",
                            [str(self.model), *QWEN35_RECIPE, "--headless", "--data-parallel-start-rank", "1",
-                            *self.dp_args(), *extra], {**FAST, **(env or {})})
+                            *self.dp_args(), *extra], {**FAST, **(env or {})}, entry)
         self.started.append(server)
         return server
 
@@ -210,3 +210,56 @@ def test_a_second_member_for_the_same_rank_stops_the_head(pair, tmp_path):
     assert head.process.wait(timeout=BOUND) == 1
     assert "RuntimeError: Unexpected HELLO message for remote engine 1 in CONNECTED state." in head.output()
     assert first.process.poll() is None  # the first member is not told: it waits for its head
+
+
+def listening(port_range: range) -> set[int]:
+    """The ports of port_range something listens on (on any address), read from the kernel."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            port = int(local.rsplit(":", 1)[1], 16)
+            if state == "0A" and port in port_range:  # 0A: LISTEN
+                found.add(port)
+    return found
+
+
+def test_the_head_takes_its_dp_master_port_upward_from_vllm_port_not_29500(pair):
+    """vLLM 0.18.0 with DP > 1: the master port is one of get_open_ports_list(5), which scans up from
+    VLLM_PORT; the dataclass's 29500 is replaced. With the VLLM_PORT range free, it lies within
+    VLLM_PORT .. VLLM_PORT + 4, beside the internal port at VLLM_PORT itself."""
+    head = pair.head()
+    wait_for(lambda: "Started DP Coordinator process" in head.output(), "the head binds", head)
+    ports = listening(range(head.vllm_port, head.vllm_port + 5))
+    assert head.vllm_port in ports and len(ports) == 2, (head.vllm_port, ports)
+    assert not listening(range(29500, 29501))
+
+
+def test_a_member_started_by_the_api_server_module_is_refused_by_its_head(pair):
+    """The module entry point ignores --headless: the member becomes an external-LB rank (an API server
+    of its own), its engine says HELLO as not headless, and the head stops with vLLM's error. The
+    member's engine, never answered, gives up at the handshake timeout and its front end fails."""
+    head = pair.head(entry="api_server", extra=["--api-server-count", "2"])
+    wait_for(lambda: "Started DP Coordinator process" in head.output(), "the head binds", head)
+    member = pair.member({"VLLM_SIM_HANDSHAKE_TIMEOUT_SECONDS": "4"}, entry="api_server")
+    assert head.process.wait(timeout=BOUND) == 1
+    assert member.process.poll() is None and refuses(member)  # its own API socket, bound, not listening
+    assert ("RuntimeError: Remote engine 1 must use --headless unless in external or hybrid dp lb mode"
+            in head.output())
+    assert "Defaulting api_server_count" not in head.output()  # the module runs one API server, not two
+    assert member.process.wait(timeout=BOUND) == 1
+    output = member.output()
+    assert ("data_parallel_hybrid_lb is not eligible when data_parallel_size_local = 1, autoswitch to "
+            "data_parallel_external_lb.") in output
+    assert "headless mode" not in output
+    assert ("RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {'EngineCore_DP1': 1}") in output
+
+
+def test_the_api_server_module_takes_headless_with_an_api_server_count(pair):
+    """serve.py's refusal of --headless with --api-server-count is `vllm serve`'s alone."""
+    member = pair.member({"VLLM_SIM_HANDSHAKE_TIMEOUT_SECONDS": "1"}, extra=["--api-server-count", "2"],
+                         entry="api_server")
+    assert member.process.wait(timeout=BOUND) == 1
+    assert "cannot be used with --headless" not in member.output()
+    assert "Engine core initialization failed" in member.output()

@@ -134,8 +134,11 @@ def model_dir(tmp_path_factory) -> Path:
 class SimServer:
     """One simulated vLLM process with its own NPUs, HCCL range and ports."""
 
-    def __init__(self, site: Path, root: Path, log: Path, npus: str, args: list[str], env: dict | None = None):
+    def __init__(self, site: Path, root: Path, log: Path, npus: str, args: list[str], env: dict | None = None,
+                 entry: str = "serve"):
+        """entry: "serve" (`vllm serve`) or "api_server" (`python -m vllm.entrypoints.openai.api_server`)."""
         self.port = free_port()
+        self.vllm_port = free_port()
         self.hccl_base = free_port_range()
         self.log = log
         base_env = {
@@ -147,15 +150,14 @@ class SimServer:
             "HCCL_IF_IP": "127.0.0.1",
             "HCCL_IF_BASE_PORT": str(self.hccl_base),
             "VLLM_HOST_IP": "127.0.0.1",
-            "VLLM_PORT": str(free_port()),
+            "VLLM_PORT": str(self.vllm_port),
             "VLLM_SIM_LOAD_BASE_SECONDS": str(LOAD_SECONDS),
             "VLLM_SIM_ITL_SECONDS": "0.02",
         }
         command = [
             sys.executable,
             "-m",
-            "vllm.entrypoints.cli.main",
-            "serve",
+            *(["vllm.entrypoints.cli.main", "serve"] if entry == "serve" else ["vllm.entrypoints.openai.api_server"]),
             *args,
             "--host",
             "127.0.0.1",

@@ -31,7 +31,14 @@ import uvicorn
 from vllm._sim import planner, runtime
 from vllm._sim.app import ServingState, create_app
 from vllm._sim.claims import Claims, advertise_hbm, bind_hccl_ports, bind_internal_port, claim_npus
-from vllm._sim.dp import DataParallel, HandshakeTimeout, RemoteEngines, join_head
+from vllm._sim.dp import (
+    DataParallel,
+    HandshakeTimeout,
+    RemoteEngines,
+    join_head,
+    listen_master_port,
+    master_port_candidates,
+)
 from vllm._sim.engine import Capacity, Engine, StepLoop
 from vllm._sim.errors import StartupError
 from vllm._sim.metrics import ServerMetrics
@@ -232,18 +239,22 @@ def api_socket(host: str | None, port: int, listen: bool = True) -> socket.socke
 class Instance:
     """One simulated vLLM server between start-up checks and shutdown."""
 
-    def __init__(self, args, claims: Claims):
+    def __init__(self, args, claims: Claims, headless: bool):
         self.args = args
         self.claims = claims
         check_platform()
         self.model = open_model_dir(Path(args.model_tag or args.model))
         hardware = read_hardware()
         self.plan = plan_capacity(args, self.model, hardware)
-        self.dp = DataParallel.from_args(args)
+        self.dp = DataParallel.from_args(args, headless)
         # each node's engines hold TP x PP NPUs each: a DP member holds them for its local ranks
         self.npus = select_npus(args.tensor_parallel_size * args.pipeline_parallel_size * self.dp.local)
         claim_npus(claims, self.npus)
         bind_hccl_ports(claims)
+        if self.dp.is_head:
+            # chosen when the config is made, before vLLM's other internal ports; rank 0's engine listens there
+            vllm_port = int(os.environ["VLLM_PORT"]) if os.environ.get("VLLM_PORT") else None
+            claims.sockets.append(listen_master_port(self.dp.address, master_port_candidates(vllm_port).pop()))
         bind_internal_port(claims, log)
         names = args.served_model_name or [args.model_tag or args.model]
         self.metrics = ServerMetrics(names[0])
@@ -350,6 +361,28 @@ class Instance:
         return 0
 
 
+    async def run_external_rank(self) -> int:
+        """A start rank above 0 without --headless, as the api_server module starts a member whatever
+        --headless says: an external-LB rank with an API server of its own (bound, not listening, until
+        its engine is in), whose engine says HELLO to the head as not headless. A head balancing
+        internally refuses it and sends no init message; the engine gives up after the handshake
+        timeout and the front end raises."""
+        if self.dp.local == 1 and not getattr(self.args, "data_parallel_external_lb", False):
+            log.warning("data_parallel_hybrid_lb is not eligible when data_parallel_size_local = 1, "
+                        "autoswitch to data_parallel_external_lb.")
+        self.claims.sockets.append(api_socket(self.args.host, self.args.port, listen=False))
+        try:
+            connection = await join_head(self.dp, self.load)
+        except HandshakeTimeout:
+            log.error("EngineCore failed to start.")
+            log.error("RuntimeError: Did not receive response from front-end process within 5 minutes")
+            engines = ", ".join(f"'EngineCore_DP{rank}': 1" for rank in self.dp.local_ranks)
+            raise StartupError("RuntimeError: Engine core initialization failed. See root cause above. "
+                               f"Failed core proc(s): {{{engines}}}") from None
+        connection.close()
+        raise StartupError("an external or hybrid load-balanced DP rank whose head accepted it is not simulated")
+
+
 async def no_load() -> None:
     """The DP head loads before it serves: nothing is left for the app's start-up."""
 
@@ -390,11 +423,17 @@ def run(argv: list[str], entry: str) -> int:
     configure_logging()
     log.info("vLLM API server version %s", __version__)
     claims = Claims()
+    # only `vllm serve` acts on --headless and --api-server-count (serve.py cmd); the api_server
+    # module parses both and runs one API server (run_server) whatever they say
+    headless = entry == "serve" and args.headless
     try:
-        check_data_parallel_args(args)
-        instance = Instance(args, claims)
-        if args.headless:
+        if entry == "serve":
+            check_data_parallel_args(args)
+        instance = Instance(args, claims, headless)
+        if headless:
             return asyncio.run(instance.run_member())
+        if instance.dp.local_engines_only and instance.dp.start_rank > 0:
+            return asyncio.run(instance.run_external_rank())
         # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal;
         # ignoring the re-raised one makes a graceful stop exit 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
