@@ -56,6 +56,8 @@ HcclBasePort = Annotated[int, Field(ge=1024, le=65520 - HCCL_PORT_COUNT + 1)]
 # VLLM_PORT: vLLM takes it and the next VLLM_PORT_SPAN - 1, all within 1-65535.
 VllmPort = Annotated[int, Field(ge=1, le=65536 - VLLM_PORT_SPAN)]
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")]
+# A Linux interface name: at most 15 characters (IFNAMSIZ - 1), no slash or space.
+NicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
 
 
 class _Strict(BaseModel):
@@ -163,8 +165,8 @@ class DataParallel(_Strict):
     rpc_port: Port = Field(DP_RPC_PORT, description="--data-parallel-rpc-port: where the members reach the head's "
                            "engine coordination (vLLM's default)")
     api_server_count: int | None = Field(None, ge=1, description="--api-server-count on the head")
-    nic: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="the host NIC the members reach each other "
-                     "on (serving_address's): GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME and HCCL_SOCKET_IFNAME")
+    nic: NicName | None = Field(None, description="the host NIC the members reach each other on (serving_address's), "
+                                "for every member whose host data names no serving_nic of its own")
 
 
 class InstancePorts(_Strict):
@@ -260,6 +262,9 @@ class NodeConfig(_Strict):
     serving_address: IPv4Address | None = Field(None, description="host data: the host's address on the network "
                                                 "the hosts of a multi-node instance reach each other on (HCCL_IF_IP; "
                                                 "the head's is --data-parallel-address)")
+    serving_nic: NicName | None = Field(None, description="host data: the NIC that carries serving_address (a "
+                                        "multi-node member's GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME and "
+                                        "HCCL_SOCKET_IFNAME; preflight checks it); default: data_parallel.nic")
     npu_addresses: list[IPv4Address] = Field(
         default_factory=list, description="host data: NPU i's address on the NPUs' own network (the parameter "
         "plane that multi-node HCCL uses; `hccn_tool -i i -ip -s`), one per NPU, all in one subnet; empty: the "
@@ -305,7 +310,8 @@ class NodeConfig(_Strict):
             if key in PER_INSTANCE_ENV:
                 raise ValueError(f"{key} is set per instance (see instances), not fleet-wide")
             if key in PER_HOST_ENV:
-                raise ValueError(f"{key} is set per host from serving_address and data_parallel.nic, not fleet-wide")
+                raise ValueError(f"{key} is set per host from serving_address and serving_nic (or "
+                                 "data_parallel.nic), not fleet-wide")
         if not env.get("HCCL_BUFFSIZE", "0").isdigit():
             raise ValueError("HCCL_BUFFSIZE must be a whole number of MB")
         return env
@@ -333,12 +339,17 @@ class NodeConfig(_Strict):
                                     str(netdetect) if netdetect else None)
                 for npu, address in enumerate(self.npu_addresses)}
 
+    @property
+    def member_nic(self) -> str | None:
+        """The NIC a multi-node member reaches the others on: its own serving_nic, else its group's."""
+        return self.serving_nic or (self.data_parallel.nic if self.data_parallel else None)
+
     def instance_env(self, instance: Instance) -> dict[str, str]:
         """The environment of one instance's service: the node's settings plus its NPUs and ports."""
         member = {}
         if self.data_parallel:
             member = {"HCCL_IF_IP": str(self.serving_address),
-                      **{name: self.data_parallel.nic for name in PER_HOST_ENV[1:]}}
+                      **{name: self.member_nic for name in PER_HOST_ENV[1:]}}
         return {
             **self.npu_env,
             **member,
@@ -493,6 +504,9 @@ def _data_parallel_problems(config: NodeConfig):
     if config.serving_address is None:
         yield "serving_address", ("missing; a multi-node instance's member needs its address on the network the "
                                   "members reach each other on (host data)")
+    if config.member_nic is None:
+        yield "serving_nic", ("missing; name the NIC that carries serving_address (host data), or data_parallel.nic "
+                              "where every member's has one name")
     if len(config.instances) != 1:
         yield "instances", f"{len(config.instances)} instances; a multi-node instance's member runs exactly one"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.planner import DP_MASTER_PORT, PortRange
+from ascend_fleet.planner import PortRange
 
 # What every member of one instance must have alike: they load one model and split one batch.
 SHARED_KEYS = ("profile", "chip", "model", "serving", "tensor_parallel_size", "data_parallel", "npu_env")
@@ -47,9 +47,9 @@ class DataParallelRole:
         return args + (["--api-server-count", str(self.api_server_count)] if self.api_server_count else [])
 
     def head_ports(self) -> tuple[PortRange, ...]:
-        """The ports the head takes for its engines besides its instance's own."""
-        return (PortRange("DP RPC port", "data_parallel.rpc_port", range(self.rpc_port, self.rpc_port + 1)),
-                PortRange("DP master port", "(vLLM's default)", range(DP_MASTER_PORT, DP_MASTER_PORT + 1)))
+        """The ports the head takes for its engines besides its instance's own. Its DP master ports are
+        among its instance's: vLLM 0.18.0 takes them upward from VLLM_PORT (VLLM_PORT_SPAN)."""
+        return (PortRange("DP RPC port", "data_parallel.rpc_port", range(self.rpc_port, self.rpc_port + 1)),)
 
 
 def data_parallel_roles(groups: Mapping[str, list[str]], configs: list[NodeConfig]) -> dict[str, DataParallelRole]:
@@ -85,11 +85,6 @@ def data_parallel_roles(groups: Mapping[str, list[str]], configs: list[NodeConfi
     return roles
 
 
-def movable(taken: PortRange) -> str:
-    """The data key that moves a head port, when one does (vLLM's DP master port has no flag)."""
-    return f"{taken.field} or " if taken.field.startswith("data_parallel.") else ""
-
-
 def _check_head_ports(head: NodeConfig, role: DataParallelRole) -> None:
     for taken in role.head_ports():
         for instance in head.instances:
@@ -97,7 +92,7 @@ def _check_head_ports(head: NodeConfig, role: DataParallelRole) -> None:
                 if taken.overlaps(claimed):
                     raise FleetError(
                         f"{head.host}: the {taken} of multi-node instance {role.group} (head {head.host}) clashes "
-                        f"with instance {instance.name}'s {claimed}; move {movable(taken)}instance {instance.name}'s "
+                        f"with instance {instance.name}'s {claimed}; move {taken.field} or instance {instance.name}'s "
                         f"{claimed.field}")
         if head.model and head.model.peer_port in taken.ports:
             raise FleetError(f"{head.host}: the {taken} of multi-node instance {role.group} is model.peer_port "

@@ -696,12 +696,12 @@ def check_hccl_headroom(free_outside_budget: int, hccl_reserve: int) -> list[Fin
 
 
 HCCL_PORT_COUNT = 16  # HCCL takes HCCL_IF_BASE_PORT .. +15
-# vLLM's ParallelConfig defaults: the port a multi-node instance's head coordinates its engines on
-# (--data-parallel-rpc-port) and its data-parallel master port (no CLI flag in 0.11.0-0.18.0's tables).
+# vLLM's ParallelConfig default: the port a multi-node instance's head coordinates its engines on
+# (--data-parallel-rpc-port).
 DP_RPC_PORT = 29550
-DP_MASTER_PORT = 29500
 # vLLM takes VLLM_PORT and counts up from it for its further internal sockets (get_open_port
-# moves past busy ones), so each instance keeps this many from its VLLM_PORT.
+# moves past busy ones) and, with DP > 1, for its DP master ports (0.18.0: get_open_ports_list(5)
+# scans up from VLLM_PORT; the dataclass's 29500 is replaced), so each instance keeps this many.
 VLLM_PORT_SPAN = 16
 
 

@@ -1,6 +1,12 @@
 """An instance's `vllm serve` command line, and the pinned vLLM release's own option table to hold it
-against (vllm_options/<version>.json: every argparse action of that release's API server,
-extracted from the real wheel by vllm_options/extract.py)."""
+against (vllm_options/<version>.json: every argparse action of that release's `vllm serve`,
+extracted from the real wheel by vllm_options/extract.py).
+
+Every instance starts with `vllm serve`, as vllm-ascend's guides do: in vLLM 0.18.0 only the
+subcommand acts on --headless and --api-server-count (serve.py `cmd`); the module entry point
+`python -m vllm.entrypoints.openai.api_server` parses both and ignores them, so a multi-node
+member started that way is refused by its head. One entry point for all keeps single-node and
+multi-node instances alike (for a single-node instance the two run the same `run_server`)."""
 
 from __future__ import annotations
 
@@ -19,10 +25,11 @@ OPTIONS_DIR = Path(__file__).with_name("vllm_options")
 
 def vllm_args(config: NodeConfig, instance: Instance, model_path: str,
               role: DataParallelRole | None = None) -> list[str]:
-    """The `vllm serve` options for one instance, from the model and serving data; a multi-node
-    instance's member adds its part (the head serves the API, the others run headless)."""
+    """The `vllm serve` arguments for one instance (the model path first, as its positional model_tag),
+    from the model and serving data; a multi-node instance's member adds its part (the head serves
+    the API, the others run headless)."""
     serving, model = config.serving, config.model
-    args = ["--model", model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
+    args = [model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
             "--port", str(instance.port), "--tensor-parallel-size", str(config.tensor_parallel_size),
             *(role.vllm_args() if role else []),
             "--dtype", serving.dtype, "--max-model-len", str(serving.max_model_len),
@@ -54,12 +61,12 @@ def option_table_path(vllm_version: str) -> Path:
 
 @cache
 def option_table(vllm_version: str) -> dict[str, dict] | None:
-    """{flag: argparse action} of the release's API server (`python -m vllm.entrypoints.openai.api_server`,
-    what the unit runs), or None when no table was extracted for it."""
+    """{flag: argparse action} of the release's `vllm serve` (what the unit runs), or None when no table
+    was extracted for it."""
     path = option_table_path(vllm_version)
     if not path.is_file():
         return None
-    actions = json.loads(path.read_text())["api_server"]["actions"]
+    actions = json.loads(path.read_text())["serve"]["actions"]
     return {flag: action for action in actions for flag in action["flags"]}
 
 

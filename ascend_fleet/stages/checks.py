@@ -15,6 +15,7 @@ import requests
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
+from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
 from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
 from ascend_fleet import FILES
@@ -124,6 +125,22 @@ def npus_checked_before_deploy(config: NodeConfig) -> str:
             "firmware and reboot (the driver stage's gate stops the node there if one is unhealthy)")
 
 
+def serving_nic_problem(config: NodeConfig) -> str | None:
+    """A multi-node member's gloo, TP and HCCL sockets bind the NIC its data names: it must exist and
+    carry serving_address, or the instance fails only when its members meet (in gloo or HCCL)."""
+    nic, address = config.member_nic, str(config.serving_address)
+    key = "serving_nic" if config.serving_nic else "data_parallel.nic"
+    devices = host.get_fact(NetworkDevices)
+    if nic not in devices:
+        return (f"{key} {nic}: no such NIC here (it has {', '.join(sorted(devices))}); name the one that carries "
+                f"serving_address {address}")
+    carried = ", ".join(host.get_fact(Ipv4Addrs).get(nic, [])) or "no IPv4 address"
+    if str(address) not in carried.split(", "):
+        return (f"{key} {nic} does not carry serving_address {address} (it has {carried}); set serving_nic to "
+                "the NIC that does, or correct serving_address")
+    return None
+
+
 def foreign_device_holders() -> str | None:
     holders = [h for h in host.get_fact(NpuDeviceHolders) if not h["unit"].startswith(INSTANCE_UNIT_PREFIX)]
     if holders:
@@ -166,6 +183,10 @@ def preflight_stage() -> None:
                  find_problem=lambda: npus_before_deploy(config))
     gates.passed(name="No foreign process on the NPUs", description="/dev/davinci* free or ours",
                  find_problem=foreign_device_holders)
+    if config.data_parallel:
+        gates.passed(name="The serving NIC carries the serving address",
+                     description=f"{config.member_nic} carries {config.serving_address}",
+                     find_problem=lambda: serving_nic_problem(config))
 
 
 # Run in the serving virtualenv: the model's type as config.json names it, whether its transformers'

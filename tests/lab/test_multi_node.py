@@ -81,6 +81,9 @@ def test_each_npu_has_its_planned_address_and_the_instances_serve_through_their_
     # The gateway reaches each instance through its head; the members serve no HTTP of their own.
     assert routed(lab) == ["worker1/vllm-0", "worker3/vllm-0"]
     for head, member in (("worker1", "worker2"), ("worker3", "worker4")):
+        # `vllm serve`: the api_server module would ignore --headless and its head would refuse the member
+        exec_start = re.search(r"^ExecStart=(.*)$", lab.run(member, f"systemctl cat {UNIT}").stdout, re.M)[1]
+        assert re.match(r"\S+/bin/vllm serve /\S+ .*--headless ", exec_start), exec_start
         argv = lab.run(member, f"tr '\\0' ' ' < /proc/$(systemctl show -P MainPID {UNIT})/cmdline").stdout
         assert (f"--headless --data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
                 f"{address(lab, head)} --data-parallel-rpc-port 13389 --data-parallel-start-rank 1") in argv, argv
@@ -88,6 +91,35 @@ def test_each_npu_has_its_planned_address_and_the_instances_serve_through_their_
         assert f"HCCL_IF_IP={address(lab, member)}" in env and "HCCL_SOCKET_IFNAME=eth0" in env
     reply = chat(lab)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+
+
+def reserved_ports(lab: Lab, node: str) -> set[int]:
+    ranges = lab.run(node, "sysctl -n net.ipv4.ip_local_reserved_ports").stdout.strip().split(",")
+    return {port for spec in ranges if spec
+            for port in range(int(spec.split("-")[0]), int(spec.split("-")[-1]) + 1)}
+
+
+def test_the_heads_engine_ports_are_the_ones_the_plan_reserves(lab, deployed):
+    """Every port a head's vLLM listens on (API, VLLM_PORT's, the DP master port vLLM 0.18.0 takes upward
+    from VLLM_PORT, the DP RPC port, HCCL's) is one the environment stage reserved; none is 29500."""
+    for head in HEADS.values():
+        pid = lab.run(head, f"systemctl show -P MainPID {UNIT}").stdout.strip()
+        listening = lab.run(head, "ss -ltnpH").stdout.splitlines()
+        ports = {int(line.split()[3].rsplit(":", 1)[1]) for line in listening if f"pid={pid}," in line}
+        assert 13389 not in ports  # the handshake socket closes once every engine is in (vLLM's too)
+        env = dict(line.split("=", 1) for line in lab.run(head, f"cat {instance_env_file('vllm-0')}").stdout.split()
+                   if "=" in line)
+        vllm_port = int(env["VLLM_PORT"])
+        assert len(ports & set(range(vllm_port, vllm_port + 5))) == 2, ports  # internal and DP master
+        assert ports and ports <= reserved_ports(lab, head) and 29500 not in ports, (ports, reserved_ports(lab, head))
+        assert 13389 in reserved_ports(lab, head)
+
+
+def test_a_serving_nic_without_the_serving_address_stops_preflight_in_one_line(lab, deployed):
+    result = lab.pyinfra("deploys/preflight.py", "--limit", "worker2", "--data", "serving_nic=lo", check=False)
+    assert result.returncode != 0
+    assert (f"worker2: serving_nic lo does not carry serving_address {address(lab, 'worker2')} (it has 127.0.0.1); "
+            "set serving_nic to the NIC that does, or correct serving_address") in result.stdout, result.stdout[-3000:]
 
 
 def test_a_rerun_changes_nothing(deployed):

@@ -10,6 +10,7 @@ import pytest
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_node_configs, fleet_roles, load_inventory
+from ascend_fleet.planner import reserved_ports
 from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
 
 GROUP_DATA = """
@@ -84,6 +85,50 @@ def test_a_multi_node_instance_that_cannot_work_is_refused_in_one_line(tmp_path,
     with pytest.raises(FleetError) as caught:
         fleet_node_configs(fleet(tmp_path, hosts, groups, pair=pair))
     assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_the_head_reserves_its_rpc_port_and_its_instances_ranges_not_29500(tmp_path):
+    """vLLM 0.18.0 takes the DP master ports upward from VLLM_PORT (get_open_ports_list), so the head's
+    instance range holds them; 29500, the dataclass default, is neither reserved nor refused (an
+    instance may take it)."""
+    hosts = {"npu-01": member(1, instance_ports={"api": 29500}), "npu-02": member(2)}
+    inventory = fleet(tmp_path, hosts, "pair_a = ['npu-01', 'npu-02']\n")
+    configs = {config.host: config for config in fleet_node_configs(inventory)}
+    head = fleet_roles(inventory)["npu-01"]
+    reserved = reserved_ports([configs["npu-01"].instances[0].record()], head.head_ports())
+    assert reserved == "13389,29500,51000-51015,60000-60015"
+
+
+def test_each_member_names_its_own_serving_nic_and_preflight_holds_it_to_serving_address(tmp_path):
+    """The guide exports the NIC per node: host data serving_nic comes before the group's
+    data_parallel.nic, and preflight finds a name that is not there or does not carry the address."""
+    from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
+
+    from ascend_fleet.stages.checks import serving_nic_problem
+    from tests.fakehost import FakeHost, on
+
+    hosts = {"npu-01": member(1), "npu-02": member(2, serving_nic="ens1f0")}
+    pair = '{"group": "pair_a", "rpc_port": 13389}'
+    (tmp_path / "none").mkdir()
+    (tmp_path / "own").mkdir()
+    with pytest.raises(FleetError, match=r"^npu-01: serving_nic: missing; name the NIC that carries serving_address"):
+        fleet_node_configs(fleet(tmp_path / "none", hosts, "pair_a = ['npu-01', 'npu-02']\n", pair=pair))
+    inventory = fleet(tmp_path / "own", hosts, "pair_a = ['npu-01', 'npu-02']\n", pair=PAIR)
+    configs = {config.host: config for config in fleet_node_configs(inventory)}
+    env = {host: config.instance_env(config.instances[0]) for host, config in configs.items()}
+    assert (env["npu-01"]["GLOO_SOCKET_IFNAME"], env["npu-02"]["HCCL_SOCKET_IFNAME"]) == ("enp67s0f0", "ens1f0")
+
+    def problem(config, devices: dict[str, list[str]]) -> str | None:
+        with on(FakeHost({NetworkDevices: dict.fromkeys(devices, {}), Ipv4Addrs: devices}, name=config.host)):
+            return serving_nic_problem(config)
+    two = configs["npu-02"]
+    assert problem(two, {"lo": ["127.0.0.1"], "ens1f0": ["192.168.13.32"]}) is None
+    assert problem(two, {"lo": ["127.0.0.1"], "eth0": ["192.168.13.32"]}) == (
+        "serving_nic ens1f0: no such NIC here (it has eth0, lo); name the one that carries serving_address "
+        "192.168.13.32")
+    assert problem(configs["npu-01"], {"enp67s0f0": ["10.0.0.5"]}) == (
+        "data_parallel.nic enp67s0f0 does not carry serving_address 192.168.13.31 (it has 10.0.0.5); set "
+        "serving_nic to the NIC that does, or correct serving_address")
 
 
 def test_a_member_without_the_npu_network_the_instance_needs_is_refused(tmp_path):

@@ -70,5 +70,5 @@ def test_the_installed_package_renders_an_instance_unit_from_its_own_templates(i
     assert result.returncode == 0, result.stderr
     package, unit = result.stdout.split("\n", 1)
     assert package.startswith(str(installed[0].parent)) and "site-packages" in package  # not this checkout
-    assert "ExecStart=/opt/ascend-fleet/venv/bin/python -m vllm.entrypoints.openai.api_server" in unit
+    assert "ExecStart=/opt/ascend-fleet/venv/bin/vllm serve /" in unit
     assert "--quantization ascend" in unit and "--no-enable-prefix-caching" in unit

@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -78,8 +77,11 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE + ', "extra_args": ["--chat-template-content-format", "100%$x"]')
     instance = config.instances[0]
     unit = tmp_path / instance_unit(instance.name)
+    venv = tmp_path / "venv"  # systemd-analyze verify wants the ExecStart program to exist
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").symlink_to("/bin/true")
     unit.write_text(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id="m", revision="r",
-                           service_user="root", helper="/bin/true", venv=Path(sys.executable).parents[1],
+                           service_user="root", helper="/bin/true", venv=venv,
                            weights_marker="/x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),
                            service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
                            home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
@@ -91,7 +93,7 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     # % taken as written and $ kept for its variable expansion at exec time ($$ gives $).
     dumped = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
                             env={"SYSTEMD_LOG_LEVEL": "debug", "PATH": "/usr/bin:/bin"})
-    parsed = re.search(r"Command Line: (\S+ -m vllm\.entrypoints.+)", dumped.stdout + dumped.stderr)[1]
+    parsed = re.search(r"Command Line: (\S+/bin/vllm serve .+)", dumped.stdout + dumped.stderr)[1]
     assert ' --speculative-config "{\\"method\\":\\"qwen3_5_mtp\\",\\"num_speculative_tokens\\":1}" ' in parsed, parsed
     assert ' --compilation-config "{\\"cudagraph_mode\\":\\"FULL_DECODE_ONLY\\"}" ' in parsed, parsed
     assert parsed.endswith(' --chat-template-content-format "100%\\$\\$x"'), parsed
