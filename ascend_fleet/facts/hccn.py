@@ -65,7 +65,8 @@ def first_match(pattern: re.Pattern, lines: list[str]) -> str | None:
 
 def any_address(lines: list[str]) -> str | None:
     """The address a `-gateway -g` (`default gateway:G, Iface:ethN`) or `-netdetect -g`
-    (`netdetect addr: D`) answer holds; None when it holds none, or 0.0.0.0 (never set)."""
+    (`netdetect addr: D` in Huawei's source, `netdetect address: D` in real A2 transcripts) answer
+    holds; None when it holds none, or 0.0.0.0 (never set)."""
     address = first_match(re.compile(IPV4), lines)
     return None if address == "0.0.0.0" else address
 

@@ -21,13 +21,14 @@ WORKER = {"profile": "lab", "chip": "910B3", "npu_count": 2, "nvme_mount": "/mnt
           "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9},
           "npu_addresses": ADDRESSES, "npu_netmask": "255.255.255.0", "npu_gateway": "10.20.0.254"}
 # The stand-in answers each -g in hccn_tool's own lines (docs/sim-fidelity.md) as a configured, healthy
-# NIC does; NPU 1's link is down and its netdetect address never set.
+# NIC does; NPU 1's link is down and its netdetect address never set. -netdetect -g answers in both forms
+# that exist: `netdetect addr:` (Huawei's source) and `netdetect address:` (real A2 transcripts).
 STAND_IN = r"""#!/bin/sh
 npu=$2
 case "$3 $4" in
 "-ip -g") echo "ipaddr:10.20.0.1$((npu + 1))"; echo "netmask:255.255.255.0";;
 "-gateway -g") echo "default gateway:10.20.0.254, Iface:eth$npu";;
-"-netdetect -g") [ "$npu" = 1 ] && echo "netdetect addr: 0.0.0.0" || echo "netdetect addr: 10.20.0.254";;
+"-netdetect -g") [ "$npu" = 1 ] && echo "netdetect addr: 0.0.0.0" || echo "netdetect address: 10.20.0.254";;
 "-link -g") [ "$npu" = 1 ] && echo "link status: DOWN" || echo "link status: UP";;
 "-net_health -g") [ "$npu" = 1 ] && echo "net health status: Fault" || echo "net health status: Success";;
 "-lldp -g") echo "Chassis ID TLV"; echo "Ifname: 100GE1/0/$npu";;
