@@ -60,14 +60,31 @@ def option_table_path(vllm_version: str) -> Path:
 
 
 @cache
+def option_data(vllm_version: str) -> dict | None:
+    """What was extracted from the release's wheel, or None when nothing was for it."""
+    path = option_table_path(vllm_version)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def option_table(vllm_version: str) -> dict[str, dict] | None:
     """{flag: argparse action} of the release's `vllm serve` (what the unit runs), or None when no table
     was extracted for it."""
-    path = option_table_path(vllm_version)
-    if not path.is_file():
+    data = option_data(vllm_version)
+    if data is None:
         return None
-    actions = json.loads(path.read_text())["serve"]["actions"]
-    return {flag: action for action in actions for flag in action["flags"]}
+    return {flag: action for action in data["serve"]["actions"] for flag in action["flags"]}
+
+
+def check_data_parallel_start(vllm_version: str) -> list[Finding]:
+    """A multi-node instance starts only on a vLLM that can pick its DP master ports with VLLM_PORT set
+    (every instance's): 0.11.0 and 0.13.0 add get_open_port() to a set until it holds five, and with
+    VLLM_PORT set that is the same port every time (vllm_options' dp_master_ports: "repeat")."""
+    data = option_data(vllm_version)
+    if data is None or data.get("dp_master_ports") != "repeat":
+        return []
+    return [Finding(ERROR, "vllm-dp-master-ports", f"vLLM {vllm_version} never starts a multi-node instance with "
+                    "VLLM_PORT set (it picks its DP master ports from VLLM_PORT in a loop that never ends); serve "
+                    "data_parallel on a profile whose vLLM picks them upward from VLLM_PORT (vllm-ascend-0.18.0's)")]
 
 
 def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:

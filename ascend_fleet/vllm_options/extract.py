@@ -107,6 +107,18 @@ def kv_cache_log_style() -> str:
     return "combined" if '"%s KV cache size: %s tokens, "' in inspect.getsource(kv_cache_utils) else "separate"
 
 
+def dp_master_ports_style() -> str:
+    """How the release picks a data-parallel instance's master ports (ParallelConfig.__post_init__:
+    get_open_ports_list(5)) when VLLM_PORT is set: "scan" (upward from VLLM_PORT, each search past the
+    last port found: 0.18.0 on) or "repeat" (get_open_port() into a set until it holds five: with
+    VLLM_PORT set it returns the same free port every time, so the loop never ends: 0.11.0, 0.13.0)."""
+    try:
+        from vllm.utils import network_utils as module
+    except ImportError:
+        import vllm.utils as module
+    return "scan" if "next_port" in inspect.getsource(module.get_open_ports_list) else "repeat"
+
+
 def main() -> None:
     import vllm
     from vllm.entrypoints.cli.serve import ServeSubcommand
@@ -123,6 +135,7 @@ def main() -> None:
     data = {
         "vllm_version": vllm.__version__,
         "kv_cache_log": kv_cache_log_style(),
+        "dp_master_ports": dp_master_ports_style(),
         "serve": describe_parser(serve),
         "api_server": describe_parser(api_server),
     }

@@ -418,6 +418,19 @@ def test_api_key_from_the_environment_guards_v1_only(site_dir, node_root, model_
     assert "s3cret-key" not in server.output()
 
 
+def test_a_data_parallel_instance_on_0_13_never_gets_past_picking_its_master_ports(site_dir, node_root, model_dir,
+                                                                                   tmp_path):
+    """vLLM 0.13.0 with VLLM_PORT set (as every instance's is): get_open_ports_list(5) loops for ever."""
+    server = SimServer(site_dir, node_root, tmp_path / "dp.log", "0", [str(model_dir), "--data-parallel-size", "2",
+                       "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+                       "--data-parallel-rpc-port", str(free_port())])
+    try:
+        time.sleep(3)
+        assert server.process.poll() is None and "Started DP Coordinator" not in server.output()
+    finally:
+        server.kill()
+
+
 # --- Qwen3.5 on the vllm-ascend 0.18.0 row, served with its guide's options ---
 
 QWEN35_STACK = {"torch_npu": "2.9.0", "vllm_ascend": "0.18.0", "vllm": "0.18.0"}

@@ -131,6 +131,22 @@ def test_each_member_names_its_own_serving_nic_and_preflight_holds_it_to_serving
         "serving_nic to the NIC that does, or correct serving_address")
 
 
+def test_a_multi_node_instance_on_a_vllm_that_never_picks_its_dp_master_ports_is_refused(tmp_path):
+    """vLLM 0.13.0's get_open_ports_list never returns with VLLM_PORT set (its option data says so)."""
+    from ascend_fleet import PROJECT_ROOT
+    from ascend_fleet.fleet import check_fleet
+    data = GROUP_DATA.replace("vllm-ascend-0.18.0", "vllm-ascend-0.13.0").replace(
+        '"Eco-Tech/Qwen3.5-397B-A17B-w8a8-mtp"', '"Qwen/Qwen2.5-72B-Instruct"').replace(
+        ', "enable_expert_parallel": True,\n           "quantization": "ascend", "quantization_scheme": "w8a8"', "")
+    inventory = fleet(tmp_path, {"npu-01": member(1), "npu-02": member(2)}, "pair_a = ['npu-01', 'npu-02']\n", data)
+    with pytest.raises(FleetError) as caught:
+        check_fleet(inventory, PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct")
+    assert str(caught.value) == (
+        "npu-01 instance vllm-0: vLLM 0.13.0 never starts a multi-node instance with VLLM_PORT set (it picks its DP "
+        "master ports from VLLM_PORT in a loop that never ends); serve data_parallel on a profile whose vLLM picks "
+        "them upward from VLLM_PORT (vllm-ascend-0.18.0's)")
+
+
 def test_a_member_without_the_npu_network_the_instance_needs_is_refused(tmp_path):
     hosts = {"npu-01": member(1), "npu-02": {k: v for k, v in member(2).items() if not k.startswith("npu_a")
                                              and k != "npu_netmask"}}

@@ -247,6 +247,12 @@ class Instance:
         hardware = read_hardware()
         self.plan = plan_capacity(args, self.model, hardware)
         self.dp = DataParallel.from_args(args, headless)
+        if self.dp.size > 1 and os.environ.get("VLLM_PORT") and load_option_data().get("dp_master_ports") == "repeat":
+            # 0.11.0/0.13.0 ParallelConfig.__post_init__: get_open_ports_list(5) adds get_open_port(), the
+            # same free VLLM_PORT each time, to a set until it holds five: it never returns (real vLLM
+            # spins there; the simulator sleeps)
+            while True:
+                time.sleep(3600)
         # each node's engines hold TP x PP NPUs each: a DP member holds them for its local ranks
         self.npus = select_npus(args.tensor_parallel_size * args.pipeline_parallel_size * self.dp.local)
         claim_npus(claims, self.npus)
