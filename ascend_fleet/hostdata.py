@@ -125,11 +125,33 @@ class Serving(_Strict):
     compilation_config: dict | None = Field(None, description='--compilation-config, e.g. {cudagraph_mode: FULL_DECODE_ONLY}')
     additional_config: dict | None = Field(None, description="--additional-config, vllm-ascend's own options")
     mamba_ssm_cache_dtype: str | None = None
+    enable_auto_tool_choice: bool | None = Field(
+        None, description="--enable-auto-tool-choice: the model decides when to call the request's tools "
+        '(tool_choice "auto", the default when a request sends tools); without it vLLM answers such a request '
+        "400; needs tool_call_parser")
+    tool_call_parser: Identifier | None = Field(
+        None, description="--tool-call-parser: how vLLM reads tool calls out of the model's text, one of the "
+        "pinned vLLM's parser names (vllm_options/<version>.json); Qwen3.5: qwen3_coder")
+    reasoning_parser: Identifier | None = Field(
+        None, description="--reasoning-parser: how vLLM splits the model's thinking out of the answer "
+        "(the message's reasoning field), one of the pinned vLLM's parser names; Qwen3.5: qwen3")
     extra_args: list[str] = Field(default_factory=list, description="further vllm serve arguments, verbatim")
 
     @property
     def speculates_with_mtp(self) -> bool:
         return speculates_with_mtp(self.speculative_config)
+
+    @model_validator(mode="after")
+    def _tool_choice_with_its_parser(self) -> Serving:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice without tool_call_parser: vLLM refuses to start "
+                             "(--enable-auto-tool-choice requires --tool-call-parser); set tool_call_parser to "
+                             "the model's parser (Qwen3.5: qwen3_coder)")
+        if self.tool_call_parser is not None and not self.enable_auto_tool_choice:
+            raise ValueError(f"tool_call_parser {self.tool_call_parser} without enable_auto_tool_choice: vLLM "
+                             'then makes no tool parser and answers tool_choice "auto" with 400; set '
+                             "enable_auto_tool_choice: True too, or drop tool_call_parser")
+        return self
 
     @model_validator(mode="after")
     def _quantization_scheme_with_ascend(self) -> Serving:

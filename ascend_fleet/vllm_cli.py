@@ -38,11 +38,13 @@ def vllm_args(config: NodeConfig, instance: Instance, model_path: str,
     switches = {"enable-prefix-caching": serving.enable_prefix_caching,
                 "enable-chunked-prefill": serving.enable_chunked_prefill,
                 "enable-expert-parallel": serving.enable_expert_parallel,
-                "async-scheduling": serving.async_scheduling}
+                "async-scheduling": serving.async_scheduling,
+                "enable-auto-tool-choice": serving.enable_auto_tool_choice}
     args += [f"--{'' if on else 'no-'}{switch}" for switch, on in switches.items() if on is not None]
     options = {"--max-num-batched-tokens": serving.max_num_batched_tokens, "--max-num-seqs": serving.max_num_seqs,
                "--block-size": serving.block_size, "--quantization": serving.quantization,
-               "--mamba-ssm-cache-dtype": serving.mamba_ssm_cache_dtype}
+               "--mamba-ssm-cache-dtype": serving.mamba_ssm_cache_dtype,
+               "--tool-call-parser": serving.tool_call_parser, "--reasoning-parser": serving.reasoning_parser}
     # vLLM parses these as JSON; one word without spaces, so ps and the unit show it whole.
     options |= {option: json.dumps(value, separators=(",", ":"), sort_keys=True) if value is not None else None
                 for option, value in {"--speculative-config": serving.speculative_config,
@@ -60,8 +62,8 @@ def option_table_path(vllm_version: str) -> Path:
 
 
 @cache
-def option_data(vllm_version: str) -> dict | None:
-    """What was extracted from the release's wheel, or None when nothing was for it."""
+def release_data(vllm_version: str) -> dict | None:
+    """What vllm_options/extract.py took from the release's wheel, or None when nothing was."""
     path = option_table_path(vllm_version)
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -69,7 +71,7 @@ def option_data(vllm_version: str) -> dict | None:
 def option_table(vllm_version: str) -> dict[str, dict] | None:
     """{flag: argparse action} of the release's `vllm serve` (what the unit runs), or None when no table
     was extracted for it."""
-    data = option_data(vllm_version)
+    data = release_data(vllm_version)
     if data is None:
         return None
     return {flag: action for action in data["serve"]["actions"] for flag in action["flags"]}
@@ -79,12 +81,29 @@ def check_data_parallel_start(vllm_version: str) -> list[Finding]:
     """A multi-node instance starts only on a vLLM that can pick its DP master ports with VLLM_PORT set
     (every instance's): 0.11.0 and 0.13.0 add get_open_port() to a set until it holds five, and with
     VLLM_PORT set that is the same port every time (vllm_options' dp_master_ports: "repeat")."""
-    data = option_data(vllm_version)
+    data = release_data(vllm_version)
     if data is None or data.get("dp_master_ports") != "repeat":
         return []
     return [Finding(ERROR, "vllm-dp-master-ports", f"vLLM {vllm_version} never starts a multi-node instance with "
                     "VLLM_PORT set (it picks its DP master ports from VLLM_PORT in a loop that never ends); serve "
                     "data_parallel on a profile whose vLLM picks them upward from VLLM_PORT (vllm-ascend-0.18.0's)")]
+
+
+# Options whose value must be a name in one of the release's parser registries (not argparse choices:
+# its API server refuses other names at start-up), the registry's key in the extracted data, and the
+# option that registers more names from a plugin file (then the name is not ours to check).
+PARSER_OPTIONS = {"--tool-call-parser": ("tool_call_parsers", "tool-call", "--tool-parser-plugin"),
+                  "--reasoning-parser": ("reasoning_parsers", "reasoning", "--reasoning-parser-plugin")}
+
+
+def parser_name_finding(flag: str, value: str | None, args: list[str], vllm_version: str) -> Finding | None:
+    """A parser name the pinned release does not have, as the serving key, the value and the names it has."""
+    registry, kind, plugin = PARSER_OPTIONS[flag]
+    names = (release_data(vllm_version) or {}).get(registry)
+    if names is None or value in names or any(arg.split("=", 1)[0] == plugin for arg in args):
+        return None
+    return Finding(ERROR, "vllm-parser-unknown", f"serving.{flag[2:].replace('-', '_')}: {value} is not a {kind} "
+                   f"parser of vLLM {vllm_version}; set one of {', '.join(names)}")
 
 
 def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
@@ -106,7 +125,9 @@ def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
                                     "remove it from the serving data (or extra_args)"))
             continue
         value = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else None)
-        if action["choices"] and value not in [str(choice) for choice in action["choices"]]:
+        if flag in PARSER_OPTIONS and (finding := parser_name_finding(flag, value, args, vllm_version)):
+            findings.append(finding)
+        elif action["choices"] and value not in [str(choice) for choice in action["choices"]]:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes one of "
                                     f"{', '.join(map(str, action['choices']))}, not {value}"))
     return findings

@@ -26,6 +26,11 @@ serving = {
     "enable_chunked_prefill": True,
     "max_num_batched_tokens": 2048,
     "max_num_seqs": 8,
+    # Tools chosen "auto" served, with the Qwen3.5 recipes' tool parser (group_data/prod.py): vLLM for CPU
+    # 0.32.0 has it and answers the tiny model's requests with it (tests/lab/test_real_tier.py). No reasoning
+    # parser: the tiny model's chat template has no thinking.
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "qwen3_coder",
     # No torch.compile: its CPU backend needs a C++ compiler, which a lab node (a fresh OS) does not have.
     "extra_args": ["--enforce-eager"],
 }

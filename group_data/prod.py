@@ -46,4 +46,12 @@ serving = {
     "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
     "additional_config": {"enable_cpu_binding": True},
     "extra_args": ["--trust-remote-code", "--seed", "1024"],
+    # Tool calling and reasoning as vLLM's own Qwen3.5 recipe sets them (vllm-project/recipes at 8959cf6,
+    # models/Qwen/Qwen3.5-27B.yaml, features tool_calling and reasoning; Qwen/Qwen3.5.md, its tip on tools).
+    # vllm-ascend's v0.18.0 guide sets neither; its weekly CI on main serves Qwen3.5-27B W8A8 with the same
+    # tool parser (tests/e2e/weekly/single_node/configs/Qwen3.5-27B-w8a8-A3.yaml, since 858b96a). Both names
+    # are in vLLM 0.18.0's registries (vllm_options/0.18.0.json).
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "qwen3_coder",
+    "reasoning_parser": "qwen3",
 }

@@ -40,6 +40,10 @@ serving = {
     "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
     "additional_config": {"enable_cpu_binding": True, "multistream_overlap_shared_expert": True},
     "extra_args": ["--trust-remote-code", "--seed", "1024"],
+    # As group_data/prod.py, from vLLM's recipe for this model (models/Qwen/Qwen3.5-397B-A17B.yaml): the same names.
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "qwen3_coder",
+    "reasoning_parser": "qwen3",
 }
 
 # The NPUs' parameter plane: all NPUs of the fleet in one /24 here; the switch side answers net health.

@@ -10,6 +10,9 @@ vLLM's other dependencies), once per version a profile may pin:
 
 The simulated vLLM rebuilds both parsers from this data, so it accepts exactly
 the options of the pinned version and rejects the rest the way argparse does.
+The names --tool-call-parser and --reasoning-parser accept are not argparse
+choices: the release's parser registries hold them, and its API server refuses
+other names at start-up (validate_api_server_args in 0.18.0); they are kept too.
 """
 
 import argparse
@@ -30,6 +33,10 @@ ACTION_KINDS = {
     argparse._HelpAction: "help",
     argparse._VersionAction: "version",
 }
+
+
+# Where each release keeps its tool parsers' registry (0.11.0: under the OpenAI entrypoints).
+TOOL_PARSER_MODULES = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
 
 
 def action_kind(action: argparse.Action) -> str:
@@ -100,6 +107,13 @@ def first_attribute(name: str, modules: tuple[str, ...]):
     raise ImportError(f"{name} not found in {modules}")
 
 
+def parser_names(manager: str, modules: tuple[str, ...], registry: str) -> list[str]:
+    """The names a parser registry of the release holds (older releases keep the dict without list_registered)."""
+    cls = first_attribute(manager, modules)
+    names = cls.list_registered() if hasattr(cls, "list_registered") else getattr(cls, registry)
+    return sorted(names)
+
+
 def kv_cache_log_style() -> str:
     """Whether start-up logs KV cache size and max concurrency on one line ("combined") or two ("separate")."""
     from vllm.v1.core import kv_cache_utils
@@ -136,6 +150,8 @@ def main() -> None:
         "vllm_version": vllm.__version__,
         "kv_cache_log": kv_cache_log_style(),
         "dp_master_ports": dp_master_ports_style(),
+        "tool_call_parsers": parser_names("ToolParserManager", TOOL_PARSER_MODULES, "tool_parsers"),
+        "reasoning_parsers": parser_names("ReasoningParserManager", ("vllm.reasoning",), "reasoning_parsers"),
         "serve": describe_parser(serve),
         "api_server": describe_parser(api_server),
     }

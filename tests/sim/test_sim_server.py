@@ -307,6 +307,25 @@ def test_same_prompt_gives_same_text(serving):
     assert texts[0] == texts[1] and texts[0]
 
 
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_CHOICE_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+def test_tools_chosen_auto_without_a_tool_parser_are_refused_as_real_vllm_refuses_them(serving):
+    """Issue 28: what the official client's tools=[...] (tool_choice "auto", said or not) gets from an
+    instance started without --enable-auto-tool-choice and --tool-call-parser."""
+    server, _ = serving
+    for choice in ({"tool_choice": "auto"}, {}):
+        reply = server.post("/v1/chat/completions", {"model": "tiny", "max_tokens": 4, "tools": TOOLS, **choice,
+                                                     "messages": [{"role": "user", "content": "Weather in Paris?"}]})
+        assert (reply.status, json.loads(reply.read())["error"]["message"]) == (400, TOOL_CHOICE_REFUSAL), choice
+    reply = server.post("/v1/chat/completions", {"model": "tiny", "max_tokens": 4, "tools": TOOLS,
+                                                 "tool_choice": "none",
+                                                 "messages": [{"role": "user", "content": "Weather in Paris?"}]})
+    assert reply.status == 200, reply.read()
+
+
 def test_unknown_model_is_404(serving):
     server, _ = serving
     response = server.post("/v1/completions", {"model": "other", "prompt": "x"})
@@ -437,7 +456,9 @@ QWEN35_STACK = {"torch_npu": "2.9.0", "vllm_ascend": "0.18.0", "vllm": "0.18.0"}
 QWEN35_RECIPE = ["-tp", "4", "--enable-expert-parallel", "--quantization", "ascend", "--no-enable-prefix-caching",
                  "--async-scheduling", "--speculative-config", '{"method": "qwen3_5_mtp", "num_speculative_tokens": 3}',
                  "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}', "--max-model-len", "2048",
-                 "--served-model-name", "qwen3.5"]
+                 "--served-model-name", "qwen3.5",
+                 # group_data/prod.py's tool calling and reasoning, from vLLM's Qwen3.5 recipe
+                 "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
 
 
 @pytest.fixture(scope="module")
@@ -458,6 +479,10 @@ def test_the_tiny_qwen35_w8a8_model_serves_with_the_guides_recipe(qwen35, tmp_pa
         reply = server.post("/v1/chat/completions", {"model": "qwen3.5", "max_tokens": 4,
                                                      "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 4
+        reply = server.post("/v1/chat/completions", {"model": "qwen3.5", "max_tokens": 4, "tools": TOOLS,
+                                                     "tool_choice": "auto",
+                                                     "messages": [{"role": "user", "content": "Weather in Paris?"}]})
+        assert reply.status == 200 and json.loads(reply.read())["choices"][0]["message"]["content"]
     finally:
         assert server.stop() == 0, server.output()
 

@@ -21,8 +21,8 @@ from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, 
 from ascend_fleet.node_layout import (SERVICE_ENV_FILE, instance_env_file, instance_home, instance_state_directory,
                                      instance_unit)
 from ascend_fleet.templating import render
-from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
-from tests.unit.test_fleet import FLEET, MODELS, write_fleet
+from ascend_fleet.vllm_cli import OPTIONS_DIR, check_vllm_args, vllm_args
+from tests.unit.test_fleet import FLEET, MODELS, prod_inventory, write_fleet
 
 # The Qwen3.5-35B-A3B W8A8 recipe of vllm-ascend's Atlas A2 guide, as serving data.
 RECIPE = ('"quantization": "ascend", "quantization_scheme": "w8a8", "enable_expert_parallel": True, '
@@ -71,6 +71,54 @@ def test_options_the_pinned_vllm_does_not_have_are_refused_before_any_host_chang
     assert check_vllm_args(["--max-model-len", "1"], "0.32.0+cpu") == []  # a +cpu build: its release's table
     assert [f.code for f in check_vllm_args([], "0.7.3")] == ["vllm-options-unknown"]
 
+
+def test_the_prod_recipe_serves_tool_calls_and_reasoning_with_parsers_its_vllm_has():
+    """Issue 28: the official client's tools with tool_choice "auto" got 400 from every instance."""
+    config = next(c for c in fleet_node_configs(prod_inventory()) if c.is_worker)
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    line = " ".join(args)
+    for expected in ("--enable-auto-tool-choice", "--tool-call-parser qwen3_coder", "--reasoning-parser qwen3"):
+        assert expected in line, line
+    assert check_vllm_args(args, "0.18.0") == []
+
+
+TOOLS = '"enable_auto_tool_choice": True, "tool_call_parser": "qwen3_coder", "reasoning_parser": "qwen3"'
+
+
+@pytest.mark.parametrize("serving, refusal", [
+    (TOOLS.replace("qwen3_coder", "qwen3-coder"), "serving.tool_call_parser: qwen3-coder is not a tool-call parser of "
+     "vLLM 0.18.0; set one of deepseek_v3, deepseek_v31, "),
+    (TOOLS.replace('"qwen3"', '"qwen3_5"'), "serving.reasoning_parser: qwen3_5 is not a reasoning parser of vLLM "
+     "0.18.0; set one of deepseek_r1, deepseek_v3, "),
+])
+def test_a_parser_name_the_pinned_vllm_does_not_have_is_refused_before_any_host_changes(tmp_path, serving, refusal):
+    inventory, _ = config_of(tmp_path, "vllm-ascend-0.18.0", serving, "Qwen3.5-27B")
+    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: ") as refused:
+        check_fleet(inventory, MODELS / "qwen3.5-27b")
+    message = str(refused.value)
+    assert refusal in message and "qwen3" in message.split("set one of ")[1] and "\n" not in message, message
+
+
+def test_parser_names_are_those_of_the_pinned_release():
+    # glm47 came with vLLM 0.18.0 (vllm_options/*.json, from each release's registry).
+    assert [f.message for f in check_vllm_args(["--tool-call-parser", "glm47"], "0.13.0")] == [
+        "serving.tool_call_parser: glm47 is not a tool-call parser of vLLM 0.13.0; set one of "
+        + ", ".join(json.loads((OPTIONS_DIR / "0.13.0.json").read_text())["tool_call_parsers"])]
+    assert check_vllm_args(["--tool-call-parser", "glm47"], "0.18.0") == []
+    # A plugin file registers names of its own: they are not checked.
+    assert check_vllm_args(["--tool-parser-plugin", "/srv/mine.py", "--tool-call-parser", "mine"], "0.18.0") == []
+
+
+def test_auto_tool_choice_and_its_parser_come_together(tmp_path):
+    """vLLM refuses to start with --enable-auto-tool-choice alone, and with --tool-call-parser alone
+    makes no tool parser (tool_choice "auto" still 400): both refused when the data is read."""
+    with pytest.raises(FleetError, match=r"^node1: serving: enable_auto_tool_choice without tool_call_parser: vLLM "
+                                         r"refuses to start .*; set tool_call_parser to the model's parser"):
+        config_of(tmp_path, "vllm-ascend-0.18.0", '"enable_auto_tool_choice": True')
+    (tmp_path / "parser").mkdir()
+    with pytest.raises(FleetError, match=r"^node1: serving: tool_call_parser qwen3_coder without "
+                                         r"enable_auto_tool_choice: .* 400; set enable_auto_tool_choice: True too"):
+        config_of(tmp_path / "parser", "vllm-ascend-0.18.0", '"tool_call_parser": "qwen3_coder"')
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,6 +30,8 @@ class ServingState:
     model_path: str
     version: str
     ready: bool = False
+    # vLLM makes a tool parser only with --enable-auto-tool-choice (its name then from --tool-call-parser)
+    tool_parser: str | None = None
     load_task: asyncio.Task | None = field(default=None, repr=False)  # held so the task is not garbage-collected
 
     @property
@@ -61,6 +63,16 @@ class CompletionRequest(GenerationRequest):
 class ChatRequest(GenerationRequest):
     messages: list[dict]
     max_completion_tokens: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tools_choose_auto(cls, data):
+        """check_tool_usage: tools without tool_choice mean "auto"."""
+        if isinstance(data, dict) and "tool_choice" not in data and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}
+        return data
 
 
 class TokenizeRequest(BaseModel):
@@ -289,6 +301,10 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
     async def chat_completions(request: ChatRequest):
         if (refused := refusal(request.model)) is not None:
             return refused
+        if request.tool_choice == "auto" and state.tool_parser is None:
+            # render_chat_request (vllm/entrypoints/serve/render/serving.py); the simulated model calls no tools
+            return error_response(400, "BadRequestError", '"auto" tool choice requires --enable-auto-tool-choice '
+                                  "and --tool-call-parser to be set")
         prompt_ids = engine.codec.encode(engine.codec.chat_prompt(request.messages))
         max_tokens = (
             request.max_completion_tokens or request.max_tokens or engine.capacity.max_model_len - len(prompt_ids)

@@ -276,7 +276,8 @@ class Instance:
         )
         engine = Engine(TextCodec(self.model.path, self.model.tokenizer_config), capacity,
                         StepLoop(capacity, paced.cost, paced.time_scale, self.metrics), self.metrics)
-        self.state = ServingState(engine, names, str(self.model.path), __version__)
+        self.state = ServingState(engine, names, str(self.model.path), __version__,
+                                  tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
 
     async def load(self) -> None:
         """The simulated weight load; /health answers 200 when it ends."""
