@@ -125,19 +125,12 @@ class RemoveStep(_Strict):
         default_factory=lambda: list(ARCHES), description="the architectures it runs on (CUDA triton: x86_64)")
 
 
-class BuildFile(_Strict):
+class BuildFile(VendorFile):
     """One wheel file of an override: its name says its version, Python and architecture."""
 
     file: str = Field(description="the wheel's file name, as its source lists it (`+` unquoted)")
     sha256: str | None = Field(description="null when it cannot be read; the deploy refuses the file then")
     unknown: str | None = Field(None, description="why sha256 is null: where the file is and why it was not read")
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, value: str | None) -> str | None:
-        if value is not None and not SHA256.match(value):
-            raise ValueError("must be 64 lower-case hex digits")
-        return value
 
     @field_validator("file")
     @classmethod
