@@ -12,15 +12,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol, Union
+from urllib.parse import quote
 
 import yaml
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
 
 from ascend_fleet import PROFILES
 from ascend_fleet.errors import FleetError, describe_validation
-from ascend_fleet.versions import in_range, is_ops_era
+from ascend_fleet.versions import in_range, is_ops_era, version_key
 
 ARCHES = ("x86_64", "aarch64")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -109,15 +112,103 @@ class InstallStep(_Strict):
     requires: list[str] = Field(min_length=1, description="distributions: a stack pin's name (vllm, vllm-ascend, "
                                 "torch, torch-npu, transformers) installs at the pin; anything else is a requirement")
     extra_index_urls: list[str] = Field(default_factory=list, description="indexes this step adds to the profile's")
+    accepts: list[str] = Field(default_factory=list, description="`pip check` complaints this step leaves as "
+                               "upstream accepts them, each as pip words it up to its comma: \"vllm 0.18.0 has "
+                               "requirement torch==2.10.0\"")
+
+
+class RemoveStep(_Strict):
+    """One `pip uninstall` between the installs, where upstream's own image runs it."""
+
+    remove: list[str] = Field(min_length=1, description="distributions uninstalled at this point of the sequence")
+    arch: list[Literal["x86_64", "aarch64"]] = Field(
+        default_factory=lambda: list(ARCHES), description="the architectures it runs on (CUDA triton: x86_64)")
+
+
+class BuildFile(VendorFile):
+    """One wheel file of an override: its name says its version, Python and architecture."""
+
+    file: str = Field(description="the wheel's file name, as its source lists it (`+` unquoted)")
+    sha256: str | None = Field(description="null when it cannot be read; the deploy refuses the file then")
+    unknown: str | None = Field(None, description="why sha256 is null: where the file is and why it was not read")
+
+    @field_validator("file")
+    @classmethod
+    def _wheel_name(cls, value: str) -> str:
+        try:
+            parse_wheel_filename(value)
+        except InvalidWheelFilename as exc:
+            raise ValueError(f"{value} is not a wheel file name ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _unknown_says_why(self) -> BuildFile:
+        if self.sha256 is None and not self.unknown:
+            raise ValueError(f"{self.file}: sha256 null needs `unknown`, saying why it is not known")
+        return self
+
+
+class OverrideStep(_Strict):
+    """A build installed over its distribution's pin after the installs (`pip install --no-deps FILE`), as
+    upstream does with builds no pip run installs beside the wheels that pin the release."""
+
+    override: str = Field(description="the distribution the build replaces, e.g. torch-npu")
+    source: str = Field(description="the URL the files are under, or `index`: the profile's pip index has them")
+    builds: list[BuildFile] = Field(min_length=1, description="one file per Python and architecture")
+    accepts: list[str] = Field(default_factory=list, description="`pip check` complaints the build leaves, as "
+                               "upstream accepts them: \"vllm-ascend 0.18.0 has requirement torch-npu==2.9.0\"")
+
+    @model_validator(mode="after")
+    def _builds_are_the_distribution(self) -> OverrideStep:
+        for build in self.builds:
+            name = parse_wheel_filename(build.file)[0]
+            if name != canonicalize_name(self.override):
+                raise ValueError(f"{build.file} is a build of {name}, not of {self.override}")
+        return self
+
+    def build_for(self, arch: str, python: str) -> BuildFile | None:
+        """The file a node of this arch and Python installs, as the wheel's tags say."""
+        wanted = f"cp{python.replace('.', '')}"
+        for build in self.builds:
+            tags = parse_wheel_filename(build.file)[3]
+            if any(t.interpreter == wanted and t.platform.endswith(f"_{arch}") for t in tags):
+                return build
+        return None
+
+
+def _step_kind(data: object) -> str | None:
+    keys = data if isinstance(data, dict) else vars(data)
+    return next((kind for kind in ("requires", "remove", "override") if kind in keys), None)
+
+
+Step = Annotated[Union[Annotated[InstallStep, Tag("requires")], Annotated[RemoveStep, Tag("remove")],
+                       Annotated[OverrideStep, Tag("override")]],
+                 Discriminator(_step_kind, custom_error_type="step_kind",
+                               custom_error_message="a step has one of requires, remove or override")]
+
+
+class KnownIssue(_Strict):
+    """An architecture the stack's upstream release says does not work with this CANN."""
+
+    arch: Literal["x86_64", "aarch64"]
+    issue: str = Field(description="where upstream tracks it, e.g. vllm-project/vllm-ascend#7993")
+    says: str = Field(description="what upstream says of it, and where")
+    fixed_in_cann: str | None = Field(None, description="the CANN that fixes it; the profile's is refused below it")
+    accepted: str | None = Field(None, description="why this profile deploys on the arch anyway; null: refused")
+
+    def refuses(self, arch: str, cann: str) -> bool:
+        fixed = self.fixed_in_cann is None or version_key(cann) < version_key(self.fixed_in_cann)
+        return arch == self.arch and fixed and self.accepted is None
 
 
 class PythonPackages(_Strict):
     index_url: str | None = Field(None, description="null: host data `pip_index_url` decides")
     extra_index_urls: list[str] = Field(default_factory=list)
-    install: list[InstallStep] = Field(
+    install: list[Step] = Field(
         min_length=1, description="the pip installs, in the order the release's upstream guide runs them: each PyPI "
                                   "vllm wheel pins a torch its vllm-ascend release moves, so no single resolver run "
-                                  "satisfies both")
+                                  "satisfies both; with the uninstalls (remove) and the builds installed over a pin "
+                                  "(override) where upstream's image runs them")
     venv: str = Field("/opt/ascend-fleet/venv", description="virtualenv path on every node")
     extra_requirements: list[str] = Field(default_factory=list,
                                           description="further pins the stack needs, e.g. CANN's Python deps")
@@ -137,7 +228,7 @@ class PythonPackages(_Strict):
     @model_validator(mode="after")
     def _sources_are_indexes(self) -> PythonPackages:
         indexes = {self.index_url, *self.extra_index_urls,
-                   *(url for step in self.install for url in step.extra_index_urls)}
+                   *(url for step in self.install if isinstance(step, InstallStep) for url in step.extra_index_urls)}
         unknown = sorted({url for url in self.sources.values() if url not in indexes})
         if unknown:
             raise ValueError(f"sources names {', '.join(unknown)}, which is not one of the profile's pip indexes")
@@ -156,6 +247,9 @@ class Profile(_Strict):
     summary: str
     upstream: Upstream
     arch: list[Literal["x86_64", "aarch64"]] = Field(default_factory=lambda: list(ARCHES))
+    known_issues: list[KnownIssue] = Field(
+        default_factory=list, description="architectures the release notes say fail with this CANN: a node of one is "
+                                          "refused before any change unless the issue says why it is accepted")
     stack: Stack
     packages: Packages
     pip: PythonPackages
@@ -187,16 +281,69 @@ class Profile(_Strict):
         """The pip installs to run in order, pins applied; CANN's Python dependencies go with the last."""
         pins = self.pip_pins()
         steps = [PipStep([f"{name}=={pins[name]}" if name in pins else name for name in step.requires],
-                         [*self.pip.extra_index_urls, *step.extra_index_urls]) for step in self.pip.install]
+                         [*self.pip.extra_index_urls, *step.extra_index_urls])
+                 for step in self.pip.install if isinstance(step, InstallStep)]
         steps[-1].requirements.extend(self.pip.extra_requirements)
         return steps
 
+    def node_steps(self, arch: str, python: str | None = None) -> list[PipStep | PipRemoval | PipBuild]:
+        """Every step a node of arch runs, in the profile's order: installs, the uninstalls of its arch, and the
+        builds installed over their pins. Refuses an override with no build for the node or no sha256."""
+        python = python or self.stack.python
+        installs = iter(self.install_steps())
+        steps: list[PipStep | PipRemoval | PipBuild] = []
+        for number, step in enumerate(self.pip.install, 1):
+            if isinstance(step, InstallStep):
+                steps.append(next(installs))
+            elif isinstance(step, RemoveStep):
+                if arch in step.arch:
+                    steps.append(PipRemoval(step.remove))
+            else:
+                steps.append(self._build_step(number, step, arch, python))
+        return steps
+
+    def _build_step(self, number: int, step: OverrideStep, arch: str, python: str) -> PipBuild:
+        path = profile_path(self.name) or f"profiles/{self.name}.yaml"
+        where = f"profile {self.name}: {path} pip.install step {number}"
+        build = step.build_for(arch, python)
+        if build is None:
+            raise FleetError(f"{where}: no {step.override} build for {arch} Python {python} (builds: "
+                             f"{', '.join(b.file for b in step.builds)}); add its file or deploy another arch/Python")
+        if build.sha256 is None:
+            raise FleetError(f"{where}: {build.file} has no sha256 ({build.unknown}); fill it in from the file "
+                             "(`sha256sum`) before a deploy")
+        version = str(parse_wheel_filename(build.file)[1])
+        return PipBuild(step.override, version, build.file, build.sha256, step.source,
+                        [*self.pip.extra_index_urls])
+
+    def accepted_complaints(self) -> list[str]:
+        """The `pip check` complaints the steps name as upstream accepts them."""
+        return [line for step in self.pip.install if not isinstance(step, RemoveStep) for line in step.accepts]
+
+    def refusal(self, arch: str) -> str | None:
+        """Why a node of arch is refused with this profile's CANN, and what to do; None when it is not."""
+        issue = next((issue for issue in self.known_issues if issue.refuses(arch, self.stack.cann)), None)
+        if issue is None:
+            return None
+        fixed = f"CANN {issue.fixed_in_cann} or later" if issue.fixed_in_cann else "a later release"
+        others = ", ".join(a for a in self.arch if a != arch) or "another arch's"
+        return (f"profile {self.name} refuses {arch} with CANN {self.stack.cann}: {issue.issue} ({issue.says}); "
+                f"use {others} nodes or a profile with {fixed}, or say in the profile's known_issues why it is "
+                "accepted (accepted: ...)")
+
     @model_validator(mode="after")
     def _every_pin_installed(self) -> Profile:
-        named = {name for step in self.pip.install for name in step.requires}
+        named = {name for step in self.pip.install if isinstance(step, InstallStep) for name in step.requires}
         missing = [name for name in self.pip_pins() if name not in named]
         if missing:
             raise ValueError(f"pip.install names no step for {', '.join(missing)}")
+        return self
+
+    @model_validator(mode="after")
+    def _issues_on_listed_arches(self) -> Profile:
+        stray = [issue.arch for issue in self.known_issues if issue.arch not in self.arch]
+        if stray:
+            raise ValueError(f"known_issues names {', '.join(stray)}, which arch does not list")
         return self
 
 
@@ -206,6 +353,34 @@ class PipStep:
 
     requirements: list[str]
     extra_index_urls: list[str]
+
+
+@dataclass
+class PipRemoval:
+    """One pip uninstall of the sequence."""
+
+    packages: list[str]
+
+
+@dataclass
+class PipBuild:
+    """One build installed over its distribution's pin: from source + file, or `index` (name==version there)."""
+
+    name: str
+    version: str
+    file: str
+    sha256: str
+    source: str
+    extra_index_urls: list[str]
+
+    @property
+    def from_index(self) -> bool:
+        return self.source == "index"
+
+    @property
+    def url(self) -> str:
+        """The file's URL with its sha256 as the fragment pip checks the download against."""
+        return f"{self.source.rstrip('/')}/{quote(self.file)}#sha256={self.sha256}"
 
 
 # An operator's own profiles: profiles/<name>.yaml in the folder ascend-fleet or pyinfra runs from

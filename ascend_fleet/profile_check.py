@@ -44,7 +44,7 @@ from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.operations.python_stack import index_options
-from ascend_fleet.profile import PipStep, Profile
+from ascend_fleet.profile import ARCHES, InstallStep, OverrideStep, PipStep, Profile, RemoveStep
 
 # Ubuntu 22.04's glibc: vllm-ascend's own images are built FROM quay.io/ascend/cann:<cann>-910b-ubuntu22.04-py3.x
 # (its Dockerfile at v0.11.0, v0.13.0, v0.18.0 and v0.23.0).
@@ -312,13 +312,28 @@ class StepResult:
 
 
 @dataclass
+class OtherStep:
+    """A step pip's resolver does not run: an uninstall, or a build over a pin (which the check finds at its
+    source, with its sha256, for one platform)."""
+
+    number: int
+    what: str
+    problems: list[Problem] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return f"step {self.number} ({self.what})"
+
+
+@dataclass
 class PlatformResult:
     platform: Platform
-    steps: list[StepResult]
+    steps: list[StepResult | OtherStep]
+    refused: str | None = None
 
     @property
     def problems(self) -> list[Problem]:
-        return [problem for step in self.steps for problem in step.problems]
+        refused = [Problem("refused", self.refused)] if self.refused else []
+        return refused + [problem for step in self.steps for problem in step.problems]
 
 
 @dataclass
@@ -341,9 +356,10 @@ class Check:
                  "checked without it" for url, why in self.unanswered.items()]
         for result in self.platforms:
             where = f"{self.profile} {result.platform}"
+            lines += [f"{where}: {result.refused}"] if result.refused else []
             for step in result.steps:
                 lines += [f"{where} step {step.number}: {problem.message}" for problem in step.problems]
-                lines += [f"{where} step {step.number}: note: {note}" for note in step.notes]
+                lines += [f"{where} step {step.number}: note: {note}" for note in getattr(step, "notes", [])]
             count = len(result.problems)
             verdict = f"{count} problem{'s' if count > 1 else ''}" if count else "resolves"
             lines.append(f"{where}: {verdict}: {'; '.join(step.summary() for step in result.steps)}")
@@ -353,14 +369,60 @@ class Check:
         return {"profile": self.profile, "index_url": self.index_url, "unanswered_indexes": self.unanswered,
                 "problems": self.problem_count, "lines": self.lines(),
                 "platforms": [{"arch": r.platform.arch, "python": r.platform.python, "glibc": r.platform.glibc,
-                               "steps": [{"step": s.number, "requirements": s.requirements, "indexes": s.indexes,
-                                          "resolved": s.resolved, "installs": s.installs,
-                                          "standins": {n: {"version": w.version, "role": w.role}
-                                                       for n, w in s.standins.items()},
-                                          "notes": s.notes,
-                                          "problems": [{"kind": p.kind, "message": p.message} for p in s.problems]}
-                                         for s in r.steps]}
+                               "refused": r.refused,
+                               "steps": [step_dict(s) for s in r.steps]}
                               for r in self.platforms]}
+
+
+def step_dict(step: StepResult | OtherStep) -> dict:
+    problems = [{"kind": p.kind, "message": p.message} for p in step.problems]
+    if isinstance(step, OtherStep):
+        return {"step": step.number, "what": step.what, "problems": problems}
+    return {"step": step.number, "requirements": step.requirements, "indexes": step.indexes,
+            "resolved": step.resolved, "installs": step.installs,
+            "standins": {n: {"version": w.version, "role": w.role} for n, w in step.standins.items()},
+            "notes": step.notes, "problems": problems}
+
+
+def other_steps(profile: Profile, platform: Platform, index_url: str, indexes: Indexes) -> list[OtherStep]:
+    """The profile's uninstalls and builds over a pin as they apply to one platform: each build with its file,
+    source and sha256, and what keeps a deploy from installing it (no build for the platform, tags it does
+    not take, a sha256 not known, a source that does not answer here or does not list it)."""
+    steps = []
+    for number, step in enumerate(profile.pip.install, 1):
+        if isinstance(step, RemoveStep):
+            where = "" if set(step.arch) == set(ARCHES) else f" on {', '.join(step.arch)}"
+            runs = "" if platform.arch in step.arch else f", not on {platform.arch}"
+            steps.append(OtherStep(number, f"uninstall {' '.join(step.remove)}{where}{runs}"))
+        elif isinstance(step, OverrideStep):
+            steps.append(build_step(number, step, platform, index_url, indexes))
+    return steps
+
+
+def build_step(number: int, step: OverrideStep, platform: Platform, index_url: str, indexes: Indexes) -> OtherStep:
+    build = step.build_for(platform.arch, platform.python)
+    if build is None:
+        return OtherStep(number, f"{step.override} build over its pin", [Problem(
+            "no-wheel", f"{step.override}: no build for {platform} among {', '.join(b.file for b in step.builds)}")])
+    _, version, _, tags = parse_wheel_filename(build.file)
+    source = index_url if step.source == "index" else step.source
+    result = OtherStep(number, f"{step.override} {version} over its pin, from {urlsplit(source).hostname}")
+    said = [f"{step.override} {version} over its pin: {build.file} from {source}"]
+    if not tags & platform.tags:
+        said.append(f"its tags do not fit {platform}")
+    if build.sha256 is None:
+        said.append(f"sha256 unknown ({build.unknown}): a deploy refuses it until it is filled in")
+    indexes.probe([source])
+    if source in indexes.unanswered:
+        said.append(f"not checked: {source} did not answer ({indexes.unanswered[source]})")
+    elif step.source == "index" and build.file not in {f.filename for f in indexes.files(source, step.override)}:
+        said.append(f"{source} does not list it")
+    message = "; ".join(said)
+    if len(said) > 1:
+        result.problems.append(Problem("build", message))
+    else:
+        result.what += f", sha256 {build.sha256[:12]}…"
+    return result
 
 
 def steps_named(numbers: list[int]) -> str:
@@ -582,6 +644,7 @@ def check_profile(profile: Profile, platforms: list[Platform], index_urls: list[
                   progress: Callable[[str], None] = lambda line: None) -> Check:
     """Resolve every install step of the profile on every platform; index_urls replace the profile's indexes."""
     steps = profile.install_steps()
+    positions = [n for n, step in enumerate(profile.pip.install, 1) if isinstance(step, InstallStep)]
     if index_urls:
         index_url = index_urls[0]
         steps = [PipStep(step.requirements, index_urls[1:]) for step in steps]
@@ -591,7 +654,7 @@ def check_profile(profile: Profile, platforms: list[Platform], index_urls: list[
         raise FleetError(f"profile check: profile {profile.name} has pip.index_url null (host data decides): "
                          "pass --index-url")
     index_steps: dict[str, list[int]] = {}
-    for number, step in enumerate(steps, 1):
+    for number, step in zip(positions, steps):
         for url in dict.fromkeys([index_url, *step.extra_index_urls]):
             index_steps.setdefault(url, []).append(number)
     indexes = Indexes()
@@ -600,13 +663,17 @@ def check_profile(profile: Profile, platforms: list[Platform], index_urls: list[
     if not answering:
         raise FleetError(f"profile check: no index answered ({', '.join(index_steps)}); check the network or "
                          "give --index-url")
-    jobs = [(platform, number, step) for platform in platforms for number, step in enumerate(steps, 1)]
+    jobs = [(platform, number, step) for platform in platforms for number, step in zip(positions, steps)]
     progress(f"profile check {profile.name}: {len(jobs)} pip resolutions with pip {RESOLVER_PIP[0]} "
              f"({', '.join(map(str, platforms))}), about a minute each")
     with tempfile.TemporaryDirectory(prefix="ascend-fleet-pip-") as scratch:
         resolver = StepResolver(profile, indexes, resolver_pip(indexes, answering[0], Path(scratch)))
         with ThreadPoolExecutor(WORKERS) as pool:
             done = list(pool.map(lambda job: resolver.resolve(*job, index_url), jobs))
-    results = [PlatformResult(platform, [r for (p, _, _), r in zip(jobs, done) if p == platform])
-               for platform in platforms]
-    return Check(profile.name, index_url, indexes.unanswered, index_steps, results)
+    results = []
+    for platform in platforms:
+        resolved = [r for (p, _, _), r in zip(jobs, done) if p == platform]
+        ordered = sorted([*resolved, *other_steps(profile, platform, index_url, indexes)], key=lambda s: s.number)
+        results.append(PlatformResult(platform, ordered, profile.refusal(platform.arch)))
+    unanswered = {url: why for url, why in indexes.unanswered.items() if url in index_steps}  # builds' say theirs
+    return Check(profile.name, index_url, unanswered, index_steps, results)

@@ -185,6 +185,20 @@ class PipPackages(FactBase):
         return {}
 
 
+class PipCheck(FactBase):
+    """What `pip check` says of a virtualenv: one complaint a line ("vllm 0.18.0 has requirement torch==2.10.0,
+    but you have torch 2.9.0."); [] when every requirement is met or there is no venv."""
+
+    def command(self, venv: str) -> str:
+        return f"[ -x {venv}/bin/python ] && {venv}/bin/python -m pip check --disable-pip-version-check 2>&1; true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip() and line.strip() != "No broken requirements found."]
+
+    def default(self) -> list[str]:
+        return []
+
+
 class SourcedEnvironment(FactBase):
     """The variables that sourcing these scripts sets or changes, from a clean environment:
     {"ASCEND_TOOLKIT_HOME": "...", "LD_LIBRARY_PATH": "...", ...}. Missing scripts are skipped.

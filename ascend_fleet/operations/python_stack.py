@@ -7,18 +7,20 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.node import peer_wheels
 from ascend_fleet.node.peer_wheels import INCOMING_DIR_NAME, normalize
 from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
-from ascend_fleet.profile import PipStep
+from ascend_fleet.profile import PipBuild, PipRemoval, PipStep
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).
 WHEELS_HELPER_SOURCE = Path(peer_wheels.__file__)
+NodeStep = PipStep | PipRemoval | PipBuild
 
 
 def satisfies(installed: dict[str, str], requirement: str) -> bool:
@@ -38,37 +40,89 @@ def index_options(index_url: str, extra_index_urls: list[str]) -> str:
     return " ".join(options)
 
 
+def build_installed(installed: dict[str, str], build: PipBuild) -> bool:
+    version = installed.get(normalize(build.name))
+    return version is not None and Version(version) == Version(build.version)
+
+
+def step_met(installed: dict[str, str], step: NodeStep, builds: list[PipBuild]) -> bool:
+    """Whether one step's outcome is in place: an install's requirements met (one on a distribution a build
+    replaces later is met by that build), an uninstall's distributions absent, a build installed."""
+    if isinstance(step, PipRemoval):
+        return not any(normalize(name) in installed for name in step.packages)
+    if isinstance(step, PipBuild):
+        return build_installed(installed, step)
+    replaced = {normalize(build.name): build for build in builds}
+    return all(satisfies(installed, requirement) or (
+        normalize(Requirement(requirement).name) in replaced
+        and build_installed(installed, replaced[normalize(Requirement(requirement).name)]))
+        for requirement in step.requirements)
+
+
+def in_place(steps: list[NodeStep]) -> str:
+    """What a converged virtualenv holds, as the no-op says it."""
+    said = []
+    for step in steps:
+        if isinstance(step, PipRemoval):
+            said.append(f"{', '.join(step.packages)} absent")
+        elif isinstance(step, PipBuild):
+            said.append(f"{step.name} {step.version} over its pin")
+        else:
+            said += step.requirements
+    return ", ".join(said)
+
+
+def build_command(pip: str, index_url: str, build: PipBuild) -> StringCommand:
+    """pip installs the build alone (--no-deps) over its pin, checked against the profile's sha256: from its
+    URL, whose #sha256= fragment pip checks, or from the index as a hashed requirement."""
+    if not build.from_index:
+        return StringCommand(pip, "install", "--no-deps", QuoteString(build.url))
+    requirement = f"{build.name}=={build.version} --hash=sha256:{build.sha256}"
+    return StringCommand("printf '%s\\n'", QuoteString(requirement), "|", pip, "install", "--no-deps",
+                         "--require-hashes", index_options(index_url, build.extra_index_urls), "-r", "/dev/stdin")
+
+
 @operation()
-def pinned(venv: str, steps: list[PipStep], index_url: str, peer_urls: list[str] | None = None):
+def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str] | None = None):
     """
     Install the profile's Python stack into the virtualenv, one pip run per step of the release's
     upstream guide (`pip install vllm==V`, then `pip install vllm-ascend==V`, which moves torch to
-    vllm-ascend's pin: no single resolver run satisfies both wheels' pins).
+    vllm-ascend's pin: no single resolver run satisfies both wheels' pins), with the uninstalls and
+    the builds over a pin where upstream's image runs them.
 
     + venv: the virtualenv's path
-    + steps: the pip installs in order (requirements, with the stack's pins, and extra indexes); the
-      stack is in place when every requirement of every step is met, and a rerun starts at the first
-      step with one unmet (a later step may move what an earlier one installed, never the reverse)
+    + steps: in order, installs (requirements, with the stack's pins, and extra indexes), uninstalls
+      (PipRemoval) and builds over a pin (PipBuild); the stack is in place when every step's outcome
+      is, and a rerun starts at the first step whose outcome is not (a later step may move what an
+      earlier one installed, never the reverse)
     + index_url: the package index to install from
-    + peer_urls: other workers' peer servers: spread the wheels over the fleet (WHEEL_DIR), each
-      checked against the digest the index gives; pip downloads from the index only what no peer has
+    + peer_urls: other workers' peer servers: spread the wheels of the installs over the fleet
+      (WHEEL_DIR), each checked against the digest the index gives; pip downloads from the index only
+      what no peer has. Builds come from their own source.
     """
     installed = host.get_fact(PipPackages, venv=venv)
-    unmet = [index for index, step in enumerate(steps)
-             if not all(satisfies(installed, requirement) for requirement in step.requirements)]
+    builds = [step for step in steps if isinstance(step, PipBuild)]
+    unmet = [index for index, step in enumerate(steps) if not step_met(installed, step, builds)]
     if not unmet:
-        host.noop(", ".join(requirement for step in steps for requirement in step.requirements) + " installed")
+        host.noop(f"{in_place(steps)} installed")
         return
     pip = f"{venv}/bin/python -m pip --quiet --disable-pip-version-check"
     to_run = steps[unmet[0]:]
+    installs = [step for step in steps if isinstance(step, PipStep)]
     if peer_urls is not None:
-        origin_urls = list(dict.fromkeys(url for step in steps for url in [index_url, *step.extra_index_urls]))
+        origin_urls = list(dict.fromkeys(url for step in installs for url in [index_url, *step.extra_index_urls]))
         yield from files.put._inner(src=str(WHEELS_HELPER_SOURCE), dest=WHEELS_HELPER, mode="0755")
         helper = f"{venv}/bin/python {WHEELS_HELPER} --wheel-dir {WHEEL_DIR} " + " ".join(
             f"--index-url {shlex.quote(url)}" for url in origin_urls)
         if peer_urls:
             yield f"{helper} " + " ".join(f"--peer {shlex.quote(url)}" for url in peer_urls)
     for step in to_run:
+        if isinstance(step, PipRemoval):
+            yield StringCommand(pip, "uninstall", "--yes", *map(QuoteString, step.packages))
+            continue
+        if isinstance(step, PipBuild):
+            yield build_command(pip, index_url, step)
+            continue
         requirements = " ".join(shlex.quote(r) for r in step.requirements)
         indexes = index_options(index_url, step.extra_index_urls)
         if peer_urls is None:
@@ -82,7 +136,7 @@ def pinned(venv: str, steps: list[PipStep], index_url: str, peer_urls: list[str]
 
 
 @operation()
-def pinned_seeded(seeder: str, venv: str, steps: list[PipStep], index_url: str, peer_urls: list[str] | None = None):
+def pinned_seeded(seeder: str, venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str] | None = None):
     """
     Install the pinned stack on the wheels' seeder before the rest of the fleet asks the peers for
     its wheels (pyinfra runs an operation on every host before the next), so the index sends each

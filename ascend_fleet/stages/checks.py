@@ -72,6 +72,14 @@ def system_problem(profile: Profile) -> str | None:
     return None
 
 
+def check_known_issues(profile: Profile, arch: str) -> None:
+    """A worker of an arch the profile's upstream release says fails with its CANN stops the run while pyinfra
+    prepares it, before any host is touched."""
+    refusal = profile.refusal(arch)
+    if refusal:
+        raise FleetError(f"{host.name}: {refusal}")
+
+
 @cache
 def mirror_model_bytes(url: str, model_id: str, revision: str) -> int:
     """A revision's total size, from the HTTP mirror's manifest (read here, on the control machine)."""
@@ -162,6 +170,7 @@ def preflight_stage() -> None:
     config = host_node_config(host)
     check_fleet_plan_once()
     if config.is_worker:
+        check_known_issues(profile, host.get_fact(Arch))
         check_vendor_files(profile, host.get_fact(Arch))
         # First: a node refused below, or one whose instance died since the last run, routes nothing new.
         served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",

@@ -22,7 +22,8 @@ from ascend_fleet.lab.inventory import lab_groups
 from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
                                      SERVICE_ENV_FILE, instance_unit)
 from ascend_fleet.operations.python_stack import satisfies
-from ascend_fleet.profile import load_profile
+from ascend_fleet.profile import PipBuild, load_profile
+from ascend_fleet.stages.python_stack import unexpected_complaints
 from tests.lab.conftest import INSTANCES, Lab
 
 pytestmark = pytest.mark.lab
@@ -217,25 +218,33 @@ def test_every_boot_of_the_whole_fleet_loads_each_workers_firewall_and_fails_no_
 def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_refused(lab, deployed):
     """The stand-ins carry the real wheels' pins, so the lab meets what a real node meets: one pip
     run of every pin is a conflict on torch (PyPI's vllm pins its own), the guide's steps succeed,
-    and vllm's pin is left broken as upstream accepts."""
+    and vllm's pin is left broken as upstream accepts. Then, in the Dockerfile's order, the CUDA
+    triton that x86_64 torch brought is gone, and upstream's builds sit over the wheel's pins."""
     profile = load_profile("lab")
     venv = profile.pip.venv
     listing = json.loads(lab.run("worker1", f"{venv}/bin/python -m pip list --format json").stdout)
     installed = {row["name"].lower().replace("_", "-"): row["version"] for row in listing}
+    builds = {step.name: step.version for step in profile.node_steps("x86_64") if isinstance(step, PipBuild)}
+    assert builds == {"triton-ascend": "3.2.0.dev20260322", "torch-npu": "2.9.0.post1+gitdc51c2d"}
     for name, version in profile.pip_pins().items():
-        assert satisfies(installed, f"{name}=={version}"), f"{name}: {installed.get(name)}"
+        assert satisfies(installed, f"{name}=={version}") or installed[name] == builds[name], installed.get(name)
+    assert installed["triton-ascend"] == builds["triton-ascend"] and "triton" not in installed
+    imported = lab.run("worker1", f"{venv}/bin/python -c 'import triton; print(triton.__version__)'").stdout
+    assert imported.strip() == builds["triton-ascend"]  # its files, not CUDA triton's, in site-packages/triton/
     every_pin = " ".join(f"{name}=={version}" for name, version in profile.pip_pins().items())
     mirror = lab.mirror_url
     one_run = lab.run("worker1", f"{venv}/bin/python -m pip install --dry-run --ignore-installed --index-url "
                                  f"{mirror}/simple --trusted-host {urlsplit(mirror).hostname} {every_pin}", check=False)
     assert one_run.returncode != 0 and "ResolutionImpossible" in one_run.stderr
-    # pip names the last pair it backtracked over; the deploy's step 2, the same pins less vllm, resolved.
+    # pip names the last pair it backtracked over; the deploy's step 3, the same pins less vllm, resolved.
     conflict = one_run.stdout.split("The conflict is caused by:")[1].split("To fix this")[0]
     assert re.search(r"depends on torch==", conflict), conflict
-    check = lab.run("worker1", f"{venv}/bin/python -m pip check", check=False)
+    check = lab.run("worker1", f"{venv}/bin/python -m pip check", check=False).stdout.splitlines()
     # vllm 0.18.0's wheel pins torch 2.10.0; vllm-ascend's step put its own 2.9.0 in its place.
-    assert f"vllm {profile.stack.vllm} has requirement torch==2.10.0, but you have torch {profile.stack.torch}" \
-        in check.stdout, check.stdout
+    assert f"vllm {profile.stack.vllm} has requirement torch==2.10.0, but you have torch 2.9.0+cpu." in check, check
+    assert "vllm-ascend 0.18.0 has requirement torch-npu==2.9.0, but you have torch-npu 2.9.0.post1+gitdc51c2d." \
+        in check, check
+    assert unexpected_complaints(check, profile.accepted_complaints()) == []
 
 
 def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):

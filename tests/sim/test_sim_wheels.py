@@ -122,7 +122,9 @@ def test_what_a_standin_leaves_out_is_never_the_stack_and_cuda_builds_are_named_
     assert "blake3" in omitted and omitted["blake3"] != LEFT_OUT_CUDA
     torch = find(RECORD, "torch", "2.9.0", "x86_64")
     assert {line for line, why in left_out(torch).items() if why == LEFT_OUT_CUDA} == {
-        line for line in torch.requires_dist if line.startswith(("nvidia-", "triton=="))}
+        line for line in torch.requires_dist if line.startswith("nvidia-")}
+    # CUDA triton stays: it shares site-packages/triton/ with triton-ascend, which the uninstalls must meet.
+    assert 'triton==3.5.0; platform_system == "Linux" and platform_machine == "x86_64"' not in left_out(torch)
 
 
 def test_lab_standins_are_byte_identical_across_builds(lab_standins, tmp_path):
@@ -248,12 +250,12 @@ def test_torch_npu_registers_torch_npu_over_the_torch_standin(lab_standins, tmp_
 
 
 def fake_pip(calls: list[tuple[list[str], dict]]):
-    """subprocess.run standing in for pip: PyPI has every wheel (requiring torch==<v>+cpu for torch-npu),
-    the PyTorch CPU index does not answer."""
+    """subprocess.run standing in for pip: PyPI has every wheel (requiring torch==<v>+cpu for torch-npu, and
+    CUDA triton 3.6.0 on x86_64 for torch), the PyTorch CPU index and vllm-ascend's object storage do not answer."""
     def run(argv, capture_output, text, env):
         calls.append((argv, env))
         index, requirement = argv[argv.index("--index-url") + 1], argv[-1]
-        if index == PYTORCH_CPU_INDEX:
+        if index == PYTORCH_CPU_INDEX or "://" in requirement:
             stderr = ("WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError('<x>: "
                       "Failed to establish a new connection: [Errno -2] Name or service not known')': /whl/cpu/torch/\n"
                       f"ERROR: No matching distribution found for {requirement}\n")
@@ -261,6 +263,7 @@ def fake_pip(calls: list[tuple[list[str], dict]]):
         name, version = requirement.split("==")
         arch = "x86_64" if "--platform=manylinux2014_x86_64" in argv else "aarch64"
         requires = [f"torch=={version}+cpu"] if name == "torch-npu" else ["filelock", "nvidia-nccl-cu12==2.27.5"]
+        requires += ['triton==3.6.0; platform_machine == "x86_64"'] if name == "torch" else []
         report = {"install": [{"metadata": {"name": name, "version": version, "requires_dist": requires},
                                "download_info": {"url": f"https://files/{name}-{version}-cp311-cp311-{arch}.whl",
                                                  "archive_info": {"hashes": {"sha256": "ab" * 32}}}}]}
@@ -277,8 +280,12 @@ def test_refresh_reads_every_wheel_with_pip_alone_and_records_an_unanswered_cpu_
     real_metadata.refresh_record(path=path, progress=lambda line: None)
     record = load_record(path)
     wanted = {(canonicalize_name(n), v) for n, versions in real_metadata.REAL_WHEELS.items() for v in versions}
-    assert {(canonicalize_name(w.name), w.version) for w in record if not w.unknown} == wanted
-    cpu = [w for w in record if w.unknown]
+    assert {(canonicalize_name(w.name), w.version) for w in record if not w.unknown} == wanted | {("triton", "3.6.0")}
+    assert {w.arch for w in record if w.name == "triton"} == {"x86_64"}  # torch requires it there only
+    builds = [w for w in record if w.unknown and "+cpu" not in w.version]
+    assert sorted(w.file for w in builds) == sorted(file for _, file, _ in real_metadata.upstream_builds(
+        real_metadata.UPSTREAM_PROFILE)) and all("the pin it is installed over" in w.standin_basis for w in builds)
+    cpu = [w for w in record if w.unknown and "+cpu" in w.version]
     assert {(w.version, w.arch) for w in cpu} == {(f"{v}+cpu", a) for v in real_metadata.REAL_WHEELS["torch-npu"]
                                                  for a in ("x86_64", "aarch64")}
     assert "the index did not answer (NewConnectionError: [Errno -2] Name or service not known)" in cpu[0].unknown
@@ -402,3 +409,100 @@ def test_a_cann_home_that_is_gone_is_named_in_the_labs_hint(runtime, monkeypatch
     hint = rf"\(.*ASCEND_TOOLKIT_HOME={re.escape(gone)} is not a directory"
     with pytest.raises(ImportError, match=rf"^libhccl\.so: .* No such file or directory {hint}"):
         runtime.check_cann_environment()
+
+
+# --- The lab profile's steps with real pip: CUDA triton and triton-ascend share site-packages/triton/ ---
+
+
+def simple_index(wheels: Path, requirements: list[str]) -> str:
+    """A PEP 503 index of the wheels in a directory, with an empty wheel for every requirement no wheel provides."""
+    have = [parse_wheel_filename(w.name)[:2] for w in wheels.glob("*.whl")]
+    for line in requirements:
+        requirement = Requirement(line)
+        if not any(name == canonicalize_name(requirement.name) and requirement.specifier.contains(version, True)
+                   for name, version in have):
+            pins = [s.version for s in requirement.specifier if s.operator == "=="] or ["0"]
+            write_wheel(Standin(requirement.name.replace("-", "_"), pins[0], "placeholder"), wheels)
+    projects: dict[str, list[str]] = {}
+    for wheel in wheels.glob("*.whl"):
+        projects.setdefault(parse_wheel_filename(wheel.name)[0], []).append(wheel.name)
+    for project, names in projects.items():
+        page = wheels / "simple" / project
+        page.mkdir(parents=True)
+        (page / "index.html").write_text("".join(f'<a href="../../{n}">{n}</a>\n' for n in names))
+    return (wheels / "simple").as_uri()
+
+
+def deploy_steps(steps, venv: Path, index: str) -> None:
+    from ascend_fleet.facts.ascend import PipPackages
+    from ascend_fleet.operations import python_stack
+    from tests.fakehost import FakeHost, commands
+    for command in commands(python_stack.pinned, FakeHost({PipPackages: {}}), venv=str(venv), steps=steps,
+                            index_url=index):
+        run = subprocess.run(["sh", "-c", str(getattr(command, "get_raw_value", lambda: command)())],
+                             capture_output=True, text=True, env=pip_environment(dict(os.environ)), timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def x86_index(tmp_path_factory) -> str:
+    from ascend_fleet.profile import load_profile
+    directory = tmp_path_factory.mktemp("lab-index")
+    placeholder_wheels(build_lab_standins(directory, "x86_64"), directory)
+    return simple_index(directory, [r for step in load_profile("lab").install_steps() for r in step.requirements])
+
+
+def venv_state(venv: Path) -> tuple[dict[str, str], str, list[str]]:
+    python = str(venv / "bin" / "python")
+    listing = json.loads(subprocess.run([python, "-m", "pip", "list", "--format", "json"], capture_output=True,
+                                        text=True).stdout)
+    triton = subprocess.run([python, "-c", "import triton; print(triton.__version__)"], capture_output=True, text=True)
+    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True).stdout.splitlines()
+    return ({canonicalize_name(r["name"]): r["version"] for r in listing},
+            triton.stdout.strip() or triton.stderr.strip().splitlines()[-1], check)
+
+
+def test_the_lab_x86_64_steps_leave_triton_ascends_build_alone_in_site_packages_triton(x86_index, tmp_path):
+    """x86_64 torch (vllm's 2.10.0) brings CUDA triton 3.6.0 (real Requires-Dist); upstream's order removes it
+    before triton-ascend goes in, puts the builds over the pins, and pip check names only what it accepts."""
+    from ascend_fleet.profile import load_profile
+    from ascend_fleet.stages.python_stack import unexpected_complaints
+    profile = load_profile("lab")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    steps = profile.node_steps("x86_64")
+    deploy_steps(steps[:1], venv, x86_index)
+    assert venv_state(venv)[0]["triton"] == "3.6.0"  # what step 1 brings on x86_64, as on a real node
+    deploy_steps(steps[1:], venv, x86_index)
+    installed, triton, check = venv_state(venv)
+    assert "triton" not in installed and triton == "3.2.0.dev20260322"
+    assert (installed["torch-npu"], installed["triton-ascend"]) == ("2.9.0.post1+gitdc51c2d", "3.2.0.dev20260322")
+    assert check and unexpected_complaints(check, profile.accepted_complaints()) == []
+
+
+def test_removing_cuda_triton_after_triton_ascend_deletes_triton_ascends_files(x86_index, tmp_path):
+    """Why upstream's order: an uninstall of triton at the end (as a plain `pip.remove` would run it) leaves
+    triton-ascend listed but `import triton` failing."""
+    from ascend_fleet.profile import load_profile
+    from ascend_fleet.profile import PipRemoval, PipStep
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installs = [s for s in load_profile("lab").node_steps("x86_64") if isinstance(s, PipStep)]
+    deploy_steps([*installs, PipRemoval(["triton"])], venv, x86_index)
+    installed, triton, _ = venv_state(venv)
+    assert installed["triton-ascend"] == "3.2.0" and "triton" not in installed
+    assert triton == "ModuleNotFoundError: No module named 'triton'"
+
+
+def test_the_lab_profiles_builds_are_its_standins_by_sha256(lab_standins):
+    """profiles/lab.yaml pins each stand-in build by sha256, as a real profile pins upstream's files: a changed
+    stand-in fails here with the lines to paste."""
+    import hashlib
+    from ascend_fleet.profile import OverrideStep, load_profile
+    arch, wheels = lab_standins
+    built = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}
+    pinned = {build.file: build.sha256 for step in load_profile("lab").pip.install if isinstance(step, OverrideStep)
+              for build in step.builds if build.file in built}
+    assert len(pinned) == 2, f"{arch}: the lab profile has no stand-in build for {arch}"
+    paste = "\n".join(f"        - {{file: {name}, sha256: {built[name]}}}" for name in pinned)
+    assert pinned == {name: built[name] for name in pinned}, f"profiles/lab.yaml builds for {arch}:\n{paste}"

@@ -12,7 +12,8 @@ import yaml
 from ascend_fleet import PROFILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.planner import python_version_key
-from ascend_fleet.profile import available_profiles, load_profile
+from ascend_fleet.profile import (InstallStep, OverrideStep, PipBuild, PipRemoval, RemoveStep, available_profiles,
+                                  load_profile)
 
 # vllm-ascend's versioning policy, as the field notes copy it (section 3): the one
 # place the tests keep the upstream matrix.
@@ -69,15 +70,65 @@ def test_upstream_profiles_follow_their_matrix_row_and_install_guide(name, relea
     assert profile.pip.index_url == "https://pypi.org/simple"
     every_step, each_step = UPSTREAM_PIP_INDEXES[release]
     assert profile.pip.extra_index_urls == every_step
-    assert [step.extra_index_urls for step in profile.pip.install] == each_step
+    assert [step.extra_index_urls for step in profile.pip.install if isinstance(step, InstallStep)] == each_step
 
 
-@pytest.mark.parametrize("release, torch_npu", WHEEL_TORCH_NPU.items())
-def test_a_profile_that_follows_its_wheel_over_its_row_says_so(release, torch_npu):
+def test_a_profile_that_follows_its_wheel_over_its_row_says_so():
+    release, torch_npu = "0.11.0", WHEEL_TORCH_NPU["0.11.0"]
     profile = load_profile(f"vllm-ascend-{release}")
     assert UPSTREAM_MATRIX[release]["torch_npu"] != torch_npu == profile.stack.torch_npu
     assert f"as its wheel pins it ({torch_npu}, not the row's {UPSTREAM_MATRIX[release]['torch_npu']})" in \
         profile.upstream.note
+
+
+OBJECT_STORAGE = "https://vllm-ascend.obs.cn-north-4.myhuaweicloud.com/vllm-ascend/"
+# v0.18.0's Dockerfile: PTA_WHEEL per (Python tag, arch), TRITON_ASCEND_WHEEL per Python tag and arch.
+DOCKERFILE_TORCH_NPU = {("3.10", "aarch64"): "git4c901a4", ("3.11", "x86_64"): "gitdc51c2d",
+                        ("3.10", "x86_64"): "gita74051c", ("3.11", "aarch64"): "gitee7ba04"}
+
+
+def test_the_0_18_0_profile_installs_its_wheels_pins_then_upstreams_builds_over_them_in_the_dockerfiles_order():
+    profile = load_profile("vllm-ascend-0.18.0")
+    kinds = [("requires", s.requires) if isinstance(s, InstallStep) else ("remove", s.remove, s.arch)
+             if isinstance(s, RemoveStep) else ("override", s.override) for s in profile.pip.install]
+    assert kinds == [("requires", ["vllm"]), ("remove", ["triton"], ["x86_64", "aarch64"]),
+                     ("requires", ["vllm-ascend", "torch", "torch-npu", "transformers"]),
+                     ("remove", ["triton"], ["x86_64"]), ("override", "triton-ascend"), ("override", "torch-npu")]
+    for (python, arch), label in DOCKERFILE_TORCH_NPU.items():
+        torch_npu = profile.pip.install[5].build_for(arch, python)
+        assert torch_npu.file == f"torch_npu-2.9.0.post1+{label}-cp{python.replace('.', '')}-" \
+                                 f"cp{python.replace('.', '')}-manylinux_2_28_{arch}.whl"
+        triton = profile.pip.install[4].build_for(arch, python)
+        assert triton.file.startswith(f"triton_ascend-3.2.0.dev20260322-cp{python.replace('.', '')}-")
+        assert torch_npu.sha256 is None and "does not resolve here" in torch_npu.unknown
+    assert {profile.pip.install[4].source, profile.pip.install[5].source} == {OBJECT_STORAGE}
+    assert "vllm-ascend 0.18.0 has requirement torch-npu==2.9.0" in profile.accepted_complaints()
+
+
+def test_a_build_without_sha256_stops_the_deploy_naming_the_file_and_step():
+    with pytest.raises(FleetError, match=r"vllm-ascend-0.18.0.yaml pip.install step 5: triton_ascend-3.2.0.dev20260322-"
+                                         r"cp311-cp311-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl has no sha256 "
+                                         r"\(not read: .*\); fill it in from the file"):
+        load_profile("vllm-ascend-0.18.0").node_steps("aarch64")
+
+
+def test_x86_64_with_cann_8_5_1_is_refused_naming_issue_7993_unless_the_profile_accepts_it():
+    refusal = load_profile("vllm-ascend-0.18.0").refusal("x86_64")
+    assert refusal.startswith("profile vllm-ascend-0.18.0 refuses x86_64 with CANN 8.5.1: "
+                              "vllm-project/vllm-ascend#7993 (")
+    assert "use aarch64 nodes or a profile with CANN 9.0.0 or later" in refusal
+    assert load_profile("vllm-ascend-0.18.0").refusal("aarch64") is None
+    assert load_profile("lab").refusal("x86_64") is None and load_profile("lab").known_issues[0].accepted
+
+
+def test_the_lab_mirrors_the_0_18_0_steps_with_its_stand_in_builds_from_its_index():
+    lab, real = load_profile("lab"), load_profile("vllm-ascend-0.18.0")
+    assert lab.accepted_complaints() == real.accepted_complaints()
+    for arch in ("x86_64", "aarch64"):
+        steps = lab.node_steps(arch)
+        real_builds = [step.build_for(arch, "3.11").file for step in real.pip.install if isinstance(step, OverrideStep)]
+        assert [s.file for s in steps if isinstance(s, PipBuild)] == real_builds
+        assert sum(isinstance(s, PipRemoval) for s in steps) == (2 if arch == "x86_64" else 1)
 
 
 @pytest.mark.parametrize("name", available_profiles())

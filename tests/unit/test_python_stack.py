@@ -4,6 +4,7 @@ against a local index whose wheels pin like PyPI's vllm and vllm-ascend do (each
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
-from ascend_fleet.profile import PipStep
+from ascend_fleet.profile import PipBuild, PipRemoval, PipStep
 from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.profile_check import pip_environment
 from tests.fakehost import FakeHost, commands, new_file, uploads
@@ -145,3 +146,49 @@ def test_only_installed_distributions_are_uninstalled_by_their_normalized_names(
         "/opt/vllm/bin/python -m pip uninstall --yes --quiet --disable-pip-version-check torch_npu"]
     assert commands(python_stack.absent, fake, venv="/opt/vllm", packages=["triton"]) == []
     assert fake.noops == ["triton not installed"]
+
+
+# --- Uninstalls and builds over a pin, where upstream's image runs them (vllm-ascend 0.18.0's Dockerfile) ---
+
+BUILD = PipBuild("base", "1.0.post1+gitabc", "base-1.0.post1+gitabc-py3-none-any.whl", "b" * 64,
+                 "https://builds.example/v/", [])
+UPSTREAM_ORDER = [PipStep(["front==1.0"], []), PipRemoval(["cuda-base"]), PipStep(["plugin==1.0", "base==1.0"], []),
+                  BUILD]
+
+
+def upstream_commands(installed: dict[str, str]) -> tuple[list[str], list[str]]:
+    fake = FakeHost({PipPackages: installed})
+    yielded = commands(python_stack.pinned, fake, venv="/v", steps=UPSTREAM_ORDER, index_url="https://pypi.org/simple")
+    return [str(c.get_raw_value()) if hasattr(c, "get_raw_value") else c for c in yielded], fake.noops
+
+
+def test_a_build_over_a_pin_meets_the_pin_it_replaces_so_a_rerun_changes_nothing():
+    done = {"front": "1.0", "plugin": "1.0", "base": "1.0.post1+gitabc"}
+    assert upstream_commands(done) == ([], ["front==1.0, cuda-base absent, plugin==1.0, base==1.0, "
+                                            "base 1.0.post1+gitabc over its pin installed"])
+
+
+def test_the_pin_in_place_of_the_build_reruns_only_the_build_from_its_url_with_its_sha256():
+    (command,), _ = upstream_commands({"front": "1.0", "plugin": "1.0", "base": "1.0"})
+    assert command == ("/v/bin/python -m pip --quiet --disable-pip-version-check install --no-deps "
+                       f"'https://builds.example/v/base-1.0.post1%2Bgitabc-py3-none-any.whl#sha256={'b' * 64}'")
+
+
+def test_a_package_an_uninstall_step_removes_reruns_from_that_step_in_order():
+    found, _ = upstream_commands({"front": "1.0", "plugin": "1.0", "base": "1.0.post1+gitabc", "cuda-base": "3.6"})
+    assert [c.split("--disable-pip-version-check ")[1].split()[0:2] for c in found] == [
+        ["uninstall", "--yes"], ["install", "--index-url"], ["install", "--no-deps"]]
+
+
+def test_a_build_from_the_index_is_installed_alone_against_its_sha256(index, venv, tmp_path):
+    """The lab's builds come from its index (source: index): pip refuses a file of another sha256."""
+    files = Path(index.removeprefix("file://")).parent / "files"
+    wheel = next(files.glob("base-2.0-*.whl"))
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    for sha256, ok in (("0" * 64, False), (digest, True)):
+        build = PipBuild("base", "2.0", wheel.name, sha256, "index", [])
+        (command,) = commands(python_stack.pinned, FakeHost({PipPackages: {}}), venv=str(venv), steps=[build],
+                              index_url=index)
+        result = run(command.get_raw_value())
+        assert (result.returncode == 0) is ok, result.stderr
+    assert run(f"{venv}/bin/python -c 'import base; print(base.VERSION)'").stdout.strip() == "2.0"

@@ -12,6 +12,13 @@ torch's `+cpu` builds, which torch-npu's x86_64 wheels pin (`torch==2.8.0+cpu`),
 the PyTorch CPU index. Where that index did not answer, the entry says so (`unknown`) and
 has no metadata; its stand-in then copies PyPI's wheel of the same version less the CUDA
 packages (`standin_basis`), which is what the entry's `standin_basis` says.
+
+The CUDA `triton` that PyPI's torch requires on x86_64 (`triton==3.6.0; platform_machine ==
+"x86_64"` for torch 2.10.0) is recorded for the arch whose torch requires it: it shares
+site-packages/triton/ with triton-ascend, which the profiles' uninstalls must meet. The builds the
+upstream profile (UPSTREAM_PROFILE) installs over a pin (torch_npu 2.9.0.post1+git<hash>,
+triton_ascend 3.2.0.dev20260322) are read from their source; where it does not answer, their entry
+is unknown and the stand-in copies the pin they are installed over (`basis_of`).
 """
 
 from __future__ import annotations
@@ -27,17 +34,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from urllib.parse import quote
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.base import node_platforms
-from ascend_fleet.profile import ARCHES, is_cpu_build
+from ascend_fleet.profile import ARCHES, OverrideStep, is_cpu_build, load_profile
 from ascend_fleet.profile_check import pip_environment
 
 RECORD_FILE = Path(__file__).with_name("real_metadata.json")
+# The profile whose builds over a pin (its override steps) the lab's profile installs as stand-ins.
+UPSTREAM_PROFILE = "vllm-ascend-0.18.0"
 PYPI_INDEX = "https://pypi.org/simple"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PYTHON = "3.11"  # both rows' Python; the stand-ins carry these wheels' cp311 tags
@@ -139,19 +149,70 @@ def cpu_torch_pins(wheel: RealWheel) -> list[str]:
     return pins
 
 
+def basis_of(record: list[RealWheel], wheel: RealWheel) -> RealWheel:
+    """The recorded wheel an unknown build copies: PyPI's of its public version (torch 2.9.0+cpu: 2.9.0), else
+    the one of its release it is installed over (torch_npu 2.9.0.post1+gitdc51c2d: 2.9.0, triton_ascend
+    3.2.0.dev20260322: 3.2.0)."""
+    release = Version(wheel.version).release
+    known = [w for w in record if w.requires_dist is not None and w.matches(wheel.name, w.version, wheel.arch)]
+    same = [w for w in known if w.version == Version(wheel.version).public] or \
+        [w for w in known if Version(w.version).release == release and Version(w.version).local is None]
+    if not same:
+        raise FleetError(f"lab: neither {wheel.name} {wheel.version} nor a recorded wheel of its release has known "
+                         f"metadata for {wheel.arch}; run `ascend-fleet lab refresh-metadata`")
+    return same[0]
+
+
 def standin_basis(record: list[RealWheel], wheel: RealWheel) -> RealWheel:
-    """What wheel's stand-in copies: the wheel itself, or for a build whose metadata is not known
-    PyPI's wheel of the same public version less its CUDA packages, named with wheel's version."""
+    """What wheel's stand-in copies: the wheel itself, or for a build whose metadata is not known the
+    recorded wheel of its release (basis_of) less its CUDA packages, named with wheel's version and, when
+    the record knows it, the build's own file name."""
     if wheel.requires_dist is not None:
         return wheel
-    public = find(record, wheel.name, Version(wheel.version).public, wheel.arch)
-    if public.requires_dist is None or public.file is None:
-        raise FleetError(f"lab: neither {wheel.name} {wheel.version} nor {public.version} has known metadata "
-                         f"for {wheel.arch}; run `ascend-fleet lab refresh-metadata`")
+    public = basis_of(record, wheel)
     return replace(public, version=wheel.version, index=wheel.index, sha256=None,
-                   file=public.file.replace(f"-{public.version}-", f"-{wheel.version}-", 1),
+                   file=wheel.file or public.file.replace(f"-{public.version}-", f"-{wheel.version}-", 1),
                    requires_dist=tuple(line for line in public.requires_dist if not is_cuda_requirement(line)),
                    unknown=wheel.unknown, standin_basis=wheel.standin_basis)
+
+
+def cuda_triton_pins(wheel: RealWheel) -> list[str]:
+    """The CUDA triton versions a torch wheel requires on its own arch (torch 2.10.0 x86_64: ["3.6.0"]; none
+    on aarch64, where its marker is false)."""
+    node = {"platform_system": "Linux", "platform_machine": wheel.arch, "python_version": PYTHON,
+            "python_full_version": f"{PYTHON}.0", "sys_platform": "linux", "extra": ""}
+    pins = []
+    for line in wheel.requires_dist or ():
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) == "triton" and (not requirement.marker
+                                                                or requirement.marker.evaluate(node)):
+            pins += [s.version for s in requirement.specifier if s.operator == "=="]
+    return pins
+
+
+def upstream_builds(profile_name: str) -> list[tuple[str, str, str]]:
+    """(source, file, arch) of every build the upstream profile installs over a pin for the record's Python."""
+    profile = load_profile(profile_name)
+    return [(step.source, build.file, arch) for step in profile.pip.install if isinstance(step, OverrideStep)
+            for arch in ARCHES if (build := step.build_for(arch, PYTHON)) is not None]
+
+
+def read_build(source: str, file: str, arch: str, today: str) -> RealWheel:
+    """A build over a pin, read from its source with pip, or an entry saying why it is not known and what its
+    stand-in copies (basis_of)."""
+    name, version = parse_wheel_filename(file)[:2]
+    url = f"{source.rstrip('/')}/{quote(file)}"
+    try:
+        wheel = read_wheel(url, "", arch, PYPI_INDEX, today)
+        return replace(wheel, index=source)
+    except PipReadError as exc:
+        distribution = file.split("-", 1)[0]
+        release = ".".join(map(str, version.release))
+        return RealWheel(name=distribution, version=str(version), arch=arch, index=source, read=today, file=file,
+                         unknown=f"not read: {exc}",
+                         standin_basis=f"PyPI's {distribution} {release} for {arch}, the pin it is installed over "
+                                       f"(its Requires-Dist less CUDA packages); file name as upstream's Dockerfile "
+                                       "names it")
 
 
 # --- reading the record from an index, with pip ---
@@ -162,14 +223,14 @@ class PipReadError(Exception):
 
 
 def pip_report_argv(name: str, version: str, arch: str, index_url: str, target: Path, report: Path) -> list[str]:
-    """pip resolving name==version alone for a node's Python on arch and reporting it, downloading nothing:
-    fast-deps reads METADATA with HTTP range requests (the index serves no PEP 658 metadata)."""
+    """pip resolving name==version alone (name alone: a URL) for a node's Python on arch and reporting it,
+    downloading nothing: fast-deps reads METADATA with HTTP range requests (the index serves no PEP 658 metadata)."""
     abi = f"cp{PYTHON.replace('.', '')}"
     return [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "--quiet",
             "--dry-run", "--no-deps", "--ignore-installed", "--target", str(target), "--report", str(report),
             "--only-binary=:all:", *(f"--platform={tag}" for tag in node_platforms(arch)),
             "--python-version", PYTHON, "--implementation", "cp", "--abi", abi,
-            "--use-feature=fast-deps", "--index-url", index_url, f"{name}=={version}"]
+            "--use-feature=fast-deps", "--index-url", index_url, f"{name}=={version}" if version else name]
 
 
 def pip_failure(stderr: str, returncode: int) -> str:
@@ -212,7 +273,8 @@ def read_cpu_build(name: str, version: str, arch: str, index_url: str, today: st
 def refresh_record(index_url: str = PYPI_INDEX, cpu_index_url: str = PYTORCH_CPU_INDEX,
                    path: Path = RECORD_FILE, progress: Callable[[str], None] = print) -> list[RealWheel]:
     """Read every wheel of REAL_WHEELS on every arch from index_url, then the +cpu torch builds the
-    torch-npu wheels pin from cpu_index_url, and write the record. A wheel index_url does not have
+    torch-npu wheels pin from cpu_index_url, the CUDA triton the torch wheels require, and the upstream
+    profile's builds over a pin from their source, and write the record. A wheel index_url does not have
     stops the refresh before the record is touched."""
     today = datetime.date.today().isoformat()
     wanted = [(name, version, arch) for name, versions in REAL_WHEELS.items() for version in versions
@@ -230,8 +292,11 @@ def refresh_record(index_url: str = PYPI_INDEX, cpu_index_url: str = PYTORCH_CPU
     with ThreadPoolExecutor(READERS) as pool:
         wheels = list(pool.map(read, *zip(*wanted)))
         cpu_builds = sorted({(version, wheel.arch) for wheel in wheels for version in cpu_torch_pins(wheel)})
+        tritons = sorted({(version, wheel.arch) for wheel in wheels for version in cuda_triton_pins(wheel)})
         wheels += pool.map(lambda build: read_cpu_build("torch", *build, cpu_index_url, today), cpu_builds)
+        wheels += pool.map(lambda pin: read("triton", *pin), tritons)
+        wheels += pool.map(lambda build: read_build(*build, today), upstream_builds(UPSTREAM_PROFILE))
     for wheel in wheels[len(wanted):]:
-        progress(f"torch {wheel.version} {wheel.arch}: {wheel.unknown or wheel.file}")
+        progress(f"{wheel.name} {wheel.version} {wheel.arch}: {wheel.unknown or wheel.file}")
     write_record(wheels, path)
     return wheels

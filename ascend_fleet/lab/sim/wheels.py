@@ -10,6 +10,8 @@
   KV cache with ascend_fleet/planner.py and its steps with ascend_fleet/perfmodel.py, copied in at build time.
 - ``torch``, ``torchvision``, ``torchaudio``, ``triton_ascend`` (import name ``triton``):
   a version and nothing else; torch is the module torch_npu's stand-in extends.
+- ``triton``: CUDA triton, which x86_64 torch requires: a version in the same site-packages/triton/
+  as triton_ascend's, so an uninstall of one deletes the other's files as on a real node.
 
 Two ways to build them:
 
@@ -74,7 +76,10 @@ SIM_SERVER_IMPORTS = (
 STACK = frozenset(canonicalize_name(name) for name in (
     "torch", "torchvision", "torchaudio", "torch-npu", "triton-ascend", "transformers", "numpy", "vllm", "vllm-ascend",
 ))
-KEPT = STACK | {canonicalize_name(name) for name in SIM_SERVER_IMPORTS}
+# CUDA triton, which PyPI's torch requires on x86_64, is kept though a CUDA build: it shares
+# site-packages/triton/ with triton-ascend, and the profiles' uninstalls of it must meet it.
+SHARES_TRITON = canonicalize_name("triton")
+KEPT = STACK | {canonicalize_name(name) for name in SIM_SERVER_IMPORTS} | {SHARES_TRITON}
 LEFT_OUT_CUDA = "a CUDA build: no use on an Ascend node, and GBs"
 LEFT_OUT_UNUSED = "not imported by the simulator: the lab would fetch it for nothing"
 
@@ -128,6 +133,8 @@ def standin_contents(distribution: str, version: str) -> Standin:
             return Standin(name, version, f"Stand-in for {name}: its version only")
         case "triton-ascend":
             return Standin("triton_ascend", version, "Stand-in for triton-ascend: its version only", package="triton")
+        case "triton":
+            return Standin("triton", version, "Stand-in for CUDA triton: its version, in site-packages/triton/")
     raise WheelBuildError(f"no stand-in for {distribution}")
 
 
