@@ -72,14 +72,21 @@ def in_place(steps: list[NodeStep]) -> str:
     return ", ".join(said)
 
 
-def build_command(pip: str, index_url: str, build: PipBuild) -> StringCommand:
+def build_command(pip: str, index_url: str, build: PipBuild, helper: str | None = None) -> StringCommand:
     """pip installs the build alone (--no-deps) over its pin, checked against the profile's sha256: from its
-    URL, whose #sha256= fragment pip checks, or from the index as a hashed requirement."""
+    URL, whose #sha256= fragment pip checks, or from the index as a hashed requirement. With the wheel
+    peers (helper), a build from the index goes through the verified wheels as an install's do."""
     if not build.from_index:
         return StringCommand(pip, "install", "--no-deps", QuoteString(build.url))
     requirement = f"{build.name}=={build.version} --hash=sha256:{build.sha256}"
-    return StringCommand("printf '%s\\n'", QuoteString(requirement), "|", pip, "install", "--no-deps",
-                         "--require-hashes", index_options(index_url, build.extra_index_urls), "-r", "/dev/stdin")
+    indexes = index_options(index_url, build.extra_index_urls)
+    if helper is None:
+        return StringCommand("printf '%s\\n'", QuoteString(requirement), "|", pip, "install", "--no-deps",
+                             "--require-hashes", indexes, "-r", "/dev/stdin")
+    local = (f"printf '%s\\n' {shlex.quote(requirement)} | {pip} install --no-deps --require-hashes --no-index "
+             f"--find-links {WHEEL_DIR} -r /dev/stdin")
+    return StringCommand(f"{local} 2>/dev/null || {{ {pip} download --no-deps --dest {WHEEL_DIR}/{INCOMING_DIR_NAME} "
+                         f"{indexes} {shlex.quote(f'{build.name}=={build.version}')} && {helper} --admit && {local}; }}")
 
 
 @operation()
@@ -98,7 +105,7 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
     + index_url: the package index to install from
     + peer_urls: other workers' peer servers: spread the wheels of the installs over the fleet
       (WHEEL_DIR), each checked against the digest the index gives; pip downloads from the index only
-      what no peer has. Builds come from their own source.
+      what no peer has. Builds from the index spread the same way; builds from a URL come from it.
     """
     installed = host.get_fact(PipPackages, venv=venv)
     builds = [step for step in steps if isinstance(step, PipBuild)]
@@ -110,7 +117,8 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
     to_run = steps[unmet[0]:]
     installs = [step for step in steps if isinstance(step, PipStep)]
     if peer_urls is not None:
-        origin_urls = list(dict.fromkeys(url for step in installs for url in [index_url, *step.extra_index_urls]))
+        origin_urls = list(dict.fromkeys(url for step in [*installs, *builds]
+                                         for url in [index_url, *step.extra_index_urls]))
         yield from files.put._inner(src=str(WHEELS_HELPER_SOURCE), dest=WHEELS_HELPER, mode="0755")
         helper = f"{venv}/bin/python {WHEELS_HELPER} --wheel-dir {WHEEL_DIR} " + " ".join(
             f"--index-url {shlex.quote(url)}" for url in origin_urls)
@@ -121,7 +129,7 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
             yield StringCommand(pip, "uninstall", "--yes", *map(QuoteString, step.packages))
             continue
         if isinstance(step, PipBuild):
-            yield build_command(pip, index_url, step)
+            yield build_command(pip, index_url, step, helper if peer_urls is not None else None)
             continue
         requirements = " ".join(shlex.quote(r) for r in step.requirements)
         indexes = index_options(index_url, step.extra_index_urls)

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.operations import python_stack
@@ -178,6 +179,19 @@ def test_a_package_an_uninstall_step_removes_reruns_from_that_step_in_order():
     found, _ = upstream_commands({"front": "1.0", "plugin": "1.0", "base": "1.0.post1+gitabc", "cuda-base": "3.6"})
     assert [c.split("--disable-pip-version-check ")[1].split()[0:2] for c in found] == [
         ["uninstall", "--yes"], ["install", "--index-url"], ["install", "--no-deps"]]
+
+
+def test_with_wheel_peers_a_build_from_the_index_goes_through_the_verified_wheels(venv):
+    """As an install's wheels: from the verified wheels if a peer had it, else downloaded, checked by the
+    helper against the index and admitted, so the fleet takes it from the origin once."""
+    build = PipBuild("base", "2.0", "base-2.0-py3-none-any.whl", "a" * 64, "index", [])
+    helper_in_place = {File: {"mode": 755, "user": "root", "group": "root", "size": 1},
+                       Sha1File: None, Sha256File: None, Md5File: None, Directory: None}
+    *_, command = commands(python_stack.pinned, FakeHost({PipPackages: {}, **helper_in_place}), venv=str(venv),
+                           steps=[build], index_url="http://mirror/simple", peer_urls=["http://peer:8090"])
+    text = command.get_raw_value()
+    assert text.startswith("printf '%s\\n' 'base==2.0 --hash=sha256:" + "a" * 64 + "' | ")
+    assert "--no-index --find-links" in text and "--admit" in text and "download --no-deps" in text, text
 
 
 def test_a_build_from_the_index_is_installed_alone_against_its_sha256(index, venv, tmp_path):
