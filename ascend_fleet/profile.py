@@ -277,6 +277,16 @@ class Profile(_Strict):
         return {"torch": s.torch, "torch-npu": s.torch_npu, "vllm": s.vllm, "vllm-ascend": s.vllm_ascend,
                 "transformers": s.transformers}
 
+    def node_version(self, distribution: str, arch: str) -> str:
+        """The version of a pinned distribution a node of arch ends with: the build an override step puts
+        over the pin (for the profile's Python), else the pin."""
+        for step in self.pip.install:
+            if isinstance(step, OverrideStep) and canonicalize_name(step.override) == canonicalize_name(distribution):
+                build = step.build_for(arch, self.stack.python)
+                if build is not None:
+                    return str(parse_wheel_filename(build.file)[1])
+        return self.pip_pins()[distribution]
+
     def install_steps(self) -> list[PipStep]:
         """The pip installs to run in order, pins applied; CANN's Python dependencies go with the last."""
         pins = self.pip_pins()

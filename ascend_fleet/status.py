@@ -22,6 +22,7 @@ import crossplane
 import typer
 from pyinfra.api import Inventory
 from pyinfra.facts.files import FileContents
+from pyinfra.facts.server import Arch
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -123,7 +124,7 @@ class FleetStatus:
 def worker_queries(config: NodeConfig, profile: Profile, role: DataParallelRole | None = None) -> dict[str, FactQuery]:
     queries = {"driver": FactQuery(AscendDriver), "firmware": FactQuery(AscendFirmware),
                "cann": FactQuery(CannPackages), "npus": FactQuery(NpuStatus),
-               "pip": FactQuery(PipPackages, {"venv": profile.pip.venv})}
+               "pip": FactQuery(PipPackages, {"venv": profile.pip.venv}), "arch": FactQuery(Arch)}
     if config.npu_addresses:
         queries["npu_network"] = FactQuery(NpuNicHealth, {"npu_count": config.npu_count})
     for instance in config.instances:
@@ -143,10 +144,12 @@ def gateway_queries() -> dict[str, FactQuery]:
 
 # What the facts mean.
 
-def expected_versions(profile: Profile) -> dict[str, str]:
+def expected_versions(profile: Profile, arch: str | None) -> dict[str, str]:
+    """What the profile puts on a node of arch (torch_npu: a build over its pin, where the profile has one)."""
     stack = profile.stack
+    torch_npu = profile.node_version("torch-npu", arch) if arch else stack.torch_npu
     return {"driver": stack.driver, "firmware": stack.firmware, "cann": stack.cann,
-            "torch_npu": stack.torch_npu, "vllm_ascend": stack.vllm_ascend}
+            "torch_npu": torch_npu, "vllm_ascend": stack.vllm_ascend}
 
 
 def installed_versions(facts: dict[str, Any]) -> dict[str, str | None]:
@@ -282,7 +285,8 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
     status.problems += [f"could not read {name}: {error}" for name, error in facts.fact_errors.items()]
     if config.is_worker:
         installed = installed_versions(values)
-        status.versions = {key: Version(installed[key], expected) for key, expected in expected_versions(profile).items()}
+        status.versions = {key: Version(installed[key], expected)
+                           for key, expected in expected_versions(profile, values.get("arch")).items()}
         npu_smi = values.get("npus") or {}
         status.npu_smi_error = None if npu_smi.get("ok") else npu_smi.get("error")
         status.instances = [instance_status(config, instance, values, part) for instance in config.instances]

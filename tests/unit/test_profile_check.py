@@ -19,7 +19,7 @@ import requests
 from packaging.utils import canonicalize_name
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.profile import load_profile
+from ascend_fleet.profile import OverrideStep, load_profile
 from ascend_fleet.profile_check import (Check, Indexes, IndexFile, Platform, PlatformResult, Problem, Standin,
                                         StepResolver, StepResult, check_profile, conflict_lines, manylinux_platforms,
                                         platforms_to_check, resolver_pip)
@@ -204,7 +204,8 @@ CHECKS = {
     "handbook": ["handbook", "--arch", "aarch64", "--index-url", PYPI],
     "vllm-ascend-0.11.0": ["vllm-ascend-0.11.0", "--arch", "x86_64", "--index-url", PYPI],
     "vllm-ascend-0.13.0": ["vllm-ascend-0.13.0", "--arch", "aarch64", "--index-url", PYPI],
-    "vllm-ascend-0.18.0": ["vllm-ascend-0.18.0", "--arch", "x86_64", "--index-url", PYPI],
+    # aarch64: the profile refuses x86_64 with its CANN (known_issues, vllm-ascend#7993)
+    "vllm-ascend-0.18.0": ["vllm-ascend-0.18.0", "--arch", "aarch64", "--index-url", PYPI],
     "vllm-ascend-0.23.0": ["vllm-ascend-0.23.0", "--arch", "x86_64", "--index-url", PYPI],
 }
 
@@ -274,10 +275,14 @@ def test_0_23_0_on_glibc_2_28_has_no_vllm_ascend_wheel_its_wheels_being_manylinu
 @pytest.mark.parametrize("name", ["vllm-ascend-0.11.0", "vllm-ascend-0.13.0", "vllm-ascend-0.18.0",
                                   "vllm-ascend-0.23.0"])
 def test_each_real_profile_resolves_on_pypi_but_for_what_it_takes_from_its_other_indexes(checked, name):
-    run, sources = checked[name], load_profile(name).pip.sources
+    profile = load_profile(name)
+    run, sources = checked[name], profile.pip.sources
     allowed = [f"is not on {PYPI}; the profile takes it from {url} (pip.sources), which is not among the indexes "
                f"checked" for url in sources.values()]
-    assert all(any(line.endswith(a) for a in allowed) for line in problem_lines(run)), run.stdout
+    # a build over a pin from its own source (0.18.0: vllm-ascend's object storage, which no machine here reaches)
+    builds = [f" from {step.source}; " for step in profile.pip.install if isinstance(step, OverrideStep)]
+    assert all(any(line.endswith(a) for a in allowed) or any(b in line and " over its pin: " in line for b in builds)
+               for line in problem_lines(run)), run.stdout
     assert run.returncode == (1 if problem_lines(run) else 0)
     summary = run.stdout.splitlines()[-1]
     assert "not resolved" not in summary and "; step 2 (" in summary, summary

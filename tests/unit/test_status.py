@@ -133,7 +133,9 @@ def worker_facts(profile, unit_state="active", health=200, driver=None) -> dict:
         "driver": {"version": driver or stack.driver, "firmware_range": None, "complete": True},
         "firmware": stack.firmware, "cann": {"toolkit": stack.cann, "kernels": stack.cann},
         "npus": NpuStatus().process(["rc=0", *NPU_SMI.replace("Critical", "OK      ").splitlines()]),
-        "pip": {"torch-npu": stack.torch_npu, "vllm-ascend": stack.vllm_ascend},
+        # a converged x86_64 node: torch_npu is the build the profile puts over its pin
+        "pip": {"torch-npu": profile.node_version("torch-npu", "x86_64"), "vllm-ascend": stack.vllm_ascend},
+        "arch": "x86_64",
     }
     for name, port in (("vllm-0", 8000), ("vllm-1", 8001)):
         facts[fact_key("unit", name)] = {"LoadState": "loaded", "ActiveState": unit_state, "SubState": "x",
@@ -154,6 +156,17 @@ def test_a_healthy_worker_matches_its_profile():
     first = status.instances[0]
     assert (first.model, first.revision, first.health, first.npu_health) == ("lab/Qwen3-Tiny", "v1", 200, ["OK"])
     assert first.metrics["kv_cache_usage"] == 0.5
+
+
+def test_the_pin_a_build_should_have_replaced_is_drift():
+    """The lab's profile (as vllm-ascend-0.18.0) puts torch_npu 2.9.0.post1+git<hash> over the wheel's
+    torch-npu==2.9.0: a node left with the pin has not got upstream's stack."""
+    profile = load_profile("lab")
+    facts = worker_facts(profile)
+    facts["pip"]["torch-npu"] = profile.stack.torch_npu
+    status = host_status(node_config(WORKER_DATA, "worker1"), profile, HostFacts("worker1", facts))
+    assert status.versions["torch_npu"].drift
+    assert status.versions["torch_npu"].expected == profile.node_version("torch-npu", "x86_64") != profile.stack.torch_npu
 
 
 def test_a_failed_unit_is_red_with_systemds_result_and_its_last_log_line():
