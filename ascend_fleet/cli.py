@@ -2,6 +2,7 @@
 
 import importlib
 import sys
+from importlib.metadata import version
 
 import click
 import typer
@@ -26,12 +27,28 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 err_console = Console(stderr=True)
+# Usage errors: click's, and those of the copy of click typer carries from 0.26 on (typer._click),
+# which click's own except clause does not catch.
+USAGE_ERRORS = tuple({click.ClickException, *(kind for kind in typer.BadParameter.__mro__
+                                             if kind.__name__ == "ClickException")})
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"ascend-fleet {version('ascend-fleet')}")
+        raise typer.Exit()
 
 
 def build_app(command: str | None = None) -> typer.Typer:
     """The CLI: only `command`'s module when it names one of COMMANDS, else every command (help)."""
     app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-    app.callback()(lambda: None)  # a group even with one command, so the command's name stays in argv
+
+    # a group even with one command, so the command's name stays in argv
+    @app.callback()
+    def _top(show_version: bool = typer.Option(False, "--version", is_eager=True, help="print the version and exit",
+                                               callback=_print_version)) -> None:
+        del show_version  # _print_version acts on it
+
     joined = set()
     for name in [command] if command in COMMANDS else COMMANDS:
         module, attribute, how = COMMANDS[name]
@@ -55,10 +72,10 @@ def main() -> None:
     except FleetError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except click.ClickException as exc:
+    except USAGE_ERRORS as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except (click.Abort, typer.Abort):
         err_console.print("aborted")
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -1,0 +1,32 @@
+"""The `ascend-fleet` command answers a usage mistake as click does: a short usage, one error line, exit 2
+(typer from 0.26 carries its own click, whose errors click's except clause does not catch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = Path(sys.executable).with_name("ascend-fleet")
+
+
+@pytest.mark.parametrize("args, error", [
+    (["nosuch"], "Error: No such command 'nosuch'."),
+    (["plan", "--bogus"], "Error: No such option: --bogus"),
+    (["rollout", "inventories/prod.py", "deploys/full.py", "--max-unavailable", "0"],
+     "Error: Invalid value for '--max-unavailable': Input should be greater than or equal to 1"),
+    (["load", "inventories/prod.py", "--concurrency", "0"],
+     "Error: Invalid value for '--concurrency': Input should be greater than or equal to 1"),
+], ids=["unknown command", "unknown option", "max-unavailable 0", "concurrency 0"])
+def test_a_usage_mistake_is_a_short_usage_and_one_line_exit_2(args, error):
+    result = subprocess.run([str(CLI), *args], capture_output=True, text=True)
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert (result.returncode, lines[-1]) == (2, error) and len(lines) <= 5, result.stdout + result.stderr
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+    result = subprocess.run([str(CLI), "--version"], capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (0, f"ascend-fleet {version('ascend-fleet')}\n")
