@@ -10,13 +10,15 @@ with its own API port, HCCL_IF_BASE_PORT range and VLLM_PORT.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
 from ascend_fleet.fleetstate import BLUE, COLOURS
@@ -56,6 +58,39 @@ HcclBasePort = Annotated[int, Field(ge=1024, le=65520 - HCCL_PORT_COUNT + 1)]
 # VLLM_PORT: vLLM takes it and the next VLLM_PORT_SPAN - 1, all within 1-65535.
 VllmPort = Annotated[int, Field(ge=1, le=65536 - VLLM_PORT_SPAN)]
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")]
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _one_line(value: str) -> str:
+    if not value or CONTROL_CHARACTERS.search(value):
+        raise ValueError("expected one non-empty line without control characters (a newline would end a unit's "
+                         "line or add a variable to an env file)")
+    return value
+
+
+def _node_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("expected an absolute path on the node")
+    return _one_line(value)
+
+
+def _one_word(value: str) -> str:
+    if not value or re.search(r"\s", value) or CONTROL_CHARACTERS.search(value):
+        raise ValueError("expected one word: no space, newline or control character")
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", value):
+        raise ValueError("expected an environment variable's name: upper-case letters, digits and _")
+    return value
+
+
+# Values that reach a unit, an env file or a shell on the node.
+OneLine = Annotated[str, AfterValidator(_one_line)]
+NodePath = Annotated[str, AfterValidator(_node_path)]
+OneWord = Annotated[str, AfterValidator(_one_word)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
 # A Linux interface name: at most 15 characters (IFNAMSIZ - 1), no slash or space.
 NicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
 
@@ -68,7 +103,7 @@ class Model(_Strict):
     """The model an instance serves and where its weights come from."""
 
     id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="<org>/<name> as the hub spells it")
-    revision: str = Field(min_length=1, description="a tag or commit: weights are pinned")
+    revision: OneLine = Field(description="a tag or commit: weights are pinned")
     source: Literal["modelscope", "hf", "http", "rsync"]
     url: str | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
     peer: str | None = Field(None, description="rsync: a host that already holds the weights")
@@ -76,7 +111,8 @@ class Model(_Strict):
                                "the source only for what none holds yet; default: when more than one worker "
                                "stages this revision")
     peer_port: Port = Field(8090, description="where each worker's nginx serves its verified weights to peers")
-    served_model_name: str = Field(description="what /v1/models names; defaults to id")
+    served_model_name: OneWord = Field(description="what /v1/models names, one word (clients send it back as "
+                                       "`model`); defaults to id")
 
     @model_validator(mode="before")
     @classmethod
@@ -135,7 +171,7 @@ class Serving(_Strict):
     reasoning_parser: Identifier | None = Field(
         None, description="--reasoning-parser: how vLLM splits the model's thinking out of the answer "
         "(the message's reasoning field), one of the pinned vLLM's parser names; Qwen3.5: qwen3")
-    extra_args: list[str] = Field(default_factory=list, description="further vllm serve arguments, verbatim")
+    extra_args: list[OneLine] = Field(default_factory=list, description="further vllm serve arguments, verbatim")
 
     @property
     def speculates_with_mtp(self) -> bool:
@@ -243,14 +279,16 @@ class NodeConfig(_Strict):
     profile: str = Field(description="a profiles/<name>.yaml")
     chip: Literal[tuple(CHIPS)] | None = None
     npu_count: int = Field(0, ge=0)
-    nvme_mount: str | None = Field(None, pattern=r"^/.+")
-    model_dir: str | None = Field(None, pattern=r"^/.+", description="defaults to <nvme_mount>/models")
+    nvme_mount: NodePath | None = None
+    model_dir: NodePath | None = Field(None, description="defaults to <nvme_mount>/models")
     model: Model | None = None
     serving: Serving | None = None
     tensor_parallel_size: int = Field(1, ge=1)
     instances: list[Instance] = Field(default_factory=list, description="derived when not given")
     instance_ports: InstancePorts = Field(default_factory=InstancePorts)
-    npu_env: dict[str, str] = Field(default_factory=dict, description="HCCL and vllm-ascend settings for every instance")
+    npu_env: dict[EnvName, OneLine] = Field(
+        default_factory=dict, description="HCCL and vllm-ascend settings for every instance: upper-case names, "
+        "one-line values")
     service_user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
     gateway: Gateway | None = None
     monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")

@@ -7,6 +7,7 @@ node that cannot take the stack stops before anything on it changes.
 
 from __future__ import annotations
 
+import shlex
 import time
 from functools import cache
 from hashlib import sha256
@@ -97,7 +98,8 @@ def nvme_problem(config: NodeConfig) -> str | None:
     """The NVMe is mounted and, unless this revision is staged already, has room for it plus a margin.
     The size is known here for an HTTP mirror; a hub's manifest is read by the node, which checks again."""
     mount, model = config.nvme_mount, config.model
-    target = host.get_fact(Command, command=f"findmnt -n -o TARGET --target {mount} 2>/dev/null || echo none")
+    target = host.get_fact(Command, command=f"findmnt -n -o TARGET --target {shlex.quote(mount)} 2>/dev/null "
+                                            "|| echo none")
     if target != mount:
         return f"nvme_mount {mount} is not a mounted filesystem (it is on {target}); mount the local NVMe there"
     if model.source != "http" or host.get_fact(StagedModel, model_dir=config.model_dir, model_id=model.id,

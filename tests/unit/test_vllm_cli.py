@@ -130,7 +130,7 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     (venv / "bin" / "vllm").symlink_to("/bin/true")
     unit.write_text(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id="m", revision="r",
                            service_user="root", helper="/bin/true", venv=venv,
-                           weights_marker="/x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),
+                           weights_marker="/mnt/nv me/%h/.x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),
                            service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
                            home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                            start_timeout=60, stop_timeout=30, start_limit_burst=3, start_limit_interval=300,
@@ -142,6 +142,9 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     dumped = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
                             env={"SYSTEMD_LOG_LEVEL": "debug", "PATH": "/usr/bin:/bin"})
     parsed = re.search(r"Command Line: (\S+/bin/vllm serve .+)", dumped.stdout + dumped.stderr)[1]
+    # the weights marker's path, with a space and a systemd specifier in it, is one word, % as written
+    check = re.search(r"Command Line: (/bin/true check .+)", dumped.stdout + dumped.stderr)[1]
+    assert check.endswith(' "/mnt/nv me/%h/.x"'), check
     assert ' --speculative-config "{\\"method\\":\\"qwen3_5_mtp\\",\\"num_speculative_tokens\\":1}" ' in parsed, parsed
     assert ' --compilation-config "{\\"cudagraph_mode\\":\\"FULL_DECODE_ONLY\\"}" ' in parsed, parsed
     assert parsed.endswith(' --chat-template-content-format "100%\\$\\$x"'), parsed
