@@ -141,6 +141,11 @@ class BuildFile(VendorFile):
             raise ValueError(f"{value} is not a wheel file name ({exc})") from None
         return value
 
+    @property
+    def version(self) -> str:
+        """The version its file name says, e.g. 2.9.0.post1+gitdc51c2d."""
+        return str(parse_wheel_filename(self.file)[1])
+
     @model_validator(mode="after")
     def _unknown_says_why(self) -> BuildFile:
         if self.sha256 is None and not self.unknown:
@@ -284,7 +289,7 @@ class Profile(_Strict):
             if isinstance(step, OverrideStep) and canonicalize_name(step.override) == canonicalize_name(distribution):
                 build = step.build_for(arch, self.stack.python)
                 if build is not None:
-                    return str(parse_wheel_filename(build.file)[1])
+                    return build.version
         return self.pip_pins()[distribution]
 
     def install_steps(self) -> list[PipStep]:
@@ -296,12 +301,12 @@ class Profile(_Strict):
         steps[-1].requirements.extend(self.pip.extra_requirements)
         return steps
 
-    def node_steps(self, arch: str, python: str | None = None) -> list[PipStep | PipRemoval | PipBuild]:
+    def node_steps(self, arch: str, python: str | None = None) -> list[NodeStep]:
         """Every step a node of arch runs, in the profile's order: installs, the uninstalls of its arch, and the
         builds installed over their pins. Refuses an override with no build for the node or no sha256."""
         python = python or self.stack.python
         installs = iter(self.install_steps())
-        steps: list[PipStep | PipRemoval | PipBuild] = []
+        steps: list[NodeStep] = []
         for number, step in enumerate(self.pip.install, 1):
             if isinstance(step, InstallStep):
                 steps.append(next(installs))
@@ -322,8 +327,7 @@ class Profile(_Strict):
         if build.sha256 is None:
             raise FleetError(f"{where}: {build.file} has no sha256 ({build.unknown}); fill it in from the file "
                              "(`sha256sum`) before a deploy")
-        version = str(parse_wheel_filename(build.file)[1])
-        return PipBuild(step.override, version, build.file, build.sha256, step.source,
+        return PipBuild(step.override, build.version, build.file, build.sha256, step.source,
                         [*self.pip.extra_index_urls])
 
     def accepted_complaints(self) -> list[str]:
@@ -391,6 +395,10 @@ class PipBuild:
     def url(self) -> str:
         """The file's URL with its sha256 as the fragment pip checks the download against."""
         return f"{self.source.rstrip('/')}/{quote(self.file)}#sha256={self.sha256}"
+
+
+# One step of a node's pip sequence, in the profile's order.
+NodeStep = PipStep | PipRemoval | PipBuild
 
 
 # An operator's own profiles: profiles/<name>.yaml in the folder ascend-fleet or pyinfra runs from

@@ -319,6 +319,7 @@ class OtherStep:
     number: int
     what: str
     problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # none: pip does not run it
 
     def summary(self) -> str:
         return f"step {self.number} ({self.what})"
@@ -359,7 +360,7 @@ class Check:
             lines += [f"{where}: {result.refused}"] if result.refused else []
             for step in result.steps:
                 lines += [f"{where} step {step.number}: {problem.message}" for problem in step.problems]
-                lines += [f"{where} step {step.number}: note: {note}" for note in getattr(step, "notes", [])]
+                lines += [f"{where} step {step.number}: note: {note}" for note in step.notes]
             count = len(result.problems)
             verdict = f"{count} problem{'s' if count > 1 else ''}" if count else "resolves"
             lines.append(f"{where}: {verdict}: {'; '.join(step.summary() for step in result.steps)}")

@@ -16,11 +16,10 @@ from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.node import peer_wheels
 from ascend_fleet.node.peer_wheels import INCOMING_DIR_NAME, normalize
 from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
-from ascend_fleet.profile import PipBuild, PipRemoval, PipStep
+from ascend_fleet.profile import NodeStep, PipBuild, PipRemoval, PipStep
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).
 WHEELS_HELPER_SOURCE = Path(peer_wheels.__file__)
-NodeStep = PipStep | PipRemoval | PipBuild
 
 
 def satisfies(installed: dict[str, str], requirement: str) -> bool:
@@ -53,10 +52,11 @@ def step_met(installed: dict[str, str], step: NodeStep, builds: list[PipBuild]) 
     if isinstance(step, PipBuild):
         return build_installed(installed, step)
     replaced = {normalize(build.name): build for build in builds}
-    return all(satisfies(installed, requirement) or (
-        normalize(Requirement(requirement).name) in replaced
-        and build_installed(installed, replaced[normalize(Requirement(requirement).name)]))
-        for requirement in step.requirements)
+
+    def met(requirement: str) -> bool:
+        build = replaced.get(normalize(Requirement(requirement).name))
+        return satisfies(installed, requirement) or (build is not None and build_installed(installed, build))
+    return all(met(requirement) for requirement in step.requirements)
 
 
 def in_place(steps: list[NodeStep]) -> str:
@@ -72,6 +72,13 @@ def in_place(steps: list[NodeStep]) -> str:
     return ", ".join(said)
 
 
+def from_verified_wheels(local: str, download: str, helper: str) -> str:
+    """pip installs from the verified wheels alone; when they do not hold what it needs (a seeder, a new pin),
+    `download` fetches it from the index into the incoming folder, the helper checks each file against the
+    index's digest and admits it, and the same install runs."""
+    return f"{local} 2>/dev/null || {{ {download} && {helper} --admit && {local}; }}"
+
+
 def build_command(pip: str, index_url: str, build: PipBuild, helper: str | None = None) -> StringCommand:
     """pip installs the build alone (--no-deps) over its pin, checked against the profile's sha256: from its
     URL, whose #sha256= fragment pip checks, or from the index as a hashed requirement. With the wheel
@@ -85,8 +92,9 @@ def build_command(pip: str, index_url: str, build: PipBuild, helper: str | None 
                              "--require-hashes", indexes, "-r", "/dev/stdin")
     local = (f"printf '%s\\n' {shlex.quote(requirement)} | {pip} install --no-deps --require-hashes --no-index "
              f"--find-links {WHEEL_DIR} -r /dev/stdin")
-    return StringCommand(f"{local} 2>/dev/null || {{ {pip} download --no-deps --dest {WHEEL_DIR}/{INCOMING_DIR_NAME} "
-                         f"{indexes} {shlex.quote(f'{build.name}=={build.version}')} && {helper} --admit && {local}; }}")
+    download = (f"{pip} download --no-deps --dest {WHEEL_DIR}/{INCOMING_DIR_NAME} {indexes} "
+                f"{shlex.quote(f'{build.name}=={build.version}')}")
+    return StringCommand(from_verified_wheels(local, download, helper))
 
 
 @operation()
@@ -136,11 +144,9 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
         if peer_urls is None:
             yield f"{pip} install {indexes} {requirements}"
             continue
-        # pip resolves the step from the verified wheels alone; when they do not hold it (a seeder, a
-        # new pin), it downloads the step from the index and the helper checks each file.
-        local = f"{pip} install --no-index --find-links {WHEEL_DIR} {requirements}"
-        yield (f"{local} 2>/dev/null || {{ {pip} download --dest {WHEEL_DIR}/{INCOMING_DIR_NAME} {indexes} "
-               f"{requirements} && {helper} --admit && {local}; }}")
+        yield from_verified_wheels(f"{pip} install --no-index --find-links {WHEEL_DIR} {requirements}",
+                                   f"{pip} download --dest {WHEEL_DIR}/{INCOMING_DIR_NAME} {indexes} {requirements}",
+                                   helper)
 
 
 @operation()

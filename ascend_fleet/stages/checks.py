@@ -144,10 +144,11 @@ def serving_nic_problem(config: NodeConfig) -> str | None:
     if nic not in devices:
         return (f"{key} {nic}: no such NIC here (it has {', '.join(sorted(devices))}); name the one that carries "
                 f"serving_address {address}")
-    carried = ", ".join(host.get_fact(Ipv4Addrs).get(nic, [])) or "no IPv4 address"
-    if str(address) not in carried.split(", "):
-        return (f"{key} {nic} does not carry serving_address {address} (it has {carried}); set serving_nic to "
-                "the NIC that does, or correct serving_address")
+    carried = host.get_fact(Ipv4Addrs).get(nic, [])
+    if address not in carried:
+        has = ", ".join(carried) or "no IPv4 address"
+        return (f"{key} {nic} does not carry serving_address {address} (it has {has}); set serving_nic to the NIC "
+                "that does, or correct serving_address")
     return None
 
 
@@ -172,8 +173,9 @@ def preflight_stage() -> None:
     config = host_node_config(host)
     check_fleet_plan_once()
     if config.is_worker:
-        check_known_issues(profile, host.get_fact(Arch))
-        check_vendor_files(profile, host.get_fact(Arch))
+        arch = host.get_fact(Arch)
+        check_known_issues(profile, arch)
+        check_vendor_files(profile, arch)
         # First: a node refused below, or one whose instance died since the last run, routes nothing new.
         served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",
                                         why="found down", fleet_state_dir=config.fleet_state_dir,

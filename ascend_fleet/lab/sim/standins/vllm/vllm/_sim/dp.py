@@ -244,7 +244,8 @@ class HandshakeTimeout(RuntimeError):
 
 
 async def join_head(dp: DataParallel, load: Callable[[], Awaitable[None]]) -> asyncio.StreamWriter:
-    """A member's engines (headless, or an external-LB rank's, which say they are not): connect to the head (retrying, silently, as ZMQ does), HELLO, load, READY.
+    """A member's engines (headless, or an external-LB rank's, which say they are not): connect to the
+    head (retrying, silently, as ZMQ does), HELLO, load, READY.
 
     Raises HandshakeTimeout when no INIT came within the handshake timeout. Returns the connection,
     which the member keeps open while it runs."""
