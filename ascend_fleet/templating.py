@@ -11,7 +11,10 @@ import jinja2
 def systemd_word(arg: str) -> str:
     """One argument of an Exec= line, written so that systemd splits it back into the same word:
     % and $ doubled (its specifiers and variables), quoted when it holds a space, a quote or a
-    backslash (a JSON option such as --speculative-config's)."""
+    backslash (a JSON option such as --speculative-config's), and a lone ; as \\; (bare, it would
+    separate commands, which a Type=exec unit refuses)."""
+    if arg == ";":
+        return "\\;"
     escaped = arg.replace("%", "%%").replace("$", "$$")
     if re.search(r"""[\s"'\\]""", escaped):
         return "'" + escaped.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -120,9 +120,12 @@ def test_auto_tool_choice_and_its_parser_come_together(tmp_path):
                                          r"enable_auto_tool_choice: .* 400; set enable_auto_tool_choice: True too"):
         config_of(tmp_path / "parser", "vllm-ascend-0.18.0", '"tool_call_parser": "qwen3_coder"')
 
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
-    _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE + ', "extra_args": ["--chat-template-content-format", "100%$x"]')
+    hostile = '"--a", ";", "--b", "it\'s \\"q\\" ; x", '
+    _, config = config_of(tmp_path, "vllm-ascend-0.18.0",
+                          RECIPE + f', "extra_args": [{hostile}"--chat-template-content-format", "100%$x"]')
     instance = config.instances[0]
     unit = tmp_path / instance_unit(instance.name)
     venv = tmp_path / "venv"  # systemd-analyze verify wants the ExecStart program to exist
@@ -148,6 +151,8 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     assert ' --speculative-config "{\\"method\\":\\"qwen3_5_mtp\\",\\"num_speculative_tokens\\":1}" ' in parsed, parsed
     assert ' --compilation-config "{\\"cudagraph_mode\\":\\"FULL_DECODE_ONLY\\"}" ' in parsed, parsed
     assert parsed.endswith(' --chat-template-content-format "100%\\$\\$x"'), parsed
+    # a lone ; is a word, not systemd's command separator; quotes inside a word stay in it
+    assert ' --a ";" --b "it\'s \\"q\\" ; x" ' in parsed, parsed
 
 
 def test_expert_parallel_in_the_data_is_in_the_plan(tmp_path):
