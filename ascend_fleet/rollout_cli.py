@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ascend_fleet.bench import BENCH_VENV, bench_venv_ready, parse_share
+from ascend_fleet.bench import ensure_bench_venv, parse_share
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
@@ -167,9 +167,7 @@ def rollout(
             if record is None:
                 gate = None
                 if bench_gate is not None:
-                    if not bench_venv_ready(BENCH_VENV):
-                        raise FleetError(f"--bench-gate: no bench virtualenv at {BENCH_VENV}; run "
-                                         "`ascend-fleet bench --setup` first")
+                    ensure_bench_venv("rollout --bench-gate")
                     gate = BenchGate(baseline=str(bench_gate), max_regression=parse_share(max_regression))
                 record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit, gate)
             else:

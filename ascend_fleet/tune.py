@@ -346,8 +346,6 @@ def tune(
     check_deploy_files(SERVE_DEPLOY)
     limits = bench.parse_slo(slo)
     grid_values = parse_grid(grid)
-    if not bench.bench_venv_ready(bench.BENCH_VENV):
-        raise FleetError(f"tune: no bench virtualenv at {bench.BENCH_VENV}; run `ascend-fleet bench --setup` first")
     if dataset == "sharegpt" and (dataset_path is None or not dataset_path.is_file()):
         raise FleetError("--dataset sharegpt needs --dataset-path FILE")
     fleet = Fleet(inventory, {})
@@ -375,6 +373,7 @@ def tune(
         for candidate in record.candidates:
             if (why := refusal(fleet, canary, instance, candidate.settings)) is not None:
                 candidate.status, candidate.reason = "skipped", why
+    bench.ensure_bench_venv("tune")
     result_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
     with fleet.state.exclusive(f"tune of {canary} {instance}"), Progress(

@@ -30,7 +30,8 @@ DISK_MARGIN_BYTES = 2 * 1024**3
 
 def require_root(command: str) -> None:
     if os.geteuid() != 0:
-        raise FleetError(f"{command}: must run as root (the lab creates namespaces, mounts and a bridge); use sudo")
+        raise FleetError(f"{command}: must run as root (the lab creates namespaces, mounts and a bridge); log in "
+                         "as root, or `su -` (`sudo -i` where sudo is installed)")
 
 
 def check_can_run(spec: LabSpec) -> None:

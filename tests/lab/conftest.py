@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
 from ascend_fleet.lab import lab as lab_api
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR
 from ascend_fleet.lab.state import LabState
@@ -24,6 +25,8 @@ from ascend_fleet.node_layout import instance_unit
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+needs_bench_venv = pytest.mark.skipif(not bench_venv_ready(BENCH_VENV), reason=f"no bench virtualenv at {BENCH_VENV}: "
+                                      "scripts/test builds it, or `ascend-fleet bench --setup`")
 # Each test process's labs use subnets 10.213.N.0/24 to N+7 and lab directories test-N*.
 TEST_NETS = range(200, 250, 10)
 TEST_NET_LOCKS = Path("/run/lock")

@@ -1,4 +1,4 @@
-"""`ascend-fleet bench` on the lab: real `vllm bench serve` (the bench virtualenv that scripts/setup
+"""`ascend-fleet bench` on the lab: real `vllm bench serve` (the bench virtualenv that scripts/test
 builds) through the lab's gateway. A run writes its result with the profile, model and serving
 options it ran under; an impossible SLO makes it exit non-zero, and --compare shows the change.
 A rollout with --bench-gate stops after its canary wave when that wave benchmarks worse."""
@@ -10,14 +10,12 @@ import runpy
 
 import pytest
 
-from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
 from ascend_fleet.lab.lab import fleet_state_dir
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_unit
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import PROJECT, Lab
+from tests.lab.conftest import PROJECT, Lab, needs_bench_venv
 
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(not bench_venv_ready(BENCH_VENV),
-                                                  reason=f"no bench virtualenv: run scripts/setup ({BENCH_VENV})")]
+pytestmark = [pytest.mark.lab, needs_bench_venv]
 
 # Small and quick: the lab serves a tiny model on simulated NPUs, on a machine other tests share.
 SMALL_RUN = ("--num-prompts", "12", "--request-rate", "inf", "--max-concurrency", "6", "--input-len", "64",

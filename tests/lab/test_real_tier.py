@@ -19,10 +19,9 @@ import pytest
 import requests
 
 from ascend_fleet import vllm_cpu
-from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
 from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
+from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, needs_bench_venv, require_root
 
 pytestmark = [pytest.mark.lab, pytest.mark.session_lab_part]
 
@@ -208,7 +207,7 @@ def test_vllm_bench_serve_runs_to_completion_against_the_real_instance(real_lab,
     assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
 
 
-@pytest.mark.skipif(not bench_venv_ready(BENCH_VENV), reason=f"no bench virtualenv: run scripts/setup ({BENCH_VENV})")
+@needs_bench_venv
 def test_a_tune_restarts_real_vllm_with_each_candidate_measures_it_and_leaves_the_canary_as_it_was(
         real_lab, deployed, results_dir, tmp_path):
     """Issue 15: tune's mechanism (a serve deploy per candidate, its gates, vllm bench serve through a

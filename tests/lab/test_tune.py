@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
 from ascend_fleet.lab.lab import fleet_state_dir
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_unit
-from tests.lab.conftest import BIN, PROJECT, Lab
+from tests.lab.conftest import BIN, PROJECT, Lab, needs_bench_venv
 
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(not bench_venv_ready(BENCH_VENV),
-                                                  reason=f"no bench virtualenv: run scripts/setup ({BENCH_VENV})")]
+pytestmark = [pytest.mark.lab, needs_bench_venv]
 
 PERFORMS_AS = PROJECT / "tests/fixtures/models/qwen2.5-72b-instruct/config.json"
 # Two seat counts x three memory shares: over 0.98 the planner's check refuses (as the host data

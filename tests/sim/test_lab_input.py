@@ -86,7 +86,7 @@ def test_running_as_non_root(tmp_path):
     else:
         tmp_path.chmod(0o777)
         result = lab_up(tmp_path, user="nobody")
-    assert_refused(result, tmp_path, "must run as root", "sudo")
+    assert_refused(result, tmp_path, "must run as root", "`su -`")
 
 
 def test_a_performance_model_that_is_no_models_config(tmp_path):

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from functools import partial
 from pathlib import Path
@@ -119,3 +122,41 @@ def test_a_bench_gate_names_each_metric_that_regressed_past_the_threshold():
     assert parse_share("5%") == parse_share("0.05") == 0.05
     with pytest.raises(FleetError, match="expected a share such as 5%"):
         parse_share("five")
+
+
+
+# A command that needs the bench virtualenv, with pip's few minutes and 3.4 GB stood in for: the build
+# leaves the files the check reads and notes itself in builds.log.
+NEEDS_BENCH_VENV = """
+import sys, time
+from pathlib import Path
+from ascend_fleet import bench
+
+def build(venv, find_links):
+    with open(sys.argv[1], "a") as log:
+        log.write(f"{venv}\\n")
+    time.sleep(1)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").touch()
+    (venv / bench.SETUP_MARKER).write_text(bench.setup_marker_text())
+
+bench._build_bench_venv = build
+bench.ensure_bench_venv(sys.argv[2])
+"""
+
+
+def test_the_first_run_that_needs_the_bench_virtualenv_builds_it_once_and_says_so(tmp_path):
+    venv, builds = tmp_path / "bench-venv", tmp_path / "builds.log"
+    env = {**os.environ, "ASCEND_FLEET_BENCH_VENV": str(venv)}
+
+    def start(command: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", NEEDS_BENCH_VENV, str(builds), command], env=env,
+                                stderr=subprocess.PIPE, text=True)
+
+    # Two started at once (e.g. two pytest processes): the second waits for the first one's build.
+    first, second = start("tune"), start("tune")
+    notes = [process.communicate(timeout=60)[1] for process in (first, second)]
+    assert builds.read_text() == f"{venv}\n"
+    assert all(f"tune: first run: building the bench virtualenv at {venv}" in note for note in notes)
+    assert start("bench").communicate(timeout=60)[1] == ""
+    assert builds.read_text() == f"{venv}\n"
