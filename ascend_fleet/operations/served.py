@@ -9,7 +9,7 @@ node's own operations before them left it.
 from __future__ import annotations
 
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from pyinfra import host
 from pyinfra.api import operation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from io import StringIO
-from typing import Callable
+from collections.abc import Callable
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy

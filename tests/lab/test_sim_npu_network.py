@@ -132,7 +132,7 @@ def test_a_tls_switch_left_on_shows_in_tls_g(addressed):
 
 def test_after_a_reboot_the_npus_have_what_hccn_conf_keeps_and_nothing_else(addressed):
     addresses = plan(addressed)["worker2"]
-    addressed.run("worker2", f"sed -i '/_1=/d' /etc/hccn.conf")  # NPU 1's settings were never persisted
+    addressed.run("worker2", "sed -i '/_1=/d' /etc/hccn.conf")  # NPU 1's settings were never persisted
     try:
         addressed.reboot("worker2")
         kept = hccn(addressed, "worker2", "-i", "0", "-ip", "-g")

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.test_sim_server import SimServer, make_node_root, site_dir, write_model  # noqa: F401 (fixture)
+from tests.sim import test_sim_server
+from tests.sim.test_sim_server import SimServer, make_node_root, write_model
 
+site_dir = test_sim_server.site_dir  # its fixture: the stand-in wheels unpacked
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TIME_SCALE = 0.25
 # Token ids: every request the same 800-token prompt. Long prompts make the others' prefills a large

@@ -439,7 +439,8 @@ def deploy_steps(steps, venv: Path, index: str) -> None:
     from tests.fakehost import FakeHost, commands
     for command in commands(python_stack.pinned, FakeHost({PipPackages: {}}), venv=str(venv), steps=steps,
                             index_url=index):
-        run = subprocess.run(["sh", "-c", str(getattr(command, "get_raw_value", lambda: command)())],
+        raw = command.get_raw_value() if hasattr(command, "get_raw_value") else command
+        run = subprocess.run(["sh", "-c", str(raw)],
                              capture_output=True, text=True, env=pip_environment(dict(os.environ)), timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
 

@@ -28,8 +28,8 @@ LAYOUT_PATHS = sorted((value for name, value in vars(node_layout).items()
 UNIT_NAMES = {value.removesuffix(".service") for name, value in vars(node_layout).items() if name.endswith("_UNIT")} | {
     node_layout.instance_unit("vllm").removesuffix(".service")}
 # A layout path anywhere in a string (a command line too), with what follows it of the path.
-LAYOUT_PATH = re.compile(r"(?<![\w./-])(?:%s)(?:/[^\s'\";|&<>(){}$`]*)?(?![\w.-])"
-                         % "|".join(map(re.escape, LAYOUT_PATHS)))
+LAYOUT_PATH = re.compile(r"(?<![\w./-])(?:" + "|".join(map(re.escape, LAYOUT_PATHS))
+                         + r")(?:/[^\s'\";|&<>(){}$`]*)?(?![\w.-])")
 # Paths below a layout directory that are not ascend-fleet's on a node, each with why it is spelled.
 NOT_NODE_PATHS = {
     "/var/lib/ascend-fleet/bench-venv": "the control machine's: bench.py's virtualenv for vllm bench",

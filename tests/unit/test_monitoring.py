@@ -22,6 +22,7 @@ from ascend_fleet.templating import render
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: run scripts/setup (Debian's prometheus)")
 DASHBOARD = TEMPLATES / "monitoring" / "grafana-dashboard.json"
+DEFAULTS = Monitoring()  # the thresholds group data gets when it sets none
 WORKER1 = {"host": "worker1", "instance_name": "vllm-0", "instance": "10.0.0.2:8000", "job": "vllm"}
 
 
@@ -29,7 +30,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120)
 
 
-def write_rules(directory: Path, monitoring: Monitoring = Monitoring()) -> Path:
+def write_rules(directory: Path, monitoring: Monitoring = DEFAULTS) -> Path:
     rules = directory / "ascend-fleet.rules.yml"
     rules.write_text(render(TEMPLATES / "monitoring" / "ascend-fleet.rules.yml.j2", monitoring=monitoring))
     return rules
@@ -72,7 +73,7 @@ def alert(name: str, eval_time: str, fires: bool, **labels) -> dict:
     return {"eval_time": eval_time, "alertname": name, "exp_alerts": [{"exp_labels": exp_labels}] if fires else []}
 
 
-def run_rule_tests(tmp_path: Path, tests: list[dict], monitoring: Monitoring = Monitoring()) -> None:
+def run_rule_tests(tmp_path: Path, tests: list[dict], monitoring: Monitoring = DEFAULTS) -> None:
     rules = write_rules(tmp_path, monitoring)
     # promtool compares annotations too unless a test leaves them out of exp_alerts: drop them here.
     text = yaml.safe_load(rules.read_text())

@@ -137,7 +137,7 @@ def worker_facts(profile, unit_state="active", health=200, driver=None) -> dict:
         "pip": {"torch-npu": profile.node_version("torch-npu", "x86_64"), "vllm-ascend": stack.vllm_ascend},
         "arch": "x86_64",
     }
-    for name, port in (("vllm-0", 8000), ("vllm-1", 8001)):
+    for name in ("vllm-0", "vllm-1"):
         facts[fact_key("unit", name)] = {"LoadState": "loaded", "ActiveState": unit_state, "SubState": "x",
                                  "Result": "exit-code" if unit_state == "failed" else "success",
                                  "last_line": "ERROR NPU 0 is already in use"}

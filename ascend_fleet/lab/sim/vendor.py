@@ -21,7 +21,7 @@ import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from ascend_fleet import versions as version_order
 from ascend_fleet.profile import ARCHES, CHIP, Stack, vendor_file_names

@@ -187,8 +187,7 @@ def rsync_argv(peer: str, remote_dir: Path, local_dir: Path) -> list[str]:
 def run_tool(job: Job, argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None = None) -> bytes:
     """Run a fetch tool; tokens travel in env. Its stdout is returned; on failure, its last words are in the error."""
     try:
-        result = subprocess.run(argv, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={**os.environ, **(env or {})})
+        result = subprocess.run(argv, input=stdin, capture_output=True, env={**os.environ, **(env or {})})
     except (FileNotFoundError, PermissionError) as exc:  # PermissionError: a PATH entry or the file not executable
         raise job.error(f"{argv[0]} is not installed on the node ({exc.strerror}): install it (or choose another "
                         "source)") from None

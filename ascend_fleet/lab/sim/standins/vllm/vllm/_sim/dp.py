@@ -155,7 +155,8 @@ class RemoteEngines:
 
     async def _member(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections.append(writer)
-        peer = "%s:%d" % writer.get_extra_info("peername")[:2]
+        address, port = writer.get_extra_info("peername")[:2]
+        peer = f"{address}:{port}"
         ranks: list[int] = []
         try:
             hello = await receive(reader)
