@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
 from ascend_fleet.fleetstate import BLUE, COLOURS

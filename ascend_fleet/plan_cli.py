@@ -13,11 +13,29 @@ from rich.console import Console
 from rich.table import Table
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import (
+    MODELS_DIR,
+    FleetPlan,
+    load_inventory,
+    model_shape,
+    model_support,
+    plan_fleet,
+    read_model_config,
+    read_modelslim_description,
+)
 from ascend_fleet.perfmodel import LoadResult, predict
-from ascend_fleet.fleet import (MODELS_DIR, FleetPlan, load_inventory, model_shape, model_support, plan_fleet,
-                                read_model_config, read_modelslim_description)
-from ascend_fleet.planner import (GIB, MIB, ConfigError, InstancePlan, check_model_support, chip_by_name, format_gib,
-                                  judge, plan_instance, planned_quantization)
+from ascend_fleet.planner import (
+    GIB,
+    MIB,
+    ConfigError,
+    InstancePlan,
+    check_model_support,
+    chip_by_name,
+    format_gib,
+    judge,
+    plan_instance,
+    planned_quantization,
+)
 from ascend_fleet.profile import load_profile
 
 console = Console()

@@ -18,8 +18,7 @@ from urllib.parse import quote
 import yaml
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from ascend_fleet import PROFILES
 from ascend_fleet.errors import FleetError, describe_validation

@@ -36,10 +36,10 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
-from collections.abc import Callable
 
 import click
 import requests

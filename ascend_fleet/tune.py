@@ -43,7 +43,16 @@ from ascend_fleet import bench
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import plan_fleet
 from ascend_fleet.hostdata import Serving
-from ascend_fleet.rollout import SERVE_DEPLOY, Backend, Fleet, Runner, Step, check_deploy_files, failing_gates, parse_data
+from ascend_fleet.rollout import (
+    SERVE_DEPLOY,
+    Backend,
+    Fleet,
+    Runner,
+    Step,
+    check_deploy_files,
+    failing_gates,
+    parse_data,
+)
 
 console = Console()
 progress_console = Console(stderr=True)

@@ -7,7 +7,6 @@ test process is patched the way a pyinfra run is.
 """
 
 import pyinfra_cli  # noqa: F401
-
 import pytest  # noqa: E402  (after pyinfra_cli, for the reason above)
 
 PARTS = ("session-lab", "others")

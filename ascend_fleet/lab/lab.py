@@ -16,8 +16,19 @@ from ascend_fleet.lab import cgroups, network, processes
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root, start_mirror
-from ascend_fleet.lab.nodes import (node_dir, empty_nvme, prepare_node, prepare_root, remove_loop_mount,
-                                   remove_mount, spawn_supervisor, start_lxcfs, start_node, wait_for_ssh, wipe_root)
+from ascend_fleet.lab.nodes import (
+    empty_nvme,
+    node_dir,
+    prepare_node,
+    prepare_root,
+    remove_loop_mount,
+    remove_mount,
+    spawn_supervisor,
+    start_lxcfs,
+    start_node,
+    wait_for_ssh,
+    wipe_root,
+)
 from ascend_fleet.lab.publish import publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState

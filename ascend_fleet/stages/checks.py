@@ -13,7 +13,6 @@ from functools import cache
 from hashlib import sha256
 
 import requests
-
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
@@ -26,8 +25,13 @@ from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.node_layout import (GATEWAY_API_KEY_FILE, INSTANCE_UNIT_PREFIX, MANIFEST_NAME, NGINX_ERROR_LOG,
-                                     revision_dir)
+from ascend_fleet.node_layout import (
+    GATEWAY_API_KEY_FILE,
+    INSTANCE_UNIT_PREFIX,
+    MANIFEST_NAME,
+    NGINX_ERROR_LOG,
+    revision_dir,
+)
 from ascend_fleet.operations import gates, served
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.per_run import once_per_run

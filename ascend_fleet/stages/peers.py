@@ -33,7 +33,6 @@ from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
 
-
 @dataclass(frozen=True)
 class Spread:
     """The other workers' weights servers, and where in the file list this one starts asking the

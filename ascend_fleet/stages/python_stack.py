@@ -14,7 +14,6 @@ from ascend_fleet.operations.vendor import toolkit_env_scripts
 from ascend_fleet.stages.context import node_profile, package_family, pip_index_url, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 
-
 TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
 
 

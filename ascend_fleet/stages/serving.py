@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from io import StringIO
 from collections.abc import Callable
+from io import StringIO
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
@@ -16,6 +16,7 @@ from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig
+from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.node_layout import (
     GATEWAY_API_KEY_FILE,
     GATEWAY_CONFIG,
@@ -36,7 +37,6 @@ from ascend_fleet.node_layout import (
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
-from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.stages.context import data_parallel_role, node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem

@@ -19,8 +19,14 @@ from contextlib import contextmanager
 
 import pytest
 
-from ascend_fleet.node_layout import (GATEWAY_CONFIG, MARKER_NAME, NGINX_CONF_DIR, PACKAGE_DIR, WEIGHTS_STAGER,
-                                     instance_unit)
+from ascend_fleet.node_layout import (
+    GATEWAY_CONFIG,
+    MARKER_NAME,
+    NGINX_CONF_DIR,
+    PACKAGE_DIR,
+    WEIGHTS_STAGER,
+    instance_unit,
+)
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import chat_through_gateway, restore_hardware, rewrite_hardware, totals, unit_starts

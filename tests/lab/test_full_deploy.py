@@ -19,8 +19,15 @@ import requests
 
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
-from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
-                                     SERVICE_ENV_FILE, instance_unit)
+from ascend_fleet.node_layout import (
+    CONFIG_DIR,
+    FIREWALL_UNIT,
+    GATEWAY_CONFIG,
+    MANIFEST_NAME,
+    PACKAGE_DIR,
+    SERVICE_ENV_FILE,
+    instance_unit,
+)
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, load_profile
 from ascend_fleet.stages.python_stack import unexpected_complaints

@@ -14,7 +14,17 @@ from ascend_fleet.lab.spec import DEFAULT_PROFILES
 from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
-from tests.lab.test_sim_platform import APT_LISTS, HDK_FLAGS, PKGS, RESET, Mirror, fetch, firmware_file, install_driver, sh
+from tests.lab.test_sim_platform import (
+    APT_LISTS,
+    HDK_FLAGS,
+    PKGS,
+    RESET,
+    Mirror,
+    fetch,
+    firmware_file,
+    install_driver,
+    sh,
+)
 
 pytestmark = pytest.mark.lab
 

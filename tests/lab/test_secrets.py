@@ -21,8 +21,17 @@ import pytest
 import requests
 
 from ascend_fleet.loadgen import LoadGenerator
-from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, GATEWAY_API_KEY_FILE,
-                                     HUB_TOKENS_FILE, INSTANCE_ENV_DIR, instance_env_file, instance_unit, unit_file)
+from ascend_fleet.node_layout import (
+    CONFIG_DIR,
+    FIREWALL_RULES_FILE,
+    FIREWALL_UNIT,
+    GATEWAY_API_KEY_FILE,
+    HUB_TOKENS_FILE,
+    INSTANCE_ENV_DIR,
+    instance_env_file,
+    instance_unit,
+    unit_file,
+)
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import totals
 

@@ -484,8 +484,7 @@ def test_the_lab_x86_64_steps_leave_triton_ascends_build_alone_in_site_packages_
 def test_removing_cuda_triton_after_triton_ascend_deletes_triton_ascends_files(x86_index, tmp_path):
     """Why upstream's order: an uninstall of triton at the end (as a plain `pip.remove` would run it) leaves
     triton-ascend listed but `import triton` failing."""
-    from ascend_fleet.profile import load_profile
-    from ascend_fleet.profile import PipRemoval, PipStep
+    from ascend_fleet.profile import PipRemoval, PipStep, load_profile
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     installs = [s for s in load_profile("lab").node_steps("x86_64") if isinstance(s, PipStep)]
@@ -499,6 +498,7 @@ def test_the_lab_profiles_builds_are_its_standins_by_sha256(lab_standins):
     """profiles/lab.yaml pins each stand-in build by sha256, as a real profile pins upstream's files: a changed
     stand-in fails here with the lines to paste."""
     import hashlib
+
     from ascend_fleet.profile import OverrideStep, load_profile
     arch, wheels = lab_standins
     built = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}

@@ -14,11 +14,11 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from ascend_fleet.bench import BenchOptions, Target, bench_command, fetch_tokenizer, judge, parse_slo, render
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import node_config
-from rich.console import Console
 
 WORKER = {"profile": "lab", "chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 4,
           "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9},

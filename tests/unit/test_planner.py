@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from ascend_fleet.cli import build_app
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import model_support
-from ascend_fleet.profile import load_profile
 from ascend_fleet.planner import (
     CHIPS,
     DOES_NOT_FIT,
@@ -28,19 +27,20 @@ from ascend_fleet.planner import (
     check_blue_green,
     check_concurrency,
     check_gpu_memory_utilization,
-    check_node_instances,
     check_model_support,
+    check_node_instances,
     check_vllm_use_v1,
     check_weights_fit,
     chip_by_name,
     kv_cache_bytes_per_token,
     linear_state_bytes_per_sequence,
     plan_instance,
-    reserved_ports,
     python_version_key,
+    reserved_ports,
     weight_bytes,
     weight_bytes_per_npu,
 )
+from ascend_fleet.profile import load_profile
 
 MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 NPUS_PER_NODE = 8

@@ -20,9 +20,22 @@ from packaging.utils import canonicalize_name
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.profile import OverrideStep, load_profile
-from ascend_fleet.profile_check import (Check, Indexes, IndexFile, Platform, PlatformResult, Problem, Standin,
-                                        StepResolver, StepResult, check_profile, conflict_lines, manylinux_platforms,
-                                        platforms_to_check, resolver_pip)
+from ascend_fleet.profile_check import (
+    Check,
+    Indexes,
+    IndexFile,
+    Platform,
+    PlatformResult,
+    Problem,
+    Standin,
+    StepResolver,
+    StepResult,
+    check_profile,
+    conflict_lines,
+    manylinux_platforms,
+    platforms_to_check,
+    resolver_pip,
+)
 
 DATA = Path(__file__).parent / "data"
 PYPI = "https://pypi.org/simple"

@@ -12,8 +12,15 @@ import yaml
 from ascend_fleet import PROFILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.planner import python_version_key
-from ascend_fleet.profile import (InstallStep, OverrideStep, PipBuild, PipRemoval, RemoveStep, available_profiles,
-                                  load_profile)
+from ascend_fleet.profile import (
+    InstallStep,
+    OverrideStep,
+    PipBuild,
+    PipRemoval,
+    RemoveStep,
+    available_profiles,
+    load_profile,
+)
 
 # vllm-ascend's versioning policy, as the field notes copy it (section 3): the one
 # place the tests keep the upstream matrix.

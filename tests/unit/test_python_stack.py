@@ -15,10 +15,10 @@ import pytest
 from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 
 from ascend_fleet.facts.ascend import PipPackages
+from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, PipRemoval, PipStep
-from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.profile_check import pip_environment
 from tests.fakehost import FakeHost, commands, new_file, uploads
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet import rollout
 from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import ModelConfigs
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.loadgen import LoadReport, RequestResult, percentile
-from ascend_fleet import rollout
-from ascend_fleet.fleet import ModelConfigs
 from ascend_fleet.node_layout import instance_unit
 from ascend_fleet.rollout import (
     Fleet,

@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pyinfra.facts.files import FileContents
 
 from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
 from ascend_fleet.hostdata import node_config
-from ascend_fleet.node_layout import NGINX_CONF_DIR
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info, render_metrics
+from ascend_fleet.node_layout import NGINX_CONF_DIR
 from ascend_fleet.probes import fact_key
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
 from ascend_fleet.status import gateway_routes, host_status, routing
 from ascend_fleet.vllm_metrics import histogram_quantile, parse_metrics
-from prometheus_client.parser import text_string_to_metric_families
 
 NEW_NAMES = """\
 # TYPE vllm:num_requests_running gauge

@@ -12,8 +12,19 @@ import pytest
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import Serving
-from ascend_fleet.tune import (Candidate, CtrlC, TuneRecord, candidate_data, candidates_of, goodput_args, parse_grid,
-                               plot, render, snippet, winner)
+from ascend_fleet.tune import (
+    Candidate,
+    CtrlC,
+    TuneRecord,
+    candidate_data,
+    candidates_of,
+    goodput_args,
+    parse_grid,
+    plot,
+    render,
+    snippet,
+    winner,
+)
 
 SLO = {"p99_ttft_ms": 2000.0, "p99_tpot_ms": 50.0}
 

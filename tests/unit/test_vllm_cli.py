@@ -15,11 +15,16 @@ from typer.testing import CliRunner
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.cli import build_app
-from ascend_fleet.plan_cli import layout
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, plan_fleet
-from ascend_fleet.node_layout import (SERVICE_ENV_FILE, instance_env_file, instance_home, instance_state_directory,
-                                     instance_unit)
+from ascend_fleet.node_layout import (
+    SERVICE_ENV_FILE,
+    instance_env_file,
+    instance_home,
+    instance_state_directory,
+    instance_unit,
+)
+from ascend_fleet.plan_cli import layout
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import OPTIONS_DIR, check_vllm_args, vllm_args
 from tests.unit.test_fleet import FLEET, MODELS, prod_inventory, write_fleet

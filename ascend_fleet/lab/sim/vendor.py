@@ -19,9 +19,9 @@ import json
 import os
 import sys
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterable
 
 from ascend_fleet import versions as version_order
 from ascend_fleet.profile import ARCHES, CHIP, Stack, vendor_file_names

@@ -9,9 +9,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-
-
-
 MANIFEST_NAME = "ascend-fleet-manifest.json"  # the HTTP mirror's manifest (ascend_fleet.lab.sim.tinymodel)
 INDEX_NAME = "model.safetensors.index.json"
 MARKER_NAME = ".ascend-fleet-staged.json"

@@ -29,7 +29,6 @@ from .revision import (
 )
 from .verified import Journal, fetch_and_verify
 
-
 TOKEN_NAMES = ("MODELSCOPE_API_TOKEN", "HF_TOKEN")
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
 HF_ENDPOINT = "https://huggingface.co"

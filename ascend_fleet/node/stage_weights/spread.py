@@ -18,7 +18,6 @@ from .revision import PEER_PUBLISHED_PATH, PEER_STAGING_PATH, Job, StageError, m
 from .sources import Source, download_resuming, http_get
 from .verified import Journal, admit, check_fetched
 
-
 # Spreading over the fleet (class Spread): files one node fetches at once, of which from the
 # origin (its link is the scarce one: the fleet shares it), and how often peers are asked what
 # they hold. A peer that failed is asked again after PEER_RETRY_SECONDS; one that sends nothing
