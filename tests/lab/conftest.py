@@ -11,6 +11,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,10 @@ PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 needs_bench_venv = pytest.mark.skipif(not bench_venv_ready(BENCH_VENV), reason=f"no bench virtualenv at {BENCH_VENV}: "
                                       "scripts/test builds it, or `ascend-fleet bench --setup`")
+# A failed run's whole output goes to a file here (its error names it): the first failing operation
+# may lie far above the end of a deploy's output.
+TEST_LOGS = Path(os.environ.get("ASCEND_FLEET_TEST_LOGS", PROJECT / "test-logs"))
+FAILURE_TAIL = 6000
 # Each test process's labs use subnets 10.213.N.0/24 to N+7 and lab directories test-N*.
 TEST_NETS = range(200, 250, 10)
 TEST_NET_LOCKS = Path("/run/lock")
@@ -60,6 +65,21 @@ TEST_NET = claimed_test_net()
 TEST_LAB_DIR = DEFAULT_LAB_DIR.parent / f"test-{TEST_NET}"
 # The lab data's instances on each worker (group_data/lab.py: 8 NPUs at TP4).
 INSTANCES = ("vllm-0", "vllm-1")
+
+
+def failed_run(command: str, returncode: int, output: str) -> AssertionError:
+    """The error of a command that failed: its whole output saved in TEST_LOGS (the message names the
+    file), the lines that say error, and the output's end."""
+    TEST_LOGS.mkdir(parents=True, exist_ok=True)
+    name = "-".join(command.split()[:3]).replace("/", "_")
+    descriptor, path = tempfile.mkstemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name}-", suffix=".log",
+                                        dir=TEST_LOGS)
+    with open(descriptor, "w") as log:
+        log.write(f"$ {command}\n{output}")
+    errors = [line for line in output.splitlines() if "error" in line.lower()][:20]
+    return AssertionError(f"{command} exited {returncode}; its whole output: {path}\n"
+                          + "".join(f"{line}\n" for line in errors)
+                          + f"its last {FAILURE_TAIL} characters:\n{output[-FAILURE_TAIL:]}")
 
 
 class Lab:
@@ -131,7 +151,7 @@ class Lab:
                                 cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 timeout=timeout)
         if check and result.returncode != 0:
-            raise AssertionError(f"pyinfra {' '.join(args)} exited {result.returncode}:\n{result.stdout[-6000:]}")
+            raise failed_run(f"pyinfra {self.inventory} {' '.join(args)}", result.returncode, result.stdout)
         return result
 
     def reboot(self, node: str) -> None:

@@ -1,0 +1,31 @@
+"""A lab test's failed deploy keeps the whole output of the run: the first failing operation of a
+long deploy lies far above the end that the error message shows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.lab import conftest
+from tests.lab.conftest import FAILURE_TAIL, Lab
+
+
+def test_a_failed_deploy_names_a_file_holding_its_whole_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(conftest, "TEST_LOGS", tmp_path / "test-logs")
+    # pyinfra on this machine, as a lab fixture runs it: a first failure, then more output than the message keeps.
+    lab = Lab(tmp_path / "lab", "failing", "10.213.99.0/24", inventory="@local")
+    script = f"echo 'Error: the first failing operation'; seq 1 {FAILURE_TAIL}; exit 3"
+    with pytest.raises(AssertionError) as failed:
+        lab.pyinfra("exec", "--", script)
+    message = str(failed.value)
+    saved = re.search(r"its whole output: (\S+)", message)
+    assert saved, message[:500]
+    output = Path(saved.group(1)).read_text()
+    assert output.startswith("$ pyinfra @local exec -- echo")
+    assert output.index("Error: the first failing operation") < output.index("[@local] 1\n") < len(output) - 2000
+    assert f"[@local] {FAILURE_TAIL}\n" in output
+    # The message keeps the output's end, and the lines that say error however far up they are.
+    assert f"[@local] {FAILURE_TAIL}\n" in message and "[@local] 1\n" not in message
+    assert "Error: the first failing operation" in message
