@@ -45,10 +45,11 @@ def base_image(debian_upstream: str, console: Console) -> Path:
             return root
         building = root.with_name(root.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
-        with console.status(f"building the Debian {SUITE} base with debootstrap (once, about a minute)"):
-            run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(building),
-                 f"{debian_upstream}/debian"], what="debootstrap of the lab base", timeout=1800)
-            _prepare(building)
+        # A line, not a status: `lab up` builds it beside its own status.
+        console.print(f"lab: building the Debian {SUITE} base with debootstrap into {root} (once, about a minute)")
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(building),
+             f"{debian_upstream}/debian"], what="debootstrap of the lab base", timeout=1800)
+        _prepare(building)
         building.rename(root)
     return root
 

@@ -82,17 +82,19 @@ def up(spec: LabSpec, console: Console) -> LabState:
         console.print(f"a previous lab in {spec.lab_dir} did not finish cleanly: removing its leftovers")
         down(spec.lab_dir)
     check_can_run(spec)
-    base = base_image(spec.debian_upstream, console)
     state = LabState(spec.lab_dir, spec.model_dump(mode="json"), [])
     state.save()
     try:
-        with console.status("creating the lab network, mirror and nodes"):
+        # The first lab's base (debootstrap) builds while the mirror fills (pip downloads, tiny models).
+        with ThreadPoolExecutor(max_workers=1) as pool, console.status("creating the lab network, mirror and nodes"):
+            base_built = pool.submit(base_image, spec.debian_upstream, console)
             public_key = create_login_key(state, spec)
             state.record("dir", path=str(fleet_state_dir(spec.lab_dir)))  # so `lab down` removes a rollout's record
             network.create_bridge(state, spec)
             start_mirror(state, spec)
             publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
             start_lxcfs(state, spec, console)
+            base = base_built.result()
             for node in spec.nodes:
                 make_node(state, spec, node, base, public_key)
         boot(spec, spec.nodes, console)

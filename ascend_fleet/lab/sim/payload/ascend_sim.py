@@ -13,6 +13,7 @@ Model of "the driver takes effect after a reboot" (what real kernel modules do):
 """
 
 import json
+import re
 from pathlib import Path
 
 from versions import in_range, is_ops_era, parse_range, version_key  # noqa: F401 (used by the other payload modules)

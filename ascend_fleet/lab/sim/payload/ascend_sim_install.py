@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import ascend_sim as sim
 import versions
+import ascend_sim as sim
 
 HERE = Path(__file__).resolve().parent
 # A real installer waits at its prompts forever; the lab gives up so an unattended run fails instead of hanging.
