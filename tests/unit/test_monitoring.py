@@ -20,7 +20,8 @@ from ascend_fleet.stages.monitoring import SCRAPE_JOBS
 from ascend_fleet.templating import render
 
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: run scripts/setup --test (Debian's prometheus)")
+pytestmark = pytest.mark.skipif(PROMTOOL is None,
+                                reason="promtool missing: run scripts/setup --test (Debian's prometheus)")
 DASHBOARD = TEMPLATES / "monitoring" / "grafana-dashboard.json"
 DEFAULTS = Monitoring()  # the thresholds group data gets when it sets none
 WORKER1 = {"host": "worker1", "instance_name": "vllm-0", "instance": "10.0.0.2:8000", "job": "vllm"}
