@@ -17,6 +17,7 @@ from ascend_fleet.errors import FleetError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "lab": ("ascend_fleet.lab.cli", "lab_app", "group"),
     "plan": ("ascend_fleet.plan_cli", "plan", "command"),
+    "check": ("ascend_fleet.fleet_check", "check", "command"),
     "rollout": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "swap-model": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "load": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
