@@ -46,6 +46,14 @@ PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", 
 # A multi-node instance's member reaches the others on its own address and NIC (vllm-ascend's
 # multi-node guide): data_parallel and serving_address set these per host.
 PER_HOST_ENV = ("HCCL_IF_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+# Paths CANN's set_env.sh sets (captured into npu.env before npu_env, which systemd lets win): one in
+# npu_env would hide CANN's libraries or operators from every instance.
+CANN_ENV = frozenset({"LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "PYTHONPATH", "ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH",
+                      "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "TOOLCHAIN_HOME", "ATB_HOME_PATH"})
+# npu.env is world-readable (0644): a credential there is every local user's.
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL")
+# Below this, only root binds a port; instances run as service_user.
+FIRST_UNPRIVILEGED_PORT = 1024
 # NodeConfig's own keys, not the data's: node_config sets them.
 HIDDEN_KEYS = frozenset({"host"})
 # Wrapped lists of valid keys stay this narrow, indented under the error's own line.
@@ -372,6 +380,12 @@ class NodeConfig(_Strict):
             if key in PER_HOST_ENV:
                 raise ValueError(f"{key} is set per host from serving_address and serving_nic (or "
                                  "data_parallel.nic), not fleet-wide")
+            if key in CANN_ENV:
+                raise ValueError(f"{key} would hide the one CANN's set_env.sh sets (the environment stage captures "
+                                 "it into npu.env); drop it")
+            if SECRET_ENV.search(key):
+                raise ValueError(f"{key} looks like a credential, and npu.env is readable by every user of the "
+                                 "node; the instances' API key comes from the gateway's (README, secrets)")
         if not env.get("HCCL_BUFFSIZE", "0").isdigit():
             raise ValueError("HCCL_BUFFSIZE must be a whole number of MB")
         return env
@@ -575,7 +589,8 @@ def _instance_problems(config: NodeConfig, derived: bool):
     tp, count = config.tensor_parallel_size, config.npu_count
     yield from _data_parallel_problems(config)
     if not config.instances:
-        yield "tensor_parallel_size", f"{tp} does not divide the {count} NPUs; expected a divisor of {count}"
+        yield "tensor_parallel_size", (f"{tp} does not divide npu_count {count}; expected a divisor of {count}, or "
+                                       "correct npu_count if the host has other than that many NPUs")
     names = [instance.name for instance in config.instances]
     for name in sorted({name for name in names if names.count(name) > 1}):
         yield "instances", f"two instances are named {name}; expected distinct names"
@@ -589,12 +604,31 @@ def _instance_problems(config: NodeConfig, derived: bool):
         for npu in instance.npus:
             if npu >= count:
                 yield f"instances.{instance.name}.npus", f"NPU {npu} does not exist; npu_count is {count} (NPUs 0-{count - 1})"
+    for instance in config.instances:
+        if instance.port < FIRST_UNPRIVILEGED_PORT:
+            yield ("instance_ports.api" if derived else f"instances.{instance.name}.port"), (
+                f"{instance.port} is below {FIRST_UNPRIVILEGED_PORT}, which only root may bind; instance "
+                f"{instance.name} runs as service_user {config.service_user}: pick a port from 1024 to 65535")
     records = [instance.record() for instance in config.instances]
+    yield from _host_port_problems(config, records)
     for finding in check_node_instances(records):
         if finding.code == "shared-npu":
             yield "instances", f"{finding.message}; expected each NPU used once"
     for clash in port_clashes(records):
         yield ("instance_ports" if derived else "instances"), f"{clash}; {_port_remedy(clash, derived)}"
+
+
+def _host_port_problems(config: NodeConfig, records: list[InstanceRecord]):
+    """The host's other listeners (the weights peer port; the gateway's, on a host that is both) against
+    every port an instance takes."""
+    listeners = {"model.peer_port": config.model.peer_port if config.model else None,
+                 "gateway.listen_port": config.gateway.listen_port if config.gateway else None}
+    for key, port in listeners.items():
+        for record in records:
+            for claimed in record.port_ranges():
+                if port in claimed.ports:
+                    yield key, (f"{port} lies in instance {record.name}'s {claimed}; move {key} or the instance's "
+                                f"{claimed.field}")
 
 
 # Derived instances place each port from the instance_ports base of the same kind.

@@ -220,7 +220,7 @@ def test_block_size_and_vllm_use_v1_are_warned_about(tmp_path):
 def test_bad_host_data_stops_the_plan_before_any_model_is_read(tmp_path):
     inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="lab", model="x", serving=""),
                                            '{"chip": "910B3", "npu_count": 4, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 3}'), tmp_path)
-    with pytest.raises(FleetError, match=r"^node1: tensor_parallel_size: 3 does not divide the 4 NPUs"):
+    with pytest.raises(FleetError, match=r"^node1: tensor_parallel_size: 3 does not divide npu_count 4"):
         plan_fleet(inventory, tmp_path / "never-read.json")
 
 
