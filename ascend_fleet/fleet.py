@@ -44,7 +44,8 @@ from ascend_fleet.planner import (
     planned_quantization,
 )
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.vllm_cli import check_data_parallel_start, check_extra_args, check_vllm_args, vllm_args
+from ascend_fleet.vllm_cli import (check_data_parallel_start, check_extra_args, check_serving_rules, check_vllm_args,
+                                   vllm_args)
 
 # The first releases that serve each model_type, with their sources.
 MODEL_TYPES_FILE = Path(__file__).with_name("model_types.yaml")
@@ -334,6 +335,7 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape,
         # The options differ per instance only in values (ports, TP size): the first stands for all.
         *check_vllm_args(args := vllm_args(config, config.instances[0], "MODEL", role), profile.stack.vllm),
         *check_extra_args(args[:len(args) - len(serving.extra_args)], serving.extra_args, profile.stack.vllm),
+        *check_serving_rules(serving, profile.stack.vllm),
         *(check_data_parallel_start(profile.stack.vllm) if role else []),
     ]
     if profile.upstream.vllm_ascend_row is None:

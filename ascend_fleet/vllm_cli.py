@@ -16,7 +16,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ascend_fleet.hostdata import Instance, NodeConfig
+from ascend_fleet.hostdata import Instance, NodeConfig, Serving
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.planner import ERROR, WARNING, Finding
 
@@ -104,6 +104,30 @@ def parser_name_finding(flag: str, value: str | None, args: list[str], vllm_vers
         return None
     return Finding(ERROR, "vllm-parser-unknown", f"serving.{flag[2:].replace('-', '_')}: {value} is not a {kind} "
                    f"parser of vLLM {vllm_version}; set one of {', '.join(names)}")
+
+
+def check_serving_rules(serving: Serving, vllm_version: str) -> list[Finding]:
+    """What vLLM refuses at start-up across serving keys, as every release pinned checks it: the scheduler's
+    batch against the context and the seats (SchedulerConfig, vllm/config/scheduler.py, 0.11.0 to 0.18.0), and
+    the speculative method (SpeculativeConfig.method, a Literal pydantic holds it to: vllm_options'
+    speculative_methods, from vllm/config/speculative.py)."""
+    findings = []
+    batched = serving.max_num_batched_tokens
+    if batched is not None and serving.enable_chunked_prefill is False and batched < serving.max_model_len:
+        findings.append(Finding(ERROR, "vllm-batch-below-context", f"serving.max_num_batched_tokens {batched} is below "
+                                f"max_model_len {serving.max_model_len} with enable_chunked_prefill False: vLLM "
+                                "refuses to start (no prompt longer than one batch could be scheduled); raise it, "
+                                "lower max_model_len or turn chunked prefill on"))
+    if batched is not None and serving.max_num_seqs is not None and batched < serving.max_num_seqs:
+        findings.append(Finding(ERROR, "vllm-batch-below-seats", f"serving.max_num_batched_tokens {batched} is below "
+                                f"max_num_seqs {serving.max_num_seqs}: vLLM refuses to start; raise it or lower "
+                                "max_num_seqs"))
+    method = (serving.speculative_config or {}).get("method")
+    methods = (release_data(vllm_version) or {}).get("speculative_methods")
+    if method is not None and methods is not None and method not in methods:
+        findings.append(Finding(ERROR, "vllm-speculative-method", f"serving.speculative_config.method: {method} is not "
+                                f"a speculative method of vLLM {vllm_version}; set one of {', '.join(methods)}"))
+    return findings
 
 
 # Options ascend-fleet sets from the data, by argparse dest, and where the data sets them. Any other option
