@@ -3,7 +3,7 @@
 `fleet_problems()` lists every problem of an inventory and its data, one line each: each host's data
 (hostdata.py), a host written twice in the inventory file, what the hosts' data must agree on
 (multi-node instances, rollout waves, NPU and serving addresses), the capacity and stack plan of
-every instance (fleet.py), and the vendor packages in files/. `ascend-fleet check` prints them;
+every instance (fleet.py), and the checksums of the vendor packages in files/. `ascend-fleet check` prints them;
 every deploy runs the same check before connecting, from the inventory file's last line
 (`check_before_connecting()`): pyinfra runs the inventory file before it connects, and nothing of
 ours runs earlier in its CLI. Node-side checks (the system, the NPUs, the NVMe) stay in preflight.
@@ -79,24 +79,23 @@ def inventory_file_problems(source: Path):
 
 
 def vendor_file_problems(configs: list[NodeConfig]) -> list[str]:
-    """Of each vendor package the workers' profiles need from files/: one for some arch of the profile
-    is there (which arch a node is, preflight asks it), and every copy there has the profile's sha256."""
+    """The workers' profiles give the sha256 of every vendor package of at least one of their arches, and each
+    package in files/ has its profile's. Which arch a node is, and so which packages it needs, preflight asks
+    the node, then requires those."""
     problems = []
     for name in sorted({config.profile for config in configs if config.is_worker}):
         profile = load_profile(name)
-        if profile.packages.source != "files":
-            continue
-        by_kind: dict[str, list[str]] = {}
-        for arch in profile.arch:
-            for kind, file_name in profile.vendor_files(arch).items():
-                by_kind.setdefault(kind, []).append(file_name)
-        for kind, names in by_kind.items():
-            names = list(dict.fromkeys(names))  # firmware has one name for every arch
-            present = [file_name for file_name in names if (FILES / file_name).is_file()]
-            if not present:
-                problems.append(f"{FILES.absolute()}: no {' or '.join(names)} (profile {name}'s {kind}); download it "
-                                "from Huawei for your nodes' architecture and put it there")
-            problems += [problem for file_name in present if (problem := vendor_file_problem(profile, file_name))]
+        by_arch = {arch: list(profile.vendor_files(arch).values()) for arch in profile.arch}
+        if not any(all(profile.has_sha256(file_name) for file_name in names) for names in by_arch.values()):
+            missing = sorted({file_name for names in by_arch.values() for file_name in names
+                              if not profile.has_sha256(file_name)})
+            problems.append(f"profile {name}: no sha256 for {len(missing)} vendor packages ({missing[0]}, ...); add "
+                            "those of your nodes' architecture under packages.files, from Huawei's download page "
+                            "(copy the profile to profiles/ here first)")
+        if profile.packages.source == "files":
+            problems += [problem for file_name in dict.fromkeys(sum(by_arch.values(), []))
+                         if profile.has_sha256(file_name) and (FILES / file_name).is_file()
+                         and (problem := vendor_file_problem(profile, file_name))]
     return problems
 
 
@@ -129,14 +128,14 @@ def _sha256(path: Path, size: int, mtime_ns: int) -> str:
 
 
 def merge_hosts(problems: Iterable[str], hosts: list[str]) -> list[str]:
-    """`host: problem` lines that differ only in the host as one line naming the hosts (group data is
-    shared: a typo there is every host's), in the order each problem first appears."""
+    """`host: problem` (or `host instance name: problem`) lines that differ only in the host as one line
+    naming them (group data is shared: a typo there is every host's), in the order each first appears."""
     known = set(hosts)
     merged: dict[str, list[str]] = {}
     for line in problems:
-        host, _, rest = line.partition(": ")
-        if host in known:
-            merged.setdefault(rest, []).append(host)
+        where, _, rest = line.partition(": ")
+        if where.split(" instance ")[0] in known:
+            merged.setdefault(rest, []).append(where)
         else:
             merged.setdefault(line, [])
     lines = []
@@ -144,9 +143,8 @@ def merge_hosts(problems: Iterable[str], hosts: list[str]) -> list[str]:
         if not names:
             lines.append(rest)
             continue
-        shown = ", ".join(names[:SHOWN_HOSTS]) + (f" and {len(names) - SHOWN_HOSTS} more" if len(names) > SHOWN_HOSTS
-                                                  else "")
-        lines.append(f"{shown}: {rest}")
+        more = f" and {len(names) - SHOWN_HOSTS} more" if len(names) > SHOWN_HOSTS else ""
+        lines.append(f"{', '.join(names[:SHOWN_HOSTS])}{more}: {rest}")
     return lines
 
 

@@ -468,8 +468,22 @@ def colour_instances(instances: list[Instance], colour: str, npu_count: int) -> 
         "vllm_port": instance.vllm_port + slots * VLLM_PORT_SPAN}) for instance in instances]
 
 
+# What an inventory host name and an ssh_hostname may hold: they reach the gateway's nginx config (a server
+# address and a comment), Prometheus targets, nftables rules and URLs, so one word of safe characters (a
+# pyinfra connector's @ and / included in the name).
+HOST_NAME = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9_.:/-]*")
+HOST_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]*")
+
+
 def node_config(data: Mapping, host: str = "host") -> NodeConfig:
     """Validate one host's merged data; a problem is a FleetError naming host, key and expectation."""
+    if not HOST_NAME.fullmatch(host):
+        raise FleetError(f"inventory: host {host!r}: expected a host name (letters, digits and . _ : - only; a "
+                         "pyinfra connector's @ and /): it reaches the gateway's nginx config and other files")
+    address = data.get("ssh_hostname")
+    if address is not None and not HOST_ADDRESS.fullmatch(str(address)):
+        raise FleetError(f"{host}: ssh_hostname: {address!r} is not a DNS name or an IP address; the gateway's "
+                         "nginx config sends requests to the host by it")
     ours = {key: value for key, value in data.items() if not key.startswith(PYINFRA_KEY_PREFIXES)}
     try:
         config = NodeConfig.model_validate({**ours, "host": host})

@@ -267,6 +267,10 @@ class Profile(_Strict):
         """Kind -> package file name for this stack on one architecture."""
         return vendor_file_names(self.stack, arch)
 
+    def has_sha256(self, file_name: str) -> bool:
+        entry = self.packages.files.get(file_name)
+        return entry is not None and entry.sha256 is not None
+
     def sha256_of(self, file_name: str) -> str:
         """The expected sha256 of a vendor file; refuses a file the profile has no checksum for."""
         entry = self.packages.files.get(file_name)

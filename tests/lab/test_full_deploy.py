@@ -297,8 +297,10 @@ def test_a_plan_that_does_not_fit_stops_before_any_host_is_touched(lab, deployed
     serving = json.dumps({"max_model_len": 1_000_000, "gpu_memory_utilization": 0.9, "dtype": "float16"})
     result = lab.pyinfra("deploys/full.py", "--data", f"serving={serving}", check=False)
     assert result.returncode != 0
-    assert re.search(r"pyinfra error.*: worker\d instance vllm-\d: ", result.stdout), result.stdout[-2000:]
-    assert "Starting operation" not in result.stdout
+    # Checked before pyinfra connects (inventories/lab.py's last line): each instance named, on one line.
+    assert re.search(r"pyinfra error: worker1 instance vllm-0, worker2 instance vllm-0, worker3 instance vllm-0 "
+                     r"and \d more: ", result.stdout), result.stdout[-2000:]
+    assert "Connecting to hosts" not in result.stdout and result.returncode == 2
 
 
 def test_an_nvme_too_small_for_the_weights_stops_before_anything_changes(lab, deployed):
@@ -329,8 +331,9 @@ def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, de
     ])
     result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", f"instances={instances}", check=False)
     assert result.returncode != 0
-    assert re.search(r"pyinfra error.*worker1: .*NPU 3", result.stdout), result.stdout[-2000:]
-    assert "Starting operation" not in result.stdout
+    # --data is every host's: each worker is refused, before pyinfra connects.
+    assert re.search(r"pyinfra error: worker1, worker2, worker3: instances: .*NPU 3", result.stdout), result.stdout[-2000:]
+    assert "Connecting to hosts" not in result.stdout and result.returncode == 2
 
 
 def rewrite_hardware(lab: Lab, node: str, **changes) -> str:

@@ -6,18 +6,22 @@ print pyinfra's "Connecting to hosts" and its connection errors."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
 
-from ascend_fleet import PROJECT_ROOT
+from ascend_fleet import PROFILES, PROJECT_ROOT
 from ascend_fleet.fleet import load_inventory
-from ascend_fleet.fleet_check import fleet_problems, merge_hosts
+from ascend_fleet.fleet_check import fleet_problems, merge_hosts, vendor_file_problems
+from ascend_fleet.profile import load_profile
 
 BIN = Path(sys.executable).parent
 
@@ -107,6 +111,30 @@ def test_pyinfra_commands_that_run_no_deploy_file_are_not_checked(site):
 
 
 def test_problems_of_many_hosts_share_a_line():
-    lines = [f"npu-{n}: key: bad" for n in range(5)] + ["npu-1: other: bad", "files/x.run: missing"]
+    lines = ([f"npu-{n}: key: bad" for n in range(5)] + ["npu-1: other: bad", "files/x.run: missing"]
+             + [f"npu-{n} instance vllm-0: too big" for n in range(2)])
     assert merge_hosts(lines, [f"npu-{n}" for n in range(5)]) == [
-        "npu-0, npu-1, npu-2 and 2 more: key: bad", "npu-1: other: bad", "files/x.run: missing"]
+        "npu-0, npu-1, npu-2 and 2 more: key: bad", "npu-1: other: bad", "files/x.run: missing",
+        "npu-0 instance vllm-0, npu-1 instance vllm-0: too big"]
+
+
+def test_vendor_packages_without_sha256_or_with_another_are_refused_before_any_connection(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    worker = SimpleNamespace(profile="vllm-ascend-0.18.0", is_worker=True)
+    assert vendor_file_problems([worker]) == [
+        "profile vllm-ascend-0.18.0: no sha256 for 9 vendor packages (Ascend-cann-910b-ops_8.5.1_linux-aarch64.run, "
+        "...); add those of your nodes' architecture under packages.files, from Huawei's download page (copy the "
+        "profile to profiles/ here first)"]
+    (tmp_path / "profiles").mkdir()
+    profile = load_profile("vllm-ascend-0.18.0")
+    data = yaml.safe_load((PROFILES / "vllm-ascend-0.18.0.yaml").read_text())
+    data["packages"]["files"] = {name: {"sha256": hashlib.sha256(name.encode()).hexdigest()}
+                                 for name in profile.vendor_files("aarch64").values()}
+    (tmp_path / "profiles" / "vllm-ascend-0.18.0.yaml").write_text(yaml.safe_dump(data))
+    firmware = profile.vendor_files("aarch64")["firmware"]
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / firmware).write_bytes(b"not the firmware")
+    assert vendor_file_problems([worker]) == [  # aarch64's are all given: x86_64's may be left out
+        f"{tmp_path}/files/{firmware} has sha256 {hashlib.sha256(b'not the firmware').hexdigest()}, profile "
+        f"vllm-ascend-0.18.0 expects {hashlib.sha256(firmware.encode()).hexdigest()}; replace the file or correct "
+        "the profile"]

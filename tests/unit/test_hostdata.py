@@ -293,6 +293,24 @@ def test_bad_data_is_refused_in_one_line_naming_host_and_key(changes, expected):
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("host, data, expected", [
+    ("worker1;\n}\nserver { listen 81; }", {}, "inventory: host 'worker1;\\n}\\nserver { listen 81; }': expected a "
+     "host name"),
+    ("worker 1", {}, "inventory: host 'worker 1': expected a host name"),
+    ("worker1", {"ssh_hostname": "10.0.0.1 backup"}, "worker1: ssh_hostname: '10.0.0.1 backup' is not a DNS name or an "
+     "IP address; the gateway's nginx config sends requests to the host by it"),
+], ids=["nginx block in a host name", "spaced host name", "spaced ssh_hostname"])
+def test_host_names_and_addresses_are_one_word_nginx_takes_whole(host, data, expected):
+    with pytest.raises(FleetError) as caught:
+        node_config({**WORKER, **data}, host)
+    assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_connector_host_names_and_ip_addresses_are_host_names():
+    for host in ("@local", "@docker/ubuntu:22.04", "npu-01.example.internal", "10.0.0.7", "fe80::1"):
+        assert node_config(WORKER, host).host == host
+
+
 @pytest.mark.parametrize("changes, first_line, keys", [
     ({"max_len": 4}, "worker1: max_len: unknown key", "keys: profile, chip, npu_count,"),
     ({"serving": {**WORKER["serving"], "tp": 4}}, "worker1: serving.tp: unknown key", "keys of serving: max_model_len,"),
