@@ -8,6 +8,7 @@ fleet and leaves it converged, so they run in any order.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
 from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
@@ -24,6 +26,7 @@ from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG,
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, load_profile
 from ascend_fleet.stages.python_stack import unexpected_complaints
+from ascend_fleet.templating import render
 from tests.lab.conftest import INSTANCES, Lab
 
 pytestmark = pytest.mark.lab
@@ -196,6 +199,25 @@ def test_the_service_environment_carries_cann_and_the_atb_build_of_the_serving_t
     assert env["ATB_HOME_PATH"] == atb
     libraries = env["LD_LIBRARY_PATH"].split(":")
     assert f"{atb}/lib" in libraries and f"{env['ASCEND_TOOLKIT_HOME']}/lib64" in libraries, libraries
+
+
+# Values an env file must carry whole: a blank inside and around, quotes, a trailing backslash (a line
+# continuation when bare), $ and ` (shell syntax), ; and # (comment starters at a line's start), %.
+HOSTILE_ENV = {"A_BLANK": "a b", "A_LEADING_BLANK": " lead", "A_QUOTED": '"q" it\'s', "A_BACKSLASH": "x\\",
+               "A_SHELL": "$HOME `id` %h", "A_COMMENT": "; # not a comment", "A_SINGLE": "'s'"}
+
+
+def test_systemd_reads_the_env_files_values_back_as_written(lab, deployed):
+    """npu.env as the environment stage renders it, read by the node's systemd (EnvironmentFile=) into a
+    transient unit's environment: every value comes back exactly."""
+    content = render(TEMPLATES / "npu.env.j2", captured={"CAPTURED_PATH": "/opt/x y/lib:/usr/lib"},
+                     settings=HOSTILE_ENV)
+    encoded = base64.b64encode(content.encode()).decode()
+    shown = lab.run("worker1", f"echo {encoded} | base64 -d > /run/hostile.env && systemd-run --quiet --wait --pipe "
+                               "-p EnvironmentFile=/run/hostile.env /usr/bin/env -0; rm -f /run/hostile.env").stdout
+    environment = dict(entry.split("=", 1) for entry in shown.split("\0") if "=" in entry)
+    assert {name: environment.get(name) for name in [*HOSTILE_ENV, "CAPTURED_PATH"]} == {
+        **HOSTILE_ENV, "CAPTURED_PATH": "/opt/x y/lib:/usr/lib"}, content
 
 
 def test_every_boot_of_the_whole_fleet_loads_each_workers_firewall_and_fails_no_unit(lab, deployed):
