@@ -358,6 +358,19 @@ def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, de
     assert "Connecting to hosts" not in result.stdout and result.returncode == 2
 
 
+def test_ascend_quantization_of_weights_without_msmodelslims_description_restarts_nothing(lab, deployed):
+    # The plan reads only the model's config, so a stated scheme passes it; the node's files decide.
+    serving = json.dumps({"max_model_len": 2048, "gpu_memory_utilization": 0.9, "dtype": "float16",
+                          "quantization": "ascend", "quantization_scheme": "w8a8"})
+    before = unit_starts(lab, "worker1")
+    result = lab.pyinfra("deploys/serve.py", "--limit", "worker1", "--data", f"serving={serving}", check=False)
+    assert result.returncode != 0
+    assert re.search(r"worker1: .*serving.quantization ascend, but /mnt/nvme/models/lab/Qwen3-Tiny/v1/"
+                     r"quant_model_description.json is missing: these weights are not msModelSlim's", result.stdout), \
+        result.stdout[-3000:]
+    assert unit_starts(lab, "worker1") == before
+
+
 def rewrite_hardware(lab: Lab, node: str, **changes) -> str:
     """Change a running node's simulated hardware in place (the node sees it at once); returns the original."""
     hardware_file = lab.lab_dir / "nodes" / node / "ascend-lab" / "hardware.json"
