@@ -9,6 +9,7 @@ calls: the same plan, refused at the first error with one line naming host and i
 from __future__ import annotations
 
 import json
+import traceback
 import warnings
 from dataclasses import dataclass, replace
 from functools import cache
@@ -72,22 +73,43 @@ def load_inventory(path: Path, cwd: Path | None = None, override_data: dict | No
     # this comes late in a process like ours, where nothing runs concurrently yet.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from pyinfra_cli.exceptions import UnexpectedExternalError
         from pyinfra_cli.inventory import make_inventory
     # The CLI executes inventory and group data files inside a pyinfra State.
-    with ctx_state.use(State()):
-        return make_inventory(str(path), override_data=override_data, cwd=str(cwd or Path.cwd()),
-                              group_data_directories=group_data)
+    try:
+        with ctx_state.use(State()):
+            return make_inventory(str(path), override_data=override_data, cwd=str(cwd or Path.cwd()),
+                                  group_data_directories=group_data)
+    except (SyntaxError, UnexpectedExternalError) as exc:  # in the inventory or a group data file
+        raise FleetError(_python_error(exc)) from None
+
+
+def _python_error(exc: Exception) -> str:
+    """What is wrong with an inventory or group data file, in one line: pyinfra wraps what one raises
+    when it runs (UnexpectedExternalError), compile() raises a SyntaxError as is."""
+    error = getattr(exc, "exception", exc)
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}:{error.lineno}: {error.msg}; fix the file (it is Python)"
+    # The last of the operator's own lines it ran (a group data file may run another, as lab_qwen35.py does).
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not frame.filename.startswith("<") and "site-packages" not in frame.filename]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else exc.filename
+    return f"{where}: {type(error).__name__}: {error}; fix the file (it is Python)"
 
 
 def read_model_config(path: Path) -> dict:
     """config.json from a file, or from the model directory holding it."""
     config_file = path / "config.json" if path.is_dir() else path
     try:
-        return json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text())
     except FileNotFoundError:
         raise FleetError(f"{config_file}: no such file; pass --model-config a config.json or the model directory") from None
     except json.JSONDecodeError as exc:
         raise FleetError(f"{config_file}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise FleetError(f"{config_file}: a JSON {type(config).__name__}, not the object a model's config.json is; "
+                         "pass the model's config.json or its directory")
+    return config
 
 
 @dataclass(frozen=True)

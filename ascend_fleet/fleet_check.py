@@ -60,6 +60,19 @@ def fleet_problems(inventory: Inventory, source: Path | None = None, model_confi
     return merge_hosts(problems, [host.name for host in inventory])
 
 
+def inventory_problems(inventory: Path, cwd: Path | None = None, override_data: dict | None = None,
+                       group_data: list[str] | None = None, model_config: Path | None = None,
+                       models_dir: Path = MODELS_DIR) -> list[str]:
+    """fleet_problems of an inventory file loaded as pyinfra loads it; a file that does not load (Python
+    that does not compile or raises) is the one problem."""
+    with _loading():
+        try:
+            loaded = load_inventory(inventory, cwd, override_data, group_data)
+        except FleetError as exc:
+            return [str(exc)]
+        return fleet_problems(loaded, inventory, model_config, models_dir)
+
+
 def inventory_file_problems(source: Path):
     """A host given data in two places of the inventory file: pyinfra keeps the last and says nothing."""
     from pyinfra_cli.inventory import _get_any_tuple_first, _get_groups_from_filename
@@ -175,10 +188,8 @@ def check_before_connecting() -> None:
     if "inventory" not in params or not deploy_files or not all(op.endswith(".py") for op in deploy_files):
         return
     override = dict(arg.split("=", 1) for arg in params.get("data") or ())
-    with _loading():
-        inventory = load_inventory(Path(params["inventory"]), Path.cwd(), _parsed(override),
-                                   list(params.get("group_data") or ()))
-        problems = fleet_problems(inventory, Path(params["inventory"]))
+    problems = inventory_problems(Path(params["inventory"]), Path.cwd(), _parsed(override),
+                                  list(params.get("group_data") or ()))
     if problems:
         error = FleetError(problems_message(problems))
         error.exit_code = 2  # pyinfra's CliError is a click exception: its exit code is ours to set
@@ -211,15 +222,15 @@ def check(
 
     Lists every problem, one line each, and exits 2 if there is any.
     """
-    with _loading():
-        loaded = load_inventory(inventory)
-        problems = fleet_problems(loaded, inventory, model_config, models_dir or MODELS_DIR)
+    if not inventory.is_file():
+        raise FleetError(f"{inventory}: no such inventory file; pass e.g. inventories/prod.py")
+    problems = inventory_problems(inventory, model_config=model_config, models_dir=models_dir or MODELS_DIR)
     if as_json:
-        print(json.dumps({"inventory": str(inventory), "hosts": len(loaded), "problems": problems}, indent=2))
+        print(json.dumps({"inventory": str(inventory), "problems": problems}, indent=2))
     elif problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
     else:
-        print(f"{inventory}: {len(loaded)} hosts, no problem found")
+        print(f"{inventory}: no problem found")
     if problems:
         raise typer.Exit(2)

@@ -138,3 +138,24 @@ def test_vendor_packages_without_sha256_or_with_another_are_refused_before_any_c
         f"{tmp_path}/files/{firmware} has sha256 {hashlib.sha256(b'not the firmware').hexdigest()}, profile "
         f"vllm-ascend-0.18.0 expects {hashlib.sha256(firmware.encode()).hexdigest()}; replace the file or correct "
         "the profile"]
+
+
+@pytest.mark.parametrize("appended, line", [
+    ("serving = {\n", "group_data/prod.py:{n}: '{{' was never closed; fix the file (it is Python)"),
+    ("x = 1 / 0\n", "group_data/prod.py:{n}: ZeroDivisionError: division by zero; fix the file (it is Python)"),
+], ids=["syntax error", "error when run"])
+def test_group_data_python_that_does_not_run_is_one_line_not_a_traceback(site, appended, line):
+    data = site / "group_data/prod.py"
+    n = len(data.read_text().splitlines()) + 1
+    data.write_text(data.read_text() + appended)
+    rc, output = run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py")
+    assert (rc, output) == (2, f"error: {site}/{line.format(n=n)}\n")
+    rc, output = run(site, str(BIN / "pyinfra"), "-y", "inventories/prod.py", str(PROJECT_ROOT / "deploys/full.py"))
+    assert rc == 2 and f"--> pyinfra error: {site}/{line.format(n=n)}" in output and "Traceback" not in output
+
+
+def test_a_model_config_that_is_not_a_json_object_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    rc, output = run(tmp_path, str(BIN / "ascend-fleet"), "plan", "--model-config", str(tmp_path / "config.json"))
+    assert (rc, output) == (1, f"error: {tmp_path}/config.json: a JSON list, not the object a model's config.json "
+                               "is; pass the model's config.json or its directory\n")
