@@ -34,13 +34,11 @@ import re
 import subprocess
 import sys
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
-import click
 import requests
 from pydantic import BaseModel, Field, ValidationError
 from pyinfra.api import Inventory
@@ -109,12 +107,7 @@ class Fleet:
     def __init__(self, inventory_path: Path, data: dict):
         self.inventory_path = inventory_path
         self.data = data
-        try:
-            self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
-        except SyntaxError as exc:
-            raise FleetError(f"{exc.filename} line {exc.lineno}: {exc.msg}; fix the file") from None
-        except click.ClickException as exc:
-            raise inventory_file_error(exc) from None
+        self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
         self.configs: dict[str, NodeConfig] = {host.name: host_node_config(host) for host in self.inventory}
         self.addresses = {host.name: host.data.get("ssh_hostname") or host.name for host in self.inventory}
         self.workers = [name for name, config in self.configs.items() if config.is_worker]
@@ -179,18 +172,6 @@ class Fleet:
         if rest and not given:
             waves.append(("rest", rest))
         return waves
-
-
-def inventory_file_error(exc: click.ClickException) -> Exception:
-    """pyinfra's error for an exception raised in an inventory or group data file, as one line
-    naming the file and line; anything else as it was."""
-    filename, error = getattr(exc, "filename", None), getattr(exc, "exception", None)
-    if filename is None or error is None:
-        return exc
-    lines = [frame.lineno for frame in traceback.extract_tb(getattr(error, "_traceback", None))
-             if frame.filename == filename]
-    where = f"{filename} line {lines[-1]}" if lines else filename
-    return FleetError(f"{where}: {type(error).__name__}: {error}; fix the file")
 
 
 def check_deploy_files(*deploys: str) -> None:

@@ -177,8 +177,8 @@ def test_an_exception_in_group_data_is_one_line_naming_file_and_line(nodes, stat
     (tmp_path / "fleet.py").write_text('workers = ["node1"]\n')
     monkeypatch.chdir(tmp_path)  # group_data/ of where pyinfra runs
     error, _, _ = cli(state_dir, "rollout", "fleet.py", "deploys/serve.py")
-    assert error == (f"rollout changed nothing: {tmp_path}/group_data/all.py line 2: NameError: name "
-                     "'undefined_model' is not defined; fix the file")
+    assert error == (f"rollout changed nothing: {tmp_path}/group_data/all.py:2: NameError: name "
+                     "'undefined_model' is not defined; fix the file (it is Python)")
     assert nodes.runs == []
 
 
