@@ -94,8 +94,19 @@ def _env_name(value: str) -> str:
     return value
 
 
+def _url(value: str) -> str:
+    if not URL.fullmatch(value):
+        raise ValueError("expected an http:// or https:// URL without blanks, quotes, backslashes, $ or ` (it "
+                         "reaches commands and messages on the node)")
+    return value
+
+
+# An http(s) URL of the characters RFC 3986 allows, less ' (and no $ or `, which RFC 3986 does not allow).
+URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
+
 # Values that reach a unit, an env file or a shell on the node.
 OneLine = Annotated[str, AfterValidator(_one_line)]
+Url = Annotated[str, AfterValidator(_url)]
 NodePath = Annotated[str, AfterValidator(_node_path)]
 OneWord = Annotated[str, AfterValidator(_one_word)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
@@ -113,7 +124,7 @@ class Model(_Strict):
     id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="<org>/<name> as the hub spells it")
     revision: OneLine = Field(description="a tag or commit: weights are pinned")
     source: Literal["modelscope", "hf", "http", "rsync"]
-    url: str | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
+    url: Url | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
     peer: str | None = Field(None, description="rsync: a host that already holds the weights")
     peers: bool | None = Field(None, description="spread over the fleet: each file from a node that verified it, "
                                "the source only for what none holds yet; default: when more than one worker "
@@ -300,9 +311,9 @@ class NodeConfig(_Strict):
     service_user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
     gateway: Gateway | None = None
     monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")
-    pip_index_url: str | None = None
-    vendor_mirror_url: str | None = None
-    model_mirror_url: str | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
+    pip_index_url: Url | None = None
+    vendor_mirror_url: Url | None = None
+    model_mirror_url: Url | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
                                          "where an http model without a url of its own is fetched from")
     rollout_waves: list[str] = Field(default_factory=list, description="group names, in rollout order")
     fleet_state_dir: str = Field("state", description="the control machine's record of drained instances and "

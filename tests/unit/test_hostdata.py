@@ -260,6 +260,13 @@ REFUSALS = {
                                   "worker1: model.peer_port: 51020 lies in instance vllm-1's VLLM_PORT 51016-51031"),
     "gateway port on an instance port": ({"gateway": {"listen_port": 8000}},
                                          "worker1: gateway.listen_port: 8000 lies in instance vllm-0's port 8000"),
+    "command in a mirror url": ({"vendor_mirror_url": "http://mirror/$(reboot)"},
+                                "worker1: vendor_mirror_url: expected an http:// or https:// URL without blanks, "
+                                "quotes, backslashes, $ or `"),
+    "spaced index url": ({"pip_index_url": "http://mirror/simple --trusted-host evil"},
+                         "worker1: pip_index_url: expected an http:// or https:// URL"),
+    "model url not http": ({"model": {"id": "a/b", "revision": "r", "source": "http", "url": "ftp://mirror"}},
+                           "worker1: model.url: expected an http:// or https:// URL"),
     # The NPU network (hccn_tool): one address per NPU, one subnet, the gateway inside it.
     "npu addresses not one per npu": ({"npu_addresses": NPU_ADDRESSES[:4], "npu_netmask": "255.255.255.0"},
                                       "worker1: npu_addresses: 4 addresses for npu_count 8; expected one per NPU"),
