@@ -238,6 +238,6 @@ def check_extra_args(tool_args: list[str], extra_args: list[str], vllm_version: 
                                     f"vLLM {vllm_version} nor the value of the option before it; remove it"))
         elif action and (action["dest"] in OWNED_OPTIONS or action["dest"] in tool_dests):
             where = OWNED_OPTIONS.get(action["dest"]) or f"serving.{action['dest']}"
-            findings.append(Finding(ERROR, "extra-arg-owned", f"serving.extra_args: {word} sets {action['dest']}, which "
-                                    f"ascend-fleet sets from {where}; set it there, not in extra_args"))
+            findings.append(Finding(ERROR, "extra-arg-owned", f"serving.extra_args: {word} sets {action['dest']}, "
+                                    f"which ascend-fleet sets from {where}; set it there, not in extra_args"))
     return findings

@@ -354,7 +354,8 @@ def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, de
     result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", f"instances={instances}", check=False)
     assert result.returncode != 0
     # --data is every host's: each worker is refused, before pyinfra connects.
-    assert re.search(r"pyinfra error: worker1, worker2, worker3: instances: .*NPU 3", result.stdout), result.stdout[-2000:]
+    assert re.search(r"pyinfra error: worker1, worker2, worker3: instances: .*NPU 3", result.stdout), \
+        result.stdout[-2000:]
     assert "Connecting to hosts" not in result.stdout and result.returncode == 2
 
 

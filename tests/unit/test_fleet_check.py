@@ -69,7 +69,8 @@ def test_check_lists_every_problem_of_every_host_not_only_the_first(site):
     assert [problem.split(": ", 1)[1] for problem in problems] == [
         "nvme_mount: expected an absolute path on the node (got 'mnt/nvme')",
         "gateway.listen_port: Input should be a valid integer, unable to parse string as an integer (got 'eighty')"]
-    assert problems[0].startswith("npu-01.example.internal, npu-02.example.internal, npu-03.example.internal and 2 more")
+    assert problems[0].startswith("npu-01.example.internal, npu-02.example.internal, npu-03.example.internal "
+                                  "and 2 more")
     assert problems[1].startswith("gw-01.example.internal, gw-02.example.internal: ")
 
 
@@ -77,8 +78,9 @@ def test_a_host_given_data_twice_in_the_inventory_file_is_refused(site):
     edit(site / "inventories/prod.py", 'gateway = [("gw-01.example.internal", _ssh),',
          'gateway = [("npu-05.example.internal", _worker), ("gw-01.example.internal", _ssh),')
     problems = fleet_problems(load_inventory(site / "inventories/prod.py", site), site / "inventories/prod.py")
-    assert problems[0] == (f"{site}/inventories/prod.py: host npu-05.example.internal is given data in workers and in "
-                           "gateway; pyinfra would keep only the last; give its data once and list it by name elsewhere")
+    assert problems[0] == (f"{site}/inventories/prod.py: host npu-05.example.internal is given data in workers and "
+                           "in gateway; pyinfra would keep only the last; give its data once and list it by name "
+                           "elsewhere")
 
 
 def test_fleet_wide_problems_are_listed_together(site):

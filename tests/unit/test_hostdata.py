@@ -171,7 +171,9 @@ REFUSALS = {
     "rsync without peer": ({"model": {"id": "a/b", "revision": "r", "source": "rsync"}}, "worker1: model: source rsync needs peer"),
     "url on modelscope": ({"model": {"id": "a/b", "revision": "r", "source": "modelscope", "url": "http://x"}},
                           "worker1: model: url is only for source http, not modelscope"),
-    "tp not dividing": ({"tensor_parallel_size": 3}, "worker1: tensor_parallel_size: 3 does not divide npu_count 8; expected a divisor of 8, or correct npu_count"),
+    "tp not dividing": ({"tensor_parallel_size": 3},
+                        "worker1: tensor_parallel_size: 3 does not divide npu_count 8; expected a divisor of 8, or "
+                        "correct npu_count"),
     "instance not one tp group": ({"instances": [instance("a", [0, 1])]},
                                   "worker1: instances.a.npus: 2 NPUs but tensor_parallel_size is 4; expected one TP group of 4"),
     "npu beyond count": ({"instances": [instance("a", [6, 7, 8, 9])]},
@@ -251,7 +253,8 @@ REFUSALS = {
     "api port 80": ({"instance_ports": {"api": 80}},
                     "worker1: instance_ports.api: 80 is below 1024, which only root may bind; instance vllm-0 runs as "
                     "service_user vllm: pick a port from 1024 to 65535"),
-    "given api port 22": ({"instances": [instance("a", [0, 1, 2, 3], 22), instance("b", [4, 5, 6, 7], 8001, 60016, 51016)]},
+    "given api port 22": ({"instances": [instance("a", [0, 1, 2, 3], 22),
+                                         instance("b", [4, 5, 6, 7], 8001, 60016, 51016)]},
                           "worker1: instances.a.port: 22 is below 1024"),
     "peer port on an instance port": ({"model": {**WORKER["model"], "peer_port": 8001}},
                                       "worker1: model.peer_port: 8001 lies in instance vllm-1's port 8001; move "
