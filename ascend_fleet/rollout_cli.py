@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -289,21 +290,43 @@ def load(
     duration: Annotated[float, typer.Option("--duration", help="seconds to keep sending")] = 30,
     max_requests: Annotated[Optional[int], typer.Option("--requests", help="stop after this many requests")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per answer")] = 16,
+    give_up_after: Annotated[float, typer.Option(
+        "--give-up-after", min=0, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
     as_json: AsJson = False,
-) -> None:
-    """Streaming chat completions through the gateway at a fixed concurrency: requests, errors, p99."""
+) -> int:
+    """Streaming chat completions through the gateway at a fixed concurrency: requests, errors, p99.
+
+    A client whose request failed waits before its next (0.1 s, doubling to 2 s); Ctrl-C stops at
+    once with a line saying what was sent (exit 130).
+    """
     fleet = Fleet(inventory, {})
     generator = LoadGenerator(fleet.gateway_urls()[0], fleet.model_name, concurrency, max_tokens, duration,
-                              max_requests)
-    with progress_console.status(f"{concurrency} clients through {generator.url}"):
-        report = generator.start().wait()
+                              max_requests, give_up_after or None)
+    previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
+    try:
+        with progress_console.status(f"{concurrency} clients through {generator.url}"):
+            report = generator.start().wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     result = report.summary()
     if as_json:
         print(json.dumps(result, indent=2))
-    else:
+    elif not (generator.interrupted or generator.gave_up):
         table = Table(title=f"load through {report.url}", show_header=False)
         for key, value in result.items():
             table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
         console.print(table)
+    if generator.interrupted:
+        progress_console.print(f"load interrupted (Ctrl-C) after {result['duration_s']}s: {report.count} requests "
+                               f"through {report.url}, {len(report.failures)} failed"
+                               + (f" (last: {report.failures[-1].error})" if report.failures else "")
+                               + f", p99 latency {result['p99_latency_s'] or '-'}s; {generator.in_flight()} "
+                               "in flight not counted", highlight=False, soft_wrap=True)
+        return 130
+    if generator.gave_up:
+        raise FleetError(f"load: every request through {report.url} failed for {give_up_after:g}s "
+                         f"({report.count} requests, last: {report.failures[-1].error}); stopped. Is the gateway "
+                         f"up? See `ascend-fleet status {inventory}`")
     if report.failures:  # a load that lost requests fails, with --json too (scripts check the exit status)
         raise FleetError(f"{len(report.failures)} of {report.count} requests failed; first: {report.failures[0].error}")
+    return 0
