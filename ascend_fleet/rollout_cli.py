@@ -37,6 +37,7 @@ from ascend_fleet.rollout import (
     plan_blue_green,
     plan_rollout,
     model_data,
+    model_path,
     plan_swap,
     recorded,
     rollback_record,
@@ -100,6 +101,16 @@ def run_record(fleet: Fleet, record: Record, drain_timeout: float, pause: float,
 
 def failed_step(record: Record) -> Step:
     return next(step for step in record.steps if step.status == "failed")
+
+
+def wave_names(waves: str | None) -> list[str] | None:
+    """--waves as group names: split at commas, spaces around them dropped ('canary, wave1')."""
+    if waves is None:
+        return None
+    names = [name.strip() for name in waves.split(",") if name.strip()]
+    if not names:
+        raise FleetError(f"--waves {waves!r}: no group named; pass groups in order, e.g. --waves canary,wave1")
+    return names
 
 
 @contextmanager
@@ -172,7 +183,7 @@ def rollout(
                         raise FleetError(f"--bench-gate: no bench virtualenv at {BENCH_VENV}; run "
                                          "`ascend-fleet bench --setup` first")
                     gate = BenchGate(baseline=str(bench_gate), max_regression=parse_share(max_regression))
-                record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit, gate)
+                record = plan_rollout(fleet, deploy, wave_names(waves), max_unavailable, limit, gate)
             else:
                 check_resumable(record, inventory, deploy, data, fleet)
                 fleet = Fleet(inventory, record.data)
@@ -249,6 +260,19 @@ def swap_model(
                                  f"{inventory} {stopped.deploy} --resume`, or give it up with "
                                  f"`ascend-fleet rollout {inventory} --abandon`, before a swap")
             new = model_data(fleet, model, revision)
+            names = wave_names(waves)
+            fleet.waves(names)  # a wave refused before the weights are staged for it
+            backends = fleet.all_backends()
+            previous = {b.key: served_path(fleet, b) for b in backends}
+            if all(previous[b.key] == model_path(fleet, b.host, new) for b in backends):
+                # Nothing to change; the same command after a swap that finished says so and succeeds.
+                served = f"{new['id']}@{new['revision']}"
+                if as_json:
+                    print(json.dumps({"ok": True, "already_serving": served}))
+                else:
+                    console.print(f"already serving {served} on every instance; nothing to do", highlight=False,
+                                  soft_wrap=True)
+                return
             if (problem := new_model_problem(new)) is not None:
                 raise FleetError(problem)
             # Blue/green keeps both models resident until the gateway switch; one instance per node at a
@@ -257,14 +281,12 @@ def swap_model(
         strategy = ("blue/green per wave" if refused is None
                     else f"one instance per node at a time (blue/green refused: {refused})")
         progress_console.print(f"swap-model: {strategy}", highlight=False)
-        previous = {b.key: served_path(fleet, b) for b in fleet.all_backends()}
         with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
             problem = Runner(fleet, None, lambda *_: None, drain_timeout).pyinfra(
                 WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
         if problem is not None:
             raise FleetError(f"swap-model: staging the weights failed, nothing was restarted: {problem}")
-        wave_names = waves.split(",") if waves else None
-        record = plan_swap(fleet, new, wave_names) if refused else plan_blue_green(fleet, new, wave_names)
+        record = plan_swap(fleet, new, names) if refused else plan_blue_green(fleet, new, names)
         ok = run_record(fleet, record, drain_timeout, 0, as_json, f"swap to {new['id']}@{new['revision']}")
         rollback = None
         if not ok:
