@@ -67,12 +67,12 @@ def build_app(command: str | None = None) -> typer.Typer:
 
 
 def main() -> None:
-    """Console entry: a FleetError becomes one red line and exit code 1."""
+    """Console entry: a FleetError becomes one red line and exit code 1 (or its exit_code)."""
     try:
         rc = build_app(sys.argv[1] if len(sys.argv) > 1 else None)(standalone_mode=False)
     except FleetError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(getattr(exc, "exit_code", 1))  # 2 where one asks for what the input cannot give
     except USAGE_ERRORS as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -150,12 +150,19 @@ class Fleet:
     def all_backends(self) -> list[Backend]:
         return [backend for host in self.workers for backend in self.backends(host)]
 
+    def worker_groups(self) -> list[str]:
+        """The inventory's groups that hold a worker, by name."""
+        return sorted(name for name, hosts in self.inventory.groups.items()
+                      if any(host.name in self.workers for host in hosts))
+
     def gateway_urls(self) -> list[str]:
         return [f"http://{self.addresses[host]}:{self.configs[host].gateway.listen_port}" for host in self.gateways]
 
     def waves(self, names: list[str] | None) -> list[tuple[str, list[str]]]:
         """(wave, workers) in rollout order: the given groups, else the data's rollout_waves, else
-        canary then the rest. Workers the default waves leave out form a last wave, `rest`."""
+        canary then the rest. Workers the default waves leave out form a last wave, `rest`.
+        Refuses a given group with no worker left for it, and a first default wave (the canary)
+        with no worker: the change would go to a larger wave first, and nothing said so."""
         given = names is not None
         names = names if given else (self.configs[self.workers[0]].rollout_waves or ["canary"])
         waves, placed = [], set()
@@ -163,8 +170,17 @@ class Fleet:
             if given and name not in self.inventory.groups:
                 raise FleetError(f"--waves {name}: no such group in {self.inventory_path}; "
                                  f"groups: {', '.join(sorted(self.inventory.groups))}")
-            members = [host.name for host in self.inventory.groups.get(name, [])
-                       if host.name in self.workers and host.name not in placed]
+            workers = [host.name for host in self.inventory.groups.get(name, []) if host.name in self.workers]
+            members = [host for host in workers if host not in placed]
+            if given and not members:
+                raise FleetError(f"--waves {name}: " + (
+                    f"its workers ({', '.join(workers)}) are in an earlier wave already; name each group once"
+                    if workers else f"group {name} of {self.inventory_path} has no worker (npu_count) to roll out "
+                                    f"to; groups with workers: {', '.join(self.worker_groups())}"))
+            if not given and not waves and not members:
+                raise FleetError(f"rollout_waves: the first wave, {name}, has no worker in {self.inventory_path}, so "
+                                 f"the change would go to a larger wave first; put a worker in group {name} "
+                                 "(your canary), or name the waves with --waves")
             placed.update(members)
             if members:
                 waves.append((name, members))
@@ -734,6 +750,11 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
     return None
 
 
+def model_path(fleet: Fleet, host: str, model: dict) -> str:
+    """Where the host keeps `model`'s revision: the directory an instance serving it serves from."""
+    return str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
+
+
 def served_path(fleet: Fleet, backend: Backend) -> str | None:
     """The model directory an instance serves (vLLM's /v1/models `root`), or None if it does not answer."""
     return judge_instance(instance_answers(fleet, [backend], (HEALTH, MODELS))[backend.key], fleet.model_name).root
@@ -746,9 +767,8 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> Record:
     for name, hosts in fleet.waves(waves):
         slots: dict[str, list[Backend]] = {}
         for host in hosts:
-            target = str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
             for backend in fleet.backends(host):
-                if served_path(fleet, backend) != target:
+                if served_path(fleet, backend) != model_path(fleet, host, model):
                     slots.setdefault(backend.instance, []).append(backend)
         for instance, backends in slots.items():
             data = {**fleet.data, "model": model, "serve_only": [instance]}
@@ -775,12 +795,10 @@ def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> Recor
     """One blue/green step per wave, for the hosts not yet serving the model everywhere."""
     steps = []
     for name, hosts in fleet.waves(waves):
-        target = {host: str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
-                  for host in hosts}
         paths = {host: {served_path(fleet, b) for b in fleet.backends(host)} for host in hosts}
         by_colour: dict[str, list[str]] = {}  # a step flips hosts of one colour
         for host in hosts:
-            if paths[host] != {target[host]}:
+            if paths[host] != {model_path(fleet, host, model)}:
                 by_colour.setdefault(fleet.state.colour(host), []).append(host)
         for colour, moving in by_colour.items():
             served = next((p for p in paths[moving[0]] if p), None)
