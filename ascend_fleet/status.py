@@ -11,7 +11,9 @@ A host that cannot be read is a red row; nothing here raises for a node's state.
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -502,12 +504,19 @@ def status(
         reading = read_with_progress(loaded)
         show(reading, console, as_json)
         return 0 if reading.ok else 1
+    # Ctrl-C sets an event rather than raising: under pyinfra's gevent the KeyboardInterrupt would land in
+    # whichever greenlet runs (a host being read), print gevent's report and leave the loop running.
+    stopped = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
     try:
-        while True:
+        while not stopped.is_set():
             reading = read_with_progress(loaded)
+            if stopped.is_set():
+                break
             if console.is_terminal and not as_json:
                 console.clear()
             show(reading, console, as_json)
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
+            stopped.wait(interval)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0

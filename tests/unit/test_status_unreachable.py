@@ -74,3 +74,19 @@ def test_why_ssh_failed_is_said_in_a_few_words_with_what_to_do():
     for exc, said in cases.items():
         expected = f"cannot connect over SSH to 10.0.0.2:22: {said}"
         assert remote.connection_problem("10.0.0.2:22", exc).startswith(expected)
+
+
+def test_ctrl_c_stops_status_watch_at_once_without_gevents_report(tmp_path):
+    """Before: gevent's KeyboardInterrupt report (the signal landed in a greenlet reading a host)."""
+    import signal
+
+    watching = subprocess.Popen([str(Path(sys.executable).with_name("ascend-fleet")), "status", "--watch",
+                                 "--interval", "0.2", str(write_fleet(tmp_path, refused_port()))],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # started, and read at least once
+    watching.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, err = watching.communicate(timeout=30)
+    assert watching.returncode == 0 and time.monotonic() - started < 5
+    assert "KeyboardInterrupt" not in out + err and "Traceback" not in out + err, err
+    assert "cannot connect over SSH" in out
