@@ -3,8 +3,8 @@
 `fleet_problems()` lists every problem of an inventory and its data, one line each: each host's data
 (hostdata.py), a host written twice in the inventory file, what the hosts' data must agree on
 (multi-node instances, rollout waves, NPU and serving addresses), the capacity and stack plan of
-every instance (fleet.py), and the checksums of the vendor packages in files/. `ascend-fleet check` prints them;
-every deploy runs the same check before connecting, from the inventory file's last line
+every instance (fleet.py), and the checksums of the vendor packages in files/. `ascend-fleet check`
+prints them; every deploy runs the same check before connecting, from the inventory file's last line
 (`check_before_connecting()`): pyinfra runs the inventory file before it connects, and nothing of
 ours runs earlier in its CLI. Node-side checks (the system, the NPUs, the NVMe) stay in preflight.
 """
@@ -97,7 +97,10 @@ def vendor_file_problems(configs: list[NodeConfig]) -> list[str]:
     the node, then requires those."""
     problems = []
     for name in sorted({config.profile for config in configs if config.is_worker}):
-        profile = load_profile(name)
+        try:
+            profile = load_profile(name)
+        except FleetError:
+            continue  # the plan has said so, for each host naming it
         by_arch = {arch: list(profile.vendor_files(arch).values()) for arch in profile.arch}
         if not any(all(profile.has_sha256(file_name) for file_name in names) for names in by_arch.values()):
             missing = sorted({file_name for names in by_arch.values() for file_name in names
