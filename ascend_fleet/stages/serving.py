@@ -13,6 +13,7 @@ from pyinfra.operations import apt, files, server, systemd
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
+from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig
@@ -37,6 +38,8 @@ from ascend_fleet.operations import gates, gateway, private, served, units, weig
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
 from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.node.stage_weights import deep_verify_of
+from ascend_fleet.per_run import once_per_run
 from ascend_fleet.stages.context import data_parallel_role, node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
@@ -96,6 +99,21 @@ def stack_fingerprint(profile: Profile) -> str:
     return f"{profile.name}-{hashlib.sha256(profile.stack.model_dump_json().encode()).hexdigest()[:12]}"
 
 
+def restaging_this_run() -> set[str]:
+    """The hosts whose weights stage restages files of their served revision in this run."""
+    return once_per_run(host.state, "weights restaged", set)
+
+
+def weights_restages(config: NodeConfig) -> int:
+    """How often files of the host's served revision were restaged after a deep verify, the restage
+    of this run's weights stage included. Each instance's environment carries it: vLLM reads its
+    weights only when it starts, so an instance restarts onto restaged weights."""
+    model = config.model
+    marker = host.get_fact(StagedModel, model_dir=config.model_dir, model_id=model.id, revision=model.revision)
+    done = deep_verify_of(marker, marker.get("deep_verify")).get("restages", 0) if marker else 0
+    return done + (host.name in restaging_this_run())
+
+
 @deploy("Weights")
 def weights_stage() -> None:
     gates.stage_begins(name="Stage: weights", stage="weights")
@@ -108,6 +126,8 @@ def weights_stage() -> None:
     spread = fleet_spread(config)
     if spread:
         peer_server(config)
+    if weights.restages_due(config.model_dir, model.id, model.revision):
+        restaging_this_run().add(host.name)
     weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
                   source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer,
                   tokens_env_file=HUB_TOKENS_FILE if tokens else None,
@@ -163,7 +183,8 @@ def serve_stage() -> None:
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),
             content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),
                            settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
-                           model_id=model.id, revision=model.revision, api_key=api_key()))
+                           model_id=model.id, revision=model.revision, restages=weights_restages(config),
+                           api_key=api_key()))
         changed = unit.will_change or environment.will_change
         # One that the gateway routes to restarts at most max_unavailable at a time across the fleet
         # (pyinfra's _parallel: hosts in batches, each back on /health and out of nginx's failure
