@@ -125,8 +125,13 @@ def deep_verified(model_id: str, revision: str, model_dir: str):
 def restages_due(model_dir: str, model_id: str, revision: str) -> dict[str, str]:
     """The files of this host's staged revision that its last deep verify found unlike the manifest
     (name -> what it found): the next ``staged`` fetches them again."""
-    marker = host.get_fact(StagedModel, model_dir=model_dir, model_id=model_id, revision=revision)
-    return deep_verify_of(marker, marker.get("deep_verify")).get("mismatched", {}) if marker else {}
+    return last_deep_verify(host, model_dir, model_id, revision).get("mismatched", {})
+
+
+def last_deep_verify(worker, model_dir: str, model_id: str, revision: str) -> dict:
+    """What the last deep verify of a host's staged revision recorded (stage_weights.deep_verify_of), {} if none."""
+    marker = worker.get_fact(StagedModel, model_dir=model_dir, model_id=model_id, revision=revision)
+    return deep_verify_of(marker, marker.get("deep_verify")) if marker else {}
 
 
 def stager_uploaded(model_id: str, revision: str):

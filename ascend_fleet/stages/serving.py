@@ -13,7 +13,6 @@ from pyinfra.operations import apt, files, server, systemd
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
-from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Gateway, Instance, NodeConfig
@@ -38,7 +37,6 @@ from ascend_fleet.operations import gates, gateway, private, served, units, weig
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
 from ascend_fleet.multi_node import DataParallelRole
-from ascend_fleet.node.stage_weights import deep_verify_of
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.stages.context import data_parallel_role, node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
@@ -99,24 +97,32 @@ def stack_fingerprint(profile: Profile) -> str:
     return f"{profile.name}-{hashlib.sha256(profile.stack.model_dump_json().encode()).hexdigest()[:12]}"
 
 
-def restaging_this_run() -> set[str]:
-    """The hosts whose weights stage restages files of their served revision in this run."""
-    return once_per_run(host.state, "weights restaged", set)
+def stages_in_this_run() -> set[str]:
+    """The stages of this pyinfra run's deploy that add themselves here as pyinfra prepares them (for
+    every host, the first host's stages before any of the second's)."""
+    return once_per_run(host.state, "stages in this run", set)
 
 
 def weights_restages(config: NodeConfig) -> int:
     """How often files of the host's served revision were restaged after a deep verify, the restage
-    of this run's weights stage included. Each instance's environment carries it: vLLM reads its
-    weights only when it starts, so an instance restarts onto restaged weights."""
-    model = config.model
-    marker = host.get_fact(StagedModel, model_dir=config.model_dir, model_id=model.id, revision=model.revision)
-    done = deep_verify_of(marker, marker.get("deep_verify")).get("restages", 0) if marker else 0
-    return done + (host.name in restaging_this_run())
+    this run's weights stage makes included. Each instance's environment carries it: vLLM reads its
+    weights only when it starts, so an instance restarts onto restaged weights. The hosts of a
+    multi-node instance count their restages together: they restart together (members_left_out)."""
+    role = data_parallel_role(config.host)
+    return sum(host_restages(worker) for worker in ([inventory.get_host(m) for m in role.members] if role else [host]))
+
+
+def host_restages(worker) -> int:
+    """weights_restages of one host."""
+    model, model_dir = host_node_config(worker).model, host_node_config(worker).model_dir
+    record = weights.last_deep_verify(worker, model_dir, model.id, model.revision)
+    return record.get("restages", 0) + ("weights" in stages_in_this_run() and bool(record.get("mismatched")))
 
 
 @deploy("Weights")
 def weights_stage() -> None:
     gates.stage_begins(name="Stage: weights", stage="weights")
+    stages_in_this_run().add("weights")
     config = host_node_config(host)
     if not config.is_worker:
         return
@@ -126,8 +132,6 @@ def weights_stage() -> None:
     spread = fleet_spread(config)
     if spread:
         peer_server(config)
-    if weights.restages_due(config.model_dir, model.id, model.revision):
-        restaging_this_run().add(host.name)
     weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
                   source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer,
                   tokens_env_file=HUB_TOKENS_FILE if tokens else None,

@@ -17,7 +17,7 @@ from ascend_fleet.hostdata import node_config
 from ascend_fleet.node.stage_weights import MARKER_NAME, deep_verify_of, marker_problems, parse_args
 from ascend_fleet.node_layout import DEEP_VERIFY_NAME, HUB_TOKENS_FILE, WEIGHTS_STAGER
 from ascend_fleet.operations import weights
-from ascend_fleet.stages.serving import restaging_this_run, weights_restages
+from ascend_fleet.stages import serving
 from ascend_fleet.templating import render
 from tests.fakehost import FakeHost, commands, fact, new_file, on, uploads
 
@@ -169,26 +169,51 @@ def test_the_deep_verify_hashes_on_the_node_with_the_stager():
         "worker1", "lab/Qwen3-Tiny", "v1", MODEL_DIR)
 
 
-def test_an_instance_restarts_onto_restaged_weights_once():
+LAB_WORKER = {"profile": "lab", "chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 4,
+              "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "modelscope"},
+              "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9}}
+STAGED_KEY = fact(StagedModel, model_dir=MODEL_DIR, model_id="lab/Qwen3-Tiny", revision="v1")
+RESTAGED = {**STAGED, "deep_verify": {**MISMATCHED, "mismatched": {}, "restages": 1}}
+
+
+@pytest.fixture
+def one_host_instances(monkeypatch):
+    """The lab worker's config for whichever host asks, none of them in a multi-node instance."""
+    config = node_config(LAB_WORKER, "worker1")
+    monkeypatch.setattr(serving, "host_node_config", lambda worker: config)
+    monkeypatch.setattr(serving, "data_parallel_role", lambda name: None)
+    return config
+
+
+def test_an_instance_restarts_onto_restaged_weights_once(one_host_instances):
     """The restage count in the instance environment: up by one in the run whose weights stage restages,
     the same in the runs after it (no second restart), absent before any restage (no restart on upgrade)."""
-    config = node_config({"profile": "lab", "chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme",
-                          "tensor_parallel_size": 4,
-                          "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "modelscope"},
-                          "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9}}, "worker1")
-    key = fact(StagedModel, model_dir=MODEL_DIR, model_id="lab/Qwen3-Tiny", revision="v1")
-    with on(FakeHost({key: {**STAGED, "deep_verify": MISMATCHED}})):
-        assert weights_restages(config) == 0  # a serve stage alone restages nothing: no restart for it
-        restaging_this_run().add("worker1")  # what the weights stage of a full run does first
-        assert weights_restages(config) == 1
-    with on(FakeHost({key: {**STAGED, "deep_verify": {**MISMATCHED, "mismatched": {}, "restages": 1}}})):
-        assert weights_restages(config) == 1
+    config = one_host_instances
+    with on(FakeHost({STAGED_KEY: {**STAGED, "deep_verify": MISMATCHED}})):
+        assert serving.weights_restages(config) == 0  # a serve stage alone restages nothing: no restart for it
+        serving.stages_in_this_run().add("weights")  # what the weights stage of a full run does first
+        assert serving.weights_restages(config) == 1
+    with on(FakeHost({STAGED_KEY: RESTAGED})):
+        assert serving.weights_restages(config) == 1
     environment = {"instance": config.instances[0], "home": "/h", "settings": {}, "stack_fingerprint": "s",
                    "model_id": "lab/Qwen3-Tiny", "revision": "v1", "api_key": None}
     never = render(TEMPLATES / "vllm-instance.env.j2", restages=0, **environment)
     once = render(TEMPLATES / "vllm-instance.env.j2", restages=1, **environment)
     assert never.endswith("ASCEND_FLEET_WEIGHTS=lab/Qwen3-Tiny@v1\n") and "RESTAGED" not in never
     assert once == never + "ASCEND_FLEET_WEIGHTS_RESTAGED=1\n"
+
+
+def test_the_hosts_of_a_multi_node_instance_count_their_restages_together(one_host_instances, monkeypatch):
+    """They restart together: a shard the run restages on the member restarts the head's units too, though
+    pyinfra prepares the head's serve stage before the member's weights stage."""
+    head = FakeHost({STAGED_KEY: STAGED}, name="npu-01")
+    member = FakeHost({STAGED_KEY: {**STAGED, "deep_verify": MISMATCHED}}, name="npu-02")
+    monkeypatch.setattr(serving, "data_parallel_role", lambda name: SimpleNamespace(members=("npu-01", "npu-02")))
+    monkeypatch.setattr(serving, "inventory", SimpleNamespace(get_host={"npu-01": head, "npu-02": member}.get))
+    for host in (head, member):
+        with on(host):
+            serving.stages_in_this_run().add("weights")
+            assert serving.weights_restages(one_host_instances) == 1
 
 
 def test_a_node_without_python3_is_refused_in_one_line_before_anything_is_put_on_it():
