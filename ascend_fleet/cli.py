@@ -17,6 +17,7 @@ from ascend_fleet.errors import FleetError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "lab": ("ascend_fleet.lab.cli", "lab_app", "group"),
     "plan": ("ascend_fleet.plan_cli", "plan", "command"),
+    "check": ("ascend_fleet.fleet_check", "check", "command"),
     "rollout": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "swap-model": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "load": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
@@ -66,12 +67,12 @@ def build_app(command: str | None = None) -> typer.Typer:
 
 
 def main() -> None:
-    """Console entry: a FleetError becomes one red line and exit code 1."""
+    """Console entry: a FleetError becomes one red line and exit code 1 (or its exit_code)."""
     try:
         rc = build_app(sys.argv[1] if len(sys.argv) > 1 else None)(standalone_mode=False)
     except FleetError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(getattr(exc, "exit_code", 1))  # 2 where one asks for what the input cannot give
     except USAGE_ERRORS as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.templating import env_value
 
 HUB_TOKEN_NAMES = ("MODELSCOPE_API_TOKEN", "HF_TOKEN")
 API_KEY_NAME = "VLLM_API_KEY"
@@ -73,4 +74,4 @@ def api_headers() -> dict[str, str]:
 
 def env_lines(values: Mapping[str, str]) -> str:
     """KEY=VALUE lines for an EnvironmentFile (systemd) or the weights stager's tokens file."""
-    return "".join(f"{name}={value}\n" for name, value in sorted(values.items()))
+    return "".join(f"{name}={env_value(value)}\n" for name, value in sorted(values.items()))

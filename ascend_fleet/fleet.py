@@ -9,6 +9,7 @@ calls: the same plan, refused at the first error with one line naming host and i
 from __future__ import annotations
 
 import json
+import traceback
 import warnings
 from dataclasses import dataclass, replace
 from functools import cache
@@ -23,7 +24,7 @@ from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
-from ascend_fleet.multi_node import DataParallelRole, data_parallel_roles
+from ascend_fleet.multi_node import DataParallelRole, data_parallel_problems, data_parallel_roles
 from ascend_fleet.planner import (
     DEFAULT_POLICY,
     ERROR,
@@ -44,7 +45,8 @@ from ascend_fleet.planner import (
     planned_quantization,
 )
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.vllm_cli import check_data_parallel_start, check_vllm_args, vllm_args
+from ascend_fleet.vllm_cli import (check_data_parallel_start, check_extra_args, check_serving_rules, check_vllm_args,
+                                   vllm_args)
 
 # The first releases that serve each model_type, with their sources.
 MODEL_TYPES_FILE = Path(__file__).with_name("model_types.yaml")
@@ -61,30 +63,53 @@ MODELS_DIR = FILES / "models"
 HTTP_TIMEOUT_SECONDS = 10
 
 
-def load_inventory(path: Path, cwd: Path | None = None, override_data: dict | None = None) -> Inventory:
+def load_inventory(path: Path, cwd: Path | None = None, override_data: dict | None = None,
+                   group_data: list[str] | None = None) -> Inventory:
     """Load an inventory file as the pyinfra CLI does (group_data/ from cwd and beside the file, `--data`
-    as override_data), offline."""
+    as override_data, `--group-data` directories as group_data), offline."""
     if not path.is_file():
         raise FleetError(f"{path}: no such inventory file; pass e.g. inventories/prod.py")
     # pyinfra_cli patches the stdlib for gevent when imported; pyinfra itself warns that
     # this comes late in a process like ours, where nothing runs concurrently yet.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from pyinfra_cli.exceptions import UnexpectedExternalError
         from pyinfra_cli.inventory import make_inventory
     # The CLI executes inventory and group data files inside a pyinfra State.
-    with ctx_state.use(State()):
-        return make_inventory(str(path), override_data=override_data, cwd=str(cwd or Path.cwd()))
+    try:
+        with ctx_state.use(State()):
+            return make_inventory(str(path), override_data=override_data, cwd=str(cwd or Path.cwd()),
+                                  group_data_directories=group_data)
+    except (SyntaxError, UnexpectedExternalError) as exc:  # in the inventory or a group data file
+        raise FleetError(_python_error(exc)) from None
+
+
+def _python_error(exc: Exception) -> str:
+    """What is wrong with an inventory or group data file, in one line: pyinfra wraps what one raises
+    when it runs (UnexpectedExternalError), compile() raises a SyntaxError as is."""
+    error = getattr(exc, "exception", exc)
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}:{error.lineno}: {error.msg}; fix the file (it is Python)"
+    # The last of the operator's own lines it ran (a group data file may run another, as lab_qwen35.py does).
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not frame.filename.startswith("<") and "site-packages" not in frame.filename]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else exc.filename
+    return f"{where}: {type(error).__name__}: {error}; fix the file (it is Python)"
 
 
 def read_model_config(path: Path) -> dict:
     """config.json from a file, or from the model directory holding it."""
     config_file = path / "config.json" if path.is_dir() else path
     try:
-        return json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text())
     except FileNotFoundError:
         raise FleetError(f"{config_file}: no such file; pass --model-config a config.json or the model directory") from None
     except json.JSONDecodeError as exc:
         raise FleetError(f"{config_file}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise FleetError(f"{config_file}: a JSON {type(config).__name__}, not the object a model's config.json is; "
+                         "pass the model's config.json or its directory")
+    return config
 
 
 @dataclass(frozen=True)
@@ -120,13 +145,14 @@ class FleetPlan:
     def verdict(self) -> str:
         return judge([finding for report in self.instances for finding in report.findings])
 
+    def errors(self) -> list[str]:
+        """One line naming host and instance per refusal."""
+        return [f"{report.host} instance {report.instance.name}: {finding.message}"
+                for report in self.instances for finding in report.findings if finding.severity == ERROR]
+
     def first_error(self) -> str | None:
-        """One line naming the host and instance of the first refusal, or None."""
-        for report in self.instances:
-            for finding in report.findings:
-                if finding.severity == ERROR:
-                    return f"{report.host} instance {report.instance.name}: {finding.message}"
-        return None
+        """The first of errors(), or None."""
+        return next(iter(self.errors()), None)
 
     def warnings(self) -> dict[str, list[str]]:
         """Each distinct warning and the hosts it concerns, so a fleet-wide one prints once."""
@@ -207,18 +233,37 @@ def _fetch_json(url: str, host: str, missing_ok: bool = False) -> dict | None:
 
 
 def fleet_node_configs(inventory: Inventory) -> list[NodeConfig]:
-    """Every host's validated data; refuses a worker that no rollout wave includes (a multi-node
-    instance's member goes with its head), and data the fleet's multi-node instances or NPU network
-    cannot work with."""
+    """Every host's validated data; refuses the first of fleet_data_problems in one line."""
     configs = [host_node_config(host) for host in inventory]
-    roles = data_parallel_roles(group_members(inventory), configs)
-    for config in configs:
-        if config.host not in roles or roles[config.host].is_head:  # a member moves in its head's wave
-            _check_rollout_waves(inventory, config)
-    problem = next(npu_network_problems(configs, npu_peers(inventory, configs)), None)
+    problem = next(fleet_data_problems(inventory, configs), None)
     if problem:
         raise FleetError(problem)
     return configs
+
+
+def fleet_data_problems(inventory: Inventory, configs: list[NodeConfig]):
+    """One line per way the hosts' data cannot work together: multi-node instances, a worker that no
+    rollout wave includes (a multi-node instance's member goes with its head), the NPU network, two
+    hosts with one serving address."""
+    groups = group_members(inventory)
+    data_parallel = list(data_parallel_problems(groups, configs))
+    yield from data_parallel
+    roles = {} if data_parallel else data_parallel_roles(groups, configs)
+    for config in configs:
+        role = roles.get(config.host)
+        if role is None or role.is_head:
+            yield from _rollout_wave_problems(inventory, config, role)
+    peer_problems = list(npu_peer_problems(groups, configs))
+    yield from peer_problems
+    if not peer_problems:
+        yield from npu_network_problems(configs, npu_peers(inventory, configs))
+    owners: dict = {}
+    for config in configs:
+        if config.serving_address is not None:
+            owner = owners.setdefault(config.serving_address, config.host)
+            if owner != config.host:
+                yield (f"{config.host}: serving_address: {config.serving_address} is {owner}'s too; expected each "
+                       "host's own address on the serving network")
 
 
 def group_members(inventory: Inventory) -> dict[str, list[str]]:
@@ -231,13 +276,18 @@ def fleet_roles(inventory: Inventory) -> dict[str, DataParallelRole]:
     return data_parallel_roles(group_members(inventory), [host_node_config(host) for host in inventory])
 
 
-def _check_rollout_waves(inventory: Inventory, config: NodeConfig) -> None:
+def _rollout_wave_problems(inventory: Inventory, config: NodeConfig, role: DataParallelRole | None):
     # pyinfra drops empty groups, so a wave with no group is an empty wave (a small lab has no wave2).
     host = inventory.get_host(config.host)
     in_waves = any(host in inventory.groups.get(wave, ()) for wave in config.rollout_waves)
-    if config.is_worker and config.rollout_waves and not in_waves:
-        raise FleetError(f"{config.host}: rollout_waves: the host is in none of {', '.join(config.rollout_waves)}; "
-                         "add it to one of those groups")
+    if not config.is_worker or not config.rollout_waves or in_waves:
+        return
+    waves = ", ".join(config.rollout_waves)
+    if role:
+        yield (f"{config.host}: rollout_waves: the head of multi-node instance {role.group} (its first host in "
+               f"inventory order; its members move with it) is in none of {waves}; add it to one of those groups")
+    else:
+        yield f"{config.host}: rollout_waves: the host is in none of {waves}; add it to one of those groups"
 
 
 def npu_peer_group(config: NodeConfig) -> str | None:
@@ -245,20 +295,24 @@ def npu_peer_group(config: NodeConfig) -> str | None:
     return config.npu_peer_group or (config.data_parallel.group if config.data_parallel else None)
 
 
-def npu_peers(inventory: Inventory, configs: list[NodeConfig]) -> dict[str, list[str]]:
-    """Host -> the other members of its NPU peer group, in inventory order; refuses a group that is not
-    an inventory group holding the host."""
-    peers = {}
+def npu_peer_problems(groups: dict[str, list[str]], configs: list[NodeConfig]):
+    """A host whose NPU peer group is not an inventory group holding it."""
     for config in configs:
         group = npu_peer_group(config)
-        if group is None:
-            continue
-        members = group_members(inventory).get(group, [])
-        if config.host not in members:
-            raise FleetError(f"{config.host}: npu_peer_group: {group} is not an inventory group "
-                             "holding this host; add the host to that group or name its group")
-        peers[config.host] = [member for member in members if member != config.host]
-    return peers
+        if group is not None and config.host not in groups.get(group, []):
+            yield (f"{config.host}: npu_peer_group: {group} is not an inventory group holding this host; add the "
+                   "host to that group or name its group")
+
+
+def npu_peers(inventory: Inventory, configs: list[NodeConfig]) -> dict[str, list[str]]:
+    """Host -> the other members of its NPU peer group, in inventory order; refuses the first of
+    npu_peer_problems."""
+    groups = group_members(inventory)
+    problem = next(npu_peer_problems(groups, configs), None)
+    if problem:
+        raise FleetError(problem)
+    return {config.host: [member for member in groups[group] if member != config.host]
+            for config in configs if (group := npu_peer_group(config)) is not None}
 
 
 def npu_network_problems(configs: list[NodeConfig], peers: dict[str, list[str]]):
@@ -301,7 +355,9 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape,
         *check_block_size(serving.block_size, serving.enable_prefix_caching, serving.enable_chunked_prefill, shape.is_hybrid),
         *check_vllm_use_v1(config.npu_env, profile.stack.vllm),
         # The options differ per instance only in values (ports, TP size): the first stands for all.
-        *check_vllm_args(vllm_args(config, config.instances[0], "MODEL", role), profile.stack.vllm),
+        *check_vllm_args(args := vllm_args(config, config.instances[0], "MODEL", role), profile.stack.vllm),
+        *check_extra_args(args[:len(args) - len(serving.extra_args)], serving.extra_args, profile.stack.vllm),
+        *check_serving_rules(serving, profile.stack.vllm),
         *(check_data_parallel_start(profile.stack.vllm) if role else []),
     ]
     if profile.upstream.vllm_ascend_row is None:
@@ -339,16 +395,28 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
 
 def plan_fleet(inventory: Inventory, model_config: Path | None = None, models_dir: Path = MODELS_DIR) -> FleetPlan:
     """Plan every instance of every worker; nothing is refused here (see check_fleet)."""
-    shapes = ModelConfigs(model_config, models_dir)
+    configs = fleet_node_configs(inventory)
+    return plan_configs(configs, data_parallel_roles(group_members(inventory), configs),
+                        ModelConfigs(model_config, models_dir))
+
+
+def plan_configs(configs: list[NodeConfig], roles: dict[str, DataParallelRole], shapes: ModelConfigs,
+                 problems: list[str] | None = None) -> FleetPlan:
+    """Plan the instances of these hosts. A host whose profile or model config cannot be read raises
+    FleetError; with `problems`, its line is added there and the host left out."""
     profiles: dict[str, Profile] = {}
     reports = []
-    roles = fleet_roles(inventory)
-    for config in fleet_node_configs(inventory):
+    for config in configs:
         if not config.is_worker:
             continue
-        if config.profile not in profiles:
-            profiles[config.profile] = _load_profile(config)
-        reports.extend(plan_node(config, profiles[config.profile], shapes.shape(config), roles.get(config.host)))
+        try:
+            if config.profile not in profiles:
+                profiles[config.profile] = _load_profile(config)
+            reports.extend(plan_node(config, profiles[config.profile], shapes.shape(config), roles.get(config.host)))
+        except FleetError as exc:
+            if problems is None:
+                raise
+            problems.append(str(exc))
     return FleetPlan(reports)
 
 

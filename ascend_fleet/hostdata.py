@@ -46,6 +46,14 @@ PER_INSTANCE_ENV = frozenset({"ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_BASE_PORT", 
 # A multi-node instance's member reaches the others on its own address and NIC (vllm-ascend's
 # multi-node guide): data_parallel and serving_address set these per host.
 PER_HOST_ENV = ("HCCL_IF_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+# Paths CANN's set_env.sh sets (captured into npu.env before npu_env, which systemd lets win): one in
+# npu_env would hide CANN's libraries or operators from every instance.
+CANN_ENV = frozenset({"LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "PYTHONPATH", "ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH",
+                      "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "TOOLCHAIN_HOME", "ATB_HOME_PATH"})
+# npu.env is world-readable (0644): a credential there is every local user's.
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL")
+# Below this, only root binds a port; instances run as service_user.
+FIRST_UNPRIVILEGED_PORT = 1024
 # NodeConfig's own keys, not the data's: node_config sets them.
 HIDDEN_KEYS = frozenset({"host"})
 # Wrapped lists of valid keys stay this narrow, indented under the error's own line.
@@ -86,8 +94,19 @@ def _env_name(value: str) -> str:
     return value
 
 
+def _url(value: str) -> str:
+    if not URL.fullmatch(value):
+        raise ValueError("expected an http:// or https:// URL without blanks, quotes, backslashes, $ or ` (it "
+                         "reaches commands and messages on the node)")
+    return value
+
+
+# An http(s) URL of the characters RFC 3986 allows, less ' (and no $ or `, which RFC 3986 does not allow).
+URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
+
 # Values that reach a unit, an env file or a shell on the node.
 OneLine = Annotated[str, AfterValidator(_one_line)]
+Url = Annotated[str, AfterValidator(_url)]
 NodePath = Annotated[str, AfterValidator(_node_path)]
 OneWord = Annotated[str, AfterValidator(_one_word)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
@@ -105,7 +124,7 @@ class Model(_Strict):
     id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="<org>/<name> as the hub spells it")
     revision: OneLine = Field(description="a tag or commit: weights are pinned")
     source: Literal["modelscope", "hf", "http", "rsync"]
-    url: str | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
+    url: Url | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
     peer: str | None = Field(None, description="rsync: a host that already holds the weights")
     peers: bool | None = Field(None, description="spread over the fleet: each file from a node that verified it, "
                                "the source only for what none holds yet; default: when more than one worker "
@@ -292,9 +311,9 @@ class NodeConfig(_Strict):
     service_user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
     gateway: Gateway | None = None
     monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")
-    pip_index_url: str | None = None
-    vendor_mirror_url: str | None = None
-    model_mirror_url: str | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
+    pip_index_url: Url | None = None
+    vendor_mirror_url: Url | None = None
+    model_mirror_url: Url | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
                                          "where an http model without a url of its own is fetched from")
     rollout_waves: list[str] = Field(default_factory=list, description="group names, in rollout order")
     fleet_state_dir: str = Field("state", description="the control machine's record of drained instances and "
@@ -376,6 +395,12 @@ class NodeConfig(_Strict):
             if key in PER_HOST_ENV:
                 raise ValueError(f"{key} is set per host from serving_address and serving_nic (or "
                                  "data_parallel.nic), not fleet-wide")
+            if key in CANN_ENV:
+                raise ValueError(f"{key} would hide the one CANN's set_env.sh sets (the environment stage captures "
+                                 "it into npu.env); drop it")
+            if SECRET_ENV.search(key):
+                raise ValueError(f"{key} looks like a credential, and npu.env is readable by every user of the "
+                                 "node; the instances' API key comes from the gateway's (README, secrets)")
         if not env.get("HCCL_BUFFSIZE", "0").isdigit():
             raise ValueError("HCCL_BUFFSIZE must be a whole number of MB")
         return env
@@ -458,8 +483,22 @@ def colour_instances(instances: list[Instance], colour: str, npu_count: int) -> 
         "vllm_port": instance.vllm_port + slots * VLLM_PORT_SPAN}) for instance in instances]
 
 
+# What an inventory host name and an ssh_hostname may hold: they reach the gateway's nginx config (a server
+# address and a comment), Prometheus targets, nftables rules and URLs, so one word of safe characters (a
+# pyinfra connector's @ and / included in the name).
+HOST_NAME = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9_.:/-]*")
+HOST_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]*")
+
+
 def node_config(data: Mapping, host: str = "host") -> NodeConfig:
     """Validate one host's merged data; a problem is a FleetError naming host, key and expectation."""
+    if not HOST_NAME.fullmatch(host):
+        raise FleetError(f"inventory: host {host!r}: expected a host name (letters, digits and . _ : - only; a "
+                         "pyinfra connector's @ and /): it reaches the gateway's nginx config and other files")
+    address = data.get("ssh_hostname")
+    if address is not None and not HOST_ADDRESS.fullmatch(str(address)):
+        raise FleetError(f"{host}: ssh_hostname: {address!r} is not a DNS name or an IP address; the gateway's "
+                         "nginx config sends requests to the host by it")
     ours = {key: value for key, value in data.items() if not key.startswith(PYINFRA_KEY_PREFIXES)}
     try:
         config = NodeConfig.model_validate({**ours, "host": host})
@@ -579,7 +618,8 @@ def _instance_problems(config: NodeConfig, derived: bool):
     tp, count = config.tensor_parallel_size, config.npu_count
     yield from _data_parallel_problems(config)
     if not config.instances:
-        yield "tensor_parallel_size", f"{tp} does not divide the {count} NPUs; expected a divisor of {count}"
+        yield "tensor_parallel_size", (f"{tp} does not divide npu_count {count}; expected a divisor of {count}, or "
+                                       "correct npu_count if the host has other than that many NPUs")
     names = [instance.name for instance in config.instances]
     for name in sorted({name for name in names if names.count(name) > 1}):
         yield "instances", f"two instances are named {name}; expected distinct names"
@@ -593,12 +633,31 @@ def _instance_problems(config: NodeConfig, derived: bool):
         for npu in instance.npus:
             if npu >= count:
                 yield f"instances.{instance.name}.npus", f"NPU {npu} does not exist; npu_count is {count} (NPUs 0-{count - 1})"
+    for instance in config.instances:
+        if instance.port < FIRST_UNPRIVILEGED_PORT:
+            yield ("instance_ports.api" if derived else f"instances.{instance.name}.port"), (
+                f"{instance.port} is below {FIRST_UNPRIVILEGED_PORT}, which only root may bind; instance "
+                f"{instance.name} runs as service_user {config.service_user}: pick a port from 1024 to 65535")
     records = [instance.record() for instance in config.instances]
+    yield from _host_port_problems(config, records)
     for finding in check_node_instances(records):
         if finding.code == "shared-npu":
             yield "instances", f"{finding.message}; expected each NPU used once"
     for clash in port_clashes(records):
         yield ("instance_ports" if derived else "instances"), f"{clash}; {_port_remedy(clash, derived)}"
+
+
+def _host_port_problems(config: NodeConfig, records: list[InstanceRecord]):
+    """The host's other listeners (the weights peer port; the gateway's, on a host that is both) against
+    every port an instance takes."""
+    listeners = {"model.peer_port": config.model.peer_port if config.model else None,
+                 "gateway.listen_port": config.gateway.listen_port if config.gateway else None}
+    for key, port in listeners.items():
+        for record in records:
+            for claimed in record.port_ranges():
+                if port in claimed.ports:
+                    yield key, (f"{port} lies in instance {record.name}'s {claimed}; move {key} or the instance's "
+                                f"{claimed.field}")
 
 
 # Derived instances place each port from the instance_ports base of the same kind.

@@ -4,12 +4,17 @@ Every request's outcome is recorded (status, error, latency, time to first token
 rollout or a model swap can be judged by what clients saw: how many requests, how many
 failed, and the p99 latency. A request counts as failed unless it answers 200, streams at
 least one content chunk and ends with `data: [DONE]`.
+
+A client whose request failed waits before its next one, twice as long after each failure in a
+row up to a cap, so a gateway that is down gets a few requests a second, not thousands. With
+`give_up_after`, the load stops once no request has succeeded for that long.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +28,11 @@ from ascend_fleet.credentials import api_headers
 CONNECT_TIMEOUT_SECONDS = 5
 READ_TIMEOUT_SECONDS = 120
 PROMPTS = ("Say hello.", "Name three colours.", "Count to five.", "What is an NPU?")
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 2.0
+WAIT_POLL_SECONDS = 0.1  # how often wait() looks whether the clients ended or interrupt() came
+# The system's reason inside a requests/urllib3 error: "[Errno 111] Connection refused".
+OS_REASON = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,24 @@ class LoadReport:
         return {**self.summary(), "results": [asdict(r) for r in self.results]}
 
 
+def backoff_seconds(failures: int) -> float:
+    """The wait before a client's next request after `failures` failed in a row (0: none)."""
+    return 0.0 if failures == 0 else min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** (failures - 1))
+
+
+def request_error(exc: Exception) -> str:
+    """A failed request in a few words: the system's reason (connection refused, name not known),
+    the timeout that ran out, else the exception."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"no connection within {CONNECT_TIMEOUT_SECONDS}s"
+    if isinstance(exc, requests.ReadTimeout):
+        return f"no answer within {READ_TIMEOUT_SECONDS}s"
+    reason = OS_REASON.search(str(exc)) if isinstance(exc, requests.ConnectionError) else None
+    if reason:
+        return f"{type(exc).__name__}: {reason.group(1).strip()}"
+    return f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
 def stream_chat(url: str, model: str, prompt: str, max_tokens: int, origin: float) -> RequestResult:
     """One streaming chat completion, read to its end."""
     started = time.monotonic()
@@ -104,22 +132,24 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, origin: floa
                 return RequestResult(started - origin, latency, ttft, False, error)
             return RequestResult(started - origin, latency, ttft, True)
     except (requests.RequestException, ValueError, KeyError) as exc:
-        return RequestResult(started - origin, time.monotonic() - started, ttft, False,
-                             f"{type(exc).__name__}: {str(exc)[:160]}")
+        return RequestResult(started - origin, time.monotonic() - started, ttft, False, request_error(exc))
 
 
 class LoadGenerator:
-    """`concurrency` clients sending one request after another until stopped, the deadline or max_requests."""
+    """`concurrency` clients sending one request after another until stopped, the deadline,
+    max_requests, or (give_up_after) that many seconds without a request that succeeded."""
 
     def __init__(self, url: str, model: str, concurrency: int = 4, max_tokens: int = 16,
-                 duration: float | None = None, max_requests: int | None = None):
+                 duration: float | None = None, max_requests: int | None = None, give_up_after: float | None = None):
         self.url, self.model, self.concurrency, self.max_tokens = url.rstrip("/"), model, concurrency, max_tokens
-        self.duration, self.max_requests = duration, max_requests
+        self.duration, self.max_requests, self.give_up_after = duration, max_requests, give_up_after
+        self.gave_up = False  # stopped by give_up_after
+        self.interrupted = False  # interrupt(): requests in flight left unfinished
         self._results: list[RequestResult] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._origin = 0.0
+        self._origin = self._last_ok = 0.0
 
     def _claim(self) -> bool:
         """Whether a client may send another request (bounded by count and time)."""
@@ -131,16 +161,30 @@ class LoadGenerator:
             self._sent += 1
             return True
 
+    def _record(self, result: RequestResult) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._results.append(result)
+            if result.ok:
+                self._last_ok = now
+            elif self.give_up_after is not None and now - self._last_ok >= self.give_up_after:
+                self.gave_up = True
+                self._stop.set()
+
     def _client(self, index: int) -> None:
-        n = index
+        n, failures = index, 0
         while self._claim():
             result = stream_chat(self.url, self.model, PROMPTS[n % len(PROMPTS)], self.max_tokens, self._origin)
             n += 1
-            with self._lock:
-                self._results.append(result)
+            self._record(result)
+            failures = 0 if result.ok else failures + 1
+            if failures:
+                left = math.inf if self.duration is None else self.duration - (time.monotonic() - self._origin)
+                self._stop.wait(max(0.0, min(backoff_seconds(failures), left)))
 
     def start(self) -> LoadGenerator:
         self._origin, self._sent = time.monotonic(), 0
+        self._last_ok = self._origin
         self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True, name=f"load-{i}")
                          for i in range(self.concurrency)]
         for thread in self._threads:
@@ -152,10 +196,21 @@ class LoadGenerator:
             return LoadReport(self.url, self.concurrency, time.monotonic() - self._origin, list(self._results))
 
     def wait(self) -> LoadReport:
-        """Until the bound is reached (duration or max_requests), then the report."""
-        for thread in self._threads:
-            thread.join()
+        """Until the bound is reached (duration, max_requests, give_up_after) or at once after
+        interrupt(), then the report (of the requests that ended)."""
+        while any(thread.is_alive() for thread in self._threads) and not self.interrupted:
+            time.sleep(WAIT_POLL_SECONDS)
         return self.snapshot()
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._sent - len(self._results)
+
+    def interrupt(self) -> None:
+        """Send no more, and let wait() return without the requests in flight (Ctrl-C). It sets flags
+        and the stop event, whose lock only the clients take, so a signal handler may call it."""
+        self.interrupted = True
+        self._stop.set()
 
     def stop(self) -> LoadReport:
         """Let every request in flight finish, send no more, and report."""

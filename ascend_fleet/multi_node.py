@@ -47,53 +47,87 @@ class DataParallelRole:
         return args + (["--api-server-count", str(self.api_server_count)] if self.api_server_count else [])
 
     def head_ports(self) -> tuple[PortRange, ...]:
-        """The ports the head takes for its engines besides its instance's own. Its DP master ports are
-        among its instance's: vLLM 0.18.0 takes them upward from VLLM_PORT (VLLM_PORT_SPAN)."""
-        return (PortRange("DP RPC port", "data_parallel.rpc_port", range(self.rpc_port, self.rpc_port + 1)),)
+        """The ports the head takes for its engines besides its instance's own."""
+        return head_ports(self.rpc_port)
 
 
 def data_parallel_roles(groups: Mapping[str, list[str]], configs: list[NodeConfig]) -> dict[str, DataParallelRole]:
-    """Host -> its role in the multi-node instance its data_parallel names; refuses, in one line naming
-    host and key, a group that does not hold the host or holds it alone, members that differ in what
-    they serve, and a head whose engine ports clash with its instance's."""
+    """Host -> its role in the multi-node instance its data_parallel names; refuses the first of
+    data_parallel_problems in one line."""
+    problem = next(data_parallel_problems(groups, configs), None)
+    if problem:
+        raise FleetError(problem)
+    return _roles(groups, configs)
+
+
+def data_parallel_problems(groups: Mapping[str, list[str]], configs: list[NodeConfig]):
+    """One line naming host and key per way the fleet's multi-node instances cannot work: a group that
+    does not hold the host or holds it alone, a host in another instance's group, members that differ
+    in what they serve, a head whose engine ports clash with its instance's."""
+    by_host = {config.host: config for config in configs}
+    named = {config.data_parallel.group for config in configs if config.data_parallel}
+    for config in configs:
+        spec = config.data_parallel
+        elsewhere = sorted(group for group in named if config.host in groups.get(group, ()) and
+                           (spec is None or group != spec.group))
+        if elsewhere:
+            yield (f"{config.host}: is in data_parallel group {elsewhere[0]} but its data names "
+                   f"{spec.group if spec else 'no data_parallel'}; a host serves in one multi-node instance: remove "
+                   f"it from {elsewhere[0]}, or give it that group's data")
+        if spec is None:
+            continue
+        members = groups.get(spec.group, [])
+        if config.host not in members:
+            yield (f"{config.host}: data_parallel.group: {spec.group} is not an inventory group holding "
+                   "this host; add the host to that group or name its group")
+        elif len(members) < 2:
+            yield (f"{config.host}: data_parallel.group: {spec.group} holds only this host; a multi-node "
+                   "instance needs two or more (drop data_parallel to serve on one host)")
+        elif members[0] in by_host:
+            head = by_host[members[0]]
+            for key in SHARED_KEYS:
+                if getattr(config, key) != getattr(head, key):
+                    yield (f"{config.host}: {key} differs from that of {head.host}, the head of data_parallel group "
+                           f"{spec.group} (its first host in inventory order); every member of a multi-node "
+                           "instance must serve alike")
+                    break
+    for group in sorted(named):
+        members = groups.get(group, [])
+        if len(members) > 1 and all(member in by_host for member in members):
+            yield from _head_port_problems(by_host[members[0]], by_host[members[0]].data_parallel.rpc_port, group)
+
+
+def _roles(groups: Mapping[str, list[str]], configs: list[NodeConfig]) -> dict[str, DataParallelRole]:
     by_host = {config.host: config for config in configs}
     roles = {}
     for config in configs:
         spec = config.data_parallel
         if spec is None:
             continue
-        members = groups.get(spec.group, [])
-        if config.host not in members:
-            raise FleetError(f"{config.host}: data_parallel.group: {spec.group} is not an inventory group holding "
-                             "this host; add the host to that group or name its group")
-        if len(members) < 2:
-            raise FleetError(f"{config.host}: data_parallel.group: {spec.group} holds only this host; a multi-node "
-                             "instance needs two or more (drop data_parallel to serve on one host)")
+        members = groups[spec.group]
         head = by_host[members[0]]
-        for key in SHARED_KEYS:
-            if getattr(by_host[member := config.host], key) != getattr(head, key):
-                raise FleetError(f"{member}: {key} differs from that of {head.host}, the head of data_parallel group "
-                                 f"{spec.group}; every member of a multi-node instance must serve alike")
         rank = members.index(config.host)
         roles[config.host] = DataParallelRole(
             group=spec.group, head=head.host, head_address=str(head.serving_address),
             start_rank=rank * spec.size_local, size=len(members) * spec.size_local, size_local=spec.size_local,
             rpc_port=spec.rpc_port, api_server_count=spec.api_server_count, members=tuple(members))
-    for host, role in roles.items():
-        if role.is_head:
-            _check_head_ports(by_host[host], role)
     return roles
 
 
-def _check_head_ports(head: NodeConfig, role: DataParallelRole) -> None:
-    for taken in role.head_ports():
+def head_ports(rpc_port: int) -> tuple[PortRange, ...]:
+    """The ports a head takes for its engines besides its instance's own. Its DP master ports are
+    among its instance's: vLLM 0.18.0 takes them upward from VLLM_PORT (VLLM_PORT_SPAN)."""
+    return (PortRange("DP RPC port", "data_parallel.rpc_port", range(rpc_port, rpc_port + 1)),)
+
+
+def _head_port_problems(head: NodeConfig, rpc_port: int, group: str):
+    for taken in head_ports(rpc_port):
         for instance in head.instances:
             for claimed in instance.record().port_ranges():
                 if taken.overlaps(claimed):
-                    raise FleetError(
-                        f"{head.host}: the {taken} of multi-node instance {role.group} (head {head.host}) clashes "
-                        f"with instance {instance.name}'s {claimed}; move {taken.field} or instance {instance.name}'s "
-                        f"{claimed.field}")
+                    yield (f"{head.host}: the {taken} of multi-node instance {group} (head {head.host}) clashes "
+                           f"with instance {instance.name}'s {claimed}; move {taken.field} or instance "
+                           f"{instance.name}'s {claimed.field}")
         if head.model and head.model.peer_port in taken.ports:
-            raise FleetError(f"{head.host}: the {taken} of multi-node instance {role.group} is model.peer_port "
-                             f"{head.model.peer_port}, where peers fetch weights; move one of them")
+            yield (f"{head.host}: the {taken} of multi-node instance {group} is model.peer_port "
+                   f"{head.model.peer_port}, where peers fetch weights; move one of them")

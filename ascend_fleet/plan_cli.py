@@ -122,6 +122,11 @@ def check_models_dir(models_dir: Path, inventory: Path | None, model_config: Pat
 def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path, as_json: bool) -> None:
     """Every instance of every worker; refuses (one line naming host and instance) what does not fit."""
     fleet = plan_fleet(load_inventory(inventory), model_config, models_dir)
+    if not fleet.instances:
+        error = FleetError(f"plan: {inventory} has no worker (a host whose data sets npu_count): nothing to plan; "
+                           "give your NPU hosts npu_count, or plan one instance with --model-config")
+        error.exit_code = 2  # asked for what the inventory cannot give, as a usage mistake
+        raise error
     if as_json:
         print(json.dumps(fleet.to_dict(), indent=2))
     else:

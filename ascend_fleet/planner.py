@@ -524,8 +524,11 @@ def planned_quantization(shape: ModelShape, stated: str | None, ascend: bool) ->
     if shape.checkpoint_quantization is None:
         if ascend and stated is None:
             return None, [Finding(ERROR, "quantization-scheme-unknown",
-                                  f"quantization ascend: the weights have no {MODELSLIM_DESCRIPTION} and the data "
-                                  "no quantization_scheme (w8a8, w4a8); set it")]
+                                  f"quantization ascend, but no {MODELSLIM_DESCRIPTION} is beside the model's config: "
+                                  "weights without one are not msModelSlim's and vllm-ascend refuses to start; drop "
+                                  "quantization, or, if the weights have it and the plan reads only their config, "
+                                  "set quantization_scheme to their scheme (w8a8, w4a8; the serve stage checks the "
+                                  "file on the node)")]
         return stated, []
     if stated is not None and stated != shape.checkpoint_quantization:
         return shape.checkpoint_quantization, [Finding(

@@ -214,7 +214,9 @@ class PythonPackages(_Strict):
                                   "vllm wheel pins a torch its vllm-ascend release moves, so no single resolver run "
                                   "satisfies both; with the uninstalls (remove) and the builds installed over a pin "
                                   "(override) where upstream's image runs them")
-    venv: str = Field("/opt/ascend-fleet/venv", description="virtualenv path on every node")
+    # It reaches the units' ExecStart and shell commands on the node: an absolute path of plain characters.
+    venv: str = Field("/opt/ascend-fleet/venv", pattern=r"^/[A-Za-z0-9._+/-]+$",
+                      description="virtualenv path on every node")
     extra_requirements: list[str] = Field(default_factory=list,
                                           description="further pins the stack needs, e.g. CANN's Python deps")
     system_packages: dict[Literal["apt", "dnf"], list[str]] = Field(
@@ -266,6 +268,10 @@ class Profile(_Strict):
     def vendor_files(self, arch: str) -> dict[str, str]:
         """Kind -> package file name for this stack on one architecture."""
         return vendor_file_names(self.stack, arch)
+
+    def has_sha256(self, file_name: str) -> bool:
+        entry = self.packages.files.get(file_name)
+        return entry is not None and entry.sha256 is not None
 
     def sha256_of(self, file_name: str) -> str:
         """The expected sha256 of a vendor file; refuses a file the profile has no checksum for."""

@@ -3,18 +3,21 @@
 Each host gets one SSH connection (paramiko, with the inventory's ssh_* data, as pyinfra
 would connect) and one shell round trip that runs every fact's command; each output is
 handed to the same fact's process(), so a node's state is parsed exactly as a deploy
-parses it. A host that cannot be reached is a HostFacts with an error, never an exception.
+parses it. A host that cannot be reached is a HostFacts with an error, never an exception: one
+line naming its address, why in a few words and what to do. paramiko's own log of the failure
+(a traceback from its transport thread) is not printed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +28,12 @@ from pyinfra.api import FactBase
 CONNECT_TIMEOUT_SECONDS = 10
 COMMAND_TIMEOUT_SECONDS = 60
 MAX_PARALLEL_HOSTS = 32
+# paramiko logs a failed handshake from its transport thread, traceback and all (Python's last-resort
+# handler prints it when nothing is configured); the exception that follows says the same, and we
+# print that, once. Our connections log here, where nothing is printed.
+QUIET_LOG_CHANNEL = "ascend_fleet.remote.paramiko"
+logging.getLogger(QUIET_LOG_CHANNEL).addHandler(logging.NullHandler())
+logging.getLogger(QUIET_LOG_CHANNEL).propagate = False
 
 
 @dataclass(frozen=True)
@@ -86,8 +95,39 @@ def process_outputs(facts: Mapping[str, FactBase], sections: Mapping[str, list[s
     return values, errors
 
 
+def ssh_address(host: str, data: Mapping[str, Any]) -> tuple[str, int]:
+    return data.get("ssh_hostname") or host, int(data.get("ssh_port") or 22)
+
+
+def connection_problem(address: str, exc: BaseException) -> str:
+    """Why SSH to address failed, in a few words, and what to do: one line."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        exc = next(iter(exc.errors.values()))  # one per address the name resolved to; the first says it
+    if isinstance(exc, paramiko.BadHostKeyException):
+        why, todo = "its host key is not the one known_hosts holds", ("if it was reinstalled, check its new key "
+                                                                      "on its console and replace the old one")
+    elif isinstance(exc, paramiko.AuthenticationException):
+        why, todo = "login refused", "check ssh_user and ssh_key (or ssh_password) in the inventory"
+    elif isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
+        why, todo = "its host key is not in known_hosts", ("add it (ssh-keyscan, checked on its console) to "
+                                                           "the inventory's ssh_known_hosts_file")
+    elif isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        why, todo = "no SSH server answered there", "check that sshd runs on it and ssh_port is right"
+    elif isinstance(exc, ConnectionRefusedError):
+        why, todo = "connection refused", "check that the host is up, sshd runs on it and ssh_port is right"
+    elif isinstance(exc, (socket.timeout, TimeoutError)):
+        why, todo = f"no answer within {CONNECT_TIMEOUT_SECONDS}s", "check that the host is up and reachable from here"
+    elif isinstance(exc, socket.gaierror):
+        why, todo = "the name does not resolve", "check ssh_hostname (or the host's name) in the inventory"
+    else:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        todo = "check that the host is up and reachable from here"
+    return f"cannot connect over SSH to {address}: {why}; {todo}"
+
+
 def _connect(host: str, data: Mapping[str, Any]) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
+    client.set_log_channel(QUIET_LOG_CHANNEL)
     known_hosts = data.get("ssh_known_hosts_file")
     if known_hosts:
         client.load_host_keys(os.path.expanduser(known_hosts))
@@ -97,9 +137,10 @@ def _connect(host: str, data: Mapping[str, Any]) -> paramiko.SSHClient:
     strict = str(data.get("ssh_strict_host_key_checking", "accept-new")).lower()
     client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict == "yes" else paramiko.AutoAddPolicy())
     key = data.get("ssh_key")
+    hostname, port = ssh_address(host, data)
     client.connect(
-        hostname=data.get("ssh_hostname") or host,
-        port=int(data.get("ssh_port") or 22),
+        hostname=hostname,
+        port=port,
         username=data.get("ssh_user"),
         key_filename=os.path.expanduser(key) if key else None,
         passphrase=data.get("ssh_key_password"),
@@ -118,8 +159,9 @@ def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, Fa
     facts = facts_of(queries)
     try:
         client = _connect(host, data)
-    except (OSError, paramiko.SSHException) as exc:
-        return HostFacts(host, error=f"cannot connect over SSH: {exc or type(exc).__name__}")
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        hostname, port = ssh_address(host, data)
+        return HostFacts(host, error=connection_problem(f"{hostname}:{port}", exc))
     try:
         # No exec_command: its stdin file's __del__ takes the channel's lock, and when that runs at
         # the exit of a process pyinfra's gevent patched (a rollout that stops at a gate), it
@@ -128,7 +170,7 @@ def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, Fa
         channel.settimeout(COMMAND_TIMEOUT_SECONDS)
         channel.exec_command(fact_script(queries, facts, marker))
         output = channel.makefile("rb").read().decode(errors="replace")
-    except (OSError, paramiko.SSHException) as exc:
+    except (OSError, EOFError, paramiko.SSHException) as exc:
         return HostFacts(host, error=f"reading facts failed: {exc or type(exc).__name__}")
     finally:
         client.close()
@@ -136,24 +178,29 @@ def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, Fa
     return HostFacts(host, values, errors)
 
 
-def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, FactQuery]]]) -> dict[str, HostFacts]:
-    """{host: (ssh data, queries)} -> {host: HostFacts}, every host read at the same time."""
+def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, FactQuery]]],
+                     on_read: Callable[[str], None] | None = None) -> dict[str, HostFacts]:
+    """{host: (ssh data, queries)} -> {host: HostFacts}, every host read at the same time;
+    on_read(host) as each one is read."""
     if not hosts:
         return {}
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_HOSTS, len(hosts))) as pool:
-        futures = {name: pool.submit(read_host_facts, name, data, queries) for name, (data, queries) in hosts.items()}
-        return {name: future.result() for name, future in futures.items()}
+        futures = {pool.submit(read_host_facts, name, data, queries): name for name, (data, queries) in hosts.items()}
+        for future in as_completed(futures):
+            if on_read:
+                on_read(futures[future])
+        return {name: future.result() for future, name in futures.items()}
 
 
 def tunnel_argv(host: str, data: Mapping[str, Any], local_port: int, remote_port: int) -> list[str]:
     """OpenSSH's `ssh -N -L` forwarding 127.0.0.1:local_port to the host's 127.0.0.1:remote_port, with
     the inventory's ssh_* data (a dict, or pyinfra's HostData: read with .get only)."""
     known_hosts, key, user = data.get("ssh_known_hosts_file"), data.get("ssh_key"), data.get("ssh_user")
-    address = data.get("ssh_hostname") or host
+    address, port = ssh_address(host, data)
     argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}",
             "-o", f"StrictHostKeyChecking={data.get('ssh_strict_host_key_checking') or 'accept-new'}",
-            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "-p", str(data.get("ssh_port") or 22)]
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "-p", str(port)]
     if known_hosts:
         argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(known_hosts)}"]
     if key:

@@ -34,13 +34,11 @@ import re
 import subprocess
 import sys
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
-import click
 import requests
 from pydantic import BaseModel, Field, ValidationError
 from pyinfra.api import Inventory
@@ -109,12 +107,7 @@ class Fleet:
     def __init__(self, inventory_path: Path, data: dict):
         self.inventory_path = inventory_path
         self.data = data
-        try:
-            self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
-        except SyntaxError as exc:
-            raise FleetError(f"{exc.filename} line {exc.lineno}: {exc.msg}; fix the file") from None
-        except click.ClickException as exc:
-            raise inventory_file_error(exc) from None
+        self.inventory: Inventory = load_inventory(inventory_path, override_data=data)
         self.configs: dict[str, NodeConfig] = {host.name: host_node_config(host) for host in self.inventory}
         self.addresses = {host.name: host.data.get("ssh_hostname") or host.name for host in self.inventory}
         self.workers = [name for name, config in self.configs.items() if config.is_worker]
@@ -157,12 +150,19 @@ class Fleet:
     def all_backends(self) -> list[Backend]:
         return [backend for host in self.workers for backend in self.backends(host)]
 
+    def worker_groups(self) -> list[str]:
+        """The inventory's groups that hold a worker, by name."""
+        return sorted(name for name, hosts in self.inventory.groups.items()
+                      if any(host.name in self.workers for host in hosts))
+
     def gateway_urls(self) -> list[str]:
         return [f"http://{self.addresses[host]}:{self.configs[host].gateway.listen_port}" for host in self.gateways]
 
     def waves(self, names: list[str] | None) -> list[tuple[str, list[str]]]:
         """(wave, workers) in rollout order: the given groups, else the data's rollout_waves, else
-        canary then the rest. Workers the default waves leave out form a last wave, `rest`."""
+        canary then the rest. Workers the default waves leave out form a last wave, `rest`.
+        Refuses a given group with no worker left for it, and a first default wave (the canary)
+        with no worker: the change would go to a larger wave first, and nothing said so."""
         given = names is not None
         names = names if given else (self.configs[self.workers[0]].rollout_waves or ["canary"])
         waves, placed = [], set()
@@ -170,8 +170,17 @@ class Fleet:
             if given and name not in self.inventory.groups:
                 raise FleetError(f"--waves {name}: no such group in {self.inventory_path}; "
                                  f"groups: {', '.join(sorted(self.inventory.groups))}")
-            members = [host.name for host in self.inventory.groups.get(name, [])
-                       if host.name in self.workers and host.name not in placed]
+            workers = [host.name for host in self.inventory.groups.get(name, []) if host.name in self.workers]
+            members = [host for host in workers if host not in placed]
+            if given and not members:
+                raise FleetError(f"--waves {name}: " + (
+                    f"its workers ({', '.join(workers)}) are in an earlier wave already; name each group once"
+                    if workers else f"group {name} of {self.inventory_path} has no worker (npu_count) to roll out "
+                                    f"to; groups with workers: {', '.join(self.worker_groups())}"))
+            if not given and not waves and not members:
+                raise FleetError(f"rollout_waves: the first wave, {name}, has no worker in {self.inventory_path}, so "
+                                 f"the change would go to a larger wave first; put a worker in group {name} "
+                                 "(your canary), or name the waves with --waves")
             placed.update(members)
             if members:
                 waves.append((name, members))
@@ -179,18 +188,6 @@ class Fleet:
         if rest and not given:
             waves.append(("rest", rest))
         return waves
-
-
-def inventory_file_error(exc: click.ClickException) -> Exception:
-    """pyinfra's error for an exception raised in an inventory or group data file, as one line
-    naming the file and line; anything else as it was."""
-    filename, error = getattr(exc, "filename", None), getattr(exc, "exception", None)
-    if filename is None or error is None:
-        return exc
-    lines = [frame.lineno for frame in traceback.extract_tb(getattr(error, "_traceback", None))
-             if frame.filename == filename]
-    where = f"{filename} line {lines[-1]}" if lines else filename
-    return FleetError(f"{where}: {type(error).__name__}: {error}; fix the file")
 
 
 def check_deploy_files(*deploys: str) -> None:
@@ -753,6 +750,11 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
     return None
 
 
+def model_path(fleet: Fleet, host: str, model: dict) -> str:
+    """Where the host keeps `model`'s revision: the directory an instance serving it serves from."""
+    return str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
+
+
 def served_path(fleet: Fleet, backend: Backend) -> str | None:
     """The model directory an instance serves (vLLM's /v1/models `root`), or None if it does not answer."""
     return judge_instance(instance_answers(fleet, [backend], (HEALTH, MODELS))[backend.key], fleet.model_name).root
@@ -765,9 +767,8 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> Record:
     for name, hosts in fleet.waves(waves):
         slots: dict[str, list[Backend]] = {}
         for host in hosts:
-            target = str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
             for backend in fleet.backends(host):
-                if served_path(fleet, backend) != target:
+                if served_path(fleet, backend) != model_path(fleet, host, model):
                     slots.setdefault(backend.instance, []).append(backend)
         for instance, backends in slots.items():
             data = {**fleet.data, "model": model, "serve_only": [instance]}
@@ -794,12 +795,10 @@ def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> Recor
     """One blue/green step per wave, for the hosts not yet serving the model everywhere."""
     steps = []
     for name, hosts in fleet.waves(waves):
-        target = {host: str(revision_dir(fleet.configs[host].model_dir, model["id"], model["revision"]))
-                  for host in hosts}
         paths = {host: {served_path(fleet, b) for b in fleet.backends(host)} for host in hosts}
         by_colour: dict[str, list[str]] = {}  # a step flips hosts of one colour
         for host in hosts:
-            if paths[host] != {target[host]}:
+            if paths[host] != {model_path(fleet, host, model)}:
                 by_colour.setdefault(fleet.state.colour(host), []).append(host)
         for colour, moving in by_colour.items():
             served = next((p for p in paths[moving[0]] if p), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -36,6 +37,7 @@ from ascend_fleet.rollout import (
     plan_blue_green,
     plan_rollout,
     model_data,
+    model_path,
     plan_swap,
     recorded,
     rollback_record,
@@ -99,6 +101,16 @@ def run_record(fleet: Fleet, record: Record, drain_timeout: float, pause: float,
 
 def failed_step(record: Record) -> Step:
     return next(step for step in record.steps if step.status == "failed")
+
+
+def wave_names(waves: str | None) -> list[str] | None:
+    """--waves as group names: split at commas, spaces around them dropped ('canary, wave1')."""
+    if waves is None:
+        return None
+    names = [name.strip() for name in waves.split(",") if name.strip()]
+    if not names:
+        raise FleetError(f"--waves {waves!r}: no group named; pass groups in order, e.g. --waves canary,wave1")
+    return names
 
 
 @contextmanager
@@ -171,7 +183,7 @@ def rollout(
                         raise FleetError(f"--bench-gate: no bench virtualenv at {BENCH_VENV}; run "
                                          "`ascend-fleet bench --setup` first")
                     gate = BenchGate(baseline=str(bench_gate), max_regression=parse_share(max_regression))
-                record = plan_rollout(fleet, deploy, waves.split(",") if waves else None, max_unavailable, limit, gate)
+                record = plan_rollout(fleet, deploy, wave_names(waves), max_unavailable, limit, gate)
             else:
                 check_resumable(record, inventory, deploy, data, fleet)
                 fleet = Fleet(inventory, record.data)
@@ -248,6 +260,19 @@ def swap_model(
                                  f"{inventory} {stopped.deploy} --resume`, or give it up with "
                                  f"`ascend-fleet rollout {inventory} --abandon`, before a swap")
             new = model_data(fleet, model, revision)
+            names = wave_names(waves)
+            fleet.waves(names)  # a wave refused before the weights are staged for it
+            backends = fleet.all_backends()
+            previous = {b.key: served_path(fleet, b) for b in backends}
+            if all(previous[b.key] == model_path(fleet, b.host, new) for b in backends):
+                # Nothing to change; the same command after a swap that finished says so and succeeds.
+                served = f"{new['id']}@{new['revision']}"
+                if as_json:
+                    print(json.dumps({"ok": True, "already_serving": served}))
+                else:
+                    console.print(f"already serving {served} on every instance; nothing to do", highlight=False,
+                                  soft_wrap=True)
+                return
             if (problem := new_model_problem(new)) is not None:
                 raise FleetError(problem)
             # Blue/green keeps both models resident until the gateway switch; one instance per node at a
@@ -256,14 +281,12 @@ def swap_model(
         strategy = ("blue/green per wave" if refused is None
                     else f"one instance per node at a time (blue/green refused: {refused})")
         progress_console.print(f"swap-model: {strategy}", highlight=False)
-        previous = {b.key: served_path(fleet, b) for b in fleet.all_backends()}
         with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
             problem = Runner(fleet, None, lambda *_: None, drain_timeout).pyinfra(
                 WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
         if problem is not None:
             raise FleetError(f"swap-model: staging the weights failed, nothing was restarted: {problem}")
-        wave_names = waves.split(",") if waves else None
-        record = plan_swap(fleet, new, wave_names) if refused else plan_blue_green(fleet, new, wave_names)
+        record = plan_swap(fleet, new, names) if refused else plan_blue_green(fleet, new, names)
         ok = run_record(fleet, record, drain_timeout, 0, as_json, f"swap to {new['id']}@{new['revision']}")
         rollback = None
         if not ok:
@@ -289,21 +312,43 @@ def load(
     duration: Annotated[float, typer.Option("--duration", help="seconds to keep sending")] = 30,
     max_requests: Annotated[Optional[int], typer.Option("--requests", help="stop after this many requests")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per answer")] = 16,
+    give_up_after: Annotated[float, typer.Option(
+        "--give-up-after", min=0, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
     as_json: AsJson = False,
-) -> None:
-    """Streaming chat completions through the gateway at a fixed concurrency: requests, errors, p99."""
+) -> int:
+    """Streaming chat completions through the gateway at a fixed concurrency: requests, errors, p99.
+
+    A client whose request failed waits before its next (0.1 s, doubling to 2 s); Ctrl-C stops at
+    once with a line saying what was sent (exit 130).
+    """
     fleet = Fleet(inventory, {})
     generator = LoadGenerator(fleet.gateway_urls()[0], fleet.model_name, concurrency, max_tokens, duration,
-                              max_requests)
-    with progress_console.status(f"{concurrency} clients through {generator.url}"):
-        report = generator.start().wait()
+                              max_requests, give_up_after or None)
+    previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
+    try:
+        with progress_console.status(f"{concurrency} clients through {generator.url}"):
+            report = generator.start().wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     result = report.summary()
     if as_json:
         print(json.dumps(result, indent=2))
-    else:
+    elif not (generator.interrupted or generator.gave_up):
         table = Table(title=f"load through {report.url}", show_header=False)
         for key, value in result.items():
             table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
         console.print(table)
+    if generator.interrupted:
+        progress_console.print(f"load interrupted (Ctrl-C) after {result['duration_s']}s: {report.count} requests "
+                               f"through {report.url}, {len(report.failures)} failed"
+                               + (f" (last: {report.failures[-1].error})" if report.failures else "")
+                               + f", p99 latency {result['p99_latency_s'] or '-'}s; {generator.in_flight()} "
+                               "in flight not counted", highlight=False, soft_wrap=True)
+        return 130
+    if generator.gave_up:
+        raise FleetError(f"load: every request through {report.url} failed for {give_up_after:g}s "
+                         f"({report.count} requests, last: {report.failures[-1].error}); stopped. Is the gateway "
+                         f"up? See `ascend-fleet status {inventory}`")
     if report.failures:  # a load that lost requests fails, with --json too (scripts check the exit status)
         raise FleetError(f"{len(report.failures)} of {report.count} requests failed; first: {report.failures[0].error}")
+    return 0

@@ -11,8 +11,12 @@ A host that cannot be read is a red row; nothing here raises for a node's state.
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +28,7 @@ from pyinfra.api import Inventory
 from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import Arch
 from rich.console import Console
+from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -318,7 +323,8 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
     return status
 
 
-def read_status(inventory: Inventory) -> FleetStatus:
+def read_status(inventory: Inventory, on_read: Callable[[str], None] | None = None) -> FleetStatus:
+    """Every host's reading, judged; on_read(host) as each host's facts arrive."""
     started, read_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     configs = [host_node_config(host) for host in inventory]
     profiles = {name: load_profile(name) for name in {config.profile for config in configs}}
@@ -332,7 +338,7 @@ def read_status(inventory: Inventory) -> FleetStatus:
         if config.is_gateway:
             queries |= gateway_queries()
         plans[config.host] = (hosts[config.host].data.dict(), queries)
-    facts = read_fleet_facts(plans)
+    facts = read_fleet_facts(plans, on_read)
     statuses = [host_status(config, profiles[config.profile], facts[config.host], roles.get(config.host))
                 for config in configs]
     join_members(statuses, roles)
@@ -446,7 +452,10 @@ def render_problems(status: FleetStatus) -> list[Text]:
     """One line per problem (red) and warning (yellow), naming host and instance."""
     lines = []
     for host in status.hosts:
-        for problem in host.problems + ([host.error] if host.error else []):
+        if host.error:  # one line for the host: its instances' rows say the same
+            lines.append(Text(f"{host.host}: {host.error}", style="red"))
+            continue
+        for problem in host.problems:
             lines.append(Text(f"{host.host}: {problem}", style="red"))
         for key, version in host.versions.items():
             if version.drift:
@@ -468,6 +477,33 @@ def show(status: FleetStatus, console: Console, as_json: bool) -> None:
         console.print(line)
 
 
+@contextmanager
+def reading_progress(hosts: list[str]):
+    """On a terminal, a transient line on stderr while the hosts are read: how many are read, and
+    which are still awaited. Yields the on_read callback for read_status."""
+    console = Console(stderr=True)
+    waiting = list(hosts)
+
+    def awaited() -> str:
+        more = f" and {len(waiting) - 3} more" if len(waiting) > 3 else ""
+        return f"reading hosts over SSH, waiting for {', '.join(waiting[:3])}{more}"
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task(awaited(), total=len(hosts))
+
+        def on_read(host: str) -> None:
+            waiting.remove(host)
+            progress.update(task, advance=1, description=awaited())
+
+        yield on_read
+
+
+def read_with_progress(inventory: Inventory) -> FleetStatus:
+    with reading_progress([host.name for host in inventory]) as on_read:
+        return read_status(inventory, on_read)
+
+
 def status(
     inventory: Annotated[Path, typer.Argument(help="a pyinfra inventory, e.g. inventories/prod.py")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output (one JSON line per reading)")] = False,
@@ -479,15 +515,22 @@ def status(
     loaded = load_inventory(inventory)
     console = Console(width=None if Console().is_terminal else 240)
     if not watch:
-        reading = read_status(loaded)
+        reading = read_with_progress(loaded)
         show(reading, console, as_json)
         return 0 if reading.ok else 1
+    # Ctrl-C sets an event rather than raising: under pyinfra's gevent the KeyboardInterrupt would land in
+    # whichever greenlet runs (a host being read), print gevent's report and leave the loop running.
+    stopped = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
     try:
-        while True:
-            reading = read_status(loaded)
+        while not stopped.is_set():
+            reading = read_with_progress(loaded)
+            if stopped.is_set():
+                break
             if console.is_terminal and not as_json:
                 console.clear()
             show(reading, console, as_json)
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
+            stopped.wait(interval)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0

@@ -21,6 +21,17 @@ def systemd_word(arg: str) -> str:
     return escaped
 
 
+def env_value(value: str) -> str:
+    """One value of a systemd EnvironmentFile line, written so that systemd reads back the same string
+    (systemd.exec(5), EnvironmentFile=): bare when it has no backslash (an escape, or at the end a line
+    continuation), no surrounding blank (dropped) and no leading quote (which would open a quoted
+    value); else double-quoted, with \\ before each of "\\`$, the characters a double-quoted value
+    escapes. Newlines never reach here: host data refuses them and captured values are single lines."""
+    if "\\" not in value and value == value.strip(" \t\r") and not value.startswith(("'", '"')):
+        return value
+    return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
+
+
 def render(template: Path, **variables) -> str:
     """Render one template; a variable the template needs but was not given is an error."""
     environment = jinja2.Environment(
@@ -29,4 +40,5 @@ def render(template: Path, **variables) -> str:
         keep_trailing_newline=True,
     )
     environment.filters["systemd_word"] = systemd_word
+    environment.filters["env_value"] = env_value
     return environment.get_template(template.name).render(**variables)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ascend_fleet.hostdata import Instance, NodeConfig
+from ascend_fleet.hostdata import Instance, NodeConfig, Serving
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.planner import ERROR, WARNING, Finding
 
@@ -106,6 +106,86 @@ def parser_name_finding(flag: str, value: str | None, args: list[str], vllm_vers
                    f"parser of vLLM {vllm_version}; set one of {', '.join(names)}")
 
 
+def check_serving_rules(serving: Serving, vllm_version: str) -> list[Finding]:
+    """What vLLM refuses at start-up across serving keys, as every release pinned checks it: the scheduler's
+    batch against the context and the seats (SchedulerConfig, vllm/config/scheduler.py, 0.11.0 to 0.18.0), and
+    the speculative method (SpeculativeConfig.method, a Literal pydantic holds it to: vllm_options'
+    speculative_methods, from vllm/config/speculative.py)."""
+    findings = []
+    batched = serving.max_num_batched_tokens
+    if batched is not None and serving.enable_chunked_prefill is False and batched < serving.max_model_len:
+        findings.append(Finding(ERROR, "vllm-batch-below-context", f"serving.max_num_batched_tokens {batched} is below "
+                                f"max_model_len {serving.max_model_len} with enable_chunked_prefill False: vLLM "
+                                "refuses to start (no prompt longer than one batch could be scheduled); raise it, "
+                                "lower max_model_len or turn chunked prefill on"))
+    if batched is not None and serving.max_num_seqs is not None and batched < serving.max_num_seqs:
+        findings.append(Finding(ERROR, "vllm-batch-below-seats", f"serving.max_num_batched_tokens {batched} is below "
+                                f"max_num_seqs {serving.max_num_seqs}: vLLM refuses to start; raise it or lower "
+                                "max_num_seqs"))
+    method = (serving.speculative_config or {}).get("method")
+    methods = (release_data(vllm_version) or {}).get("speculative_methods")
+    if method is not None and methods is not None and method not in methods:
+        findings.append(Finding(ERROR, "vllm-speculative-method", f"serving.speculative_config.method: {method} is not "
+                                f"a speculative method of vLLM {vllm_version}; set one of {', '.join(methods)}"))
+    return findings
+
+
+# Options ascend-fleet sets from the data, by argparse dest, and where the data sets them. Any other option
+# the tool passes (a serving key) is refused in extra_args too, by the key it comes from.
+OWNED_OPTIONS = {
+    "model_tag": "model.id (the unit passes the staged path)", "model": "model.id (the unit passes the staged path)",
+    "served_model_name": "model.served_model_name", "host": "ascend-fleet (all addresses; the firewall stage "
+    "limits who reaches them)", "port": "instance_ports.api or instances", "uds": "instance_ports.api or instances",
+    "tensor_parallel_size": "tensor_parallel_size", "headless": "data_parallel",
+    "api_server_count": "data_parallel.api_server_count", "api_key": "the gateway's API key (README, secrets)",
+    **{dest: "data_parallel" for dest in ("data_parallel_size", "data_parallel_size_local", "data_parallel_address",
+                                          "data_parallel_rpc_port", "data_parallel_start_rank", "data_parallel_rank",
+                                          "data_parallel_backend", "data_parallel_hybrid_lb",
+                                          "data_parallel_external_lb", "nnodes", "node_rank")},
+}
+# Action kinds that take no value.
+NO_VALUE_KINDS = {"store_true", "store_false", "store_const", "count", "help", "version", "boolean_optional"}
+VALUE_TYPES = {"int": int, "float": float}
+
+
+def _flag(word: str) -> str | None:
+    """The option a command-line word names (FlexibleArgumentParser takes --max_model_len for
+    --max-model-len), or None for a value (a negative number included)."""
+    if not word.startswith("-") or word[1:2].isdigit() or word == "-":
+        return None
+    flag = word.split("=", 1)[0]
+    return flag.replace("_", "-") if flag.startswith("--") else flag
+
+
+def _parsed(args: list[str], table: dict[str, dict]):
+    """(index, word, action, value) for each option word, then (index, word, None, None) for each word that is
+    neither an option nor the value of the one before it (the model path, first, included), as argparse
+    reads them. An unknown option's action is {}."""
+    index = 0
+    while index < len(args):
+        word = args[index]
+        flag = _flag(word)
+        if flag is None:
+            yield index, word, None, None
+            index += 1
+            continue
+        action = table.get(flag, {})
+        value = None
+        if "=" in word:
+            value = word.split("=", 1)[1]
+        elif action and action["kind"] not in NO_VALUE_KINDS:
+            following = args[index + 1:]
+            values = []
+            for next_word in following:
+                if _flag(next_word) is not None or (values and action["nargs"] in (None, "?")):
+                    break
+                values.append(next_word)
+            index += len(values)
+            value = " ".join(values) if values else None
+        yield index, word, action, value
+        index += 1
+
+
 def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
     """Every option the command line passes exists in the pinned vLLM, with a value it accepts."""
     table = option_table(vllm_version)
@@ -114,20 +194,50 @@ def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
         return [Finding(WARNING, "vllm-options-unknown", f"no option table for vLLM {vllm_version} (have {known}); "
                                  "the serving options are not checked against it")]
     findings = []
-    for index, arg in enumerate(args):
-        if not arg.startswith("--"):
-            continue
-        # FlexibleArgumentParser takes --max_model_len for --max-model-len.
-        flag = arg.split("=", 1)[0].replace("_", "-")
-        action = table.get(flag)
+    for _, word, action, value in _parsed(args, table):
         if action is None:
+            continue
+        flag = _flag(word)
+        if not action:
             findings.append(Finding(ERROR, "vllm-option-unknown", f"vLLM {vllm_version} has no option {flag}; "
                                     "remove it from the serving data (or extra_args)"))
-            continue
-        value = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else None)
-        if flag in PARSER_OPTIONS and (finding := parser_name_finding(flag, value, args, vllm_version)):
+        elif flag in PARSER_OPTIONS and (finding := parser_name_finding(flag, value, args, vllm_version)):
             findings.append(finding)
         elif action["choices"] and value not in [str(choice) for choice in action["choices"]]:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes one of "
                                     f"{', '.join(map(str, action['choices']))}, not {value}"))
+        elif action["kind"] not in NO_VALUE_KINDS and action["nargs"] != "?" and value is None:
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes a value; give "
+                                    "it one"))
+        elif (kind := VALUE_TYPES.get(action["type"])) and value is not None and not _parses_as(kind, value):
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes "
+                                    f"{'an integer' if kind is int else 'a number'}, not {value!r}"))
+    return findings
+
+
+def _parses_as(kind: type, value: str) -> bool:
+    try:
+        kind(value)
+        return True
+    except ValueError:
+        return False
+
+
+def check_extra_args(tool_args: list[str], extra_args: list[str], vllm_version: str) -> list[Finding]:
+    """serving.extra_args holds only options of the pinned vLLM and their values, none of which sets what
+    the tool sets (the instance's port, model, TP size, a serving key; its value would depend on which
+    of the two argparse reads last)."""
+    table = option_table(vllm_version)
+    if table is None or not extra_args:
+        return []
+    tool_dests = {action["dest"]: _flag(word) for _, word, action, _ in _parsed(tool_args, table) if action}
+    findings = []
+    for _, word, action, _ in _parsed(extra_args, table):
+        if action is None:
+            findings.append(Finding(ERROR, "extra-arg-stray", f"serving.extra_args: {word!r} is neither an option of "
+                                    f"vLLM {vllm_version} nor the value of the option before it; remove it"))
+        elif action and (action["dest"] in OWNED_OPTIONS or action["dest"] in tool_dests):
+            where = OWNED_OPTIONS.get(action["dest"]) or f"serving.{action['dest']}"
+            findings.append(Finding(ERROR, "extra-arg-owned", f"serving.extra_args: {word} sets {action['dest']}, "
+                                    f"which ascend-fleet sets from {where}; set it there, not in extra_args"))
     return findings

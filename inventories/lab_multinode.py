@@ -7,9 +7,13 @@ and lab_pair_b (worker3 the head, worker4), with group_data/lab_multinode.py and
 group_data/lab_pair_a.py, lab_pair_b.py. Their NPUs reach each other over the lab's parameter plane.
 """
 
+from ascend_fleet.fleet_check import check_before_connecting
 from ascend_fleet.lab.inventory import lab_groups
 
 globals().update(lab_groups())
 
 lab_pair_a = ["worker1", "worker2"]
 lab_pair_b = ["worker3", "worker4"]
+
+# Last: every deploy checks this inventory and its data here, before pyinfra connects to any host.
+check_before_connecting()

@@ -5,6 +5,10 @@ group_data/lab.py: the tiny Qwen3.5-MoE W8A8 model through the example fleet's Q
 recipe, on the sim tier.
 """
 
+from ascend_fleet.fleet_check import check_before_connecting
 from ascend_fleet.lab.inventory import lab_groups
 
 globals().update(lab_groups())
+
+# Last: every deploy checks this inventory and its data here, before pyinfra connects to any host.
+check_before_connecting()

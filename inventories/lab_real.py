@@ -5,6 +5,10 @@ group_data/lab.py: real vLLM for CPU (profile lab-real), one instance per worker
 lab up for it with `ascend-fleet lab up --nodes 1 --profile lab-real`.
 """
 
+from ascend_fleet.fleet_check import check_before_connecting
 from ascend_fleet.lab.inventory import lab_groups
 
 globals().update(lab_groups())
+
+# Last: every deploy checks this inventory and its data here, before pyinfra connects to any host.
+check_before_connecting()

@@ -10,6 +10,8 @@ group_data/gateway.py the Nginx settings. Rollout goes canary, wave1, wave2
 
 from pathlib import Path
 
+from ascend_fleet.fleet_check import check_before_connecting
+
 # Host keys are verified: connect only to hosts whose keys are in this file. Fill it
 # with `ssh-keyscan HOST` output you have checked against each host's console.
 _ssh = {
@@ -28,3 +30,6 @@ wave2 = ["npu-04.example.internal", "npu-05.example.internal"]
 
 # CPU hosts running Nginx in front of every instance.
 gateway = [("gw-01.example.internal", _ssh), ("gw-02.example.internal", _ssh)]
+
+# Last: every deploy checks this inventory and its data here, before pyinfra connects to any host.
+check_before_connecting()

@@ -12,6 +12,8 @@ an instance's hosts reach each other over them (the NPU network stage checks it 
 
 from pathlib import Path
 
+from ascend_fleet.fleet_check import check_before_connecting
+
 _ssh = {
     "ssh_user": "root",
     "ssh_strict_host_key_checking": "yes",
@@ -34,3 +36,6 @@ canary = ["npu-01.example.internal"]
 wave1 = ["npu-03.example.internal"]
 
 gateway = [("gw-01.example.internal", _ssh)]
+
+# Last: every deploy checks this inventory and its data here, before pyinfra connects to any host.
+check_before_connecting()

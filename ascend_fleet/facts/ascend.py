@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.command import make_formatted_string_command
 
 from ascend_fleet.credentials import API_KEY_NAME
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info
@@ -29,9 +30,10 @@ class AscendDriver(FactBase):
     `complete` is False when driver/tools/upgrade-tool is missing: a broken install.
     """
 
-    def command(self, install_path: str = ASCEND_HOME) -> str:
-        return (f"cat {install_path}/driver/version.info 2>/dev/null; "
-                f"test -x {install_path}/driver/tools/upgrade-tool && echo upgrade_tool=present; true")
+    def command(self, install_path: str = ASCEND_HOME) -> StringCommand:
+        return make_formatted_string_command(
+            "cat {0}/driver/version.info 2>/dev/null; test -x {0}/driver/tools/upgrade-tool && "
+            "echo upgrade_tool=present; true", QuoteString(install_path))
 
     def process(self, output: list[str]) -> dict | None:
         values = _key_values(output)
@@ -48,8 +50,9 @@ class AscendDriver(FactBase):
 class AscendFirmware(FactBase):
     """The installed NPU firmware version, from firmware/version.info, or None."""
 
-    def command(self, install_path: str = ASCEND_HOME) -> str:
-        return f"cat {install_path}/firmware/version.info 2>/dev/null; true"
+    def command(self, install_path: str = ASCEND_HOME) -> StringCommand:
+        return make_formatted_string_command("cat {0}/firmware/version.info 2>/dev/null; true",
+                                             QuoteString(install_path))
 
     def process(self, output: list[str]) -> str | None:
         return _key_values(output).get("Version")
@@ -76,7 +79,7 @@ class CannPackages(FactBase):
     """
 
     def command(self, install_path: str = ASCEND_HOME) -> str:
-        base = install_path
+        base = shlex.quote(install_path)  # a shell loop: make_formatted_string_command would drop its quotes
         return (
             f"for home in {base}/cann {base}/ascend-toolkit/latest; do "
             f"  for info in $home/*-linux/ascend_toolkit_install.info; do "
@@ -170,8 +173,9 @@ class Glibc(FactBase):
 class PipPackages(FactBase):
     """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv."""
 
-    def command(self, venv: str) -> str:
-        return f"[ -x {venv}/bin/python ] && {venv}/bin/python -m pip list --format=freeze 2>/dev/null; true"
+    def command(self, venv: str) -> StringCommand:
+        return make_formatted_string_command("[ -x {0} ] && {0} -m pip list --format=freeze 2>/dev/null; true",
+                                             QuoteString(f"{venv}/bin/python"))
 
     def process(self, output: list[str]) -> dict[str, str]:
         packages = {}
@@ -189,8 +193,9 @@ class PipCheck(FactBase):
     """What `pip check` says of a virtualenv: one complaint a line ("vllm 0.18.0 has requirement torch==2.10.0,
     but you have torch 2.9.0."); [] when every requirement is met or there is no venv."""
 
-    def command(self, venv: str) -> str:
-        return f"[ -x {venv}/bin/python ] && {venv}/bin/python -m pip check --disable-pip-version-check 2>&1; true"
+    def command(self, venv: str) -> StringCommand:
+        return make_formatted_string_command("[ -x {0} ] && {0} -m pip check --disable-pip-version-check 2>&1; true",
+                                             QuoteString(f"{venv}/bin/python"))
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.strip() and line.strip() != "No broken requirements found."]
@@ -210,7 +215,8 @@ class SourcedEnvironment(FactBase):
     def command(self, scripts: list[str], venv: str | None = None) -> str:
         path = f"{venv}/bin:{self.SYSTEM_PATH}" if venv else self.SYSTEM_PATH
         clean = f"env -i HOME=/root PATH={shlex.quote(path)}"
-        sources = " ".join(f"[ -f {s} ] && . {s} >/dev/null 2>&1;" for s in scripts)
+        sources = " ".join(f"[ -f {shlex.quote(s)} ] && . {shlex.quote(s)} >/dev/null 2>&1;" for s in scripts)
+        sources = sources.replace("'", "'\\''")  # inside bash -c '...': a quoted script path's quotes
         # bash: NNAL's ATB set_env.sh is bash only, and sh is dash on Debian and Ubuntu.
         return f"{clean} bash -c 'env' | sed 's/^/before:/'; {clean} bash -c '{sources} env'"
 
@@ -248,7 +254,7 @@ class VenvPython(FactBase):
         # The first of the set_env.sh files that exists (none: the snippet runs without, and says why it fails).
         source = (f"for f in {' '.join(shlex.quote(script) for script in env_scripts)}; do "
                   "if [ -f \"$f\" ]; then . \"$f\" >/dev/null 2>&1; break; fi; done; ") if env_scripts else ""
-        return (f"out=$( {source}{venv}/bin/python -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
+        return (f"out=$( {source}{shlex.quote(f'{venv}/bin/python')} -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
                 f"printf '%s\\n' \"$out\" | tail -n 1")
 
     def process(self, output: list[str]) -> dict:

@@ -34,7 +34,7 @@ def index_options(index_url: str, extra_index_urls: list[str]) -> str:
     options = [f"--index-url {shlex.quote(index_url)}"]
     options += [f"--extra-index-url {shlex.quote(url)}" for url in extra_index_urls]
     # pip ignores a plain-http index (an internal mirror, the lab's) unless its host is trusted.
-    options += [f"--trusted-host {urlsplit(url).hostname}" for url in [index_url, *extra_index_urls]
+    options += [f"--trusted-host {shlex.quote(urlsplit(url).hostname or url)}" for url in [index_url, *extra_index_urls]
                 if url.startswith("http://")]
     return " ".join(options)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shlex
 import time
 from functools import cache
-from hashlib import sha256
 
 import requests
 
@@ -24,6 +23,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
+from ascend_fleet.fleet_check import vendor_file_problem
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import (GATEWAY_API_KEY_FILE, INSTANCE_UNIT_PREFIX, MANIFEST_NAME, NGINX_ERROR_LOG,
@@ -47,16 +47,14 @@ GATEWAY_SETTLE_SECONDS = 30
 def check_vendor_files(profile: Profile, arch: str) -> None:
     """Every package the profile needs has a sha256; files/ copies match it (checked on this machine)."""
     for name in profile.vendor_files(arch).values():
-        expected = profile.sha256_of(name)
+        profile.sha256_of(name)  # refuses a package without one
         if profile.packages.source != "files":
             continue
         local = (FILES / name).absolute()
         if not local.exists():
             raise FleetError(f"{host.name}: {local} is missing; download it from Huawei and put it in files/")
-        actual = sha256(local.read_bytes()).hexdigest()
-        if actual != expected:
-            raise FleetError(f"{host.name}: {local} has sha256 {actual}, profile {profile.name} expects {expected}; "
-                             "replace the file or correct the profile")
+        if problem := vendor_file_problem(profile, name):
+            raise FleetError(f"{host.name}: {problem}")
 
 
 def system_problem(profile: Profile) -> str | None:

@@ -8,6 +8,7 @@ from typing import Callable
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
+from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 
 from ascend_fleet import TEMPLATES
@@ -34,6 +35,7 @@ from ascend_fleet.node_layout import (
     unit_file,
 )
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
+from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
 from ascend_fleet.multi_node import DataParallelRole
@@ -153,6 +155,18 @@ def instance_unit_file(config: NodeConfig, instance: Instance, venv: str,
                   start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
 
 
+def quantization_problem(config: NodeConfig) -> str | None:
+    """`--quantization ascend` loads msModelSlim's description from the model directory, and vllm-ascend
+    refuses to start without it (v0.18.0 modelslim_config.py maybe_update_config: "ModelSlim Quantization
+    Config Not Found"): weights that lack it are not quantized."""
+    description = revision_dir(config.model_dir, config.model.id, config.model.revision) / MODELSLIM_DESCRIPTION
+    if host.get_fact(File, path=str(description)) is None:
+        return (f"serving.quantization ascend, but {description} is missing: these weights are not msModelSlim's "
+                "and vllm-ascend would refuse to start; drop quantization and quantization_scheme, or serve the "
+                "quantized weights")
+    return None
+
+
 @deploy("Serve")
 def serve_stage() -> None:
     """One unit per instance; an instance restarts only when its unit, environment, stack or weights changed."""
@@ -168,6 +182,9 @@ def serve_stage() -> None:
         gates.passed(name=f"Every host of multi-node instance {role.group} in this run",
                      description=f"{', '.join(role.members)} serve and restart together",
                      find_problem=lambda: members_left_out(role))
+    if config.serving.quantization == "ascend":
+        gates.passed(name="The weights are msModelSlim's", description=f"{MODELSLIM_DESCRIPTION} beside the weights",
+                     find_problem=lambda: quantization_problem(config))
     profile, model = node_profile(), config.model
     user = config.service_user
     server.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],

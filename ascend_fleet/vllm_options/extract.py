@@ -6,7 +6,8 @@ vLLM's other dependencies), once per version a profile may pin:
 
     PYTHONPATH=/tmp/vllm-0.13.0 python extract.py 0.13.0.json
 
-(vLLM logs to stdout, hence the output path.)
+(vLLM logs to stdout, hence the output path.) `extract.py --speculative-methods WHEEL 0.13.0.json`
+adds the release's speculative methods to a table from its wheel alone.
 
 The simulated vLLM rebuilds both parsers from this data, so it accepts exactly
 the options of the pinned version and rejects the rest the way argparse does.
@@ -133,8 +134,47 @@ def dp_master_ports_style() -> str:
     return "scan" if "next_port" in inspect.getsource(module.get_open_ports_list) else "repeat"
 
 
+def speculative_methods(source: str) -> list[str]:
+    """The names SpeculativeConfig.method takes (its SpeculativeMethod Literal, nested Literals resolved),
+    from the source of vllm/config/speculative.py: pydantic refuses any other at start-up."""
+    import ast
+
+    literals = {}
+    for node in ast.parse(source).body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if (isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id == "Literal"
+                and isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
+            items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+            literals[node.targets[0].id] = items
+
+    def names(items) -> list[str]:
+        out = []
+        for item in items:
+            out += [item.value] if isinstance(item, ast.Constant) else names(literals[item.id])
+        return out
+
+    return names(literals["SpeculativeMethod"])
+
+
+def add_speculative_methods(wheel: str, table: str) -> None:
+    """Adds a release's speculative methods to its option data, from its wheel (no import needed)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        source = archive.read("vllm/config/speculative.py").decode()
+    with open(table) as stream:
+        data = json.load(stream)
+    data["speculative_methods"] = speculative_methods(source)
+    with open(table, "w") as out:
+        json.dump(data, out, indent=1, sort_keys=True)
+
+
 def main() -> None:
+    if sys.argv[1] == "--speculative-methods":  # extract.py --speculative-methods WHEEL 0.18.0.json
+        add_speculative_methods(sys.argv[2], sys.argv[3])
+        return
     import vllm
+    import vllm.config.speculative
     from vllm.entrypoints.cli.serve import ServeSubcommand
 
     parser_class = first_attribute("FlexibleArgumentParser", ("vllm.utils.argparse_utils", "vllm.utils"))
@@ -152,6 +192,7 @@ def main() -> None:
         "dp_master_ports": dp_master_ports_style(),
         "tool_call_parsers": parser_names("ToolParserManager", TOOL_PARSER_MODULES, "tool_parsers"),
         "reasoning_parsers": parser_names("ReasoningParserManager", ("vllm.reasoning",), "reasoning_parsers"),
+        "speculative_methods": speculative_methods(inspect.getsource(vllm.config.speculative)),
         "serve": describe_parser(serve),
         "api_server": describe_parser(api_server),
     }

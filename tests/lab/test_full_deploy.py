@@ -8,6 +8,7 @@ fleet and leaves it converged, so they run in any order.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
 from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG, MANIFEST_NAME, PACKAGE_DIR,
@@ -24,6 +26,7 @@ from ascend_fleet.node_layout import (CONFIG_DIR, FIREWALL_UNIT, GATEWAY_CONFIG,
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, load_profile
 from ascend_fleet.stages.python_stack import unexpected_complaints
+from ascend_fleet.templating import render
 from tests.lab.conftest import INSTANCES, Lab
 
 pytestmark = pytest.mark.lab
@@ -198,6 +201,25 @@ def test_the_service_environment_carries_cann_and_the_atb_build_of_the_serving_t
     assert f"{atb}/lib" in libraries and f"{env['ASCEND_TOOLKIT_HOME']}/lib64" in libraries, libraries
 
 
+# Values an env file must carry whole: a blank inside and around, quotes, a trailing backslash (a line
+# continuation when bare), $ and ` (shell syntax), ; and # (comment starters at a line's start), %.
+HOSTILE_ENV = {"A_BLANK": "a b", "A_LEADING_BLANK": " lead", "A_QUOTED": '"q" it\'s', "A_BACKSLASH": "x\\",
+               "A_SHELL": "$HOME `id` %h", "A_COMMENT": "; # not a comment", "A_SINGLE": "'s'"}
+
+
+def test_systemd_reads_the_env_files_values_back_as_written(lab, deployed):
+    """npu.env as the environment stage renders it, read by the node's systemd (EnvironmentFile=) into a
+    transient unit's environment: every value comes back exactly."""
+    content = render(TEMPLATES / "npu.env.j2", captured={"CAPTURED_PATH": "/opt/x y/lib:/usr/lib"},
+                     settings=HOSTILE_ENV)
+    encoded = base64.b64encode(content.encode()).decode()
+    shown = lab.run("worker1", f"echo {encoded} | base64 -d > /run/hostile.env && systemd-run --quiet --wait --pipe "
+                               "-p EnvironmentFile=/run/hostile.env /usr/bin/env -0; rm -f /run/hostile.env").stdout
+    environment = dict(entry.split("=", 1) for entry in shown.split("\0") if "=" in entry)
+    assert {name: environment.get(name) for name in [*HOSTILE_ENV, "CAPTURED_PATH"]} == {
+        **HOSTILE_ENV, "CAPTURED_PATH": "/opt/x y/lib:/usr/lib"}, content
+
+
 def test_every_boot_of_the_whole_fleet_loads_each_workers_firewall_and_fails_no_unit(lab, deployed):
     """The workers rebooted together, five times, as a power cut or a fleet-wide driver reboot does:
     units of the same name start on every node at once (issue 17: the firewall was once found
@@ -297,8 +319,10 @@ def test_a_plan_that_does_not_fit_stops_before_any_host_is_touched(lab, deployed
     serving = json.dumps({"max_model_len": 1_000_000, "gpu_memory_utilization": 0.9, "dtype": "float16"})
     result = lab.pyinfra("deploys/full.py", "--data", f"serving={serving}", check=False)
     assert result.returncode != 0
-    assert re.search(r"pyinfra error.*: worker\d instance vllm-\d: ", result.stdout), result.stdout[-2000:]
-    assert "Starting operation" not in result.stdout
+    # Checked before pyinfra connects (inventories/lab.py's last line): each instance named, on one line.
+    assert re.search(r"worker1 instance vllm-0, worker1 instance vllm-1, worker2 instance vllm-0 and 3 more: ",
+                     result.stdout), result.stdout[-2000:]
+    assert "Connecting to hosts" not in result.stdout and result.returncode == 2
 
 
 def test_an_nvme_too_small_for_the_weights_stops_before_anything_changes(lab, deployed):
@@ -329,8 +353,23 @@ def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, de
     ])
     result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", f"instances={instances}", check=False)
     assert result.returncode != 0
-    assert re.search(r"pyinfra error.*worker1: .*NPU 3", result.stdout), result.stdout[-2000:]
-    assert "Starting operation" not in result.stdout
+    # --data is every host's: each worker is refused, before pyinfra connects.
+    assert re.search(r"pyinfra error: worker1, worker2, worker3: instances: .*NPU 3", result.stdout), \
+        result.stdout[-2000:]
+    assert "Connecting to hosts" not in result.stdout and result.returncode == 2
+
+
+def test_ascend_quantization_of_weights_without_msmodelslims_description_restarts_nothing(lab, deployed):
+    # The plan reads only the model's config, so a stated scheme passes it; the node's files decide.
+    serving = json.dumps({"max_model_len": 2048, "gpu_memory_utilization": 0.9, "dtype": "float16",
+                          "quantization": "ascend", "quantization_scheme": "w8a8"})
+    before = unit_starts(lab, "worker1")
+    result = lab.pyinfra("deploys/serve.py", "--limit", "worker1", "--data", f"serving={serving}", check=False)
+    assert result.returncode != 0
+    assert re.search(r"worker1: .*serving.quantization ascend, but \S+/lab/Qwen3-Tiny/\S+/"
+                     r"quant_model_description.json is missing: these weights are not msModelSlim's", result.stdout), \
+        result.stdout[-3000:]
+    assert unit_starts(lab, "worker1") == before
 
 
 def rewrite_hardware(lab: Lab, node: str, **changes) -> str:

@@ -530,3 +530,18 @@ def test_ascend_quantization_of_weights_without_their_description_fails_as_vllm_
     code, output = run_to_exit(site, root, tmp_path, "0,1,2,3", [str(plain), *QWEN35_RECIPE])
     assert code == 1
     assert "ModelSlim Quantization Config Not Found" in output and f"the model '{plain}' does not contain" in output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no-enable-chunked-prefill", "--max-model-len", "1024", "--max-num-batched-tokens", "512"],
+     "ValueError: max_num_batched_tokens (512) is smaller than max_model_len (1024). This effectively limits the "
+     "maximum sequence length to max_num_batched_tokens"),
+    (["--max-num-batched-tokens", "64", "--max-num-seqs", "128"],
+     "ValueError: max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (128)."),
+    (["--speculative-config", '{"method":"qwen3_5_mpt","num_speculative_tokens":1}'],
+     "1 validation error for SpeculativeConfig method: Input should be 'ngram', 'medusa', "),
+], ids=["batch below the context", "batch below the seats", "unknown speculative method"])
+def test_options_vllm_refuses_together_stop_the_start_as_vllm_does(site_dir, node_root, model_dir, tmp_path, args,
+                                                                   message):
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir), *args])
+    assert code == 1 and message in output, output[-2000:]

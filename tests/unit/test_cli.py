@@ -30,3 +30,15 @@ def test_version_prints_the_installed_version():
     from importlib.metadata import version
     result = subprocess.run([str(CLI), "--version"], capture_output=True, text=True)
     assert (result.returncode, result.stdout) == (0, f"ascend-fleet {version('ascend-fleet')}\n")
+
+
+def test_a_plan_of_an_inventory_without_workers_says_there_is_nothing_to_plan_exit_2(tmp_path):
+    """Before: exit 0 with an empty table."""
+    from tests.loopback import FLEET_DATA
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "fleet.py").write_text(FLEET_DATA)
+    (tmp_path / "fleet.py").write_text("gateway = [('gw', {'ssh_hostname': '127.0.0.1'})]\n")
+    result = subprocess.run([str(CLI), "plan", "fleet.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+        "error: plan: fleet.py has no worker (a host whose data sets npu_count): nothing to plan; give your NPU "
+        "hosts npu_count, or plan one instance with --model-config\n"))

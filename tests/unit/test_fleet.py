@@ -220,7 +220,7 @@ def test_block_size_and_vllm_use_v1_are_warned_about(tmp_path):
 def test_bad_host_data_stops_the_plan_before_any_model_is_read(tmp_path):
     inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="lab", model="x", serving=""),
                                            '{"chip": "910B3", "npu_count": 4, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 3}'), tmp_path)
-    with pytest.raises(FleetError, match=r"^node1: tensor_parallel_size: 3 does not divide the 4 NPUs"):
+    with pytest.raises(FleetError, match=r"^node1: tensor_parallel_size: 3 does not divide npu_count 4"):
         plan_fleet(inventory, tmp_path / "never-read.json")
 
 
@@ -266,9 +266,12 @@ def test_the_weights_description_decides_the_scheme_and_data_that_says_otherwise
 
 def test_ascend_weights_need_a_description_or_a_scheme_in_the_data(tmp_path):
     unknown = ascend_fleet_plan(tmp_path / "neither", None, QWEN35_27B)
+    # Said as what it most likely is: bf16 weights, which vllm-ascend refuses to serve with --quantization ascend.
     assert unknown.first_error() == (
-        "node1 instance vllm-0: quantization ascend: the weights have no quant_model_description.json and the "
-        "data no quantization_scheme (w8a8, w4a8); set it")
+        "node1 instance vllm-0: quantization ascend, but no quant_model_description.json is beside the model's "
+        "config: weights without one are not msModelSlim's and vllm-ascend refuses to start; drop quantization, or, "
+        "if the weights have it and the plan reads only their config, set quantization_scheme to their scheme "
+        "(w8a8, w4a8; the serve stage checks the file on the node)")
     described = ascend_fleet_plan(tmp_path / "described", None, described_model(tmp_path / "w8a8", "W8A8"))
     assert described.first_error() is None and described.instances[0].plan.quantization == "w8a8"
 

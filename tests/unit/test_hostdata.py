@@ -171,7 +171,9 @@ REFUSALS = {
     "rsync without peer": ({"model": {"id": "a/b", "revision": "r", "source": "rsync"}}, "worker1: model: source rsync needs peer"),
     "url on modelscope": ({"model": {"id": "a/b", "revision": "r", "source": "modelscope", "url": "http://x"}},
                           "worker1: model: url is only for source http, not modelscope"),
-    "tp not dividing": ({"tensor_parallel_size": 3}, "worker1: tensor_parallel_size: 3 does not divide the 8 NPUs; expected a divisor of 8"),
+    "tp not dividing": ({"tensor_parallel_size": 3},
+                        "worker1: tensor_parallel_size: 3 does not divide npu_count 8; expected a divisor of 8, or "
+                        "correct npu_count"),
     "instance not one tp group": ({"instances": [instance("a", [0, 1])]},
                                   "worker1: instances.a.npus: 2 NPUs but tensor_parallel_size is 4; expected one TP group of 4"),
     "npu beyond count": ({"instances": [instance("a", [6, 7, 8, 9])]},
@@ -240,6 +242,34 @@ REFUSALS = {
                            "worker1: npu_env.HCCL BUFFSIZE.[key]: expected an environment variable's name"),
     "newline in an npu_env value": ({"npu_env": {"TASK_QUEUE_ENABLE": "1\nLD_PRELOAD=/tmp/x.so"}},
                                     "worker1: npu_env.TASK_QUEUE_ENABLE: expected one non-empty line without control characters (a newline would end a unit's line or add a variable to an env file)"),
+    "npu_env hiding CANN's libraries": ({"npu_env": {"LD_LIBRARY_PATH": "/opt/x"}},
+                                        "worker1: npu_env: LD_LIBRARY_PATH would hide the one CANN's set_env.sh sets"),
+    "npu_env hiding CANN's home": ({"npu_env": {"ASCEND_TOOLKIT_HOME": "/opt/x"}},
+                                   "worker1: npu_env: ASCEND_TOOLKIT_HOME would hide the one CANN's set_env.sh sets"),
+    "api key in npu_env": ({"npu_env": {"VLLM_API_KEY": "s3cret"}},
+                           "worker1: npu_env: VLLM_API_KEY looks like a credential, and npu.env is readable by every "
+                           "user of the node"),
+    "token in npu_env": ({"npu_env": {"HF_TOKEN": "hf_x"}}, "worker1: npu_env: HF_TOKEN looks like a credential"),
+    "api port 80": ({"instance_ports": {"api": 80}},
+                    "worker1: instance_ports.api: 80 is below 1024, which only root may bind; instance vllm-0 runs as "
+                    "service_user vllm: pick a port from 1024 to 65535"),
+    "given api port 22": ({"instances": [instance("a", [0, 1, 2, 3], 22),
+                                         instance("b", [4, 5, 6, 7], 8001, 60016, 51016)]},
+                          "worker1: instances.a.port: 22 is below 1024"),
+    "peer port on an instance port": ({"model": {**WORKER["model"], "peer_port": 8001}},
+                                      "worker1: model.peer_port: 8001 lies in instance vllm-1's port 8001; move "
+                                      "model.peer_port or the instance's port"),
+    "peer port in a vllm range": ({"model": {**WORKER["model"], "peer_port": 51020}},
+                                  "worker1: model.peer_port: 51020 lies in instance vllm-1's VLLM_PORT 51016-51031"),
+    "gateway port on an instance port": ({"gateway": {"listen_port": 8000}},
+                                         "worker1: gateway.listen_port: 8000 lies in instance vllm-0's port 8000"),
+    "command in a mirror url": ({"vendor_mirror_url": "http://mirror/$(reboot)"},
+                                "worker1: vendor_mirror_url: expected an http:// or https:// URL without blanks, "
+                                "quotes, backslashes, $ or `"),
+    "spaced index url": ({"pip_index_url": "http://mirror/simple --trusted-host evil"},
+                         "worker1: pip_index_url: expected an http:// or https:// URL"),
+    "model url not http": ({"model": {"id": "a/b", "revision": "r", "source": "http", "url": "ftp://mirror"}},
+                           "worker1: model.url: expected an http:// or https:// URL"),
     # The NPU network (hccn_tool): one address per NPU, one subnet, the gateway inside it.
     "npu addresses not one per npu": ({"npu_addresses": NPU_ADDRESSES[:4], "npu_netmask": "255.255.255.0"},
                                       "worker1: npu_addresses: 4 addresses for npu_count 8; expected one per NPU"),
@@ -271,6 +301,24 @@ def test_bad_data_is_refused_in_one_line_naming_host_and_key(changes, expected):
     message = str(caught.value)
     assert message.startswith(expected)
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("host, data, expected", [
+    ("worker1;\n}\nserver { listen 81; }", {}, "inventory: host 'worker1;\\n}\\nserver { listen 81; }': expected a "
+     "host name"),
+    ("worker 1", {}, "inventory: host 'worker 1': expected a host name"),
+    ("worker1", {"ssh_hostname": "10.0.0.1 backup"}, "worker1: ssh_hostname: '10.0.0.1 backup' is not a DNS name or an "
+     "IP address; the gateway's nginx config sends requests to the host by it"),
+], ids=["nginx block in a host name", "spaced host name", "spaced ssh_hostname"])
+def test_host_names_and_addresses_are_one_word_nginx_takes_whole(host, data, expected):
+    with pytest.raises(FleetError) as caught:
+        node_config({**WORKER, **data}, host)
+    assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_connector_host_names_and_ip_addresses_are_host_names():
+    for host in ("@local", "@docker/ubuntu:22.04", "npu-01.example.internal", "10.0.0.7", "fe80::1"):
+        assert node_config(WORKER, host).host == host
 
 
 @pytest.mark.parametrize("changes, first_line, keys", [

@@ -223,3 +223,9 @@ def test_an_operators_profile_where_it_runs_comes_before_the_packages(tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert load_profile(name).sha256_of(driver) == "a" * 64
     assert {name, "lab", "handbook"} <= set(available_profiles())
+
+
+@pytest.mark.parametrize("venv", ["/opt/my venv", "/opt/%h/venv", "opt/venv", "/opt/v;rm -rf /"])
+def test_a_venv_path_that_is_not_one_plain_absolute_word_is_refused(profile_dir, venv):
+    rewrite(profile_dir, lambda raw: raw["pip"].update(venv=venv))
+    assert "vllm-ascend-0.13.0.yaml: pip.venv: String should match pattern" in refusal(profile_dir)

@@ -177,8 +177,8 @@ def test_an_exception_in_group_data_is_one_line_naming_file_and_line(nodes, stat
     (tmp_path / "fleet.py").write_text('workers = ["node1"]\n')
     monkeypatch.chdir(tmp_path)  # group_data/ of where pyinfra runs
     error, _, _ = cli(state_dir, "rollout", "fleet.py", "deploys/serve.py")
-    assert error == (f"rollout changed nothing: {tmp_path}/group_data/all.py line 2: NameError: name "
-                     "'undefined_model' is not defined; fix the file")
+    assert error == (f"rollout changed nothing: {tmp_path}/group_data/all.py:2: NameError: name "
+                     "'undefined_model' is not defined; fix the file (it is Python)")
     assert nodes.runs == []
 
 
@@ -322,3 +322,48 @@ def test_a_bench_gate_stops_after_the_canary_wave_when_its_instance_measures_wor
     throughput = 398.0  # fixed: --resume measures again and goes on
     assert Runner(fleet, check_not_stopped(fleet.state, resume=True), lambda *_: None, 0).run()
     assert fleet.state.drained() == set() and len(measured) == 2
+
+
+# --- commands that would do nothing say so ---
+
+
+def test_waves_given_with_spaces_after_the_commas_roll_out_those_groups(nodes, state_dir):
+    """Before: `--waves 'canary, wave1'` was refused: '--waves  wave1: no such group'."""
+    error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--waves", "canary, wave1")
+    assert error is None and nodes.deploys() == [("deploys/serve.py", [CANARY]), ("deploys/serve.py", [W2, W3])]
+
+
+@pytest.mark.parametrize("waves, refusal", [
+    ("gateway", f"--waves gateway: group gateway of {PROD} has no worker (npu_count) to roll out to; groups with "
+                "workers: canary, prod, wave1, wave2, workers"),
+    ("canary,wave1,canary", f"--waves canary: its workers ({CANARY}) are in an earlier wave already; name each group "
+                            "once"),
+    (" , ", "--waves ' , ': no group named; pass groups in order, e.g. --waves canary,wave1"),
+], ids=["a group without workers", "a group twice", "no group"])
+def test_waves_that_would_roll_out_nothing_are_refused_in_one_line(nodes, state_dir, waves, refusal):
+    """Before: `--waves gateway` ran no step and exited 0."""
+    error, stdout, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py", "--waves", waves)
+    assert error == f"rollout changed nothing: {refusal}"
+    assert nodes.runs == [] and stdout == ""
+
+
+def test_an_empty_canary_group_is_refused_rather_than_skipped(nodes, state_dir, tmp_path):
+    """Before: the rollout began with wave1, saying nothing (pyinfra drops an empty group)."""
+    inventory = tmp_path / "prod.py"  # group_data/prod.py still applies
+    inventory.write_text(PROD.read_text().replace('canary = ["npu-01.example.internal"]', "canary = []").replace(
+        'wave1 = ["npu-02.example.internal"', 'wave1 = ["npu-01.example.internal", "npu-02.example.internal"'))
+    error, _, _ = cli(state_dir, "rollout", str(inventory), "deploys/serve.py")
+    assert error == (f"rollout changed nothing: rollout_waves: the first wave, canary, has no worker in {inventory}, "
+                     "so the change would go to a larger wave first; put a worker in group canary (your canary), or "
+                     "name the waves with --waves")
+    assert nodes.runs == []
+
+
+def test_a_swap_to_the_model_already_served_everywhere_says_so_and_changes_nothing(nodes, state_dir, monkeypatch):
+    """Before: it staged the weights again on every worker and ran an empty swap."""
+    current = model_data(Fleet(PROD, {"fleet_state_dir": str(state_dir)}), "Eco-Tech/Qwen3.5-27B-w8a8-mtp", None)
+    monkeypatch.setattr(rollout_cli, "served_path", lambda fleet, b: rollout.model_path(fleet, b.host, current))
+    error, stdout, _ = cli(state_dir, "swap-model", str(PROD), "--model", "Eco-Tech/Qwen3.5-27B-w8a8-mtp")
+    assert (error, stdout) == (None, "already serving Eco-Tech/Qwen3.5-27B-w8a8-mtp@master on every instance; "
+                                     "nothing to do\n")
+    assert nodes.runs == []

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -21,7 +22,7 @@ from ascend_fleet.fleet import check_fleet, fleet_node_configs, load_inventory, 
 from ascend_fleet.node_layout import (SERVICE_ENV_FILE, instance_env_file, instance_home, instance_state_directory,
                                      instance_unit)
 from ascend_fleet.templating import render
-from ascend_fleet.vllm_cli import OPTIONS_DIR, check_vllm_args, vllm_args
+from ascend_fleet.vllm_cli import OPTIONS_DIR, check_extra_args, check_serving_rules, check_vllm_args, vllm_args
 from tests.unit.test_fleet import FLEET, MODELS, prod_inventory, write_fleet
 
 # The Qwen3.5-35B-A3B W8A8 recipe of vllm-ascend's Atlas A2 guide, as serving data.
@@ -70,6 +71,71 @@ def test_options_the_pinned_vllm_does_not_have_are_refused_before_any_host_chang
     assert check_vllm_args(args, "0.23.0") == []
     assert check_vllm_args(["--max-model-len", "1"], "0.32.0+cpu") == []  # a +cpu build: its release's table
     assert [f.code for f in check_vllm_args([], "0.7.3")] == ["vllm-options-unknown"]
+
+
+# Each as vLLM 0.18.0's `vllm serve` parser reads it (vllm_options/0.18.0.json, from the wheel).
+EXTRA_ARGS_REFUSED = {
+    "short option for TP": (["-tp", "4"], "serving.extra_args: -tp sets tensor_parallel_size, which ascend-fleet sets "
+                            "from tensor_parallel_size; set it there, not in extra_args"),
+    "the instance's port": (["--port", "9000"], "serving.extra_args: --port sets port, which ascend-fleet sets from "
+                            "instance_ports.api or instances; set it there, not in extra_args"),
+    "a serving key": (["--max-num-seqs=64"], "serving.extra_args: --max-num-seqs=64 sets max_num_seqs, which "
+                      "ascend-fleet sets from serving.max_num_seqs; set it there, not in extra_args"),
+    "the API key": (["--api-key", "k"], "serving.extra_args: --api-key sets api_key, which ascend-fleet sets from the "
+                    "gateway's API key (README, secrets); set it there, not in extra_args"),
+    "a lone ;": ([";"], "serving.extra_args: ';' is neither an option of vLLM 0.18.0 nor the value of the option "
+                 "before it; remove it"),
+    "a second value": (["--seed", "1", "2"], "serving.extra_args: '2' is neither an option"),
+    "multi-node by hand": (["--headless"], "serving.extra_args: --headless sets headless, which ascend-fleet sets from "
+                           "data_parallel;"),
+}
+
+
+@pytest.mark.parametrize("extra, refusal", EXTRA_ARGS_REFUSED.values(), ids=EXTRA_ARGS_REFUSED.keys())
+def test_extra_args_are_options_of_the_pinned_vllm_that_the_tool_does_not_set(tmp_path, extra, refusal):
+    _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE + ', "max_num_seqs": 32')
+    tool = vllm_args(config, config.instances[0], "MODEL")
+    assert [f.message for f in check_extra_args(tool, extra, "0.18.0")][0].startswith(refusal)
+
+
+def test_short_options_and_values_are_read_as_vllm_reads_them():
+    assert [f.message for f in check_vllm_args(["-tp", "four"], "0.18.0")] == [
+        "vLLM 0.18.0 -tp takes an integer, not 'four'"]
+    assert [f.message for f in check_vllm_args(["--seed", ";"], "0.18.0")] == [
+        "vLLM 0.18.0 --seed takes an integer, not ';'"]
+    assert [f.message for f in check_vllm_args(["-x"], "0.18.0")] == [
+        "vLLM 0.18.0 has no option -x; remove it from the serving data (or extra_args)"]
+    assert check_vllm_args(["--seed", "-1", "--trust-remote-code", "--cudagraph-capture-sizes", "1", "2", "4"],
+                           "0.18.0") == []
+    assert check_extra_args(["MODEL", "--port", "8000"], ["--trust-remote-code", "--seed", "1024"], "0.18.0") == []
+
+
+# What vLLM refuses at start-up across keys (vllm/config/scheduler.py and speculative.py of each release).
+SERVING_REFUSED = {
+    "batch below the context without chunked prefill": (
+        '"enable_chunked_prefill": False, "max_num_batched_tokens": 2048', "serving.max_num_batched_tokens 2048 is "
+        "below max_model_len 32768 with enable_chunked_prefill False: vLLM refuses to start"),
+    "batch below the seats": ('"max_num_batched_tokens": 64, "max_num_seqs": 128', "serving.max_num_batched_tokens 64 "
+                              "is below max_num_seqs 128: vLLM refuses to start; raise it or lower max_num_seqs"),
+    "mistyped speculative method": ('"speculative_config": {"method": "qwen3_5_mpt", "num_speculative_tokens": 1}',
+                                    "serving.speculative_config.method: qwen3_5_mpt is not a speculative method of "
+                                    "vLLM 0.18.0; set one of ngram, medusa, "),
+}
+
+
+@pytest.mark.parametrize("serving, refusal", SERVING_REFUSED.values(), ids=SERVING_REFUSED.keys())
+def test_serving_keys_vllm_refuses_together_are_refused_before_any_host_changes(tmp_path, serving, refusal):
+    inventory, config = config_of(tmp_path, "vllm-ascend-0.18.0", serving, "Qwen3.5-27B")
+    assert [f.message for f in check_serving_rules(config.serving, "0.18.0")][0].startswith(refusal)
+    with pytest.raises(FleetError, match=r"^node1 instance vllm-0: " + re.escape(refusal)):
+        check_fleet(inventory, MODELS / "qwen3.5-27b")
+
+
+def test_speculative_methods_are_those_of_the_pinned_release():
+    # qwen3_5_mtp came with Qwen3.5 (vLLM 0.17); 0.13.0's SpeculativeMethod does not have it.
+    config = SimpleNamespace(speculative_config={"method": "qwen3_5_mtp"}, max_num_batched_tokens=None)
+    assert [f.code for f in check_serving_rules(config, "0.13.0")] == ["vllm-speculative-method"]
+    assert check_serving_rules(config, "0.18.0") == []
 
 
 def test_the_prod_recipe_serves_tool_calls_and_reasoning_with_parsers_its_vllm_has():

@@ -184,6 +184,29 @@ def plan_capacity(args, model: ModelDir, hardware: dict) -> planner.InstancePlan
     return plan
 
 
+def check_engine_args(args, max_model_len: int) -> None:
+    """What vLLM's configs refuse at start-up across options, in its words: the scheduler's batch against
+    the context and the seats (vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len in 0.18.0,
+    _verify_args in 0.11.0) and the speculative method (vllm/config/speculative.py: pydantic holds
+    SpeculativeConfig.method to the SpeculativeMethod Literal; the names are the release's option data)."""
+    batched = args.max_num_batched_tokens
+    if batched is not None and args.enable_chunked_prefill is False and batched < max_model_len:
+        raise StartupError(
+            f"ValueError: max_num_batched_tokens ({batched}) is smaller than max_model_len ({max_model_len}). "
+            "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "
+            "longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+    if batched is not None and args.max_num_seqs is not None and batched < args.max_num_seqs:
+        raise StartupError(f"ValueError: max_num_batched_tokens ({batched}) must be greater than or equal to "
+                           f"max_num_seqs ({args.max_num_seqs}).")
+    method = json.loads(args.speculative_config or "{}").get("method")  # the option is a str
+    methods = load_option_data().get("speculative_methods")
+    if method is not None and methods is not None and method not in methods:
+        allowed = ", ".join(f"'{name}'" for name in methods[:-1]) + f" or '{methods[-1]}'"
+        raise StartupError(f"pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig "
+                           f"method: Input should be {allowed} [type=literal_error, input_value='{method}', "
+                           "input_type=str]")
+
+
 def startup_failure(finding: planner.Finding, plan: planner.InstancePlan) -> str:
     """The message vLLM stops with for a finding; the planner's own words where vLLM has none."""
     if finding.code == "concurrency-below-one":
@@ -246,6 +269,7 @@ class Instance:
         self.model = open_model_dir(Path(args.model_tag or args.model))
         hardware = read_hardware()
         self.plan = plan_capacity(args, self.model, hardware)
+        check_engine_args(args, self.plan.max_model_len)
         self.dp = DataParallel.from_args(args, headless)
         if self.dp.size > 1 and os.environ.get("VLLM_PORT") and load_option_data().get("dp_master_ports") == "repeat":
             # 0.11.0/0.13.0 ParallelConfig.__post_init__: get_open_ports_list(5) adds get_open_port(), the

@@ -1,0 +1,239 @@
+"""Everything the data alone can tell, checked before pyinfra connects to any host.
+
+`fleet_problems()` lists every problem of an inventory and its data, one line each: each host's data
+(hostdata.py), a host written twice in the inventory file, what the hosts' data must agree on
+(multi-node instances, rollout waves, NPU and serving addresses), the capacity and stack plan of
+every instance (fleet.py), and the checksums of the vendor packages in files/. `ascend-fleet check`
+prints them; every deploy runs the same check before connecting, from the inventory file's last line
+(`check_before_connecting()`): pyinfra runs the inventory file before it connects, and nothing of
+ours runs earlier in its CLI. Node-side checks (the system, the NPUs, the NVMe) stay in preflight.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import cache
+from hashlib import sha256
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pyinfra.api import Inventory, State
+from pyinfra.context import ctx_state
+
+from ascend_fleet import FILES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import (MODELS_DIR, ModelConfigs, data_parallel_roles, fleet_data_problems, group_members,
+                                load_inventory, plan_configs)
+from ascend_fleet.host_config import host_node_config
+from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.profile import Profile, load_profile
+
+# Set while this module loads an inventory file, which runs the file's own check_before_connecting().
+_LOADING: ContextVar[bool] = ContextVar("ascend_fleet_check_loading", default=False)
+# Past this many hosts, a problem shared by many names the first ones and how many more.
+SHOWN_HOSTS = 3
+
+
+def fleet_problems(inventory: Inventory, source: Path | None = None, model_config: Path | None = None,
+                   models_dir: Path = MODELS_DIR) -> list[str]:
+    """Every problem the data shows, one line each, hosts sharing one problem on one line. What the
+    hosts' data must agree on is checked once every host's own data is valid."""
+    problems = list(inventory_file_problems(source)) if source else []
+    configs = []
+    for host in inventory:
+        try:
+            configs.append(host_node_config(host))
+        except FleetError as exc:
+            problems.append(str(exc))
+    if len(configs) == len(inventory):
+        fleet = list(fleet_data_problems(inventory, configs))
+        problems += fleet
+        if not fleet:
+            roles = data_parallel_roles(group_members(inventory), configs)
+            problems += plan_configs(configs, roles, ModelConfigs(model_config, models_dir), problems).errors()
+            problems += vendor_file_problems(configs)
+    return merge_hosts(problems, [host.name for host in inventory])
+
+
+def inventory_problems(inventory: Path, cwd: Path | None = None, override_data: dict | None = None,
+                       group_data: list[str] | None = None, model_config: Path | None = None,
+                       models_dir: Path = MODELS_DIR) -> list[str]:
+    """fleet_problems of an inventory file loaded as pyinfra loads it; a file that does not load (Python
+    that does not compile or raises) is the one problem."""
+    with _loading():
+        try:
+            loaded = load_inventory(inventory, cwd, override_data, group_data)
+        except FleetError as exc:
+            return [str(exc)]
+        return fleet_problems(loaded, inventory, model_config, models_dir)
+
+
+def inventory_file_problems(source: Path):
+    """A host given data in two places of the inventory file: pyinfra keeps the last and says nothing."""
+    from pyinfra_cli.inventory import _get_any_tuple_first, _get_groups_from_filename
+
+    with _loading(), ctx_state.use(State()):
+        groups = _get_groups_from_filename(str(source))
+    seen: dict[str, str] = {}
+    for group, hosts in groups.items():
+        for entry in (hosts[0] if isinstance(hosts, tuple) else hosts):
+            if not isinstance(entry, tuple):
+                continue
+            name = _get_any_tuple_first(entry)
+            if name in seen:
+                yield (f"{source}: host {name} is given data in {seen[name]} and in {group}; pyinfra would keep "
+                       f"only the last; give its data once and list it by name elsewhere")
+            seen.setdefault(name, group)
+
+
+def vendor_file_problems(configs: list[NodeConfig]) -> list[str]:
+    """The workers' profiles give the sha256 of every vendor package of at least one of their arches, and each
+    package in files/ has its profile's. Which arch a node is, and so which packages it needs, preflight asks
+    the node, then requires those."""
+    problems = []
+    for name in sorted({config.profile for config in configs if config.is_worker}):
+        try:
+            profile = load_profile(name)
+        except FleetError:
+            continue  # the plan has said so, for each host naming it
+        by_arch = {arch: list(profile.vendor_files(arch).values()) for arch in profile.arch}
+        if not any(all(profile.has_sha256(file_name) for file_name in names) for names in by_arch.values()):
+            missing = sorted({file_name for names in by_arch.values() for file_name in names
+                              if not profile.has_sha256(file_name)})
+            problems.append(f"profile {name}: no sha256 for {len(missing)} vendor packages ({missing[0]}, ...); add "
+                            "those of your nodes' architecture under packages.files, from Huawei's download page "
+                            "(copy the profile to profiles/ here first)")
+        if profile.packages.source == "files":
+            problems += [problem for file_name in dict.fromkeys(sum(by_arch.values(), []))
+                         if profile.has_sha256(file_name) and (FILES / file_name).is_file()
+                         and (problem := vendor_file_problem(profile, file_name))]
+    return problems
+
+
+def vendor_file_problem(profile: Profile, file_name: str) -> str | None:
+    """A files/ copy whose sha256 is not the profile's, or None."""
+    expected = profile.sha256_of(file_name)
+    local = (FILES / file_name).absolute()
+    actual = file_sha256(local)
+    if actual != expected:
+        return (f"{local} has sha256 {actual}, profile {profile.name} expects {expected}; replace the file or "
+                "correct the profile")
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, hashed once per process while its size and mtime stay (vendor packages
+    are gigabytes, and a run checks them for every host)."""
+    stat = path.stat()
+    return _sha256(path, stat.st_size, stat.st_mtime_ns)
+
+
+@cache
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
+    del size, mtime_ns  # the cache key: a changed file is hashed again
+    digest = sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def merge_hosts(problems: Iterable[str], hosts: list[str]) -> list[str]:
+    """`host: problem` (or `host instance name: problem`) lines that differ only in the host as one line
+    naming them (group data is shared: a typo there is every host's), in the order each first appears."""
+    known = set(hosts)
+    merged: dict[str, list[str]] = {}
+    for line in problems:
+        where, _, rest = line.partition(": ")
+        if where.split(" instance ")[0] in known:
+            merged.setdefault(rest, []).append(where)
+        else:
+            merged.setdefault(line, [])
+    lines = []
+    for rest, names in merged.items():
+        if not names:
+            lines.append(rest)
+            continue
+        more = f" and {len(names) - SHOWN_HOSTS} more" if len(names) > SHOWN_HOSTS else ""
+        lines.append(f"{', '.join(names[:SHOWN_HOSTS])}{more}: {rest}")
+    return lines
+
+
+@contextmanager
+def _loading():
+    token = _LOADING.set(True)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
+def check_before_connecting() -> None:
+    """Called on an inventory file's last line: when pyinfra's CLI runs deploy files, checks the inventory
+    and data it is loading (its --data and --group-data included) and stops the run before it connects,
+    with every problem, one line each, exit code 2. Elsewhere (pyinfra's own commands; ours, which load
+    inventories too) it does nothing."""
+    import pyinfra
+
+    if not pyinfra.is_cli or _LOADING.get():
+        return
+    import click
+
+    context = click.get_current_context(silent=True)
+    params = context.params if context else {}
+    deploy_files = params.get("operations") or ()
+    # Deploy files only: pyinfra's own commands (debug-inventory, exec, fact) need none of the data.
+    if "inventory" not in params or not deploy_files or not all(op.endswith(".py") for op in deploy_files):
+        return
+    override = dict(arg.split("=", 1) for arg in params.get("data") or ())
+    problems = inventory_problems(Path(params["inventory"]), Path.cwd(), _parsed(override),
+                                  list(params.get("group_data") or ()))
+    if problems:
+        error = FleetError(problems_message(problems))
+        error.exit_code = 2  # pyinfra's CliError is a click exception: its exit code is ours to set
+        raise error
+
+
+def _parsed(override: dict[str, str]) -> dict:
+    from pyinfra_cli.util import parse_cli_arg
+
+    return {key: parse_cli_arg(value) for key, value in override.items()}
+
+
+def problems_message(problems: list[str]) -> str:
+    """The problems as the deploy and `check` print them: one alone as its line, several under a count."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems, nothing was changed:\n" + "\n".join(f"  {line}" for line in problems)
+
+
+def check(
+    inventory: Annotated[Path, typer.Argument(help="a pyinfra inventory file, e.g. inventories/prod.py")],
+    model_config: Annotated[Optional[Path], typer.Option(
+        "--model-config", help="config.json, or the model directory holding it (as for `plan`)")] = None,
+    models_dir: Annotated[Optional[Path], typer.Option(
+        "--models-dir", help=f"local model configs as <org>/<name>/<revision>/config.json [default: {MODELS_DIR}]")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable: {\"problems\": [...]}")] = False,
+) -> None:
+    """Check an inventory and its data as every deploy does before it connects; connects to nothing.
+
+    Lists every problem, one line each, and exits 2 if there is any.
+    """
+    if not inventory.is_file():
+        raise FleetError(f"{inventory}: no such inventory file; pass e.g. inventories/prod.py")
+    problems = inventory_problems(inventory, model_config=model_config, models_dir=models_dir or MODELS_DIR)
+    if as_json:
+        print(json.dumps({"inventory": str(inventory), "problems": problems}, indent=2))
+    elif problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+    else:
+        print(f"{inventory}: no problem found")
+    if problems:
+        raise typer.Exit(2)

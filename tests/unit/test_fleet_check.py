@@ -1,0 +1,163 @@
+"""The check before any connection: `ascend-fleet check` and every deploy's inventory line list every
+problem the data alone shows, one line each, and stop before pyinfra connects (exit 2).
+
+The example fleet's hosts (*.example.internal) resolve nowhere: a run that tried to connect would
+print pyinfra's "Connecting to hosts" and its connection errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ascend_fleet import PROFILES, PROJECT_ROOT
+from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleet_check import fleet_problems, merge_hosts, vendor_file_problems
+from ascend_fleet.profile import load_profile
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def site(tmp_path) -> Path:
+    """A copy of the example fleet (inventories/prod.py and group_data/) to change one value at a time."""
+    (tmp_path / "inventories").mkdir()
+    for name in ("prod.py", "prod.known_hosts", "prod_397b.py"):
+        shutil.copy(PROJECT_ROOT / "inventories" / name, tmp_path / "inventories" / name)
+    shutil.copytree(PROJECT_ROOT / "group_data", tmp_path / "group_data")
+    return tmp_path
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path} no longer holds {old!r}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def run(site: Path, *argv: str) -> tuple[int, str]:
+    result = subprocess.run(argv, cwd=site, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "NO_COLOR": "1", "COLUMNS": "400"})
+    return result.returncode, re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+
+
+def test_a_typo_in_group_data_stops_the_deploy_before_it_connects_and_check_gives_the_same_line(site):
+    edit(site / "group_data/prod.py", '"max_num_seqs": 32', '"max_num_seq": 32')
+    rc, output = run(site, str(BIN / "pyinfra"), "-y", "inventories/prod.py", str(PROJECT_ROOT / "deploys/full.py"))
+    assert rc == 2, output
+    line = ("npu-01.example.internal, npu-02.example.internal, npu-03.example.internal and 4 more: "
+            "serving.max_num_seq: unknown key (did you mean `max_num_seqs`?)")
+    assert f"--> pyinfra error: {line}" in output
+    assert "Connecting to hosts" not in output
+    rc, output = run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py")
+    assert (rc, output) == (2, f"error: {line}\n")
+
+
+def test_check_lists_every_problem_of_every_host_not_only_the_first(site):
+    edit(site / "inventories/prod.py", '"nvme_mount": "/mnt/nvme"}', '"nvme_mount": "mnt/nvme"}')
+    edit(site / "group_data/gateway.py", '"listen_port": 80', '"listen_port": "eighty"')
+    rc, output = run(site, str(BIN / "ascend-fleet"), "check", "--json", "inventories/prod.py")
+    assert rc == 2
+    problems = __import__("json").loads(output)["problems"]
+    assert [problem.split(": ", 1)[1] for problem in problems] == [
+        "nvme_mount: expected an absolute path on the node (got 'mnt/nvme')",
+        "gateway.listen_port: Input should be a valid integer, unable to parse string as an integer (got 'eighty')"]
+    assert problems[0].startswith("npu-01.example.internal, npu-02.example.internal, npu-03.example.internal "
+                                  "and 2 more")
+    assert problems[1].startswith("gw-01.example.internal, gw-02.example.internal: ")
+
+
+def test_a_host_given_data_twice_in_the_inventory_file_is_refused(site):
+    edit(site / "inventories/prod.py", 'gateway = [("gw-01.example.internal", _ssh),',
+         'gateway = [("npu-05.example.internal", _worker), ("gw-01.example.internal", _ssh),')
+    problems = fleet_problems(load_inventory(site / "inventories/prod.py", site), site / "inventories/prod.py")
+    assert problems[0] == (f"{site}/inventories/prod.py: host npu-05.example.internal is given data in workers and "
+                           "in gateway; pyinfra would keep only the last; give its data once and list it by name "
+                           "elsewhere")
+
+
+def test_fleet_wide_problems_are_listed_together(site):
+    # Two hosts on one serving address, and a multi-node group listed head-last: pyinfra orders a group's
+    # hosts by the inventory's order, so npu-01 heads q397_a and is the host the rollout waves must hold.
+    inventory = site / "inventories/prod_397b.py"
+    edit(inventory, '"serving_address": f"192.168.13.{30 + n}"', '"serving_address": f"192.168.13.{30 + n // 2}"')
+    edit(inventory, 'canary = ["npu-01.example.internal"]', 'canary = ["npu-02.example.internal"]')
+    problems = fleet_problems(load_inventory(inventory, site), inventory)
+    assert problems == [
+        "npu-01.example.internal: rollout_waves: the head of multi-node instance q397_a (its first host in inventory "
+        "order; its members move with it) is in none of canary, wave1; add it to one of those groups",
+        "npu-03.example.internal: serving_address: 192.168.13.31 is npu-02.example.internal's too; expected each "
+        "host's own address on the serving network"]
+
+
+def test_a_host_in_two_multi_node_groups_is_named_as_such(site):
+    inventory = site / "inventories/prod_397b.py"
+    edit(inventory, 'q397_b = ["npu-03.example.internal", "npu-04.example.internal"]',
+         'q397_b = ["npu-03.example.internal", "npu-04.example.internal", "npu-02.example.internal"]')
+    problems = fleet_problems(load_inventory(inventory, site), inventory)
+    assert problems[0].startswith("npu-02.example.internal: is in data_parallel group q3")
+    assert "a host serves in one multi-node instance" in problems[0]
+
+
+def test_pyinfra_commands_that_run_no_deploy_file_are_not_checked(site):
+    edit(site / "group_data/prod.py", '"max_num_seqs": 32', '"max_num_seq": 32')
+    rc, output = run(site, str(BIN / "pyinfra"), "inventories/prod.py", "debug-inventory")
+    assert rc == 0, output
+
+
+def test_problems_of_many_hosts_share_a_line():
+    lines = ([f"npu-{n}: key: bad" for n in range(5)] + ["npu-1: other: bad", "files/x.run: missing"]
+             + [f"npu-{n} instance vllm-0: too big" for n in range(2)])
+    assert merge_hosts(lines, [f"npu-{n}" for n in range(5)]) == [
+        "npu-0, npu-1, npu-2 and 2 more: key: bad", "npu-1: other: bad", "files/x.run: missing",
+        "npu-0 instance vllm-0, npu-1 instance vllm-0: too big"]
+
+
+def test_vendor_packages_without_sha256_or_with_another_are_refused_before_any_connection(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    worker = SimpleNamespace(profile="vllm-ascend-0.18.0", is_worker=True)
+    assert vendor_file_problems([worker]) == [
+        "profile vllm-ascend-0.18.0: no sha256 for 9 vendor packages (Ascend-cann-910b-ops_8.5.1_linux-aarch64.run, "
+        "...); add those of your nodes' architecture under packages.files, from Huawei's download page (copy the "
+        "profile to profiles/ here first)"]
+    (tmp_path / "profiles").mkdir()
+    profile = load_profile("vllm-ascend-0.18.0")
+    data = yaml.safe_load((PROFILES / "vllm-ascend-0.18.0.yaml").read_text())
+    data["packages"]["files"] = {name: {"sha256": hashlib.sha256(name.encode()).hexdigest()}
+                                 for name in profile.vendor_files("aarch64").values()}
+    (tmp_path / "profiles" / "vllm-ascend-0.18.0.yaml").write_text(yaml.safe_dump(data))
+    firmware = profile.vendor_files("aarch64")["firmware"]
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / firmware).write_bytes(b"not the firmware")
+    assert vendor_file_problems([worker]) == [  # aarch64's are all given: x86_64's may be left out
+        f"{tmp_path}/files/{firmware} has sha256 {hashlib.sha256(b'not the firmware').hexdigest()}, profile "
+        f"vllm-ascend-0.18.0 expects {hashlib.sha256(firmware.encode()).hexdigest()}; replace the file or correct "
+        "the profile"]
+
+
+@pytest.mark.parametrize("appended, line", [
+    ("serving = {\n", "group_data/prod.py:{n}: '{{' was never closed; fix the file (it is Python)"),
+    ("x = 1 / 0\n", "group_data/prod.py:{n}: ZeroDivisionError: division by zero; fix the file (it is Python)"),
+], ids=["syntax error", "error when run"])
+def test_group_data_python_that_does_not_run_is_one_line_not_a_traceback(site, appended, line):
+    data = site / "group_data/prod.py"
+    n = len(data.read_text().splitlines()) + 1
+    data.write_text(data.read_text() + appended)
+    rc, output = run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py")
+    assert (rc, output) == (2, f"error: {site}/{line.format(n=n)}\n")
+    rc, output = run(site, str(BIN / "pyinfra"), "-y", "inventories/prod.py", str(PROJECT_ROOT / "deploys/full.py"))
+    assert rc == 2 and f"--> pyinfra error: {site}/{line.format(n=n)}" in output and "Traceback" not in output
+
+
+def test_a_model_config_that_is_not_a_json_object_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    rc, output = run(tmp_path, str(BIN / "ascend-fleet"), "plan", "--model-config", str(tmp_path / "config.json"))
+    assert (rc, output) == (1, f"error: {tmp_path}/config.json: a JSON list, not the object a model's config.json "
+                               "is; pass the model's config.json or its directory\n")

@@ -1,0 +1,97 @@
+"""`ascend-fleet status` of hosts it cannot read (a refused port, a port that closes at once, one that
+accepts and says nothing): one line per host naming its address, why and what to do; no traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from ascend_fleet import remote
+from ascend_fleet.status import status
+from tests.loopback import loopback_server, refused_port, write_fleet
+
+HOSTS = ("node1", "node2", "gw")
+
+
+def host_lines(output: str) -> dict[str, str]:
+    """The lines after the table that name a host: {host: the rest of its line}."""
+    return {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in output.splitlines()
+            if line.split(": ", 1)[0] in HOSTS}
+
+
+@pytest.mark.parametrize("mode, why", [
+    ("refused", "connection refused; check that the host is up, sshd runs on it and ssh_port is right"),
+    ("closing", "no SSH server answered there; check that sshd runs on it and ssh_port is right"),
+], ids=["port refusing", "port closing at once"])
+def test_unreachable_hosts_are_one_line_each_without_a_traceback(tmp_path, mode, why):
+    """Before: paramiko's 21-line traceback per host when the port closed at once (its transport
+    thread logs it), and a line per instance besides the host's."""
+    def read(port: int) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).with_name("ascend-fleet")), "status",
+                               str(write_fleet(tmp_path, port))], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+
+    if mode == "refused":
+        port = refused_port()
+        result = read(port)
+    else:
+        with loopback_server(mode) as (port, _):
+            result = read(port)
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    assert result.stderr == ""  # not a terminal: no progress line either
+    assert host_lines(result.stdout) == {host: f"cannot connect over SSH to 127.0.0.1:{port}: {why}" for host in HOSTS}
+
+
+def test_a_host_that_accepts_and_says_nothing_is_one_line_after_the_connect_timeout(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(remote, "CONNECT_TIMEOUT_SECONDS", 1)
+    monkeypatch.chdir(tmp_path)
+    with loopback_server("silent") as (port, _):
+        started = time.monotonic()
+        assert status(write_fleet(tmp_path, port), as_json=False, watch=False, interval=5) == 1
+    output = capfd.readouterr()
+    assert time.monotonic() - started < 5 and "Traceback" not in output.out + output.err
+    assert host_lines(output.out) == {
+        host: f"cannot connect over SSH to 127.0.0.1:{port}: no SSH server answered there; check that sshd runs "
+              "on it and ssh_port is right" for host in HOSTS}
+
+
+def test_why_ssh_failed_is_said_in_a_few_words_with_what_to_do():
+    cases = {
+        socket.gaierror(-2, "Name or service not known"): "the name does not resolve; check ssh_hostname",
+        TimeoutError("timed out"): f"no answer within {remote.CONNECT_TIMEOUT_SECONDS}s; check that the host is up",
+        paramiko.AuthenticationException("Authentication failed."): "login refused; check ssh_user and ssh_key",
+        paramiko.SSHException("Server '10.0.0.2' not found in known_hosts"): "its host key is not in known_hosts; add",
+        OSError(113, "No route to host"): "No route to host; check that the host is up",
+        paramiko.ssh_exception.NoValidConnectionsError({("10.0.0.2", 22): ConnectionRefusedError(111, "refused")}):
+            "connection refused; ",
+    }
+    for exc, said in cases.items():
+        expected = f"cannot connect over SSH to 10.0.0.2:22: {said}"
+        assert remote.connection_problem("10.0.0.2:22", exc).startswith(expected)
+
+
+@pytest.mark.parametrize("mode", ["refused", "silent"], ids=["between readings", "during a reading"])
+def test_ctrl_c_stops_status_watch_without_gevents_report(tmp_path, mode):
+    """Before: during a reading (hosts that accept and say nothing), gevent printed the KeyboardInterrupt it
+    raised in a greenlet reading a host, and the loop went on. Now Ctrl-C ends the watch after the reading in
+    progress (at most the SSH connect timeout), exit 0."""
+    import contextlib
+    import signal
+
+    with (loopback_server("silent") if mode == "silent" else contextlib.nullcontext((refused_port(), None))) as (
+            port, _):
+        watching = subprocess.Popen([str(Path(sys.executable).with_name("ascend-fleet")), "status", "--watch",
+                                     "--interval", "0.2", str(write_fleet(tmp_path, port))],
+                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4)  # started; reading (silent) or between readings (refused)
+        watching.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, err = watching.communicate(timeout=60)
+    assert watching.returncode == 0 and time.monotonic() - started < remote.CONNECT_TIMEOUT_SECONDS + 5
+    assert "KeyboardInterrupt" not in out + err and "Traceback" not in out + err, err
