@@ -329,6 +329,10 @@ class NodeConfig(_Strict):
     gateway_fail_timeout: int = Field(10, ge=1, description="seconds Nginx keeps an instance out of rotation after "
                                       "max_fails failed attempts (its fail_timeout), even once it answers; a plain "
                                       "deploy's routed restarts wait this long after each instance is back")
+    weights_deep_verify: bool = Field(False, description="the verify stage hashes every file of the staged "
+                                      "revision on the node against its manifest's sha256 (minutes per 100 GB); "
+                                      "a file that differs fails the host, naming it, and the next deploy "
+                                      "restages it and restarts the instances; e.g. --data weights_deep_verify=true")
     reboot_timeout: int = Field(900, gt=0, description="seconds the driver stage waits for a node to answer "
                                 "SSH again after its reboot before it reports the node as not back")
     instance_firewall: bool = Field(True, description="workers: nftables lets only the gateway hosts, "

@@ -15,6 +15,7 @@ from ascend_fleet.node import stage_weights
 
 # What the weights stager writes under a model directory, as it names it.
 MANIFEST_NAME, MARKER_NAME = stage_weights.MANIFEST_NAME, stage_weights.MARKER_NAME
+DEEP_VERIFY_NAME = stage_weights.DEEP_VERIFY_NAME
 revision_dir = stage_weights.revision_dir
 
 CONFIG_DIR = "/etc/ascend-fleet"

@@ -35,10 +35,12 @@ from rich.text import Text
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
 from ascend_fleet.facts.hccn import NpuNicHealth
 from ascend_fleet.facts.systemd import UnitState
+from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.fleet import fleet_roles, load_inventory
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.node.stage_weights import deep_verify_of
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
@@ -132,6 +134,9 @@ def worker_queries(config: NodeConfig, profile: Profile, role: DataParallelRole 
                "pip": FactQuery(PipPackages, {"venv": profile.pip.venv}), "arch": FactQuery(Arch)}
     if config.npu_addresses:
         queries["npu_network"] = FactQuery(NpuNicHealth, {"npu_count": config.npu_count})
+    model = config.model
+    queries["weights"] = FactQuery(StagedModel, {"model_dir": config.model_dir, "model_id": model.id,
+                                                 "revision": model.revision})
     for instance in config.instances:
         queries[fact_key("unit", instance.name)] = FactQuery(UnitState, {"unit": instance_unit(instance.name)})
         if role and not role.is_head:
@@ -195,6 +200,14 @@ def npu_network_problems(config: NodeConfig, health: dict | None) -> list[str]:
         elif state["tls"] != int(config.npu_tls):
             problems.append(f"NPU network: NPU {npu} TLS switch {state['tls']}, the fleet's is {int(config.npu_tls)}")
     return problems
+
+
+def deep_verify_problems(staged: dict | None) -> list[str]:
+    """Each file the last deep verify of the served revision found unlike its manifest (until a deploy restages it)."""
+    record = deep_verify_of(staged, staged.get("deep_verify")) if staged else {}
+    when = datetime.fromtimestamp(record.get("checked_at", 0), timezone.utc).isoformat(timespec="seconds")
+    return [f"weights: the deep verify of {when} found {name} {problem}; the next deploy restages it"
+            for name, problem in sorted(record.get("mismatched", {}).items())]
 
 
 def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any],
@@ -296,6 +309,7 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
         status.npu_smi_error = None if npu_smi.get("ok") else npu_smi.get("error")
         status.instances = [instance_status(config, instance, values, part) for instance in config.instances]
         status.problems += npu_network_problems(config, values.get("npu_network"))
+        status.problems += deep_verify_problems(values.get("weights"))
     if config.is_gateway:
         status.services = {name: values.get(f"service:{name}") or {} for name in GATEWAY_SERVICES}
         for name, unit in status.services.items():

@@ -14,9 +14,9 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString, make_formatted_string_command
 from typing_extensions import override
 
-from ascend_fleet.node_layout import MARKER_NAME, revision_dir
+from ascend_fleet.node_layout import DEEP_VERIFY_NAME, MARKER_NAME, revision_dir
 
-SIZES_HEADER = "--- sizes"
+DEEP_VERIFY_HEADER, SIZES_HEADER = "--- deep verify", "--- sizes"
 DF_LINE = re.compile(r"^\S+\s+(\d+)\s+\d+\s+(\d+)\s+\d+%\s+(.+)$")
 
 
@@ -33,19 +33,23 @@ class StagedModel(FactBase[dict | None]):
             "source": "http://mirror/models/Qwen/Qwen3-8B/v1/",
             "files": {"config.json": {"size": 728, "sha256": "..."}, ...},
             "sizes": {"config.json": 728, ...},   # every file in the directory, as on disk
+            "deep_verify": {"mismatched": {...}, ...},  # what the last deep verify recorded, or None
         }
 
     Returns ``None`` when ``<model_dir>/<org>/<name>/<revision>/`` holds no marker.
-    Judge it with ``stage_weights.marker_problems(fact, fact["sizes"], model_id, revision)``;
-    an unreadable marker comes back as ``{"sizes": ..., "unreadable": True}``.
+    Judge it with ``stage_weights.marker_problems(fact, fact["sizes"], model_id, revision)`` and
+    ``stage_weights.deep_verify_of(fact, fact["deep_verify"])``; an unreadable marker comes back as
+    ``{"sizes": ..., "unreadable": True}``.
     """
 
     @override
     def command(self, model_dir: str, model_id: str, revision: str) -> StringCommand:
         target = str(revision_dir(model_dir, model_id, revision))
         return make_formatted_string_command(
-            "test -f {0}/{1} || exit 0; cat {0}/{1}; echo; echo {2}; find {0} -type f -printf {3}",
-            QuoteString(target), QuoteString(MARKER_NAME), QuoteString(SIZES_HEADER), QuoteString("%s %P\\n"),
+            "test -f {0}/{1} || exit 0; cat {0}/{1}; echo; echo {2}; cat {0}/{3} 2>/dev/null; echo; echo {4}; "
+            "find {0} -type f -printf {5}",
+            QuoteString(target), QuoteString(MARKER_NAME), QuoteString(DEEP_VERIFY_HEADER),
+            QuoteString(DEEP_VERIFY_NAME), QuoteString(SIZES_HEADER), QuoteString("%s %P\\n"),
         )
 
     @override
@@ -54,14 +58,19 @@ class StagedModel(FactBase[dict | None]):
         if SIZES_HEADER not in lines:
             return None
         split = lines.index(SIZES_HEADER)
+        middle = lines.index(DEEP_VERIFY_HEADER) if DEEP_VERIFY_HEADER in lines[:split] else split
         sizes = _sizes_by_name(lines[split + 1:])
-        try:
-            marker = json.loads("\n".join(lines[:split]))
-        except json.JSONDecodeError:
-            marker = None
+        marker = _json_or_none(lines[:middle])
         if not isinstance(marker, dict):
             return {"sizes": sizes, "unreadable": True}
-        return {**marker, "sizes": sizes}
+        return {**marker, "sizes": sizes, "deep_verify": _json_or_none(lines[middle + 1:split])}
+
+
+def _json_or_none(lines: list[str]):
+    try:
+        return json.loads("\n".join(lines))
+    except json.JSONDecodeError:
+        return None
 
 
 def _sizes_by_name(lines: list[str]) -> dict[str, int]:

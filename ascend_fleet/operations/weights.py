@@ -21,7 +21,7 @@ from pyinfra.operations import files
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.node import stage_weights
-from ascend_fleet.node.stage_weights import SOURCES, marker_problems, model_path_parts
+from ascend_fleet.node.stage_weights import SOURCES, deep_verify_of, marker_problems, model_path_parts
 from ascend_fleet.node_layout import WEIGHTS_STAGER, revision_dir
 
 STAGER_PACKAGE = Path(stage_weights.__file__).parent
@@ -63,7 +63,9 @@ def staged(
     + origin_start: with peer_urls, where in the file list (0 to 1) this node starts asking the origin
 
     Nothing to do when the revision's marker is there, names this id and revision,
-    and every file it lists has its size. Otherwise the node fetches into
+    every file it lists has its size, and the last deep verify (``deep_verified``)
+    found no file unlike the manifest; the files it found are fetched again (from
+    peers or the source, verified) and each renamed over its bad copy. Otherwise the node fetches into
     ``<model_dir>/.partial/<org>/<name>/<revision>/`` (a rerun keeps verified files
     and resumes cut-off ones), after checking the NVMe has room for what is left
     plus the margin; checks every file's size and sha256 against the source's
@@ -89,15 +91,55 @@ def staged(
     """
     check_arguments(model_id, revision, source, url, peer)
     marker = host.get_fact(StagedModel, model_dir=model_dir, model_id=model_id, revision=revision)
-    if marker and not marker_problems(marker, marker["sizes"], model_id, revision):
+    if marker and not marker_problems(marker, marker["sizes"], model_id, revision) \
+            and not restages_due(model_dir, model_id, revision):
         host.noop(f"{model_id}@{revision} is staged at {revision_dir(model_dir, model_id, revision)}")
         return
-    if not host.get_fact(Which, command="python3"):
-        raise FleetError(f"{host.name}: weights {model_id}@{revision}: python3 is missing on the node: "
-                                  "install it (the weights stager is a python3 script)")
-    yield from files.put._inner(src=io.BytesIO(stager_archive()), dest=WEIGHTS_STAGER, mode="0755")
+    yield from stager_uploaded(model_id, revision)
     yield stager_command(host.name, model_id, revision, source, model_dir, url, peer, tokens_env_file,
                          min_free_margin_bytes, peer_urls or [], origin_start)
+
+
+@operation()
+def deep_verified(model_id: str, revision: str, model_dir: str):
+    """
+    Hash every file of a staged revision against the sha256 of the manifest it was staged from, on the
+    node (python3's hashlib, several files at once: no byte of the weights crosses SSH), and record the
+    files that differ beside its marker, so that the next ``staged`` of the revision restages them
+    (``status`` shows them until then). It fails naming each such file, one line each.
+
+    + model_id: ``<org>/<name>``, e.g. ``Qwen/Qwen3-8B``
+    + revision: the staged revision to hash
+    + model_dir: the models directory on the NVMe, e.g. ``/mnt/nvme/models``
+    """
+    try:
+        model_path_parts(model_id, revision)
+    except ValueError as error:
+        raise FleetError(f"{host.name}: weights: {error}") from None
+    yield from stager_uploaded(model_id, revision)
+    yield StringCommand("python3", WEIGHTS_STAGER, "--host", QuoteString(host.name), "--model-id",
+                        QuoteString(model_id), "--revision", QuoteString(revision), "--model-dir",
+                        QuoteString(model_dir), "--deep-verify")
+
+
+def restages_due(model_dir: str, model_id: str, revision: str) -> dict[str, str]:
+    """The files of this host's staged revision that its last deep verify found unlike the manifest
+    (name -> what it found): the next ``staged`` fetches them again."""
+    return last_deep_verify(host, model_dir, model_id, revision).get("mismatched", {})
+
+
+def last_deep_verify(worker, model_dir: str, model_id: str, revision: str) -> dict:
+    """What the last deep verify of a host's staged revision recorded (stage_weights.deep_verify_of), {} if none."""
+    marker = worker.get_fact(StagedModel, model_dir=model_dir, model_id=model_id, revision=revision)
+    return deep_verify_of(marker, marker.get("deep_verify")) if marker else {}
+
+
+def stager_uploaded(model_id: str, revision: str):
+    """The stager archive on the node (python3 runs it), as an operation's commands."""
+    if not host.get_fact(Which, command="python3"):
+        raise FleetError(f"{host.name}: weights {model_id}@{revision}: python3 is missing on the node: "
+                         "install it (the weights stager is a python3 script)")
+    yield from files.put._inner(src=io.BytesIO(stager_archive()), dest=WEIGHTS_STAGER, mode="0755")
 
 
 @cache

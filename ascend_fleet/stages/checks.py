@@ -32,7 +32,7 @@ from ascend_fleet.node_layout import (
     NGINX_ERROR_LOG,
     revision_dir,
 )
-from ascend_fleet.operations import gates, served
+from ascend_fleet.operations import gates, served, weights
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
@@ -276,6 +276,10 @@ def verify_stage() -> None:
                      find_problem=lambda: gateway_problem(config, model_name))
     if not config.is_worker:
         return
+    if config.weights_deep_verify:
+        model = config.model
+        weights.deep_verified(name=f"Weights {model.id}@{model.revision} hashed against the manifest (deep verify)",
+                              model_id=model.id, revision=model.revision, model_dir=config.model_dir)
     venv = node_profile().pip.venv
     gates.passed(name="NPUs healthy", description=f"{config.npu_count} NPUs healthy",
                  find_problem=lambda: npu_problem(config.npu_count))

@@ -36,6 +36,7 @@ from ascend_fleet.node_layout import (
     unit_file,
 )
 from ascend_fleet.operations import gates, gateway, private, served, units, weights
+from ascend_fleet.per_run import once_per_run
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
@@ -98,9 +99,32 @@ def stack_fingerprint(profile: Profile) -> str:
     return f"{profile.name}-{hashlib.sha256(profile.stack.model_dump_json().encode()).hexdigest()[:12]}"
 
 
+def stages_in_this_run() -> set[str]:
+    """The stages of this pyinfra run's deploy that add themselves here as pyinfra prepares them (for
+    every host, the first host's stages before any of the second's)."""
+    return once_per_run(host.state, "stages in this run", set)
+
+
+def weights_restages(config: NodeConfig) -> int:
+    """How often files of the host's served revision were restaged after a deep verify, the restage
+    this run's weights stage makes included. Each instance's environment carries it: vLLM reads its
+    weights only when it starts, so an instance restarts onto restaged weights. The hosts of a
+    multi-node instance count their restages together: they restart together (members_left_out)."""
+    role = data_parallel_role(config.host)
+    return sum(host_restages(worker) for worker in ([inventory.get_host(m) for m in role.members] if role else [host]))
+
+
+def host_restages(worker) -> int:
+    """weights_restages of one host."""
+    model, model_dir = host_node_config(worker).model, host_node_config(worker).model_dir
+    record = weights.last_deep_verify(worker, model_dir, model.id, model.revision)
+    return record.get("restages", 0) + ("weights" in stages_in_this_run() and bool(record.get("mismatched")))
+
+
 @deploy("Weights")
 def weights_stage() -> None:
     gates.stage_begins(name="Stage: weights", stage="weights")
+    stages_in_this_run().add("weights")
     config = host_node_config(host)
     if not config.is_worker:
         return
@@ -180,7 +204,8 @@ def serve_stage() -> None:
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),
             content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),
                            settings=config.instance_env(instance), stack_fingerprint=stack_fingerprint(profile),
-                           model_id=model.id, revision=model.revision, api_key=api_key()))
+                           model_id=model.id, revision=model.revision, restages=weights_restages(config),
+                           api_key=api_key()))
         changed = unit.will_change or environment.will_change
         # One that the gateway routes to restarts at most max_unavailable at a time across the fleet
         # (pyinfra's _parallel: hosts in batches, each back on /health and out of nginx's failure

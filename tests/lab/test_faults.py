@@ -14,12 +14,14 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 
 from ascend_fleet.node_layout import (
+    DEEP_VERIFY_NAME,
     GATEWAY_CONFIG,
     MARKER_NAME,
     NGINX_CONF_DIR,
@@ -43,6 +45,7 @@ LEFTOVER_CONFIG = f"{NGINX_CONF_DIR}/zz-leftover.conf"
 V2 = json.dumps({"id": "lab/Qwen3-Tiny", "revision": "v2", "source": "http"})
 V2_DIR = "/mnt/nvme/models/lab/Qwen3-Tiny/v2"
 V2_PARTIAL = "/mnt/nvme/models/.partial/lab/Qwen3-Tiny/v2"
+V1_DIR = "/mnt/nvme/models/lab/Qwen3-Tiny/v1"
 # What the staging watcher did, on the node (read back when a test fails).
 WATCH_LOG = "/root/staging-watcher.log"
 
@@ -300,6 +303,79 @@ def test_the_nvme_filling_up_during_weight_staging_stops_with_one_line(lab, serv
         converged(lab, "deploys/weights.py", "--limit", "worker2", "--data", f"model={V2}")
     finally:
         lab.run("worker2", f"rm -rf {V2_DIR} {V2_PARTIAL}")
+
+
+def completion_on_node(lab: Lab, node: str, port: int) -> str:
+    """What one instance generates for a fixed prompt, asked on its node (the instance firewall keeps this
+    machine off its port). The simulated vLLM generates from the tensors it read at start, as vLLM does."""
+    body = json.dumps({"model": "lab/Qwen3-Tiny", "prompt": "Ascend", "max_tokens": 12, "temperature": 0,
+                       "ignore_eos": True})
+    out = lab.run(node, f"curl -fsS -H 'Content-Type: application/json' -d {shlex.quote(body)} "
+                        f"http://127.0.0.1:{port}/v1/completions").stdout
+    return json.loads(out)["choices"][0]["text"]
+
+
+# Flips the byte in the middle of the file (tensor data, past the header) in place, then gives the file
+# back the mtime it had: what silent corruption leaves, nothing a size or mtime check can see.
+FLIP_KEEPING_SIZE_AND_MTIME = (
+    "f={path}; cp -p $f /root/mtime-ref && python3 -c \"import os, sys; f = open(sys.argv[1], 'r+b'); "
+    "n = os.path.getsize(sys.argv[1]) // 2; f.seek(n); b = f.read(1); f.seek(n); f.write(bytes([b[0] ^ 255]))\" $f "
+    "&& touch -r /root/mtime-ref $f && rm /root/mtime-ref")
+
+
+def test_a_flipped_byte_in_a_staged_shard_is_found_by_the_deep_verify_restaged_and_served_right(lab, serving):
+    shard = "model-00001-of-00002.safetensors"
+    right = {port: completion_on_node(lab, "worker2", port) for port in (8000, 8001)}
+    before = lab.run("worker2", f"stat -c '%s %Y' {V1_DIR}/{shard}").stdout
+    lab.run("worker2", FLIP_KEEPING_SIZE_AND_MTIME.format(path=f"{V1_DIR}/{shard}"))
+    assert lab.run("worker2", f"stat -c '%s %Y' {V1_DIR}/{shard}").stdout == before
+    # vllm-0 starts again (as after a reboot) and loads the bad shard: it now generates otherwise;
+    # vllm-1 read its weights before the flip and still answers as it did.
+    lab.run("worker2", f"systemctl restart {UNITS[0]}")
+    assert completion_on_node(lab, "worker2", 8000) != right[8000]
+    assert completion_on_node(lab, "worker2", 8001) == right[8001]
+
+    deep = lab.pyinfra("deploys/verify.py", "--data", "weights_deep_verify=true", check=False)
+
+    assert deep.returncode != 0
+    found = [line for line in error_lines(deep.stdout, "worker2") if shard in line]
+    assert found and "worker2: weights lab/Qwen3-Tiny@v1: " in found[0] and "does not match the manifest" in found[0]
+    assert not any(shard in line for worker in ("worker1", "worker3") for line in error_lines(deep.stdout, worker))
+    status = lab.cli("status", lab.inventory, "--json", check=False)
+    problems = next(h for h in json.loads(status.stdout)["hosts"] if h["host"] == "worker2")["problems"]
+    assert status.returncode == 1 and any(shard in problem and "deep verify" in problem for problem in problems)
+
+    starts = unit_starts(lab, "worker2")
+    failed, stop = [], threading.Event()
+
+    def clients() -> None:  # what clients see through the gateway while worker2 restarts onto the fix
+        while not stop.is_set():
+            reply = chat_through_gateway(lab)
+            if reply.status_code != 200:
+                failed.append(reply.status_code)
+            time.sleep(0.2)
+
+    load = threading.Thread(target=clients)
+    load.start()
+    try:
+        lab.pyinfra("deploys/full.py", "--limit", "worker2")
+    finally:
+        stop.set()
+        load.join()
+
+    assert failed == []  # restarted one at a time while the others serve (the serve stage's routed restart)
+    manifest = json.loads(lab.run("worker2", f"cat {V1_DIR}/{MARKER_NAME}").stdout)["files"]
+    assert lab.run("worker2", f"sha256sum {V1_DIR}/{shard}").stdout.split()[0] == manifest[shard]["sha256"]
+    record = json.loads(lab.run("worker2", f"cat {V1_DIR}/{DEEP_VERIFY_NAME}").stdout)
+    assert record["mismatched"] == {} and record["restages"] == 1
+    assert all(unit_starts(lab, "worker2")[unit] != starts[unit] for unit in UNITS)
+    assert {port: completion_on_node(lab, "worker2", port) for port in (8000, 8001)} == right
+    status = lab.cli("status", lab.inventory, "--json", check=False)
+    problems = next(h for h in json.loads(status.stdout)["hosts"] if h["host"] == "worker2")["problems"]
+    assert not any("deep verify" in problem for problem in problems), problems
+    again = totals(lab.pyinfra("deploys/serve.py", "--limit", "worker2").stdout)
+    assert again["changed"] == 0, again  # restarted once, not on every run
+    all_serving(lab)
 
 
 def test_sigint_during_the_serve_stage_then_a_rerun_converges(lab, serving):

@@ -307,6 +307,41 @@ def test_same_prompt_gives_same_text(serving):
     assert texts[0] == texts[1] and texts[0]
 
 
+def test_the_model_generates_from_the_weights_it_read_at_start(site_dir, node_root, model_dir, tmp_path):
+    """vLLM reads every tensor when it starts (docs/sim-fidelity.md): a byte flipped in a shard afterwards
+    changes nothing until a restart, which then answers otherwise; the right bytes answer as before."""
+    model = shutil.copytree(model_dir, tmp_path / "tiny")
+    shard = model / "model-00001-of-00001.safetensors"
+    request = {"model": "tiny", "prompt": "Ascend", "max_tokens": 12, "ignore_eos": True}
+
+    def started() -> SimServer:
+        server = SimServer(site_dir, node_root, tmp_path / "weights.log", "3", [str(model), "--served-model-name",
+                                                                              "tiny", "--max-model-len", "2048"])
+        server.health_statuses()
+        return server
+
+    def text(server: SimServer) -> str:
+        return json.loads(server.post("/v1/completions", request).read())["choices"][0]["text"]
+
+    right = shard.read_bytes()
+    flipped = bytearray(right)
+    flipped[-1] ^= 0xFF  # in the last tensor's data, not the header
+    server = started()
+    try:
+        before = text(server)
+        shard.write_bytes(bytes(flipped))
+        assert text(server) == before  # read at start: the running server does not see it
+    finally:
+        server.stop()
+    for content, same in ((bytes(flipped), False), (right, True)):
+        shard.write_bytes(content)
+        server = started()
+        try:
+            assert (text(server) == before) is same
+        finally:
+            server.stop()
+
+
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 TOOL_CHOICE_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'

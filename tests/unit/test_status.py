@@ -15,7 +15,7 @@ from ascend_fleet.node_layout import NGINX_CONF_DIR
 from ascend_fleet.probes import fact_key
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
-from ascend_fleet.status import gateway_routes, host_status, routing
+from ascend_fleet.status import FleetStatus, gateway_routes, host_status, render_problems, routing, worker_queries
 from ascend_fleet.vllm_metrics import histogram_quantile, parse_metrics
 
 NEW_NAMES = """\
@@ -156,6 +156,26 @@ def test_a_healthy_worker_matches_its_profile():
     first = status.instances[0]
     assert (first.model, first.revision, first.health, first.npu_health) == ("lab/Qwen3-Tiny", "v1", 200, ["OK"])
     assert first.metrics["kv_cache_usage"] == 0.5
+
+
+def test_a_file_the_last_deep_verify_found_unlike_the_manifest_is_red_naming_it():
+    profile = load_profile("lab")
+    config = node_config(WORKER_DATA, "worker1")
+    assert worker_queries(config, profile)["weights"].arguments == {
+        "model_dir": "/mnt/nvme/models", "model_id": "lab/Qwen3-Tiny", "revision": "v1"}
+    shard = "model-00001-of-00002.safetensors"
+    marker = {"model_id": "lab/Qwen3-Tiny", "revision": "v1", "manifest_sha256": "f" * 64, "files": {}, "sizes": {}}
+    record = {"manifest_sha256": "f" * 64, "checked_at": 1796342400, "restages": 0,
+              "mismatched": {shard: "sha256 0b… does not match the manifest's 9e…"}}
+    facts = worker_facts(profile) | {"weights": {**marker, "deep_verify": record}}
+    status = host_status(config, profile, HostFacts("worker1", facts))
+    assert not status.ok and status.problems == [
+        f"weights: the deep verify of 2026-12-04T00:00:00+00:00 found {shard} sha256 0b… does not match the "
+        "manifest's 9e…; the next deploy restages it"]
+    shown = [line.plain for line in render_problems(FleetStatus([status], "now", 0))]
+    assert shown == [f"worker1: {status.problems[0]}"]
+    restaged = {**marker, "deep_verify": {**record, "mismatched": {}, "restages": 1}}
+    assert host_status(config, profile, HostFacts("worker1", worker_facts(profile) | {"weights": restaged})).ok
 
 
 def test_the_pin_a_build_should_have_replaced_is_drift():

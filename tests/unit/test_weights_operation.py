@@ -10,12 +10,16 @@ import pytest
 from pyinfra.context import ctx_host
 from pyinfra.facts.server import Which
 
+from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.weights import SIZES_HEADER, FilesystemSpace, StagedModel
-from ascend_fleet.node.stage_weights import MARKER_NAME, marker_problems, parse_args
-from ascend_fleet.node_layout import HUB_TOKENS_FILE, WEIGHTS_STAGER
+from ascend_fleet.facts.weights import DEEP_VERIFY_HEADER, SIZES_HEADER, FilesystemSpace, StagedModel
+from ascend_fleet.hostdata import node_config
+from ascend_fleet.node.stage_weights import MARKER_NAME, deep_verify_of, marker_problems, parse_args
+from ascend_fleet.node_layout import DEEP_VERIFY_NAME, HUB_TOKENS_FILE, WEIGHTS_STAGER
 from ascend_fleet.operations import weights
-from tests.fakehost import FakeHost, commands, fact, new_file, uploads
+from ascend_fleet.stages import serving
+from ascend_fleet.templating import render
+from tests.fakehost import FakeHost, commands, fact, new_file, on, uploads
 
 MARKER = {"model_id": "lab/Qwen3-Tiny", "revision": "v1", "manifest_sha256": "f" * 64,
           "files": {"config.json": {"size": 714, "sha256": "a" * 64}}}
@@ -35,6 +39,20 @@ def test_staged_model_process_returns_marker_with_sizes_on_disk():
     assert marker_problems(fact, fact["sizes"], "lab/Qwen3-Tiny", "v1") == []
     assert marker_problems(fact, {"config.json": 5}, "lab/Qwen3-Tiny", "v1") == [
         "config.json is 5 bytes, the marker says 714"]
+
+
+def test_staged_model_reads_the_last_deep_verify_beside_the_marker():
+    assert DEEP_VERIFY_NAME in StagedModel().command("/mnt/nvme/models", "lab/Qwen3-Tiny", "v1").get_raw_value()
+    record = {"manifest_sha256": MARKER["manifest_sha256"], "mismatched": {"config.json": "sha256 b… does not match"}}
+    output = [*json.dumps(MARKER).splitlines(), "", DEEP_VERIFY_HEADER, json.dumps(record), "", SIZES_HEADER,
+              "714 config.json"]
+    fact = StagedModel().process(output)
+    assert fact["sizes"] == {"config.json": 714} and fact["deep_verify"] == record
+    assert deep_verify_of(fact, fact["deep_verify"])["mismatched"] == record["mismatched"]
+    never = StagedModel().process([*json.dumps(MARKER).splitlines(), "", DEEP_VERIFY_HEADER, "", SIZES_HEADER])
+    assert never["deep_verify"] is None and deep_verify_of(never, None) == {}
+    restaged_before = {**record, "manifest_sha256": "0" * 64}  # of an earlier staging: counts for nothing
+    assert deep_verify_of(fact, restaged_before) == {}
 
 
 def test_staged_model_without_marker_is_none_and_a_broken_marker_is_flagged():
@@ -127,6 +145,75 @@ def test_a_revision_not_staged_whole_is_staged_by_the_node_side_stager(marker):
     assert uploads(steps) == {WEIGHTS_STAGER: weights.stager_archive()}
     words = shlex.split(steps[-1].get_raw_value())
     assert words[:2] == ["python3", WEIGHTS_STAGER] and parse_args(words[2:]).host == "worker1"
+
+
+MISMATCHED = {"manifest_sha256": MARKER["manifest_sha256"], "checked_at": 0, "restages": 0,
+              "mismatched": {"config.json": "sha256 b… does not match the manifest's a…"}}
+
+
+def test_a_file_the_deep_verify_found_unlike_the_manifest_is_restaged_by_the_node_side_stager():
+    steps, noops = staged({**STAGED, "deep_verify": MISMATCHED})
+    assert noops == [] and shlex.split(steps[-1].get_raw_value())[:2] == ["python3", WEIGHTS_STAGER]
+    restaged = {**MISMATCHED, "mismatched": {}, "restages": 1}
+    assert staged({**STAGED, "deep_verify": restaged})[0] == []
+
+
+def test_the_deep_verify_hashes_on_the_node_with_the_stager():
+    fake = FakeHost({fact(Which, command="python3"): "/usr/bin/python3", **new_file(WEIGHTS_STAGER)})
+    steps = commands(weights.deep_verified, fake, model_id="lab/Qwen3-Tiny", revision="v1", model_dir=MODEL_DIR)
+    assert uploads(steps) == {WEIGHTS_STAGER: weights.stager_archive()}
+    words = shlex.split(steps[-1].get_raw_value())
+    args = parse_args(words[2:])
+    assert words[:2] == ["python3", WEIGHTS_STAGER] and args.deep_verify and args.source is None
+    assert (args.host, args.model_id, args.revision, str(args.model_dir)) == (
+        "worker1", "lab/Qwen3-Tiny", "v1", MODEL_DIR)
+
+
+LAB_WORKER = {"profile": "lab", "chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 4,
+              "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "modelscope"},
+              "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9}}
+STAGED_KEY = fact(StagedModel, model_dir=MODEL_DIR, model_id="lab/Qwen3-Tiny", revision="v1")
+RESTAGED = {**STAGED, "deep_verify": {**MISMATCHED, "mismatched": {}, "restages": 1}}
+
+
+@pytest.fixture
+def one_host_instances(monkeypatch):
+    """The lab worker's config for whichever host asks, none of them in a multi-node instance."""
+    config = node_config(LAB_WORKER, "worker1")
+    monkeypatch.setattr(serving, "host_node_config", lambda worker: config)
+    monkeypatch.setattr(serving, "data_parallel_role", lambda name: None)
+    return config
+
+
+def test_an_instance_restarts_onto_restaged_weights_once(one_host_instances):
+    """The restage count in the instance environment: up by one in the run whose weights stage restages,
+    the same in the runs after it (no second restart), absent before any restage (no restart on upgrade)."""
+    config = one_host_instances
+    with on(FakeHost({STAGED_KEY: {**STAGED, "deep_verify": MISMATCHED}})):
+        assert serving.weights_restages(config) == 0  # a serve stage alone restages nothing: no restart for it
+        serving.stages_in_this_run().add("weights")  # what the weights stage of a full run does first
+        assert serving.weights_restages(config) == 1
+    with on(FakeHost({STAGED_KEY: RESTAGED})):
+        assert serving.weights_restages(config) == 1
+    environment = {"instance": config.instances[0], "home": "/h", "settings": {}, "stack_fingerprint": "s",
+                   "model_id": "lab/Qwen3-Tiny", "revision": "v1", "api_key": None}
+    never = render(TEMPLATES / "vllm-instance.env.j2", restages=0, **environment)
+    once = render(TEMPLATES / "vllm-instance.env.j2", restages=1, **environment)
+    assert never.endswith("ASCEND_FLEET_WEIGHTS=lab/Qwen3-Tiny@v1\n") and "RESTAGED" not in never
+    assert once == never + "ASCEND_FLEET_WEIGHTS_RESTAGED=1\n"
+
+
+def test_the_hosts_of_a_multi_node_instance_count_their_restages_together(one_host_instances, monkeypatch):
+    """They restart together: a shard the run restages on the member restarts the head's units too, though
+    pyinfra prepares the head's serve stage before the member's weights stage."""
+    head = FakeHost({STAGED_KEY: STAGED}, name="npu-01")
+    member = FakeHost({STAGED_KEY: {**STAGED, "deep_verify": MISMATCHED}}, name="npu-02")
+    monkeypatch.setattr(serving, "data_parallel_role", lambda name: SimpleNamespace(members=("npu-01", "npu-02")))
+    monkeypatch.setattr(serving, "inventory", SimpleNamespace(get_host={"npu-01": head, "npu-02": member}.get))
+    for host in (head, member):
+        with on(host):
+            serving.stages_in_this_run().add("weights")
+            assert serving.weights_restages(one_host_instances) == 1
 
 
 def test_a_node_without_python3_is_refused_in_one_line_before_anything_is_put_on_it():

@@ -397,6 +397,88 @@ def test_an_existing_unverified_directory_is_never_replaced(tmp_path, mirror):
     assert [p.name for p in target.iterdir()] == ["config.json"]
 
 
+def flip_one_byte_keeping_size_and_mtime(path: Path) -> None:
+    """What a disk's silent corruption leaves: the same size and mtime, another byte."""
+    stamp = path.stat()
+    blob = bytearray(path.read_bytes())
+    blob[-10] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+
+
+def run_deep_verify(tmp_path) -> tuple[int, str]:
+    argv = ["--host", "worker1", "--model-id", "lab/Qwen3-Tiny", "--revision", "v1",
+            "--model-dir", str(tmp_path / "models"), "--deep-verify"]
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stderr", err)
+        code = sw.main(argv)
+    return code, err.getvalue()
+
+
+def test_a_flipped_byte_is_found_by_the_deep_verify_and_only_that_file_restaged(tmp_path, mirror):
+    root, url = mirror
+    source, target = root / "models/lab/Qwen3-Tiny/v1", tmp_path / "models/lab/Qwen3-Tiny/v1"
+    shard = "model-00001-of-00002.safetensors"
+    assert run_stager(tmp_path, url) == (0, "")
+    assert run_deep_verify(tmp_path) == (0, "")
+    flip_one_byte_keeping_size_and_mtime(target / shard)
+    RangeHandler.requests.clear()
+    assert run_stager(tmp_path, url) == (0, "")  # sizes are all a rerun checks: nothing done
+    assert RangeHandler.requests == []
+
+    code, err = run_deep_verify(tmp_path)
+
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith(f"worker1: weights lab/Qwen3-Tiny@v1: {shard} sha256 ") and "restages it" in err
+    record = json.loads((target / sw.DEEP_VERIFY_NAME).read_text())
+    assert list(record["mismatched"]) == [shard] and record["restages"] == 0
+
+    RangeHandler.requests.clear()
+    assert run_stager(tmp_path, url) == (0, "")
+
+    fetched = [path.rsplit("/", 1)[1] for path, _ in RangeHandler.requests]
+    assert fetched == [sw.MANIFEST_NAME, shard]  # that file alone, from the source
+    assert (target / shard).read_bytes() == (source / shard).read_bytes()
+    assert oct((target / shard).stat().st_mode & 0o777) == "0o644"
+    record = json.loads((target / sw.DEEP_VERIFY_NAME).read_text())
+    assert record["mismatched"] == {} and record["restages"] == 1
+    assert not (tmp_path / "models/.partial/lab/Qwen3-Tiny/v1").exists()
+    assert run_deep_verify(tmp_path) == (0, "")
+    assert json.loads((target / sw.DEEP_VERIFY_NAME).read_text())["restages"] == 1
+
+
+def test_a_deep_verify_of_a_revision_not_staged_is_one_line(tmp_path):
+    code, err = run_deep_verify(tmp_path)
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("worker1: weights lab/Qwen3-Tiny@v1: ") and "holds no readable marker" in err
+
+
+def test_files_an_interrupted_staging_kept_are_hashed_again_whatever_their_size_and_mtime(tmp_path, mirror):
+    root, url = mirror
+    cut = root / "models/lab/Qwen3-Tiny/cut"  # v1 less its last shard: the staging stops there
+    manifest = json.loads((root / "models/lab/Qwen3-Tiny/v1" / sw.MANIFEST_NAME).read_text())
+    cut.mkdir()
+    (cut / sw.MANIFEST_NAME).write_text(json.dumps({**manifest, "revision": "cut"}))
+    names = sorted(manifest["files"])
+    for name in names[:-1]:
+        (cut / name).write_bytes((root / "models/lab/Qwen3-Tiny/v1" / name).read_bytes())
+    code, err = run_stager(tmp_path, url, revision="cut")
+    assert code == 1 and names[-1] in err and "HTTP 404" in err
+    shard = "model-00001-of-00002.safetensors"
+    # What a crash can leave: the file whole in size, its last blocks never written.
+    flip_one_byte_keeping_size_and_mtime(tmp_path / "models/.partial/lab/Qwen3-Tiny/cut" / shard)
+    (cut / names[-1]).write_bytes((root / "models/lab/Qwen3-Tiny/v1" / names[-1]).read_bytes())
+    RangeHandler.requests.clear()
+
+    assert run_stager(tmp_path, url, revision="cut") == (0, "")
+
+    fetched = sorted(path.rsplit("/", 1)[1] for path, _ in RangeHandler.requests)
+    assert fetched == sorted([sw.MANIFEST_NAME, shard, names[-1]])
+    published = tmp_path / "models/lab/Qwen3-Tiny/cut"
+    assert all((published / name).read_bytes() == (cut / name).read_bytes() for name in names)
+
+
 # ---------------------------------------------------------------- spread over peers
 
 

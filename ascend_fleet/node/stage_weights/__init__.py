@@ -9,8 +9,9 @@ as a source), main.py (the run and its command line).
 
 Layout under MODEL_DIR, all on one filesystem so that publishing is a rename:
 
-    <org>/<name>/<revision>/                             published; never modified again
+    <org>/<name>/<revision>/                             published; changed only by a restage (below)
     <org>/<name>/<revision>/.ascend-fleet-staged.json    the marker: id, revision, manifest sha256, files
+    <org>/<name>/<revision>/.ascend-fleet-deep-verify.json  the last deep verify: files unlike the manifest
     .partial/<org>/<name>/<revision>/                    verified files of a revision still being staged
     .partial/<org>/<name>/<revision>/.incoming/          fetches in progress, kept across runs
     .partial/<org>/<name>/<revision>.lock                one stager per revision at a time
@@ -24,6 +25,13 @@ space for what is still to fetch plus a margin; fetch what the partial
 directory lacks, resuming cut-off files; verify every file's digest and the
 safetensors header of every shard the index names; write the marker; rename
 the directory into place. Directories of other revisions are never touched.
+A rerun after an interrupted staging hashes every file it kept again.
+
+Deep verify (``--deep-verify``): hash every file of a published revision against the
+manifest its marker keeps and record the files that differ beside the marker; the
+next staging of that revision fetches those again (from peers or the origin, verified
+like any fetch) and renames each over its bad copy: the only change ever made to a
+published directory.
 
 A source is anything with ``manifest()`` (file -> size and digest) and
 ``fetch(names, incoming)``; the verification and publishing around it do not
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 from .main import bytes_still_to_fetch, check_space, main, make_source, parse_args
 from .revision import (
+    DEEP_VERIFY_NAME,
     INCOMING_DIR_NAME,
     INDEX_NAME,
     MANIFEST_NAME,
@@ -51,6 +60,7 @@ from .revision import (
     SOURCES,
     Job,
     StageError,
+    deep_verify_of,
     file_digest,
     file_problem,
     files_from_hf_tree,
@@ -78,11 +88,11 @@ from .sources import (
 
 # What the controller and the tests use, by one name: ascend_fleet.node.stage_weights.
 __all__ = [
-    "INCOMING_DIR_NAME", "INDEX_NAME", "MANIFEST_NAME", "MARKER_NAME", "PARTIAL_DIR_NAME", "PEER_PUBLISHED_PATH",
-    "PEER_STAGING_PATH", "SOURCES", "HuggingFace", "Job", "ModelScope", "StageError", "bytes_still_to_fetch",
-    "check_space", "file_digest", "file_problem", "files_from_hf_tree", "files_from_mirror_manifest",
-    "files_from_modelscope_listing", "hf_download_argv", "hf_next_page", "main", "make_source", "manifest_sha256",
-    "marker_problems", "model_path_parts", "modelscope_download_argv", "parse_args", "partial_dir",
-    "read_safetensors_header", "read_tokens_env_file", "revision_dir", "rsync_argv", "run_tool", "shards_to_check",
-    "ssh_cat_argv",
+    "DEEP_VERIFY_NAME", "INCOMING_DIR_NAME", "INDEX_NAME", "MANIFEST_NAME", "MARKER_NAME", "PARTIAL_DIR_NAME",
+    "PEER_PUBLISHED_PATH", "PEER_STAGING_PATH", "SOURCES", "HuggingFace", "Job", "ModelScope", "StageError",
+    "bytes_still_to_fetch", "check_space", "deep_verify_of", "file_digest", "file_problem", "files_from_hf_tree",
+    "files_from_mirror_manifest", "files_from_modelscope_listing", "hf_download_argv", "hf_next_page", "main",
+    "make_source", "manifest_sha256", "marker_problems", "model_path_parts", "modelscope_download_argv",
+    "parse_args", "partial_dir", "read_safetensors_header", "read_tokens_env_file", "revision_dir", "rsync_argv",
+    "run_tool", "shards_to_check", "ssh_cat_argv",
 ]

@@ -6,19 +6,22 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from .revision import (
+    DEEP_VERIFY_NAME,
     INCOMING_DIR_NAME,
     INDEX_NAME,
     MARKER_NAME,
     SOURCES,
     Job,
     StageError,
-    file_problem,
+    deep_verify_of,
+    digest_problems,
     manifest_sha256,
     marker_problems,
     model_path_parts,
@@ -28,7 +31,7 @@ from .revision import (
 )
 from .sources import HttpMirror, HuggingFace, ModelScope, Peer, Source, read_tokens_env_file
 from .spread import Spread
-from .verified import Journal, write_json_atomically
+from .verified import write_json_atomically
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -60,16 +63,32 @@ def check_space(job: Job, files: dict, margin: int) -> None:
     say(f"space: {to_fetch} bytes to fetch + {margin} margin, {free} free on {where}")
 
 
+def read_json(path: Path) -> dict | None:
+    """A JSON document the stager wrote, None if it is not there; OSError or ValueError if unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
 def published_problems(job: Job) -> list[str] | None:
     """None if the target holds no marker; else what is wrong with it (empty: staged and intact)."""
     try:
-        marker = json.loads((job.target / MARKER_NAME).read_text())
-    except FileNotFoundError:
-        return None
+        marker = read_json(job.target / MARKER_NAME)
     except (OSError, ValueError):
         return [f"{MARKER_NAME} is unreadable"]
+    if marker is None:
+        return None
     sizes = {p.relative_to(job.target).as_posix(): p.stat().st_size for p in job.target.rglob("*") if p.is_file()}
     return marker_problems(marker, sizes, job.model_id, job.revision)
+
+
+def last_deep_verify(job: Job, marker: dict) -> dict:
+    """The record of the last deep verify of this staging (revision.deep_verify_of), {} if none."""
+    try:
+        return deep_verify_of(marker, read_json(job.target / DEEP_VERIFY_NAME))
+    except (OSError, ValueError):
+        return {}
 
 
 @contextmanager
@@ -85,16 +104,17 @@ def revision_lock(job: Job):
         yield
 
 
-def verify_present(job: Job, files: dict, journal: Journal) -> list[str]:
-    """Verify files an earlier run completed; return the names still to fetch. A bad copy is removed;
-    a short one (left by a stager without the incoming directory) goes back to incoming to resume."""
+def verify_present(job: Job, files: dict) -> list[str]:
+    """Hash the files an interrupted staging left in the partial directory (whatever their size and mtime
+    say: a crash can leave a file of the right size whose last blocks never reached the disk); return the
+    names still to fetch. A bad copy is removed; a short one goes back to incoming to resume."""
+    whole = [name for name, entry in files.items()
+             if (job.partial / name).is_file() and (job.partial / name).stat().st_size == entry["size"]]
+    bad = digest_problems(job.partial, files, whole)
     pending = []
     for name, entry in files.items():
         path = job.partial / name
-        if journal.trusts(name, path):
-            continue
-        if path.is_file() and path.stat().st_size == entry["size"] and file_problem(path, entry) is None:
-            journal.record(name, path)
+        if name in whole and name not in bad:
             continue
         if path.is_file() and path.stat().st_size < entry["size"] and not (job.incoming / name).exists():
             (job.incoming / name).parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +141,7 @@ def check_shards(job: Job, files: dict) -> None:
 
 
 def keep_only(partial: Path, names: set[str]) -> None:
-    """Drop what fetch tools leave beside the files (caches, temp dirs) and our journal."""
+    """Drop what fetch tools leave beside the files (caches, temp dirs)."""
     for path in sorted(partial.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         if path.is_dir() and not path.is_symlink():
             if not any(path.iterdir()):
@@ -161,6 +181,11 @@ def stage(job: Job, source: Source, margin: int) -> None:
     started = time.monotonic()
     with revision_lock(job):
         problems = published_problems(job)
+        marker = read_json(job.target / MARKER_NAME) if problems == [] else None
+        record = last_deep_verify(job, marker) if marker else {}
+        if record.get("mismatched"):
+            restage(job, source, marker, record, margin)
+            return
         if problems == []:
             say(f"{job.target} is already staged")
             return
@@ -171,13 +196,67 @@ def stage(job: Job, source: Source, margin: int) -> None:
         job.partial.mkdir(parents=True, exist_ok=True)
         files = source.manifest()
         check_space(job, files, margin)
-        journal = Journal(job.partial)
-        pending = verify_present(job, files, journal)
+        pending = verify_present(job, files)
         say(f"{len(files) - len(pending)} of {len(files)} files already verified")
-        source.fetch_all(files, pending, journal)
+        source.fetch_all(files, pending)
         check_shards(job, files)
         publish(job, source, files)
         say(f"published {job.target} in {time.monotonic() - started:.1f}s")
+
+
+def restage(job: Job, source: Source, marker: dict, record: dict, margin: int) -> None:
+    """Fetch again (from peers or the origin, verified as any fetch) each file the last deep verify found
+    unlike the manifest, and rename it over the bad copy in the published directory. A process that has
+    the bad file open keeps its own copy: vLLM reads its weights when it starts, so the serve stage
+    restarts the instances (the restage count in their environment changes)."""
+    names = sorted(record["mismatched"])
+    files = source.manifest()
+    moved = [name for name in names if files.get(name) != marker["files"].get(name)]
+    if moved:
+        raise job.error(f"{source.describe()} now lists {moved[0]} otherwise than when {job.target} was staged: "
+                        "stage the model under a new revision and serve that")
+    wanted = {name: files[name] for name in names}
+    job.partial.mkdir(parents=True, exist_ok=True)
+    check_space(job, wanted, margin)
+    source.fetch_all(files, verify_present(job, wanted))
+    for name in names:
+        (job.partial / name).chmod(0o644)
+        os.replace(job.partial / name, job.target / name)
+        say(f"restaged {name} in {job.target} (the deep verify found: {record['mismatched'][name]})")
+    os.sync()
+    write_json_atomically(job.target / DEEP_VERIFY_NAME,
+                          {**record, "mismatched": {}, "restages": record.get("restages", 0) + 1})
+    (job.target / DEEP_VERIFY_NAME).chmod(0o644)
+    shutil.rmtree(job.partial)
+
+
+def deep_verify(job: Job) -> int:
+    """Hash every file of the published revision against the manifest its marker keeps, record what
+    differs beside the marker (the next stage restages it), and name each such file on stderr."""
+    started = time.monotonic()
+    with revision_lock(job):
+        try:
+            marker = read_json(job.target / MARKER_NAME)
+        except (OSError, ValueError):
+            marker = None
+        if not isinstance(marker, dict) or (marker.get("model_id"), marker.get("revision")) != (
+                job.model_id, job.revision) or not isinstance(marker.get("files"), dict):
+            raise job.error(f"{job.target} holds no readable marker of this revision ({MARKER_NAME}): stage it "
+                            "(the weights stage) before a deep verify")
+        files = marker["files"]
+        mismatched = digest_problems(job.target, files, sorted(files))
+        seconds = time.monotonic() - started
+        record = {"manifest_sha256": marker["manifest_sha256"], "checked_at": int(time.time()),
+                  "seconds": round(seconds, 1), "bytes": sum(entry["size"] for entry in files.values()),
+                  "mismatched": mismatched, "restages": last_deep_verify(job, marker).get("restages", 0)}
+        write_json_atomically(job.target / DEEP_VERIFY_NAME, record)
+        (job.target / DEEP_VERIFY_NAME).chmod(0o644)
+    say(f"deep verify: {len(files)} files, {record['bytes']} bytes hashed in {seconds:.1f}s, "
+        f"{len(mismatched)} unlike the manifest")
+    for name, problem in mismatched.items():
+        print(job.error(f"{name} {problem}; the next deploy's weights stage restages it and its serve stage "
+                        "restarts the instances"), file=sys.stderr)
+    return 1 if mismatched else 0
 
 
 def make_source(job: Job, args: argparse.Namespace) -> Source:
@@ -202,7 +281,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model-id", required=True)
     parser.add_argument("--revision", required=True)
     parser.add_argument("--model-dir", required=True, type=Path)
-    parser.add_argument("--source", required=True, choices=SOURCES)
+    parser.add_argument("--source", choices=SOURCES, help="where the revision comes from (not with --deep-verify)")
+    parser.add_argument("--deep-verify", action="store_true",
+                        help="hash the published revision's files against its manifest instead of staging it")
     parser.add_argument("--url", help="http: the mirror; modelscope/hf: another hub endpoint")
     parser.add_argument("--peer", help="rsync: [user@]host of a node that staged this revision")
     parser.add_argument("--peer-url", action="append", default=[],
@@ -213,6 +294,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tokens-env-file", type=Path)
     parser.add_argument("--min-free-margin-bytes", type=int, default=0)
     args = parser.parse_args(argv)
+    if not args.source and not args.deep_verify:
+        parser.error("--source is required (or --deep-verify)")
     if args.source == "http" and not args.url:
         parser.error("--source http needs --url")
     if args.source == "rsync" and not args.peer:
@@ -229,6 +312,8 @@ def main(argv: list[str]) -> int:
     job = Job(args.host, args.model_id, args.revision, args.model_dir)
     try:
         model_path_parts(job.model_id, job.revision)
+        if args.deep_verify:
+            return deep_verify(job)
         if args.tokens_env_file:
             job.tokens = read_tokens_env_file(args.tokens_env_file)
         stage(job, make_spread_source(job, args), args.min_free_margin_bytes)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 MANIFEST_NAME = "ascend-fleet-manifest.json"  # the HTTP mirror's manifest (ascend_fleet.lab.sim.tinymodel)
 INDEX_NAME = "model.safetensors.index.json"
 MARKER_NAME = ".ascend-fleet-staged.json"
-JOURNAL_NAME = ".ascend-fleet-verified.json"  # in the partial directory only: files verified so far
+# Beside the marker: what the last deep verify (every file hashed again) found, and how often files were restaged.
+DEEP_VERIFY_NAME = ".ascend-fleet-deep-verify.json"
 PARTIAL_DIR_NAME = ".partial"
 INCOMING_DIR_NAME = ".incoming"  # in the partial directory: what is being fetched, not yet verified
 # Where a node's nginx serves its weights to the fleet (templates/weights-peer-nginx.conf.j2):
@@ -20,6 +23,9 @@ INCOMING_DIR_NAME = ".incoming"  # in the partial directory: what is being fetch
 PEER_PUBLISHED_PATH, PEER_STAGING_PATH = "published", "staging"
 SOURCES = ("http", "modelscope", "hf", "rsync")
 CHUNK_BYTES = 4 * 1024 * 1024
+# Files hashed at once: hashlib lets go of the GIL while it hashes a chunk, so threads use the node's cores
+# (a 910B server has far more than this) and the NVMe's bandwidth.
+HASH_THREADS = min(8, os.cpu_count() or 1)
 # A safetensors header is JSON of tensor names and offsets; 100 MB is far beyond any real one.
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 SHA256_HEX_LEN, SHA1_HEX_LEN = 64, 40
@@ -76,7 +82,7 @@ def checked_file_name(name: object) -> str:
     if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
         raise ValueError(f"manifest lists an unusable file name {name!r}")
     parts = PurePosixPath(name).parts
-    if any(part in ("", ".", "..") for part in parts) or parts[0] in (MARKER_NAME, JOURNAL_NAME, INCOMING_DIR_NAME):
+    if any(part in ("", ".", "..") for part in parts) or parts[0] in (MARKER_NAME, DEEP_VERIFY_NAME, INCOMING_DIR_NAME):
         raise ValueError(f"manifest lists an unusable file name {name!r}")
     return name
 
@@ -184,7 +190,7 @@ def file_digest(path: Path, entry: dict) -> tuple[str, str]:
 def file_problem(path: Path, entry: dict) -> str | None:
     """Why a fetched file is not the manifest's, or None."""
     if not path.is_file():
-        return "was not fetched"
+        return "is missing"
     size = path.stat().st_size
     if size != entry["size"]:
         return f"is {size} bytes, the manifest says {entry['size']}"
@@ -192,6 +198,24 @@ def file_problem(path: Path, entry: dict) -> str | None:
     if got != entry[kind]:
         return f"{kind} {got} does not match the manifest's {entry[kind]}"
     return None
+
+
+def digest_problems(directory: Path, files: dict, names: list[str]) -> dict[str, str]:
+    """name -> why the file under directory is not the manifest's (file_problem), for those of names that
+    are not; hashed HASH_THREADS at a time."""
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        found = pool.map(lambda name: (name, file_problem(directory / name, files[name])), names)
+        return {name: problem for name, problem in found if problem is not None}
+
+
+def deep_verify_of(marker: dict, record: object) -> dict:
+    """The record a deep verify wrote beside a published revision's marker (DEEP_VERIFY_NAME), if it is
+    of this staging (same manifest), else {}: {"manifest_sha256", "checked_at" (epoch seconds),
+    "seconds", "bytes", "mismatched": {name: what it found; a rerun restages these}, "restages": how
+    often files of this staging were restaged}."""
+    if not isinstance(record, dict) or record.get("manifest_sha256") != marker.get("manifest_sha256"):
+        return {}
+    return record
 
 
 def read_safetensors_header(f, file_size: int) -> dict:

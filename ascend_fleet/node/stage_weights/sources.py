@@ -27,7 +27,7 @@ from .revision import (
     model_path_parts,
     say,
 )
-from .verified import Journal, fetch_and_verify
+from .verified import fetch_and_verify
 
 TOKEN_NAMES = ("MODELSCOPE_API_TOKEN", "HF_TOKEN")
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
@@ -117,9 +117,9 @@ class Source:
         """Fetch groups; each is verified before the next starts. Tools with their own scheduling take all."""
         return [names]
 
-    def fetch_all(self, files: dict, pending: list[str], journal: Journal) -> None:
+    def fetch_all(self, files: dict, pending: list[str]) -> None:
         """Fetch and verify every pending file into the partial directory."""
-        fetch_and_verify(self.job, self, files, pending, journal)
+        fetch_and_verify(self.job, self, files, pending)
 
 
 class HttpMirror(Source):

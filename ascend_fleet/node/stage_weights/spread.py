@@ -16,7 +16,7 @@ from collections import Counter
 
 from .revision import PEER_PUBLISHED_PATH, PEER_STAGING_PATH, Job, StageError, model_path_parts, say
 from .sources import Source, download_resuming, http_get
-from .verified import Journal, admit, check_fetched
+from .verified import admit, check_fetched
 
 # Spreading over the fleet (class Spread): files one node fetches at once, of which from the
 # origin (its link is the scarce one: the fleet shares it), and how often peers are asked what
@@ -61,7 +61,6 @@ class Spread(Source):
         self.files: dict = {}
         self.waiting: list[str] = []  # the files not yet verified, in the order this node asks the origin
         self.own_share: set[str] = set()
-        self.journal: Journal | None = None
 
     def describe(self) -> str:
         return f"{self.origin.describe()} spread over {len(self.peers)} peers"
@@ -106,8 +105,8 @@ class Spread(Source):
             self.polled[peer].set()
             self.done.wait(pause)
 
-    def fetch_all(self, files: dict, pending: list[str], journal: Journal) -> None:
-        self.files, self.journal = files, journal
+    def fetch_all(self, files: dict, pending: list[str]) -> None:
+        self.files = files
         start = int(self.origin_start * len(pending)) % max(len(pending), 1)
         self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
         self.own_share = set(self.waiting[:math.ceil(len(pending) / (len(self.peers) + 1))])
@@ -187,7 +186,7 @@ class Spread(Source):
         problem, short = check_fetched(self.job, name, entry)
         with self.lock:
             if problem is None:
-                admit(self.job, name, self.journal)
+                admit(self.job, name)
                 self.waiting.remove(name)
                 self.counts[peer or "origin"] += 1
                 say(f"verified {name} from {peer or 'the origin'}")

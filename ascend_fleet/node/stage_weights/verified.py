@@ -1,6 +1,6 @@
 """Admitting fetched files into the partial directory: a file enters it only by a rename after
-its digest matched the manifest, and the journal remembers what was verified so a rerun need not
-hash it again."""
+its digest matched the manifest. A rerun after an interrupted staging hashes what it finds there
+again (main.verify_present): size and mtime say nothing of blocks a crash kept from the disk."""
 
 from __future__ import annotations
 
@@ -9,33 +9,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .revision import JOURNAL_NAME, Job, file_problem, say
+from .revision import Job, file_problem, say
 
 if TYPE_CHECKING:  # named in annotations only: sources imports this module
     from .sources import Source
-
-
-class Journal:
-    """Files of the partial directory already verified, by size and mtime, so a rerun need not hash them again."""
-
-    def __init__(self, partial: Path):
-        self.path = partial / JOURNAL_NAME
-        try:
-            self.entries = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
-
-    @staticmethod
-    def _stamp(path: Path) -> list[int]:
-        info = path.stat()
-        return [info.st_size, info.st_mtime_ns]
-
-    def trusts(self, name: str, path: Path) -> bool:
-        return path.is_file() and self.entries.get(name) == self._stamp(path)
-
-    def record(self, name: str, path: Path) -> None:
-        self.entries[name] = self._stamp(path)
-        write_json_atomically(self.path, self.entries)
 
 
 def write_json_atomically(path: Path, doc: dict) -> None:
@@ -47,13 +24,12 @@ def write_json_atomically(path: Path, doc: dict) -> None:
     temp.replace(path)
 
 
-def admit(job: Job, name: str, journal: Journal) -> None:
+def admit(job: Job, name: str) -> None:
     """A fetched file whose digest matched moves from incoming into the partial directory (and is
     from then on served to peers), in one rename."""
     path = job.partial / name
     path.parent.mkdir(parents=True, exist_ok=True)
     os.rename(job.incoming / name, path)
-    journal.record(name, path)
 
 
 def check_fetched(job: Job, name: str, entry: dict) -> tuple[str | None, bool]:
@@ -67,13 +43,13 @@ def check_fetched(job: Job, name: str, entry: dict) -> tuple[str | None, bool]:
     return problem, short
 
 
-def fetch_and_verify(job: Job, source: Source, files: dict, pending: list[str], journal: Journal) -> None:
+def fetch_and_verify(job: Job, source: Source, files: dict, pending: list[str]) -> None:
     for batch in source.batches(pending):
         source.fetch(batch, job.incoming)
         for name in batch:
             problem, short = check_fetched(job, name, files[name])
             if problem is None:
-                admit(job, name, journal)
+                admit(job, name)
                 say(f"verified {name}")
                 continue
             raise job.error(f"{name} {problem}; nothing was published: rerun "

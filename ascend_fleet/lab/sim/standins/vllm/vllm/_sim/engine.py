@@ -124,8 +124,10 @@ class Engine:
     """Turns a tokenized prompt into a stream of deterministic tokens paced by the step loop, and
     records vLLM's metrics."""
 
-    def __init__(self, codec: TextCodec, capacity: Capacity, steps: StepLoop, metrics: ServerMetrics):
+    def __init__(self, codec: TextCodec, capacity: Capacity, steps: StepLoop, metrics: ServerMetrics,
+                 weights_digest: bytes):
         self.codec = codec
+        self.weights_digest = weights_digest
         self.capacity = capacity
         self.steps = steps
         self.metrics = metrics
@@ -186,7 +188,7 @@ class Engine:
             raise EngineDeadError()
         arrival = time.monotonic()
         count, finish_reason = self.output_length(prompt_ids, max_tokens, ignore_eos)
-        ids = generated_ids(prompt_ids, count, self.vocabulary)
+        ids = generated_ids(prompt_ids, count, self.vocabulary, self.weights_digest)
         request = perfmodel.Request(len(prompt_ids), count, arrival=arrival)
         produced = self.steps.submit(request)
         try:

@@ -1,5 +1,6 @@
 """Open a --model directory the way vLLM's loader would: config, weight shards, tokenizer."""
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ class ModelDir:
     shards: list[Path]
     weight_bytes: int
     tokenizer_config: dict
+    weights_digest: bytes  # of every tensor as read at start: what the simulated model generates from
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -59,6 +61,24 @@ def _check_shard(shard: Path, tensors: list[str]) -> None:
         raise StartupError(f"{shard.name} lacks {len(missing)} tensor(s) the index puts there, e.g. {missing[0]}")
 
 
+def read_weights(shards: list[Path]) -> bytes:
+    """Read every tensor of every shard (its headers passed _check_shard), as vLLM's
+    safetensors_weights_iterator does at start (vllm/model_executor/model_loader/weight_utils.py:
+    safe_open, then get_tensor for each name), and
+    return a digest of what was read. The model generates from this, so bytes that change on disk
+    after the start are not seen until a restart, as in vLLM."""
+    digest = hashlib.sha256()
+    for shard in shards:  # each tensor's bytes as the header places them (any dtype, bf16 too)
+        with shard.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            data = f.read()
+        for name, info in sorted(header.items()):
+            if name != "__metadata__":
+                begin, end = info["data_offsets"]
+                digest.update(name.encode() + data[begin:end])
+    return digest.digest()
+
+
 def open_model_dir(path: Path) -> ModelDir:
     """Check the directory like vLLM's loader does and return what the server needs from it."""
     if not path.is_dir():
@@ -78,4 +98,5 @@ def open_model_dir(path: Path) -> ModelDir:
         shards=shards,
         weight_bytes=sum(s.stat().st_size for s in shards),
         tokenizer_config=tokenizer_config,
+        weights_digest=read_weights(shards),
     )

@@ -299,7 +299,8 @@ class Instance:
             max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         )
         engine = Engine(TextCodec(self.model.path, self.model.tokenizer_config), capacity,
-                        StepLoop(capacity, paced.cost, paced.time_scale, self.metrics), self.metrics)
+                        StepLoop(capacity, paced.cost, paced.time_scale, self.metrics), self.metrics,
+                        self.model.weights_digest)
         self.state = ServingState(engine, names, str(self.model.path), __version__,
                                   tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
 

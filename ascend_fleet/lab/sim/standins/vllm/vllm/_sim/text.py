@@ -65,9 +65,9 @@ def prompt_seed(prompt_ids: list[int]) -> int:
     return int.from_bytes(hashlib.sha256(repr(prompt_ids).encode()).digest()[:8], "big")
 
 
-def generated_ids(prompt_ids: list[int], count: int, vocabulary: list[int]) -> list[int]:
-    """The same prompt always yields the same tokens."""
-    rng = random.Random(prompt_seed(prompt_ids))
+def generated_ids(prompt_ids: list[int], count: int, vocabulary: list[int], weights: bytes) -> list[int]:
+    """The same prompt always yields the same tokens from the same weights (model.read_weights' digest)."""
+    rng = random.Random(int.from_bytes(hashlib.sha256(weights + repr(prompt_ids).encode()).digest()[:8], "big"))
     return [rng.choice(vocabulary) for _ in range(count)]
 
 
