@@ -38,6 +38,7 @@ CACHE_DIR = "/var/cache/ascend-fleet"
 PACKAGE_DIR = f"{CACHE_DIR}/packages"  # verified vendor packages, also served to peers
 WHEEL_DIR = f"{CACHE_DIR}/wheels"  # verified wheels, also served to peers
 INSTALL_LOG = "/var/log/ascend-fleet-install.log"  # every vendor installer's output
+INSTALL_LOCK = "/run/lock/ascend-fleet-install.lock"  # held by a vendor installer while it runs
 
 LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
 SYSCTL_FILE = "/etc/sysctl.d/90-ascend-fleet.conf"

@@ -14,9 +14,15 @@ from pyinfra.api.command import make_formatted_string_command
 
 from ascend_fleet.credentials import API_KEY_NAME
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info
+from ascend_fleet.node_layout import INSTALL_LOCK
 from ascend_fleet.versions import parse_range
 
 ASCEND_HOME = "/usr/local/Ascend"
+# The longest a vendor installer may run (operations/vendor.py runs each under `timeout` this long).
+INSTALL_TIMEOUT_SECONDS = 1800
+# What is installed is read once no installer runs: one whose SSH session dropped runs on to its end,
+# and a rerun that read its half-done work would install over it at the same time.
+WAIT_FOR_INSTALLER = f"flock -w {INSTALL_TIMEOUT_SECONDS} {INSTALL_LOCK} true 2>/dev/null; "
 
 
 def _key_values(lines: list[str]) -> dict[str, str]:
@@ -32,8 +38,8 @@ class AscendDriver(FactBase):
 
     def command(self, install_path: str = ASCEND_HOME) -> StringCommand:
         return make_formatted_string_command(
-            "cat {0}/driver/version.info 2>/dev/null; test -x {0}/driver/tools/upgrade-tool && "
-            "echo upgrade_tool=present; true", QuoteString(install_path))
+            WAIT_FOR_INSTALLER + "cat {0}/driver/version.info 2>/dev/null; "
+            "test -x {0}/driver/tools/upgrade-tool && echo upgrade_tool=present; true", QuoteString(install_path))
 
     def process(self, output: list[str]) -> dict | None:
         values = _key_values(output)
@@ -51,7 +57,7 @@ class AscendFirmware(FactBase):
     """The installed NPU firmware version, from firmware/version.info, or None."""
 
     def command(self, install_path: str = ASCEND_HOME) -> StringCommand:
-        return make_formatted_string_command("cat {0}/firmware/version.info 2>/dev/null; true",
+        return make_formatted_string_command(WAIT_FOR_INSTALLER + "cat {0}/firmware/version.info 2>/dev/null; true",
                                              QuoteString(install_path))
 
     def process(self, output: list[str]) -> str | None:
@@ -81,7 +87,7 @@ class CannPackages(FactBase):
     def command(self, install_path: str = ASCEND_HOME) -> str:
         base = shlex.quote(install_path)  # a shell loop: make_formatted_string_command would drop its quotes
         return (
-            f"for home in {base}/cann {base}/ascend-toolkit/latest; do "
+            f"{WAIT_FOR_INSTALLER}for home in {base}/cann {base}/ascend-toolkit/latest; do "
             f"  for info in $home/*-linux/ascend_toolkit_install.info; do "
             f"    [ -f $info ] && echo toolkit=$(sed -n 's/^version=//p' $info) && echo toolkit_home=$home; "
             f"  done; "

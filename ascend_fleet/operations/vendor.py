@@ -13,14 +13,19 @@ from pyinfra.api import operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
-from ascend_fleet.facts.ascend import ASCEND_HOME, AscendDriver, AscendFirmware, CannPackages
-from ascend_fleet.node_layout import INSTALL_LOG, PACKAGE_DIR
+from ascend_fleet.facts.ascend import (
+    ASCEND_HOME,
+    INSTALL_TIMEOUT_SECONDS,
+    AscendDriver,
+    AscendFirmware,
+    CannPackages,
+)
+from ascend_fleet.node_layout import INSTALL_LOCK, INSTALL_LOG, PACKAGE_DIR
 
 # Where a worker's peer server (templates/weights-peer-nginx.conf.j2) serves PACKAGE_DIR's verified files.
 PEER_PACKAGES_PATH = "packages"
 # A peer is a fleet node on the same network: one that does not answer this fast is down.
 PEER_CONNECT_TIMEOUT_SECONDS = 3
-INSTALL_TIMEOUT_SECONDS = 1800
 # Huawei's installers exit 2 for "done, takes effect after a reboot".
 SUCCESS_CODES = (0, 2)
 
@@ -123,7 +128,9 @@ def installer_command(package: str, flags: str, env_scripts: list[str] | None = 
                  f"if [ -z \"$env_script\" ]; then echo \"{package}: no CANN toolkit environment to install it "
                  f"with: neither {names} exists; install the CANN toolkit first\" >&2; exit 1; fi; ")
         source = '. "$env_script" && '
-    return (f"{probe}( {source}timeout {INSTALL_TIMEOUT_SECONDS} {PACKAGE_DIR}/{package} {flags} </dev/null ) "
+    # Under the install lock: a rerun's installer waits for one still running from a dropped session.
+    return (f"{probe}( {source}flock -w {INSTALL_TIMEOUT_SECONDS} {INSTALL_LOCK} "
+            f"timeout {INSTALL_TIMEOUT_SECONDS} {PACKAGE_DIR}/{package} {flags} </dev/null ) "
             f">>{log} 2>&1; rc=$?; "
             f"if [ $rc -ne 0 ] && [ $rc -ne 2 ]; then echo \"{package} {flags} failed (exit $rc): "
             f"$(tail -n 3 {log} | tr '\\n' ' ')(full log: {log})\" >&2; exit 1; fi")

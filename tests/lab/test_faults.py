@@ -76,8 +76,9 @@ def all_serving(lab: Lab) -> None:
 def converged(lab: Lab, deploy: str, *args: str) -> None:
     """A plain rerun succeeds, and the one after it changes nothing."""
     lab.pyinfra(deploy, *args)
-    again = totals(lab.pyinfra(deploy, *args).stdout)
-    assert again["changed"] == 0 and again["errors"] == 0, again
+    rerun = lab.pyinfra(deploy, *args)
+    again = totals(rerun.stdout)
+    assert again["changed"] == 0 and again["errors"] == 0, (again, rerun.stdout[-4000:])
 
 
 def interrupted(lab: Lab, marker: str, *args: str) -> subprocess.CompletedProcess:
