@@ -75,8 +75,8 @@ def mirror(lab, tmp_path_factory):
 
 
 def stage(lab, *, limit: str = "workers", revision: str = "v1", check: bool = True):
-    return lab.pyinfra(DEPLOY, "--limit", limit, "--data", f"mirror_url={lab.mirror_url}",
-                       "--data", f"revision={revision}", check=check)
+    model = json.dumps({"id": "lab/Qwen3-Tiny", "revision": revision, "source": "http"})
+    return lab.pyinfra(DEPLOY, "--limit", limit, "--data", f"model={model}", check=check)
 
 
 def unstaged(lab, node: str, revision: str) -> None:
