@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -92,11 +93,14 @@ def change_counts(output: str) -> dict[str, int]:
 
 
 def mirror_requests(lab, revision: str, since: int) -> list[tuple[str, int, str]]:
-    """(file, HTTP status) of the mirror's GETs for a revision, from its access.log past byte `since`."""
+    """(file, HTTP status) of the nodes' GETs for a revision from the mirror, from its access.log past byte
+    `since`. The control machine's own (the check before connecting reads the model's config.json to plan
+    with) come from the mirror's address and are left out."""
     log = (lab.lab_dir / "mirror" / "run" / "access.log").read_text()[since:]
-    prefix = f"/models/{MODEL}/{revision}/"
-    return [(path[len(prefix):], int(status)) for path, status in
-            re.findall(r'"GET (\S+) HTTP/[\d.]+" (\d{3})', log) if path.startswith(prefix)]
+    prefix, control = f"/models/{MODEL}/{revision}/", urlsplit(lab.mirror_url).hostname
+    return [(path[len(prefix):], int(status)) for client, path, status in
+            re.findall(r'^(\S+) .*"GET (\S+) HTTP/[\d.]+" (\d{3})', log, re.M)
+            if path.startswith(prefix) and client != control]
 
 
 def access_log_size(lab) -> int:
