@@ -40,14 +40,17 @@ def create_bridge(state: LabState, spec: LabSpec) -> None:
     run(["ip", "addr", "add", f"{spec.host_address}/{spec.network.prefixlen}", "dev", spec.bridge])
     run(["ip", "link", "set", spec.bridge, "up"])
 
-    table = firewall_table(spec)
-    state.record("nft-table", name=table)
+    state.record("nft-table", name=firewall_table(spec))
+    run(["nft", "-f", "-"], input=firewall_rules(spec), what="loading the lab firewall")
+
+
+def firewall_rules(spec: LabSpec) -> str:
+    """The lab's nft table: what the nodes reach on the host; behind a bastion, what the host reaches."""
     jump_host = spec.jump_host
-    ruleset = render(TEMPLATES / "lab" / "firewall.nft.j2", table=table, bridge=spec.bridge,
-                     npu_bridge=spec.npu_bridge, mirror_port=spec.mirror_port,
-                     bastion=jump_host.address if jump_host else None, gateway=spec.gateway.address,
-                     gateway_port=GATEWAY_SERVING_PORT)
-    run(["nft", "-f", "-"], input=ruleset, what="loading the lab firewall")
+    return render(TEMPLATES / "lab" / "firewall.nft.j2", table=firewall_table(spec), bridge=spec.bridge,
+                  npu_bridge=spec.npu_bridge, mirror_port=spec.mirror_port,
+                  bastion=jump_host.address if jump_host else None, gateway=spec.gateway.address,
+                  gateway_port=GATEWAY_SERVING_PORT)
 
 
 def create_node_network(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
