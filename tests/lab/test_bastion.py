@@ -21,7 +21,7 @@ import time
 import pytest
 
 from ascend_fleet.lab.lab import ssh_dir
-from tests.lab.conftest import INSTANCES, TEST_LAB_DIR, TEST_NET, Lab, needs_bench_venv, require_root
+from tests.lab.conftest import INSTANCES, Lab, brought_up, module_lab, needs_bench_venv
 from tests.lab.test_bench import BENCH_TIMEOUT_SECONDS, SMALL_RUN
 from tests.lab.test_full_deploy import changed_operations, chat_through_gateway, totals
 from tests.lab.test_rollout import LOAD_RESULTS, buffsize_data, instance_env, under_load
@@ -35,12 +35,7 @@ TIMINGS: dict[str, float] = {}
 @pytest.fixture(scope="module")
 def lab():
     """A bastion lab of one worker and a gateway, of its own (subnet N+7), up anew."""
-    require_root()
-    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-bastion"), f"b{TEST_NET}", f"10.213.{TEST_NET + 7}.0/24")
-    lab.down()
-    lab.up(1, "--bastion")
-    yield lab
-    lab.down()
+    yield from brought_up(module_lab("bastion", "b", 7), 1, "--bastion")
 
 
 @pytest.fixture(scope="module")
