@@ -283,14 +283,16 @@ def _forward_connections(listener: socket.socket, transport: paramiko.Transport,
         except (OSError, EOFError, paramiko.SSHException):
             local.close()
             continue
-        threading.Thread(target=_pump, args=(local, channel, stopped), daemon=True).start()
+        threading.Thread(target=relay, args=(local, channel, stopped), daemon=True).start()
 
 
-def _pump(local: socket.socket, channel: paramiko.Channel, stopped: threading.Event) -> None:
-    with local, channel:
+def relay(one: socket.socket | paramiko.Channel, other: socket.socket | paramiko.Channel,
+          stopped: threading.Event) -> None:
+    """Bytes both ways between two connections until either ends (or stopped is set); both closed after."""
+    with one, other:
         while not stopped.is_set():
-            readable, _, _ = select.select([local, channel], [], [], 0.5)
-            for source, sink in ((local, channel), (channel, local)):
+            readable, _, _ = select.select([one, other], [], [], 0.5)
+            for source, sink in ((one, other), (other, one)):
                 if source in readable:
                     chunk = source.recv(65536)
                     if not chunk:

@@ -6,13 +6,14 @@ It records what it was asked, so a test can tell a hop through it from a direct 
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import paramiko
+
+from ascend_fleet.remote import relay
 
 # A client that closes first makes paramiko's server side log "Socket exception": not the test's news.
 QUIET_LOG_CHANNEL = "tests.sshserver"
@@ -114,12 +115,4 @@ class LoopbackSSHServer:
             pass  # the client went away first: what it read is its business
 
     def _forward(self, channel: paramiko.Channel, destination: tuple[str, int]) -> None:
-        with socket.create_connection(destination, timeout=5) as target, channel:
-            while True:
-                readable, _, _ = select.select([target, channel], [], [], 5)
-                for source, sink in ((target, channel), (channel, target)):
-                    if source in readable:
-                        chunk = source.recv(65536)
-                        if not chunk:
-                            return
-                        sink.sendall(chunk)
+        relay(socket.create_connection(destination, timeout=5), channel, threading.Event())
