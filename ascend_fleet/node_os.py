@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 # What a role of the fleet installs; a release that has no known package for one cannot take the role.
 WORKER_NEEDS = ("nftables", "nginx", "node_exporter", "driver_prerequisites")
-GATEWAY_NEEDS = ("nginx", "prometheus", "nginx_exporter")
+GATEWAY_NEEDS = ("nginx", "prometheus", "prometheus_args_file", "nginx_exporter", "nginx_exporter_args_file")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,6 @@ class NodeOs:
     default_firewall: str | None  # the firewall daemon a fresh install runs, or None
     nftables: str | None
     nginx: str | None
-    nginx_conf_dir: str  # the directory nginx.conf includes *.conf from
     nginx_default_site: str | None  # a default server the package enables that must go, or None
     node_exporter: Service | None
     # The file the node_exporter unit reads its ARGS from; None: a systemd drop-in gives its command line.
@@ -64,7 +63,7 @@ def _debian(distribution: str, release: str, python: str) -> NodeOs:
     """Debian and Ubuntu: the packages the tool was built and tested with (Debian 12)."""
     return NodeOs(
         distribution=distribution, release=release, package_manager="apt", system_python=python,
-        default_firewall=None, nftables="nftables", nginx="nginx-light", nginx_conf_dir="/etc/nginx/conf.d",
+        default_firewall=None, nftables="nftables", nginx="nginx-light",
         nginx_default_site="/etc/nginx/sites-enabled/default",
         node_exporter=Service("prometheus-node-exporter", "prometheus-node-exporter"),
         node_exporter_args_file="/etc/default/prometheus-node-exporter",
@@ -84,7 +83,7 @@ SERVED = (
     _debian("Ubuntu", "24.04", "3.12"),
     NodeOs(
         distribution="openEuler", release="24.03", package_manager="dnf", system_python="3.11",
-        default_firewall="firewalld", nftables="nftables", nginx="nginx", nginx_conf_dir="/etc/nginx/conf.d",
+        default_firewall="firewalld", nftables="nftables", nginx="nginx",
         nginx_default_site=None,  # its default server is in nginx.conf itself, on port 80
         node_exporter=Service("node_exporter", "node_exporter"), node_exporter_args_file=None,
         prometheus=Service("prometheus2", "prometheus"), prometheus_args_file=None,
@@ -104,8 +103,10 @@ def node_os(distribution: str, release: str) -> NodeOs | None:
     return None
 
 
-def served_list() -> str:
-    return ", ".join(known.name for known in SERVED)
+def not_served(distribution: str, release: str) -> str:
+    served = ", ".join(known.name for known in SERVED)
+    return (f"{distribution} {release or '(no VERSION_ID)'} is not served (served: {served}); "
+            "reinstall the node with a served release")
 
 
 def role_gaps(known: NodeOs, worker: bool, gateway: bool) -> list[str]:
