@@ -18,7 +18,7 @@ GATEWAY_NEEDS = ("nginx", "prometheus", "prometheus_args_file", "nginx_exporter"
 
 @dataclass(frozen=True)
 class Service:
-    """A daemon's package and the systemd unit it ships."""
+    """A daemon's package and the systemd service it ships (its name, without .service)."""
 
     package: str
     unit: str

@@ -74,10 +74,11 @@ def node_exporter_command(known: NodeOs):
     settings = {"textfile_dir": TEXTFILE_DIR, "port": NODE_EXPORTER_PORT}
     if known.node_exporter_args_file:
         return files.put(name="node_exporter reads the NPU textfile", dest=known.node_exporter_args_file,
-                         src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2", **settings)), mode="644")
+                         src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2", **settings)),
+                         mode="644")
     files.directory(name="node_exporter's textfile directory", path=TEXTFILE_DIR, mode="755")
     return files.put(name="node_exporter reads the NPU textfile", mode="644",
-                     dest=f"{unit_file(known.node_exporter.unit)}.d/ascend-fleet.conf",
+                     dest=f"{unit_file(known.node_exporter.unit)}.service.d/ascend-fleet.conf",
                      src=StringIO(render(MONITORING_TEMPLATES / "node-exporter-command.conf.j2", **settings)))
 
 
@@ -139,12 +140,14 @@ def prometheus_server(config: NodeConfig) -> None:
                     restarted=arguments.will_change)
     checked_config(name="Alert rules (promtool check rules, then reload)", dest=PROMETHEUS_RULES_FILE,
                    content=render(MONITORING_TEMPLATES / "ascend-fleet.rules.yml.j2", monitoring=monitoring),
-                   check=f"promtool check rules {PROMETHEUS_RULES_FILE}", service=known.prometheus.unit, what="alert rules")
+                   check=f"promtool check rules {PROMETHEUS_RULES_FILE}", service=known.prometheus.unit,
+                   what="alert rules")
     checked_config(name="Prometheus config (promtool check config, then reload)", dest=PROMETHEUS_CONFIG,
                    content=render(MONITORING_TEMPLATES / "prometheus.yml.j2", monitoring=monitoring,
                                   gateway_host=json.dumps(config.host), rules_file=PROMETHEUS_RULES_FILE,
                                   jobs=SCRAPE_JOBS, file_sd_dir=PROMETHEUS_FILE_SD_DIR, prometheus_port=PROMETHEUS_PORT),
-                   check=f"promtool check config {PROMETHEUS_CONFIG}", service=known.prometheus.unit, what="Prometheus config")
+                   check=f"promtool check config {PROMETHEUS_CONFIG}", service=known.prometheus.unit,
+                   what="Prometheus config")
     gates.passed(name="Prometheus ready", description=f"Prometheus ready on port {PROMETHEUS_PORT}",
                  find_problem=lambda: prometheus_problem(PROMETHEUS_PORT))
 
