@@ -13,6 +13,7 @@ from pyinfra.facts.server import Command, LinuxDistribution
 from ascend_fleet import stages
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.systemd import UnitState
+from ascend_fleet.node_layout import unit_file
 from ascend_fleet.node_os import node_os
 from ascend_fleet.operations import units
 from ascend_fleet.profile import load_profile
@@ -94,7 +95,7 @@ def test_an_openeuler_worker_installs_with_dnf_and_openeulers_names_in_every_sta
     services = [arguments["service"] for label, arguments in recorder.calls if label == "systemd.service"]
     assert "node_exporter" in services and "prometheus-node-exporter" not in services
     written = [arguments["dest"] for label, arguments in recorder.calls if label == "files.put"]
-    assert "/etc/systemd/system/node_exporter.service.d/ascend-fleet.conf" in written
+    assert f"{unit_file('node_exporter.service')}.d/ascend-fleet.conf" in written
     assert not any(path.startswith("/etc/default/") for path in written)
     assert not any(label == "files.link" for label, _ in recorder.calls)  # no sites-enabled on openEuler
 
