@@ -51,11 +51,12 @@ def address(lab: Lab, node: str) -> str:
     return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
 
 
-def test_this_machine_has_no_route_to_a_worker_and_reaches_it_through_the_bastion(lab):
+def test_this_machine_has_no_route_to_the_nodes_and_reaches_them_through_the_bastion(lab):
     worker = address(lab, WORKER)
-    with pytest.raises(OSError) as refused:
-        socket.create_connection((worker, 22), timeout=10).close()
-    assert refused.value.errno == errno.EHOSTUNREACH, refused.value
+    for node in (WORKER, "gateway"):
+        with pytest.raises(OSError) as refused:
+            socket.create_connection((address(lab, node), 22), timeout=10).close()
+        assert refused.value.errno == errno.EHOSTUNREACH, (node, refused.value)
     keys = ssh_dir(lab.lab_dir)
     direct = subprocess.run(["ssh", "-i", str(keys / "id_ed25519"), "-o", f"UserKnownHostsFile={keys / 'known_hosts'}",
                              "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
