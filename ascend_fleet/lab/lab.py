@@ -12,8 +12,9 @@ from rich.console import Console
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab import cgroups, network, processes
+from ascend_fleet.lab import cgroups, network, processes, rpmrepo
 from ascend_fleet.lab.base import base_image
+from ascend_fleet.lab.flavours import FLAVOURS
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root, start_mirror
 from ascend_fleet.lab.nodes import (
@@ -36,6 +37,8 @@ from ascend_fleet.templating import render
 
 REQUIRED_TOOLS = ["debootstrap", "systemd-nspawn", "ip", "nft", "nginx", "lxcfs", "losetup", "mkfs.ext4", "ssh-keygen",
                   "ssh"]
+# What building the openEuler stand-in repository takes (rpmrepo.py), when a node runs an RPM family.
+RPM_TOOLS = ["rpm", "rpmbuild", "createrepo_c", "apt-get", "dpkg-deb"]
 DISK_MARGIN_BYTES = 2 * 1024**3
 
 
@@ -47,7 +50,8 @@ def require_root(command: str) -> None:
 
 def check_can_run(spec: LabSpec) -> None:
     """Everything that would make `lab up` fail halfway, checked before anything is created."""
-    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    tools = REQUIRED_TOOLS + (RPM_TOOLS if "rpm" in families(spec) else [])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         raise FleetError(f"lab up: {', '.join(missing)} not found; run scripts/setup to install the lab's packages")
     existing = spec.lab_dir
@@ -85,18 +89,20 @@ def up(spec: LabSpec, console: Console) -> LabState:
     state = LabState(spec.lab_dir, spec.model_dump(mode="json"), [])
     state.save()
     try:
-        # The first lab's base (debootstrap) builds while the mirror fills (pip downloads, tiny models).
+        # The first lab's bases (debootstrap) build while the mirror fills (pip downloads, tiny models).
         with ThreadPoolExecutor(max_workers=1) as pool, console.status("creating the lab network, mirror and nodes"):
-            base_built = pool.submit(base_image, spec.debian_upstream, console)
+            bases_built = pool.submit(base_images, spec, console)
             public_key = create_login_key(state, spec)
             state.record("dir", path=str(fleet_state_dir(spec.lab_dir)))  # so `lab down` removes a rollout's record
             network.create_bridge(state, spec)
             start_mirror(state, spec)
             publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
+            if "rpm" in families(spec):
+                rpmrepo.publish(mirror_root(spec.lab_dir), os.uname().machine)
             start_lxcfs(state, spec, console)
-            base = base_built.result()
+            bases = bases_built.result()
             for node in spec.nodes:
-                make_node(state, spec, node, base, public_key)
+                make_node(state, spec, node, bases[node_family(node)], public_key)
         boot(spec, spec.nodes, console)
         write_known_hosts(spec)
     except BaseException:
@@ -104,6 +110,19 @@ def up(spec: LabSpec, console: Console) -> LabState:
         down(spec.lab_dir)
         raise
     return state
+
+
+def node_family(node: NodeSpec) -> str:
+    return FLAVOURS[node.hardware.os].family
+
+
+def families(spec: LabSpec) -> set[str]:
+    return {node_family(node) for node in spec.nodes}
+
+
+def base_images(spec: LabSpec, console: Console) -> dict[str, Path]:
+    """The base image of each family the lab's nodes run, by family."""
+    return {family: base_image(spec.debian_upstream, console, family) for family in sorted(families(spec))}
 
 
 def make_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, public_key: str) -> None:
@@ -140,10 +159,10 @@ def grow(state: LabState, spec: LabSpec, added: list[NodeSpec], console: Console
     mark = len(state.resources)
     public_key = login_public_key(spec.lab_dir)
     try:
-        base = base_image(spec.debian_upstream, console)
+        bases = base_images(spec, console)
         with console.status(f"adding {', '.join(node.name for node in added)}"):
             for node in added:
-                make_node(state, spec, node, base, public_key)
+                make_node(state, spec, node, bases[node_family(node)], public_key)
         boot(spec, added, console)
         write_known_hosts(spec)
         for node in running.nodes:
@@ -183,7 +202,8 @@ def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
     if node.hardware.nvme and not keep_nvme:
         empty_nvme(home / "nvme")
     public_key = login_public_key(lab_dir)
-    prepare_root(spec, node, base_image(spec.debian_upstream, Console(quiet=True)), home / "upper", public_key)
+    base = base_image(spec.debian_upstream, Console(quiet=True), node_family(node))
+    prepare_root(spec, node, base, home / "upper", public_key)
     spawn_supervisor(state, entry, home)
     wait_for_ssh(spec, node)
     write_known_hosts(spec)  # its new host key

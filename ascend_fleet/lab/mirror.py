@@ -18,7 +18,7 @@ from ascend_fleet.lab.state import LabState
 from ascend_fleet.node.peer_wheels import normalize
 from ascend_fleet.templating import render
 
-CONTENT_DIRS = ("files", "simple", "packages", "models")
+CONTENT_DIRS = ("files", "simple", "packages", "models", "openeuler")
 # Generous: on a loaded 2-core machine nginx can take a while to bind.
 START_TIMEOUT_SECONDS = 60
 

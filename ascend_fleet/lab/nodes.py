@@ -13,7 +13,9 @@ from rich.console import Console
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.lab import cgroups, processes
+from ascend_fleet.lab import cgroups, processes, rpmrepo
+from ascend_fleet.lab.base import RPM_DBPATH
+from ascend_fleet.lab.flavours import FLAVOURS, Flavour
 from ascend_fleet.lab.host import quiet, run
 from ascend_fleet.lab.network import connect_from
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver
@@ -87,6 +89,10 @@ def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) 
     enable_unit(upper, "ascend-lab-proc.service", "multi-user.target")
     if node.hardware.preexisting.cuda_env:
         render_tree(TEMPLATES / "lab" / "cuda", upper, context)
+    flavour = FLAVOURS[node.hardware.os]
+    if flavour.family == "rpm":
+        write_rpm_identity(upper, flavour, {**context, "repositories": rpmrepo.REPOSITORIES,
+                                            "release": rpmrepo.RELEASE})
     ssh_dir = upper / "etc" / "ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     for key in ssh_dir.glob("ssh_host_ed25519_key*"):
@@ -94,6 +100,24 @@ def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) 
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node.name}",
          "-f", str(ssh_dir / "ssh_host_ed25519_key")], what=f"host key for {node.name}")
     (upper / "etc" / "machine-id").write_text(secrets.token_hex(16) + "\n")
+
+
+def write_rpm_identity(upper: Path, flavour: Flavour, context: dict) -> None:
+    """An RPM-family node's distribution: its os-release and release files, its dnf repositories on the
+    lab mirror, no apt sources, and firewalld enabled (openEuler's default)."""
+    shutil.rmtree(upper / "etc" / "apt")
+    render_tree(TEMPLATES / "lab" / "rpm", upper, context)
+    (upper / "usr" / "lib").mkdir(parents=True, exist_ok=True)
+    (upper / "usr" / "lib" / "os-release").write_text(flavour.os_release)
+    for name, content in flavour.release_files:
+        (upper / "etc" / name).write_text(content)
+    system_release = upper / "etc" / "system-release"
+    system_release.unlink(missing_ok=True)
+    system_release.symlink_to(flavour.release_files[0][0])
+    enable_unit(upper, "firewalld.service", "multi-user.target")
+    # What the distribution has installed before any deploy, in the node's rpm database (files: the base's).
+    run(["rpm", "--root", str(upper), "--dbpath", RPM_DBPATH, "--install", "--justdb", "--nodeps", "--noscripts",
+         *map(str, rpmrepo.preinstalled_rpms())], what="the node's preinstalled RPMs")
 
 
 def preinstall_stack_driver(upper: Path, profile_name: str, base: Path) -> None:

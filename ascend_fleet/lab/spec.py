@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.lab.flavours import DEFAULT_OS, OsName
 from ascend_fleet.planner import ModelShape
 from ascend_fleet.profile import available_profiles, load_profile
 
@@ -110,6 +111,7 @@ class NodeHardware(_Strict):
                                           "rehearse an older system; default: the base image's own (2.36)")
     preexisting: Preexisting = Field(default_factory=Preexisting)
     performance: Performance | None = Field(None, description="pace vLLM with the performance model")
+    os: OsName = Field(DEFAULT_OS, description="the distribution the node runs (ascend_fleet/lab/flavours.py)")
 
     def hardware_json(self, node: str, role: str, plane: dict | None = None) -> dict:
         """The document nodes read at /etc/ascend-lab/hardware.json (docs/lab-contract.md); plane: the
