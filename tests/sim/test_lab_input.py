@@ -53,6 +53,12 @@ def test_unknown_node_in_the_hardware_file(tmp_path):
     assert_refused(lab_up(tmp_path, "--nodes", "3", "--hardware", path), tmp_path, "nodes.worker7", "worker3")
 
 
+def test_an_os_the_lab_cannot_make(tmp_path):
+    path = hardware(tmp_path, "nodes:\n  worker2:\n    os: ubuntu-22.04\n")
+    assert_refused(lab_up(tmp_path, "--nodes", "2", "--hardware", path), tmp_path,
+                   "node worker2: os: Input should be", "'openeuler-24.03'")
+
+
 def test_health_of_an_npu_the_node_does_not_have(tmp_path):
     path = hardware(tmp_path, "nodes:\n  worker1:\n    npus: 4\n    npu_health: {6: Critical}\n")
     assert_refused(lab_up(tmp_path, "--hardware", path), tmp_path, "worker1", "NPU 6", "0-3")

@@ -1,0 +1,117 @@
+"""openEuler nodes (issue 30 item 2), on a lab of its own (subnet N+6): a gateway and worker1 on Debian 12,
+worker2 on the lab's openEuler 24.03 LTS flavour (Debian's real dnf and rpm against the lab's repository
+of stand-in RPMs, firewalld active from boot, no apt or dpkg: docs/sim-fidelity.md, "openEuler lab
+node"), and worker3 on Kylin V10, a release the product does not serve.
+
+The fixture deploys gateway, worker1 and worker2 once and again; worker3 is only ever offered a full
+deploy, which preflight must refuse before anything on it changes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import requests
+
+from ascend_fleet.lab.rpmrepo import STANDINS
+from ascend_fleet.node_layout import FIREWALL_UNIT, GATEWAY_CONFIG, SYSTEMD_STATE_ROOT
+from ascend_fleet.node_os import node_os
+from tests.lab.conftest import brought_up, module_lab
+from tests.lab.test_full_deploy import totals
+
+pytestmark = pytest.mark.lab
+
+SERVED = ("gateway", "worker1", "worker2")
+OPENEULER, REFUSED = "worker2", "worker3"
+HARDWARE = f"nodes:\n  {OPENEULER}: {{os: openeuler-24.03}}\n  {REFUSED}: {{os: kylin-v10}}\n"
+OPENEULER_DATA = node_os("openEuler", "24.03")
+# What the product's data says a worker installs on openEuler 24.03.
+WORKER_PACKAGES = ("python3", OPENEULER_DATA.nftables, OPENEULER_DATA.nginx, OPENEULER_DATA.node_exporter.package,
+                   *OPENEULER_DATA.driver_prerequisites)
+# Every file below these, with its type, size, mode, owner and mtime (and a digest under /etc): what a
+# refused deploy must leave as it found it. systemd's own state holds the login's bookkeeping; lxcfs is
+# the lab's mount (its mount point's time is lxcfs's).
+SNAPSHOT = (f"find /etc /usr /opt {SYSTEMD_STATE_ROOT} /root /home -xdev \\( -path {SYSTEMD_STATE_ROOT}/systemd "
+            f"-o -path {SYSTEMD_STATE_ROOT}/lxcfs \\) -prune -o -printf '%p %y %s %m %u %T@ %l\\n' | sort; "
+            "find /etc -xdev -type f -exec sha256sum {} + | sort")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    hardware = tmp_path_factory.mktemp("openeuler") / "hardware.yaml"
+    hardware.write_text(HARDWARE)
+    yield from brought_up(module_lab("oe", "e", 6), 3, "--hardware", str(hardware))
+
+
+@pytest.fixture(scope="module")
+def refused(lab):
+    """worker3's files before and after a full deploy offered to it alone, and that deploy's output."""
+    before = lab.run(REFUSED, SNAPSHOT).stdout
+    result = lab.pyinfra("deploys/full.py", "--limit", REFUSED, check=False)
+    return {"before": before, "after": lab.run(REFUSED, SNAPSHOT).stdout, "result": result}
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    limits = [arg for node in SERVED for arg in ("--limit", node)]
+    first = lab.pyinfra("deploys/full.py", *limits, timeout=3600)
+    again = lab.pyinfra("deploys/full.py", *limits, timeout=3600)
+    return {"first": first.stdout, "again": again.stdout}
+
+
+def test_the_openeuler_node_is_openeulers_shape_before_any_deploy(lab):
+    out = lab.run(OPENEULER, "grep -E '^(ID|VERSION_ID)=' /etc/os-release; cat /etc/system-release; "
+                             "systemctl is-active firewalld; firewall-cmd --get-default-zone; "
+                             "command -v apt-get dpkg || echo no-apt; rpm -q openEuler-release python3 firewalld; "
+                             "python3 -m venv /tmp/venv && /tmp/venv/bin/python -V; "
+                             "dnf -q repoquery --available --qf '%{name}-%{version}-%{release}' nginx").stdout
+    assert 'ID="openEuler"\nVERSION_ID="24.03"\nopenEuler release 24.03 (LTS)\nactive\npublic\nno-apt\n' in out, out
+    assert "Python 3.11" in out and "nginx-1.24.0-10.oe2403" in out, out
+    assert "not installed" not in out, out
+
+
+def test_a_node_whose_release_is_not_served_is_refused_at_preflight_in_one_line(refused):
+    output = refused["result"].stdout
+    assert refused["result"].returncode != 0, output[-3000:]
+    lines = [line for line in output.splitlines() if REFUSED in line and re.search(r"kylin", line, re.I)]
+    assert len(lines) == 1 and "V10" in lines[0], output[-3000:]
+    assert "Stage: NPU driver" not in output, output[-3000:]
+
+
+def test_a_refused_node_is_left_exactly_as_it_was(refused):
+    before, after = refused["before"].splitlines(), refused["after"].splitlines()
+    assert len(before) > 1000, before[:5]
+    assert before == after, sorted(set(before) ^ set(after))[:40]
+
+
+def test_the_openeuler_worker_gets_its_packages_from_its_repository_with_dnf(lab, deployed):
+    out = lab.run(OPENEULER, f"rpm -q {' '.join(WORKER_PACKAGES)}; dnf -q history list", check=False).stdout
+    assert "not installed" not in out, out
+    versions = {standin.name: f"{standin.name}-{standin.version}-{standin.release}" for standin in STANDINS}
+    for package in WORKER_PACKAGES:
+        if package in versions:
+            assert versions[package] in out, (package, out)
+    assert "install" in out.lower(), out  # dnf's own history: the packages came through dnf
+
+
+def test_the_openeuler_worker_serves_through_the_gateway_its_firewall_handed_over(lab, deployed):
+    worker = next(n for n in lab.status()["nodes"] if n["name"] == OPENEULER)["address"]
+    assert worker in lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
+    # From the gateway to the openEuler node's instance: firewalld (active from its first boot) no
+    # longer rejects it, and the instance firewall the product installs in its place admits the gateway.
+    models = lab.run("gateway", f"curl -fsS --max-time 10 http://{worker}:8000/v1/models").stdout
+    assert "lab/Qwen3-Tiny" in models, models
+    states = lab.run(OPENEULER, f"systemctl is-enabled firewalld; systemctl is-active firewalld {FIREWALL_UNIT}",
+                     check=False).stdout.split()
+    assert states == ["masked", "inactive", "active"], states
+    gateway = next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    for _ in range(4):  # round robin over both workers' instances
+        answer = requests.post(f"http://{gateway}/v1/chat/completions", timeout=30, json={
+            "model": "lab/Qwen3-Tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+        assert answer.status_code == 200, answer.text
+
+
+def test_a_rerun_changes_nothing(deployed):
+    again = totals(deployed["again"])
+    assert again["changed"] == 0 and again["errors"] == 0, (again, deployed["again"][-4000:])
