@@ -260,4 +260,3 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
     else:
         shutil.copy2(source, target, follow_symlinks=False)
-
