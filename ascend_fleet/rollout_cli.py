@@ -174,7 +174,8 @@ def rollout(
             check_deploy_files(deploy, GATEWAY_DEPLOY)
             # The capacity plan preflight would refuse, before a wave is drained for it.
             check_fleet(fleet.inventory)
-            held.enter_context(fleet.state.exclusive(f"a rollout of {deploy}"))
+            held.enter_context(fleet.leased(f"a rollout of {deploy}"))
+            fleet = Fleet(inventory, fleet.data)
             record = check_not_stopped(fleet.state, resume)
             if record is None:
                 gate = None
@@ -207,7 +208,7 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
                                  "drained, whichever waves and hosts it had")
             given = parse_data(data)
             state = Fleet(inventory, given).state
-            held.enter_context(state.exclusive("a rollout --abandon"))
+            held.enter_context(Fleet(inventory, given).leased("a rollout --abandon"))
             record = abandonable(state)
             fleet = Fleet(inventory, {**record.data, **given})
             check_deploy_files(GATEWAY_DEPLOY)
@@ -251,7 +252,8 @@ def swap_model(
         with changing_nothing("swap-model"):
             fleet = Fleet(inventory, parse_data(data or []))
             check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, GATEWAY_DEPLOY, MONITORING_DEPLOY)
-            held.enter_context(fleet.state.exclusive(f"a swap-model to {model}"))
+            held.enter_context(fleet.leased(f"a swap-model to {model}"))
+            fleet = Fleet(inventory, fleet.data)
             stopped = recorded(fleet.state)
             if stopped and not stopped.finished and stopped.kind == "rollout":
                 raise FleetError(f"a rollout of {stopped.deploy} is stopped; finish it with `ascend-fleet rollout "
