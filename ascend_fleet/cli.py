@@ -1,6 +1,7 @@
 """The `ascend-fleet` command: everything pyinfra alone does not do well."""
 
 import importlib
+import logging
 import sys
 from importlib.metadata import version
 
@@ -68,6 +69,10 @@ def build_app(command: str | None = None) -> typer.Typer:
 
 def main() -> None:
     """Console entry: a FleetError becomes one red line and exit code 1 (or its exit_code)."""
+    # pyinfra's SSH client (remote.py) logs what our commands say in one line per host (a refused key,
+    # an absent ~/.ssh/known_hosts); nothing configures its logger here, so Python would print it raw.
+    logging.getLogger("pyinfra").addHandler(logging.NullHandler())
+    logging.getLogger("pyinfra").propagate = False
     try:
         rc = build_app(sys.argv[1] if len(sys.argv) > 1 else None)(standalone_mode=False)
     except FleetError as exc:

@@ -1,7 +1,11 @@
-"""Read pyinfra facts from many hosts at once, outside a deploy, for commands such as `status`.
+"""SSH outside a deploy, made as a deploy makes it: facts read from many hosts at once (`status`, the
+rollout's gates), one script on one host (`run_script`), a local port forwarded to a host's loopback
+(`ssh_tunnel`, for bench and tune).
 
-Each host gets one SSH connection (paramiko, with the inventory's ssh_* data, as pyinfra
-would connect) and one shell round trip that runs every fact's command; each output is
+Every connection is pyinfra's own SSH client with the keyword arguments pyinfra's SSH connector builds
+from the host's data (`ssh_arguments`), so ssh_config_file, ~/.ssh/config, ProxyJump/ProxyCommand, keys
+and known hosts act as in `pyinfra INVENTORY deploys/...`: a fleet behind a bastion is read through it.
+Each host gets one connection and one shell round trip that runs every fact's command; each output is
 handed to the same fact's process(), so a node's state is parsed exactly as a deploy
 parses it. A host that cannot be reached is a HostFacts with an error, never an exception: one
 line naming its address, why in a few words and what to do. paramiko's own log of the failure
@@ -11,10 +15,9 @@ line naming its address, why in a few words and what to do. paramiko's own log o
 from __future__ import annotations
 
 import logging
-import os
+import select
 import socket
-import subprocess
-import time
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -23,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import paramiko
-from pyinfra.api import FactBase
+from pyinfra.api import Config, FactBase, Inventory, State
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.connectors.sshuserclient import SSHClient
 
 CONNECT_TIMEOUT_SECONDS = 10
 COMMAND_TIMEOUT_SECONDS = 60
@@ -125,55 +130,94 @@ def connection_problem(address: str, exc: BaseException) -> str:
     return f"cannot connect over SSH to {address}: {why}; {todo}"
 
 
-def _connect(host: str, data: Mapping[str, Any]) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
+def ssh_arguments(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, dict] | BaseException]:
+    """{host: (hostname, keyword arguments of pyinfra's SSHClient.connect)} as pyinfra's SSH connector builds
+    them from each host's data (ssh_config_file and its ProxyJump/ProxyCommand, keys, known hosts, user, port),
+    or the error that stopped it (an unreadable ssh_key): a deploy and these reads connect the same way."""
+    inventory = Inventory(([(name, _plain(data)) for name, data in hosts.items()], {}))
+    State(inventory, Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_SECONDS))
+    arguments: dict[str, tuple[str, dict] | BaseException] = {}
+    for host in inventory:
+        try:
+            kwargs = host.connector.make_paramiko_kwargs()
+        except (PyinfraError, OSError, paramiko.SSHException) as exc:
+            arguments[host.name] = exc
+            continue
+        arguments[host.name] = (kwargs.pop("hostname"), kwargs)
+    return arguments
+
+
+def _plain(data: Mapping[str, Any]) -> dict:
+    """Host data as a dict: pyinfra's HostData (read with .get only) or a mapping."""
+    return data.dict() if hasattr(data, "dict") else dict(data)
+
+
+def _connect(hostname: str, kwargs: dict) -> SSHClient:
+    client = SSHClient()
     client.set_log_channel(QUIET_LOG_CHANNEL)
-    known_hosts = data.get("ssh_known_hosts_file")
-    if known_hosts:
-        client.load_host_keys(os.path.expanduser(known_hosts))
-    else:
-        client.load_system_host_keys()
-    # pyinfra's default is accept-new; a status read never records a key, so only "yes" is stricter here.
-    strict = str(data.get("ssh_strict_host_key_checking", "accept-new")).lower()
-    client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict == "yes" else paramiko.AutoAddPolicy())
-    key = data.get("ssh_key")
-    hostname, port = ssh_address(host, data)
-    client.connect(
-        hostname=hostname,
-        port=port,
-        username=data.get("ssh_user"),
-        key_filename=os.path.expanduser(key) if key else None,
-        passphrase=data.get("ssh_key_password"),
-        password=data.get("ssh_password"),
-        look_for_keys=not key,
-        timeout=CONNECT_TIMEOUT_SECONDS,
-        banner_timeout=CONNECT_TIMEOUT_SECONDS,
-        auth_timeout=CONNECT_TIMEOUT_SECONDS,
-    )
+    client.connect(hostname, banner_timeout=CONNECT_TIMEOUT_SECONDS, auth_timeout=CONNECT_TIMEOUT_SECONDS, **kwargs)
     return client
 
 
-def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, FactQuery]) -> HostFacts:
-    """Every fact of one host in one SSH round trip."""
+@contextmanager
+def connected(host: str, data: Mapping[str, Any], arguments: tuple[str, dict] | BaseException | None = None):
+    """An SSH connection to the host as pyinfra makes it (ssh_arguments, or the arguments given), closed after;
+    a failure is one OSError line (connection_problem)."""
+    arguments = arguments or ssh_arguments({host: data})[host]
+    hostname, port = ssh_address(host, data)
+    if isinstance(arguments, BaseException):
+        raise OSError(f"cannot connect over SSH to {hostname}:{port}: {arguments}") from None
+    try:
+        client = _connect(*arguments)
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise OSError(connection_problem(f"{hostname}:{port}", exc)) from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _run(client: SSHClient, script: str, timeout: float) -> tuple[int, str]:
+    # No exec_command: its stdin file's __del__ takes the channel's lock, and when that runs at
+    # the exit of a process pyinfra's gevent patched (a rollout that stops at a gate), it
+    # prints "RuntimeError: greenlet is being finalized" after the command's last line.
+    channel = client.get_transport().open_session(timeout=timeout)
+    channel.settimeout(timeout)
+    channel.exec_command(script)
+    output = channel.makefile("rb").read().decode(errors="replace")
+    return channel.recv_exit_status(), output
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    status: int
+    output: str  # stdout; stderr is the script's to redirect
+
+
+def run_script(host: str, data: Mapping[str, Any], script: str,
+               timeout: float = COMMAND_TIMEOUT_SECONDS) -> RemoteRun:
+    """One shell script on one host, over pyinfra's SSH; OSError (one line) when the host cannot be reached
+    or the script does not finish within timeout seconds."""
+    with connected(host, data) as client:
+        try:
+            return RemoteRun(*_run(client, script, timeout))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise OSError(f"{host}: running a script over SSH failed: {exc or type(exc).__name__}") from None
+
+
+def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, FactQuery],
+                    arguments: tuple[str, dict] | BaseException | None = None) -> HostFacts:
+    """Every fact of one host in one SSH round trip (arguments: ssh_arguments' for the host)."""
     marker = f"@@ascend-fleet-{uuid.uuid4().hex}:"
     facts = facts_of(queries)
     try:
-        client = _connect(host, data)
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        hostname, port = ssh_address(host, data)
-        return HostFacts(host, error=connection_problem(f"{hostname}:{port}", exc))
-    try:
-        # No exec_command: its stdin file's __del__ takes the channel's lock, and when that runs at
-        # the exit of a process pyinfra's gevent patched (a rollout that stops at a gate), it
-        # prints "RuntimeError: greenlet is being finalized" after the command's last line.
-        channel = client.get_transport().open_session(timeout=COMMAND_TIMEOUT_SECONDS)
-        channel.settimeout(COMMAND_TIMEOUT_SECONDS)
-        channel.exec_command(fact_script(queries, facts, marker))
-        output = channel.makefile("rb").read().decode(errors="replace")
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        return HostFacts(host, error=f"reading facts failed: {exc or type(exc).__name__}")
-    finally:
-        client.close()
+        with connected(host, data, arguments) as client:
+            try:
+                _, output = _run(client, fact_script(queries, facts, marker), COMMAND_TIMEOUT_SECONDS)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                return HostFacts(host, error=f"reading facts failed: {exc or type(exc).__name__}")
+    except OSError as exc:
+        return HostFacts(host, error=str(exc))
     values, errors = process_outputs(facts, split_outputs(output, marker))
     return HostFacts(host, values, errors)
 
@@ -184,54 +228,73 @@ def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, F
     on_read(host) as each one is read."""
     if not hosts:
         return {}
+    arguments = ssh_arguments({name: data for name, (data, _) in hosts.items()})
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_HOSTS, len(hosts))) as pool:
-        futures = {pool.submit(read_host_facts, name, data, queries): name for name, (data, queries) in hosts.items()}
+        futures = {pool.submit(read_host_facts, name, data, queries, arguments[name]): name
+                   for name, (data, queries) in hosts.items()}
         for future in as_completed(futures):
             if on_read:
                 on_read(futures[future])
         return {name: future.result() for future, name in futures.items()}
 
 
-def tunnel_argv(host: str, data: Mapping[str, Any], local_port: int, remote_port: int) -> list[str]:
-    """OpenSSH's `ssh -N -L` forwarding 127.0.0.1:local_port to the host's 127.0.0.1:remote_port, with
-    the inventory's ssh_* data (a dict, or pyinfra's HostData: read with .get only)."""
-    known_hosts, key, user = data.get("ssh_known_hosts_file"), data.get("ssh_key"), data.get("ssh_user")
-    address, port = ssh_address(host, data)
-    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}",
-            "-o", f"StrictHostKeyChecking={data.get('ssh_strict_host_key_checking') or 'accept-new'}",
-            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "-p", str(port)]
-    if known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(known_hosts)}"]
-    if key:
-        argv += ["-i", os.path.expanduser(key)]
-    return [*argv, f"{user}@{address}" if user else str(address)]
-
-
 @contextmanager
-def ssh_tunnel(host: str, data: Mapping[str, Any], remote_port: int, wait_seconds: float = 15):
-    """A local port forwarded to 127.0.0.1:remote_port on the host (tunnel_argv), for a client that
-    must reach a port the host's firewall keeps to itself (an instance port: loopback may reach it).
-    Yields the local port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        local_port = probe.getsockname()[1]
-    tunnel = subprocess.Popen(tunnel_argv(host, data, local_port, remote_port), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            if tunnel.poll() is not None:
-                raise OSError(f"ssh tunnel to {host}:{remote_port} ended: "
-                              f"{tunnel.stderr.read().decode(errors='replace').strip()[-300:]}")
+def ssh_tunnel(host: str, data: Mapping[str, Any], remote_port: int):
+    """A local port forwarded to 127.0.0.1:remote_port on the host over one SSH connection made as pyinfra
+    makes it (through the inventory's bastion, if any), for a client that must reach a port the host's
+    firewall keeps to itself (an instance port: loopback may reach it). Yields the local port; OSError
+    (one line) when the host cannot be reached or nothing listens on the port there."""
+    with connected(host, data) as client:
+        transport = client.get_transport()
+        try:
+            transport.open_channel("direct-tcpip", ("127.0.0.1", remote_port), ("127.0.0.1", 0),
+                                   timeout=CONNECT_TIMEOUT_SECONDS).close()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise OSError(f"ssh tunnel to {host}:{remote_port}: {exc or type(exc).__name__}; check that the "
+                          "instance runs (`ascend-fleet status`)") from None
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(64)
+            listener.settimeout(0.5)
+            stopped = threading.Event()
+            accepting = threading.Thread(target=_forward_connections, daemon=True,
+                                         args=(listener, transport, remote_port, stopped))
+            accepting.start()
             try:
-                socket.create_connection(("127.0.0.1", local_port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise OSError(f"ssh tunnel to {host}:{remote_port} not up after {wait_seconds:g}s") from None
-                time.sleep(0.2)
-        yield local_port
-    finally:
-        tunnel.terminate()
-        tunnel.wait(timeout=10)
+                yield listener.getsockname()[1]
+            finally:
+                stopped.set()
+                accepting.join(timeout=5)
+
+
+def _forward_connections(listener: socket.socket, transport: paramiko.Transport, remote_port: int,
+                         stopped: threading.Event) -> None:
+    """Each connection to the listener, forwarded over its own direct-tcpip channel until either side ends."""
+    while not stopped.is_set():
+        try:
+            local, origin = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        try:
+            channel = transport.open_channel("direct-tcpip", ("127.0.0.1", remote_port), origin,
+                                             timeout=CONNECT_TIMEOUT_SECONDS)
+        except (OSError, EOFError, paramiko.SSHException):
+            local.close()
+            continue
+        threading.Thread(target=relay, args=(local, channel, stopped), daemon=True).start()
+
+
+def relay(one: socket.socket | paramiko.Channel, other: socket.socket | paramiko.Channel,
+          stopped: threading.Event) -> None:
+    """Bytes both ways between two connections until either ends (or stopped is set); both closed after."""
+    with one, other:
+        while not stopped.is_set():
+            readable, _, _ = select.select([one, other], [], [], 0.5)
+            for source, sink in ((one, other), (other, one)):
+                if source in readable:
+                    chunk = source.recv(65536)
+                    if not chunk:
+                        return
+                    sink.sendall(chunk)
