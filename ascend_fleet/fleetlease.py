@@ -117,6 +117,7 @@ def lease_script(action: str, holder: Holder, records: Mapping[str, str] | None 
     pulls = "".join(f"if [ -f \"$d/{name}\" ]; then echo '{RECORD_MARK}{name}'; cat \"$d/{name}\"; echo; fi\n"
                     for name in SHARED_RECORDS)
     return f"""set -e
+exec 2>&1
 d={shlex.quote(directory)}
 mkdir -p "$d" && chmod 700 "$d"
 exec 9>"$d/.lock"
