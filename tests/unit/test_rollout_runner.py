@@ -144,6 +144,16 @@ def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_
     assert check_not_stopped(fleet.state, resume=True).steps[1].status == "failed"
 
 
+def test_a_drain_the_gateway_did_not_apply_is_not_recorded(nodes, state_dir):
+    """Issue 30: with the gateway unreachable, instances were recorded drained that never were."""
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    record = plan_rollout(fleet, "deploys/serve.py", None, None)
+    nodes.gateway_fails = True
+    assert not Runner(fleet, record, lambda *_: None, 0).run()
+    assert record.steps[0].status == "failed" and record.steps[0].detail.startswith("gateway: gw-01")
+    assert fleet.state.drained() == set() and nodes.deploys() == []
+
+
 def test_a_rollout_of_a_deploy_file_that_does_not_exist_changes_nothing(nodes, state_dir):
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/nosuch.py")
     assert error == (f"rollout changed nothing: deploys/nosuch.py: no such deploy file in {PROJECT}; pass one "
