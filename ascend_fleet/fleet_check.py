@@ -192,8 +192,8 @@ def check_before_connecting() -> None:
     """Called on an inventory file's last line: when pyinfra's CLI runs deploy files, checks the inventory
     and data it is loading (its --data and --group-data included) and stops the run before it connects,
     with every problem, one line each, exit code 2; then takes the fleet's lease for a deploy that changes
-    what serves (fleetlease.lease_of_deploy), or stops the run naming who holds it. Elsewhere (pyinfra's own commands; ours, which load
-    inventories too) it does nothing."""
+    what serves (fleetlease.lease_of_deploy), or stops the run naming who holds it. Elsewhere (pyinfra's
+    own commands; ours, which load inventories too) it does nothing."""
     import pyinfra
 
     if not pyinfra.is_cli or _LOADING.get():
@@ -213,8 +213,10 @@ def check_before_connecting() -> None:
         error = FleetError(problems_message(problems))
         error.exit_code = 2  # pyinfra's CliError is a click exception: its exit code is ours to set
         raise error
-    # A deploy that changes what serves holds the fleet's lease until it exits, as a rollout does.
-    lease_of_deploy(inventory, deploy_files)
+    # A deploy that changes what serves holds the fleet's lease until it exits, as a rollout does; a dry
+    # run changes nothing.
+    if not params.get("dry"):
+        lease_of_deploy(inventory, deploy_files)
 
 
 def _parsed(override: dict[str, str]) -> dict:
