@@ -207,8 +207,9 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
                 raise FleetError(f"--abandon takes no {', '.join(others)}: it puts back what the stopped rollout "
                                  "drained, whichever waves and hosts it had")
             given = parse_data(data)
-            state = Fleet(inventory, given).state
-            held.enter_context(Fleet(inventory, given).leased("a rollout --abandon"))
+            as_given = Fleet(inventory, given)
+            held.enter_context(as_given.leased("a rollout --abandon"))
+            state = as_given.state
             record = abandonable(state)
             fleet = Fleet(inventory, {**record.data, **given})
             check_deploy_files(GATEWAY_DEPLOY)
