@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.lab.lab import node_dir
+from ascend_fleet.lab.lab import node_dir, ssh_argv
 from ascend_fleet.lab.state import LabState
 from ascend_fleet.node_layout import FLEET_LEASE_DIR, GATEWAY_CONFIG
 from tests.lab.conftest import BIN, PROJECT, Lab
@@ -87,6 +87,27 @@ def lease_holder(lab: Lab) -> str:
     return lab.run("gateway", f"cat {FLEET_LEASE_DIR}/lease 2>/dev/null || true").stdout
 
 
+def ssh_client_processes(lab: Lab, node: str) -> str:
+    """`PID ARGS` of each process the node runs for an SSH client other than this check."""
+    return lab.run(node, SSH_CLIENT_PROCESSES).stdout
+
+
+def test_a_command_an_ssh_client_runs_on_a_node_is_seen(serving):
+    """The check the kill test relies on sees a command run over SSH (here: one the client left behind)."""
+    lab = serving
+    client = subprocess.Popen([*ssh_argv(lab.lab_dir, LabState.require(lab.lab_dir).spec.node("worker1")),
+                               "sleep 3.5"], env=lab.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "sleep 3.5" not in ssh_client_processes(lab, "worker1"):
+            assert time.monotonic() < deadline and client.poll() is None, "the check did not see `sleep 3.5`"
+            time.sleep(0.2)
+    finally:
+        client.kill()
+    time.sleep(4)  # ended on the node too
+    assert ssh_client_processes(lab, "worker1") == ""
+
+
 def drained(state_dir: Path) -> list[str] | None:
     try:
         return json.loads((state_dir / "gateway.json").read_text()).get("drained")
@@ -133,7 +154,7 @@ def test_a_rollout_killed_with_kill_9_leaves_no_pyinfra_running_here_or_on_a_nod
     mine = subprocess.run(["pgrep", "-af", f"fleet_state_dir={tmp_path / 'alice'}"], capture_output=True, text=True)
     assert mine.stdout == ""
     for node in lab.nodes:
-        assert lab.run(node, SSH_CLIENT_PROCESSES).stdout == "", node
+        assert ssh_client_processes(lab, node) == "", node
     # The killed rollout's lease is free at once from its own control machine: --abandon puts back
     # what it drained.
     abandon = lab.cli("rollout", "inventories/lab.py", "--abandon", *operator(tmp_path, "alice"), check=False)
