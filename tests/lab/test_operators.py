@@ -127,6 +127,7 @@ def test_a_plain_deploy_from_a_second_control_machine_is_refused_while_a_rollout
             rollout.kill()
     assert plain.returncode != 0
     refusal = next(line for line in plain.stdout.splitlines() if "the fleet is held by" in line)
+    print(f"second operator: {refusal.strip()}")
     assert f": a rollout of deploys/serve.py (pid {rollout.pid}) since " in refusal, refusal
     assert "(lease on gateway gateway); wait for it to end" in refusal, refusal
     assert "Connected" not in plain.stdout  # refused before it connected to any host
@@ -183,7 +184,7 @@ def test_with_the_gateway_down_the_rollout_stops_saying_so_and_records_nothing_d
     assert line.startswith("error: rollout changed nothing: the fleet lease on gateway gateway "), line
     assert "cannot connect" in line and "bring the gateway back" in line, line
     assert drained(tmp_path / "alice") is None and not (tmp_path / "alice" / "rollout.json").exists()
-    print(f"gateway down: refused in {elapsed:.1f}s")
+    print(f"gateway down: refused in {elapsed:.1f}s: {line}")
     lab.wait_running("gateway", timeout=180)
     deadline = time.monotonic() + 120
     while lab.run("gateway", "true", check=False).returncode != 0:
