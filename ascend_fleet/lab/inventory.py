@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ascend_fleet.lab.lab import fleet_state_dir, ssh_dir
+from ascend_fleet.lab.lab import fleet_state_dir, ssh_config_file, ssh_dir
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 
@@ -12,7 +12,10 @@ from ascend_fleet.lab.state import LabState
 def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
     """SSH settings (the lab's key, its own known_hosts, strict checking), the node's hardware,
     the lab mirror's URLs (pip index, vendor files, models) and, for a worker, its NPUs' address plan
-    on the lab's parameter plane (gateway and net-detect target: the host's address there)."""
+    on the lab's parameter plane (gateway and net-detect target: the host's address there).
+    On a bastion lab, the ssh config that reaches the node through the bastion: it matches the node's
+    address, which stays ssh_hostname because the fleet reaches the node by it too (the gateway's
+    upstreams, the instance firewall, Prometheus)."""
     keys = ssh_dir(lab_dir)
     hardware = node.hardware
     mirror_url = spec.mirror_url
@@ -28,6 +31,7 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
         "ssh_key": str(keys / "id_ed25519"),
         "ssh_known_hosts_file": str(keys / "known_hosts"),
         "ssh_strict_host_key_checking": "yes",
+        **({"ssh_config_file": str(ssh_config_file(lab_dir))} if spec.jump_host else {}),
         "chip": hardware.chip,
         "npu_count": hardware.npus,
         "nvme_mount": hardware.nvme.mount if hardware.nvme else None,
@@ -41,10 +45,13 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
 
 
 def lab_groups(lab_dir: Path = DEFAULT_LAB_DIR) -> dict[str, list]:
-    """{group: [(host, data)]}: every node carries its data in its first group, the rest list names."""
+    """{group: [(host, data)]}: every node carries its data in its first group, the rest list names.
+    A bastion is in no group: it is the way to the fleet, not a host of it."""
     state = LabState.require(lab_dir)
     groups: dict[str, list] = {}
     for node in state.spec.nodes:
+        if not node.groups:
+            continue
         first, *others = node.groups
         groups.setdefault(first, []).append((node.name, host_data(lab_dir, node, state.spec)))
         for group in others:

@@ -212,21 +212,33 @@ def login_public_key(lab_dir: Path) -> str:
 
 
 def write_known_hosts(spec: LabSpec) -> None:
-    """The lab's own known_hosts: every node by name and address, from the keys the lab made."""
+    """The lab's own known_hosts: every node by name and address, from the keys the lab made; and a
+    bastion lab's ssh config, which reaches the other nodes through the bastion."""
     lines = []
     for node in spec.nodes:
         public = node_dir(spec.lab_dir, node.name) / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
         key_type, key = public.read_text().split()[:2]
         lines.append(f"{node.name},{node.address} {key_type} {key}")
-    (ssh_dir(spec.lab_dir) / "known_hosts").write_text("\n".join(lines) + "\n")
+    keys = ssh_dir(spec.lab_dir)
+    (keys / "known_hosts").write_text("\n".join(lines) + "\n")
+    if spec.jump_host:
+        ssh_config_file(spec.lab_dir).write_text(render(TEMPLATES / "lab" / "ssh-config.j2", nodes=spec.nodes,
+                                                        keys=keys, bastion=spec.jump_host.name))
+
+
+def ssh_config_file(lab_dir: Path) -> Path:
+    """A bastion lab's ssh config (write_known_hosts): no other lab has one."""
+    return ssh_dir(lab_dir) / "config"
 
 
 def ssh_argv(lab_dir: Path, node: NodeSpec) -> list[str]:
-    """The ssh command line that logs into a node as root with the lab's key, verifying its host key."""
-    keys = ssh_dir(lab_dir)
+    """The ssh command line that logs into a node as root with the lab's key, verifying its host key;
+    on a bastion lab, through the bastion, as its ssh config says."""
+    keys, config = ssh_dir(lab_dir), ssh_config_file(lab_dir)
+    through = ["-F", str(config), node.name] if config.exists() else [f"root@{node.address}"]
     return ["ssh", "-i", str(keys / "id_ed25519"), "-o", f"UserKnownHostsFile={keys / 'known_hosts'}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-            "-o", "LogLevel=ERROR", f"root@{node.address}"]
+            "-o", "LogLevel=ERROR", *through]
 
 
 REMOVERS = {
@@ -343,8 +355,10 @@ def status(lab_dir: Path) -> dict:
     mirror = next(iter(state.find("process", role="mirror")), {})
     return {
         "name": spec.name, "lab_dir": str(lab_dir), "subnet": spec.subnet, "bridge": spec.bridge,
+        "bastion": spec.jump_host.name if spec.jump_host else None,
         "mirror": {"url": spec.mirror_url,
                    "running": bool(mirror.get("pid")) and processes.is_ours(mirror["pid"], mirror["marker"])},
         "ssh_key": str(ssh_dir(lab_dir) / "id_ed25519"), "known_hosts": str(ssh_dir(lab_dir) / "known_hosts"),
+        "ssh_config": str(ssh_config_file(lab_dir)) if spec.jump_host else None,
         "nodes": [node_status(state, node) for node in spec.nodes],
     }

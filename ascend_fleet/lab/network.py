@@ -10,15 +10,20 @@ address): a broken port k breaks exactly the traffic to and from NPU k.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import socket
+import threading
 from pathlib import Path
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.lab.host import quiet, run
-from ascend_fleet.lab.spec import LabSpec, NodeSpec, npu_interface
+from ascend_fleet.lab.spec import GATEWAY_SERVING_PORT, LabSpec, NodeSpec, npu_interface
 from ascend_fleet.lab.state import LabState
 from ascend_fleet.templating import render
 
 NODE_INTERFACE = "eth0"
+CLONE_NEWNET = 0x40000000
 
 
 def firewall_table(spec: LabSpec) -> str:
@@ -35,11 +40,17 @@ def create_bridge(state: LabState, spec: LabSpec) -> None:
     run(["ip", "addr", "add", f"{spec.host_address}/{spec.network.prefixlen}", "dev", spec.bridge])
     run(["ip", "link", "set", spec.bridge, "up"])
 
-    table = firewall_table(spec)
-    state.record("nft-table", name=table)
-    ruleset = render(TEMPLATES / "lab" / "firewall.nft.j2", table=table, bridge=spec.bridge,
-                     npu_bridge=spec.npu_bridge, mirror_port=spec.mirror_port)
-    run(["nft", "-f", "-"], input=ruleset, what="loading the lab firewall")
+    state.record("nft-table", name=firewall_table(spec))
+    run(["nft", "-f", "-"], input=firewall_rules(spec), what="loading the lab firewall")
+
+
+def firewall_rules(spec: LabSpec) -> str:
+    """The lab's nft table: what the nodes reach on the host; behind a bastion, what the host reaches."""
+    jump_host = spec.jump_host
+    return render(TEMPLATES / "lab" / "firewall.nft.j2", table=firewall_table(spec), bridge=spec.bridge,
+                  npu_bridge=spec.npu_bridge, mirror_port=spec.mirror_port,
+                  bastion=jump_host.address if jump_host else None, gateway=spec.gateway.address,
+                  gateway_port=GATEWAY_SERVING_PORT)
 
 
 def create_node_network(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
@@ -55,6 +66,40 @@ def create_node_network(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
     run([*inside, "addr", "add", f"{node.address}/{spec.network.prefixlen}", "dev", NODE_INTERFACE])
     run([*inside, "link", "set", NODE_INTERFACE, "up"])
     run([*inside, "link", "set", "lo", "up"])
+
+
+def connect_from(netns: str | None, address: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection made in a node's network namespace (None: the host's)."""
+    sock = socket.socket() if netns is None else socket_in(netns)
+    sock.settimeout(timeout)
+    try:
+        sock.connect((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def socket_in(netns: str) -> socket.socket:
+    """A TCP socket of a network namespace. A socket stays in the namespace it was made in, so a thread
+    of its own enters the namespace (setns moves the calling thread alone), makes it and ends there."""
+    made: dict = {}
+
+    def make() -> None:
+        try:
+            with open(f"/run/netns/{netns}") as namespace:
+                if ctypes.CDLL(None, use_errno=True).setns(namespace.fileno(), CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {netns}: {os.strerror(ctypes.get_errno())}")
+            made["socket"] = socket.socket()
+        except OSError as exc:
+            made["error"] = exc
+
+    maker = threading.Thread(target=make)
+    maker.start()
+    maker.join()
+    if "error" in made:
+        raise made["error"]
+    return made["socket"]
 
 
 def remove_netns(entry: dict) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import cgroups, processes
 from ascend_fleet.lab.host import quiet, run
+from ascend_fleet.lab.network import connect_from
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
@@ -245,11 +245,14 @@ def spawn_supervisor(state: LabState, entry: dict, home: Path) -> None:
 
 
 def wait_for_ssh(spec: LabSpec, node: NodeSpec, timeout: float = BOOT_TIMEOUT_SECONDS) -> None:
-    """Return once the node's sshd answers with its banner."""
+    """Return once the node's sshd answers with its banner: to this machine, or, behind a bastion (which
+    keeps this machine off the other nodes), in the bastion's network."""
+    jump_host = spec.jump_host
+    netns = spec.netns(jump_host) if jump_host else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((node.address, 22), timeout=2) as conn:
+            with connect_from(netns, node.address, 22, timeout=2) as conn:
                 if conn.recv(16).startswith(b"SSH-"):
                     return
         except OSError:

@@ -24,6 +24,11 @@ from ascend_fleet.profile import available_profiles, load_profile
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
 CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))
 GATEWAY = "gateway"
+# A bastion lab's jump host (`lab up --bastion`): the only node the control machine reaches over SSH.
+BASTION = "bastion"
+# The gateway's serving port (group_data/gateway.py's listen_port): on a bastion lab the one port of the
+# nodes the control machine still reaches, as clients reach a site's load balancer.
+GATEWAY_SERVING_PORT = 80
 # The stacks whose packages the lab mirror carries unless `lab up --profile` says otherwise.
 DEFAULT_PROFILES = ("lab", "lab-previous")
 
@@ -136,7 +141,7 @@ class HardwareFile(_Strict):
 
 class NodeSpec(_Strict):
     name: str
-    role: Literal["worker", "gateway"]
+    role: Literal["worker", "gateway", "bastion"]
     index: int
     address: str
     groups: list[str]
@@ -154,6 +159,9 @@ class LabSpec(_Strict):
     debian_upstream: str = "http://deb.debian.org"
     profiles: list[str] = Field(default_factory=lambda: list(DEFAULT_PROFILES),
                                 description="profiles whose packages, wheels and model the mirror serves")
+    bastion: bool = Field(False, description="a site behind a jump host: a `bastion` node, and no way from the "
+                                             "host to the other nodes but through it (and to the gateway's "
+                                             "serving port)")
     nodes: list[NodeSpec]
 
     @property
@@ -214,11 +222,20 @@ class LabSpec(_Strict):
 
     def host_veth(self, node: NodeSpec) -> str:
         """The host end of a node's link (interface names are at most 15 characters)."""
-        return f"af-{self.name}-{node.index}"
+        return f"af-{self.name}-{'b' if node.role == BASTION else node.index}"
 
     @property
     def workers(self) -> list[NodeSpec]:
         return [n for n in self.nodes if n.role == "worker"]
+
+    @property
+    def jump_host(self) -> NodeSpec | None:
+        """The bastion node of a bastion lab, else None."""
+        return self.node(BASTION) if self.bastion else None
+
+    @property
+    def gateway(self) -> NodeSpec:
+        return self.node(GATEWAY)
 
     def node(self, name: str) -> NodeSpec:
         for node in self.nodes:
@@ -255,6 +272,10 @@ class LabSpec(_Strict):
                                         hardware.nodes.get(GATEWAY, {})),
             )
         ]
+        if settings.get("bastion"):
+            # A jump host with sshd alone: no NPUs, no disk, in no group of the fleet.
+            nodes.append(NodeSpec(name=BASTION, role="bastion", index=0, address=str(network.network_address + 3),
+                                  groups=[], hardware=NodeHardware(npus=0, nvme=None)))
         for i, name in enumerate(names, start=1):
             nodes.append(NodeSpec(
                 name=name, role="worker", index=i, address=str(network.network_address + 10 + i),

@@ -33,6 +33,21 @@ def failure_cleared(unit: str):
 
 
 @operation()
+def masked(unit: str):
+    """
+    Stop a unit and mask it, so that nothing starts it again: not the boot, not a package update,
+    not a unit that wants it. A unit the node does not have is left alone.
+
+    + unit: the systemd unit, e.g. firewalld.service
+    """
+    state = host.get_fact(UnitState, unit=unit)
+    if state["LoadState"] in ("masked", "not-found") and state["ActiveState"] != "active":
+        host.noop(f"{unit} is {state['LoadState']} and not running")
+        return
+    yield f"systemctl mask --now {shlex.quote(unit)}"
+
+
+@operation()
 def restarted_while_routed(unit: str, gateway_memory_seconds: int):
     """
     Restart a unit the gateway routes to (its new unit file read first), then wait while the

@@ -15,11 +15,12 @@ import requests
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
-from pyinfra.facts.server import Arch, Command, LinuxDistribution
+from pyinfra.facts.server import Arch, Command
 
 from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
 from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.fleet_check import vendor_file_problem
@@ -32,6 +33,7 @@ from ascend_fleet.node_layout import (
     NGINX_ERROR_LOG,
     revision_dir,
 )
+from ascend_fleet.node_os import node_os, not_served, role_gaps
 from ascend_fleet.operations import gates, served, weights
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.per_run import once_per_run
@@ -39,12 +41,11 @@ from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, jud
 from ascend_fleet.profile import Profile
 from ascend_fleet.profile_check import Indexes
 from ascend_fleet.stack_platform import platform_problem
-from ascend_fleet.stages.context import node_profile, pip_index_url
+from ascend_fleet.stages.context import host_release, node_profile, pip_index_url, python_packages
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
 from ascend_fleet.stages.serving import instance_problem, still_serving
 
-SUPPORTED_SYSTEMS = {"Ubuntu": ("22.04", "24.04"), "Debian": ("11", "12", "13"), "openEuler": ("22.03", "24.03")}
 GATEWAY_SETTLE_SECONDS = 30
 
 
@@ -61,12 +62,43 @@ def check_vendor_files(profile: Profile, arch: str) -> None:
             raise FleetError(f"{host.name}: {problem}")
 
 
+def release_refusal(profile: Profile, config: NodeConfig) -> str | None:
+    """Why some stage this node runs cannot serve its distribution release (node_os.py), or None: a
+    release not served, a package its roles need that the release is not known to have, a Python the
+    profile needs that neither the release nor the profile gives, firewalld left to reject the fleet."""
+    distribution, release = host_release()
+    known = node_os(distribution, release)
+    if known is None:
+        return not_served(distribution, release)
+    gaps = role_gaps(known, config.is_worker, config.is_gateway)
+    if gaps:
+        roles = " and ".join(role for role, takes in (("worker", config.is_worker), ("gateway", config.is_gateway))
+                             if takes)
+        return (f"{known.name} has no known {', '.join(gaps)}, which the {roles} role needs (docs/sim-fidelity.md, "
+                "openEuler node data); give the role to a node of another release")
+    if not config.is_worker:
+        return None
+    python = profile.stack.python
+    if python_packages(profile, known) is None:
+        return (f"{known.name}'s Python is {known.system_python}, profile {profile.name} needs {python}: name the "
+                f"packages that give it there in the profile's pip.python_packages['{known.name}'], or reinstall the "
+                f"node with a release whose Python is {python}")
+    firewall = known.default_firewall
+    if (firewall and not config.instance_firewall
+            and host.get_fact(UnitState, unit=f"{firewall}.service")["ActiveState"] == "active"):
+        return (f"{firewall} runs and rejects the fleet's ports, and instance_firewall is false: set it true (the "
+                f"tool then loads its own table and masks {firewall}), or stop and disable {firewall} yourself")
+    return None
+
+
+def check_release(profile: Profile, config: NodeConfig) -> None:
+    """A node some stage cannot serve stops the run while pyinfra prepares it, before any host changes."""
+    refusal = release_refusal(profile, config)
+    if refusal:
+        raise FleetError(f"{host.name}: {refusal}")
+
+
 def system_problem(profile: Profile) -> str | None:
-    distribution = host.get_fact(LinuxDistribution)
-    name, version = distribution["name"], str(distribution["release_meta"].get("VERSION_ID", ""))
-    if name not in SUPPORTED_SYSTEMS or not version.startswith(SUPPORTED_SYSTEMS[name]):
-        supported = "; ".join(f"{n} {', '.join(v)}" for n, v in SUPPORTED_SYSTEMS.items())
-        return f"{name} {version} is not supported ({supported})"
     arch = host.get_fact(Arch)
     if arch not in profile.arch:
         return f"architecture {arch} is not in profile {profile.name}'s {profile.arch}"
@@ -174,6 +206,7 @@ def preflight_stage() -> None:
     profile = node_profile()
     config = host_node_config(host)
     check_fleet_plan_once()
+    check_release(profile, config)
     if config.is_worker:
         arch = host.get_fact(Arch)
         check_known_issues(profile, arch)
@@ -182,7 +215,7 @@ def preflight_stage() -> None:
         served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",
                                         why="found down", fleet_state_dir=config.fleet_state_dir,
                                         still_serving=lambda recorded: still_serving(config, recorded))
-    gates.passed(name="Supported system, architecture and root", description="system, architecture and root OK",
+    gates.passed(name="Supported architecture and root", description="architecture and root OK",
                  find_problem=lambda: system_problem(profile))
     if not config.is_worker:
         return

@@ -1,19 +1,18 @@
-"""What a stage knows about the host it runs on: its profile and its package family."""
+"""What a stage knows about the host it runs on: its profile and its distribution release (node_os.py)."""
 
 from __future__ import annotations
 
 from pyinfra import host, inventory
 from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt, dnf, files
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.node_os import NodeOs, node_os, not_served
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.profile import Profile, load_profile
-
-APT_DISTRIBUTIONS = {"Debian", "Ubuntu"}
-DNF_DISTRIBUTIONS = {"openEuler"}
 
 
 def node_profile() -> Profile:
@@ -42,11 +41,38 @@ def runs_npus() -> bool:
     return host_node_config(host).is_worker
 
 
-def package_family() -> str:
-    """apt or dnf, from the host's distribution."""
-    name = host.get_fact(LinuxDistribution)["name"]
-    if name in APT_DISTRIBUTIONS:
-        return "apt"
-    if name in DNF_DISTRIBUTIONS:
-        return "dnf"
-    raise FleetError(f"{host.name}: distribution {name!r} is not supported (apt: Debian, Ubuntu; dnf: openEuler)")
+def host_release() -> tuple[str, str]:
+    """The host's distribution and release (os-release VERSION_ID), e.g. ("openEuler", "24.03")."""
+    distribution = host.get_fact(LinuxDistribution)
+    return distribution["name"] or "unknown", str(distribution["release_meta"].get("VERSION_ID", ""))
+
+
+def host_os() -> NodeOs:
+    """What the host's release calls things; a release not served stops the run in one line."""
+    distribution, release = host_release()
+    known = node_os(distribution, release)
+    if known is None:
+        raise FleetError(f"{host.name}: {not_served(distribution, release)}")
+    return known
+
+
+def os_packages(name: str, packages: list[str]) -> None:
+    """Install packages with the host's package manager (apt: no recommends, its lists at most an hour old)."""
+    if host_os().package_manager == "apt":
+        apt.packages(name=name, packages=packages, no_recommends=True, update=True, cache_time=3600)
+    else:
+        dnf.packages(name=name, packages=packages)
+
+
+def nginx_installed() -> None:
+    """The release's nginx, without a default site of the package's that would take a port."""
+    known = host_os()
+    os_packages("Nginx", [known.nginx])
+    if known.nginx_default_site:
+        files.link(name="No default site", path=known.nginx_default_site, present=False)
+
+
+def python_packages(profile: Profile, known: NodeOs) -> list[str] | None:
+    """What gives the profile's Python with venv on this release: its own python3 when that is the
+    profile's, else the packages the profile names for the release (pip.python_packages), else None."""
+    return known.python_packages(profile.stack.python) or profile.pip.python_packages.get(known.name)

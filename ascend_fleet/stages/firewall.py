@@ -1,6 +1,12 @@
 """Stage: the instance firewall. On each worker, an nftables table of its own lets only the
 gateway hosts (and instance_allowed_sources) reach the vLLM instance ports, and only workers
-the weights peer port (ascend_fleet/firewall.py says why and who); a unit loads it at boot."""
+the weights peer port (ascend_fleet/firewall.py says why and who); a unit loads it at boot.
+
+On a release whose default firewall is firewalld (openEuler), firewalld is stopped and masked once
+the table is loaded: its default zone rejects every port the fleet uses (instances, vLLM's and HCCL's
+ranges, the peer port, node_exporter), and keeping zones in step with this table would be a second
+policy for the same ports. The worker is then as a Debian one is: this table is its instance policy.
+Preflight refuses such a worker with instance_firewall: false while firewalld runs."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from io import StringIO
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.firewall import (
@@ -22,8 +28,9 @@ from ascend_fleet.firewall import (
 )
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, unit_file
-from ascend_fleet.operations import gates
+from ascend_fleet.operations import gates, units
 from ascend_fleet.operations.firewall import nft_table, nft_table_absent
+from ascend_fleet.stages.context import host_os, os_packages
 from ascend_fleet.templating import render
 
 UNIT_FILE = unit_file(FIREWALL_UNIT)
@@ -48,7 +55,8 @@ def firewall_stage() -> None:
     # Resolved now, while the deploy is prepared: a name that does not resolve changes no host.
     rules = firewall_rules(instance_ports(host), instance_sources(config, inventory), config.model.peer_port,
                            peer_sources(config, inventory))
-    apt.packages(name="nftables", packages=["nftables"], no_recommends=True, update=True, cache_time=3600)
+    known = host_os()
+    os_packages("nftables", [known.nftables])
     files.directory(name="ascend-fleet configuration", path=CONFIG_DIR, mode="755")
     nft_table(name="Instance ports for the gateway and monitoring only (nft -c, then nft -f)",
               path=FIREWALL_RULES_FILE, rules=rules.text, family=FAMILY, table=TABLE, comment=rules.comment)
@@ -57,3 +65,6 @@ def firewall_stage() -> None:
                                          rules_file=FIREWALL_RULES_FILE)))
     systemd.service(name="Instance firewall loaded at every boot", service=FIREWALL_UNIT, running=True, enabled=True,
                     daemon_reload=unit.will_change)
+    if known.default_firewall:  # after the table is loaded: the node is never without a policy for its ports
+        units.masked(name=f"{known.default_firewall} stopped and masked (this table is the instance policy)",
+                     unit=f"{known.default_firewall}.service")

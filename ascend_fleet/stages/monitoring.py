@@ -1,10 +1,10 @@
 """Stage: monitoring. Prometheus on the gateway group; on every worker, node_exporter with NPU health.
 
-Workers: Debian's prometheus-node-exporter, and a timer that writes what npu-smi says into
+Workers: the release's node_exporter (node_os.py names it), and a timer that writes what npu-smi says into
 its textfile directory (node/npu_metrics.py explains why a timer). Gateways:
-Debian's prometheus with the fleet's alert rules, its targets in file_sd files generated
+the release's prometheus with the fleet's alert rules, its targets in file_sd files generated
 from the inventory (a rollout or swap rewrites them; Prometheus rereads them on its own),
-and prometheus-nginx-exporter reading nginx's stub_status on a loopback-only port.
+and the nginx exporter reading nginx's stub_status on a loopback-only port.
 Rules and config go through `promtool check` before Prometheus reloads them.
 """
 
@@ -16,7 +16,7 @@ from io import StringIO
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import HttpAnswer
@@ -24,21 +24,20 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node import npu_metrics
 from ascend_fleet.node_layout import (
-    NGINX_EXPORTER_DEFAULTS,
     NGINX_STATUS_CONFIG,
-    NODE_EXPORTER_DEFAULTS,
     NPU_METRICS_PROGRAM,
     NPU_METRICS_UNIT,
     PROMETHEUS_CONFIG,
-    PROMETHEUS_DEFAULTS,
     PROMETHEUS_FILE_SD_DIR,
     PROMETHEUS_RULES_FILE,
     TEXTFILE_DIR,
     unit_file,
 )
+from ascend_fleet.node_os import NodeOs
 from ascend_fleet.operations import gates
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
+from ascend_fleet.stages.context import host_os, os_packages
 from ascend_fleet.templating import render
 
 MONITORING_TEMPLATES = TEMPLATES / "monitoring"
@@ -70,15 +69,26 @@ def scrape_targets() -> dict[str, list[dict]]:
     return jobs
 
 
+def node_exporter_command(known: NodeOs):
+    """node_exporter's command line: in the file its unit reads ARGS from, else in a drop-in of the unit."""
+    settings = {"textfile_dir": TEXTFILE_DIR, "port": NODE_EXPORTER_PORT}
+    if known.node_exporter_args_file:
+        return files.put(name="node_exporter reads the NPU textfile", dest=known.node_exporter_args_file,
+                         src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2", **settings)),
+                         mode="644")
+    files.directory(name="node_exporter's textfile directory", path=TEXTFILE_DIR, mode="755")
+    return files.put(name="node_exporter reads the NPU textfile", mode="644",
+                     dest=f"{unit_file(known.node_exporter.unit)}.service.d/ascend-fleet.conf",
+                     src=StringIO(render(MONITORING_TEMPLATES / "node-exporter-command.conf.j2", **settings)))
+
+
 def npu_exporter(interval: str) -> None:
     """node_exporter, and the NPU metrics timer feeding its textfile collector every `interval`."""
-    apt.packages(name="node_exporter", packages=["prometheus-node-exporter"], no_recommends=True,
-                 update=True, cache_time=3600)
-    defaults = files.put(name="node_exporter reads the NPU textfile", dest=NODE_EXPORTER_DEFAULTS,
-                         src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2",
-                                             textfile_dir=TEXTFILE_DIR, port=NODE_EXPORTER_PORT)), mode="644")
-    systemd.service(name="node_exporter running", service="prometheus-node-exporter", running=True, enabled=True,
-                    restarted=defaults.will_change)
+    known = host_os()
+    os_packages("node_exporter", [known.node_exporter.package])
+    command = node_exporter_command(known)
+    systemd.service(name="node_exporter running", service=known.node_exporter.unit, running=True, enabled=True,
+                    restarted=command.will_change, daemon_reload=command.will_change)
     script = files.put(name="NPU metrics script", src=npu_metrics.__file__,
                        dest=NPU_METRICS_PROGRAM, mode="755")
     units = [
@@ -111,31 +121,33 @@ def prometheus_server(config: NodeConfig) -> None:
     # stub_status first: the exporter's package starts it at once, and it exits when nginx does not answer.
     nginx_config(name="nginx stub_status on loopback (nginx -t, then reload)", dest=NGINX_STATUS_CONFIG,
                  content=render(MONITORING_TEMPLATES / "nginx-status.conf.j2", status_port=NGINX_STATUS_PORT))
-    apt.packages(name="Prometheus and the nginx exporter", packages=["prometheus", "prometheus-nginx-exporter"],
-                 no_recommends=True, update=True, cache_time=3600)
-    exporter = files.put(name="nginx exporter reads stub_status", dest=NGINX_EXPORTER_DEFAULTS,
+    known = host_os()  # preflight refused a release without these packages and their arguments files
+    os_packages("Prometheus and the nginx exporter", [known.prometheus.package, known.nginx_exporter.package])
+    exporter = files.put(name="nginx exporter reads stub_status", dest=known.nginx_exporter_args_file,
                          src=StringIO(render(MONITORING_TEMPLATES / "nginx-exporter.default.j2",
                                              status_port=NGINX_STATUS_PORT, port=NGINX_EXPORTER_PORT)), mode="644")
-    systemd.service(name="nginx exporter running", service="prometheus-nginx-exporter", running=True, enabled=True,
+    systemd.service(name="nginx exporter running", service=known.nginx_exporter.unit, running=True, enabled=True,
                     restarted=exporter.will_change)
 
     files.directory(name="Prometheus targets directory", path=PROMETHEUS_FILE_SD_DIR, mode="755")
     for job, groups in scrape_targets().items():
         files.put(name=f"Targets of {job}", dest=f"{PROMETHEUS_FILE_SD_DIR}/{job}.json", mode="644",
                   src=StringIO(render(MONITORING_TEMPLATES / "file_sd.json.j2", target_groups=groups)))
-    arguments = files.put(name="Prometheus command line", dest=PROMETHEUS_DEFAULTS, mode="644",
+    arguments = files.put(name="Prometheus command line", dest=known.prometheus_args_file, mode="644",
                           src=StringIO(render(MONITORING_TEMPLATES / "prometheus.default.j2",
                                               retention=monitoring.retention, port=PROMETHEUS_PORT)))
-    systemd.service(name="Prometheus running", service="prometheus", running=True, enabled=True,
+    systemd.service(name="Prometheus running", service=known.prometheus.unit, running=True, enabled=True,
                     restarted=arguments.will_change)
     checked_config(name="Alert rules (promtool check rules, then reload)", dest=PROMETHEUS_RULES_FILE,
                    content=render(MONITORING_TEMPLATES / "ascend-fleet.rules.yml.j2", monitoring=monitoring),
-                   check=f"promtool check rules {PROMETHEUS_RULES_FILE}", service="prometheus", what="alert rules")
+                   check=f"promtool check rules {PROMETHEUS_RULES_FILE}", service=known.prometheus.unit,
+                   what="alert rules")
     checked_config(name="Prometheus config (promtool check config, then reload)", dest=PROMETHEUS_CONFIG,
                    content=render(MONITORING_TEMPLATES / "prometheus.yml.j2", monitoring=monitoring,
                                   gateway_host=json.dumps(config.host), rules_file=PROMETHEUS_RULES_FILE,
                                   jobs=SCRAPE_JOBS, file_sd_dir=PROMETHEUS_FILE_SD_DIR, prometheus_port=PROMETHEUS_PORT),
-                   check=f"promtool check config {PROMETHEUS_CONFIG}", service="prometheus", what="Prometheus config")
+                   check=f"promtool check config {PROMETHEUS_CONFIG}", service=known.prometheus.unit,
+                   what="Prometheus config")
     gates.passed(name="Prometheus ready", description=f"Prometheus ready on port {PROMETHEUS_PORT}",
                  find_problem=lambda: prometheus_problem(PROMETHEUS_PORT))
 

@@ -18,18 +18,18 @@ from dataclasses import dataclass
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
-from pyinfra.operations import apt, files
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
 from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
-from ascend_fleet.node_layout import NGINX_DEFAULT_SITE, PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
+from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.profile import load_profile
+from ascend_fleet.stages.context import nginx_installed
 from ascend_fleet.templating import render
 
 
@@ -127,8 +127,7 @@ def spread_of_package(host_name: str, artifact: str) -> PackageSpread | None:
 def peer_server(config: NodeConfig) -> None:
     """nginx serving this worker's published revisions, verified staging files and verified vendor
     packages to the fleet, read-only."""
-    apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
-    files.link(name="No default site", path=NGINX_DEFAULT_SITE, present=False)
+    nginx_installed()
     content = render(TEMPLATES / "weights-peer-nginx.conf.j2", port=config.model.peer_port,
                      model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,
                      published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command
-from pyinfra.operations import apt, dnf, server
+from pyinfra.operations import server
 
 from ascend_fleet import FILES
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
@@ -14,17 +14,12 @@ from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import INSTALL_LOG
 from ascend_fleet.operations import gates, reboot, vendor
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import node_profile, package_family, runs_npus
+from ascend_fleet.stages.context import host_os, node_profile, os_packages, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package
 
 HDK_USER = "HwHiAiUser"
 # npu-smi's words when no driver is loaded in this boot (also right after a driver install).
 DRIVER_NOT_LOADED = "dcmi module initialize failed"
-# What the driver installer needs: it builds its kernel module with dkms and refuses without lspci/ifconfig.
-DRIVER_PREREQUISITES = {
-    "apt": ["dkms", "gcc", "make", "pciutils", "net-tools"],
-    "dnf": ["dkms", "gcc", "make", "kernel-devel", "kernel-headers", "pciutils", "net-tools"],
-}
 
 
 def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
@@ -49,19 +44,18 @@ def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
 
 
 def install_prerequisites() -> None:
-    family = package_family()
+    """What the driver installer needs (node_os.py): it builds its kernel module with dkms against the
+    running kernel's headers and refuses without lspci/ifconfig."""
+    known = host_os()
     server.group(name=f"Group {HDK_USER}", group=HDK_USER)
     server.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
                 shell="/bin/bash", ensure_home=True)
-    if family == "apt":
-        apt.packages(name="Driver prerequisites", packages=DRIVER_PREREQUISITES["apt"], update=True,
-                     cache_time=3600, no_recommends=True)
-        # The running kernel's headers, where the distribution ships them (dkms builds against them).
-        headers = f"linux-headers-{host.get_fact(Command, command='uname -r')}"
+    os_packages("Driver prerequisites", list(known.driver_prerequisites))
+    if known.kernel_headers:
+        # The running kernel's headers, where the distribution ships them.
+        headers = known.kernel_headers.format(kernel=host.get_fact(Command, command="uname -r"))
         if host.get_fact(Command, command=f"apt-cache show {headers} >/dev/null 2>&1 && echo yes || echo no") == "yes":
-            apt.packages(name="Kernel headers", packages=[headers], no_recommends=True)
-    else:
-        dnf.packages(name="Driver prerequisites", packages=DRIVER_PREREQUISITES["dnf"])
+            os_packages("Kernel headers", [headers])
 
 
 def npu_problem(expected: int) -> str | None:

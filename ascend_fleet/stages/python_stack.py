@@ -5,13 +5,13 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
-from pyinfra.operations import apt, dnf, pip
+from pyinfra.operations import pip
 
 from ascend_fleet.facts.ascend import PipCheck, VenvPython
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
-from ascend_fleet.stages.context import node_profile, package_family, pip_index_url, runs_npus
+from ascend_fleet.stages.context import host_os, node_profile, os_packages, pip_index_url, python_packages, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 
 TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
@@ -50,16 +50,12 @@ def python_stage() -> None:
         return
     profile = node_profile()
     python = f"python{profile.stack.python}"
-    family = package_family()
-    libraries = profile.pip.system_packages.get(family, [])
-    if family == "apt":
-        apt.packages(name=f"{python} with venv", packages=[python, f"{python}-venv"], no_recommends=True)
-        if libraries:
-            apt.packages(name="OS packages the stack needs", packages=libraries, no_recommends=True)
-    else:
-        dnf.packages(name=python, packages=[python])
-        if libraries:
-            dnf.packages(name="OS packages the stack needs", packages=libraries)
+    known = host_os()
+    # Preflight refused a release where neither the release nor the profile gives the profile's Python.
+    os_packages(f"{python} with venv", python_packages(profile, known) or [])
+    libraries = profile.pip.system_packages.get(known.package_manager, [])
+    if libraries:
+        os_packages("OS packages the stack needs", libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
     arch = host.get_fact(Arch)

@@ -9,7 +9,7 @@ from io import StringIO
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
@@ -25,7 +25,6 @@ from ascend_fleet.node_layout import (
     INSTANCE_ENV_DIR,
     INSTANCE_HELPER,
     MARKER_NAME,
-    NGINX_DEFAULT_SITE,
     SERVICE_ENV_FILE,
     SERVICE_HOME,
     instance_env_file,
@@ -40,7 +39,7 @@ from ascend_fleet.per_run import once_per_run
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import data_parallel_role, node_profile
+from ascend_fleet.stages.context import data_parallel_role, nginx_installed, node_profile
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
@@ -296,8 +295,7 @@ def gateway_stage() -> None:
     config = host_node_config(host)
     if not config.is_gateway:
         return
-    apt.packages(name="Nginx", packages=["nginx-light"], no_recommends=True, update=True, cache_time=3600)
-    files.link(name="No default site", path=NGINX_DEFAULT_SITE, present=False)
+    nginx_installed()
     # Made when the operation runs: the instances this run's serve stage found serving, and no others.
     gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG,
                          content=lambda: gateway_config(config))

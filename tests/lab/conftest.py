@@ -201,13 +201,19 @@ def require_root() -> None:
         pytest.skip("lab tests need root (namespaces, mounts, a bridge)")
 
 
-def brought_up(lab: Lab):
-    """The lab up with 3 workers for as long as the fixture lasts, then down."""
+def brought_up(lab: Lab, workers: int = 3, *options: str):
+    """The lab up anew (`lab up` options: options) for as long as the fixture lasts, then down."""
     require_root()
     lab.down()  # a previous session that crashed
-    lab.up(3)
+    lab.up(workers, *options)
     yield lab
     lab.down()
+
+
+def module_lab(suffix: str, letter: str, net: int, inventory: str = "inventories/lab.py") -> Lab:
+    """A module's lab of its own: directory test-N-suffix, name letter+N, subnet N+net."""
+    return Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-{suffix}"), f"{letter}{TEST_NET}",
+               f"10.213.{TEST_NET + net}.0/24", inventory=inventory)
 
 
 @pytest.fixture(scope="session")

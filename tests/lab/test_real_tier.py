@@ -21,7 +21,7 @@ import requests
 from ascend_fleet import vllm_cpu
 from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
 from ascend_fleet.profile import load_profile
-from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, needs_bench_venv, require_root
+from tests.lab.conftest import Lab, brought_up, module_lab, needs_bench_venv
 
 pytestmark = [pytest.mark.lab, pytest.mark.session_lab_part]
 
@@ -40,14 +40,9 @@ RESULTS: dict[str, dict] = {}
 @pytest.fixture(scope="module")
 def real_lab():
     """One worker and a gateway; the mirror carries lab-real and, for the simulated server, lab."""
-    require_root()
     # Subnets N+1..N+3 are the other modules' extra labs.
-    lab = Lab(TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-real"), f"r{TEST_NET}", f"10.213.{TEST_NET + 4}.0/24",
-              inventory="inventories/lab_real.py")
-    lab.down()  # a previous session that crashed
-    lab.up(1, "--profile", "lab-real", "--profile", "lab")
-    yield lab
-    lab.down()
+    yield from brought_up(module_lab("real", "r", 4, inventory="inventories/lab_real.py"), 1,
+                          "--profile", "lab-real", "--profile", "lab")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,194 @@
+"""Each stage installs with the node's release's package manager and names (node_os.py), and
+preflight refuses, in one line, a release some stage of the node cannot serve."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.facts.server import Command, LinuxDistribution
+
+from ascend_fleet import stages
+from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.systemd import UnitState
+from ascend_fleet.node_layout import unit_file
+from ascend_fleet.node_os import node_os
+from ascend_fleet.operations import units
+from ascend_fleet.profile import load_profile
+from ascend_fleet.stages import checks, context, firewall, monitoring, platform
+from tests.fakehost import FakeHost, commands, fact, on
+
+OPENEULER = {"name": "openEuler", "release_meta": {"VERSION_ID": "24.03"}}
+DEBIAN = {"name": "Debian", "release_meta": {"VERSION_ID": "12"}}
+FIREWALLD = "firewalld.service"
+
+
+def unit_state(active: str, load: str = "loaded") -> dict:
+    return {"LoadState": load, "ActiveState": active, "SubState": "", "Result": "", "NRestarts": "0",
+            "last_line": "", "last_exit": ""}
+
+
+def node(distribution: dict, firewalld: str = "active", load: str = "loaded") -> FakeHost:
+    return FakeHost({LinuxDistribution: distribution, fact(UnitState, unit=FIREWALLD): unit_state(firewalld, load),
+                     fact(Command, command="uname -r"): "6.6.0-28.0.0.34.oe2403.aarch64"}, executing=False)
+
+
+def role(worker=True, gateway=False, instance_firewall=True) -> SimpleNamespace:
+    return SimpleNamespace(is_worker=worker, is_gateway=gateway, instance_firewall=instance_firewall)
+
+
+class Recorder:
+    """Every operation a stage calls, as (operation, its arguments), instead of running it."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[str, dict]] = []
+        for module, names in ((context.apt, ["packages"]), (context.dnf, ["packages"]),
+                              (context.files, ["put", "directory", "link", "file"]),
+                              (monitoring.systemd, ["service", "daemon_reload"]),
+                              (platform.server, ["group", "user"]), (units, ["masked"]),
+                              (firewall, ["nft_table", "nft_table_absent"]), (firewall.gates, ["stage_begins"])):
+            for name in names:
+                monkeypatch.setattr(module, name, self.recorder(f"{module.__name__.split('.')[-1]}.{name}"))
+
+    def recorder(self, label):
+        def record(**arguments):
+            self.calls.append((label, arguments))
+            return SimpleNamespace(will_change=False)
+        return record
+
+    def installs(self) -> list[tuple[str, list[str]]]:
+        return [(label, arguments["packages"]) for label, arguments in self.calls if label.endswith("packages")]
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    return Recorder(monkeypatch)
+
+
+def run_firewall_stage(monkeypatch, fake: FakeHost) -> None:
+    config = SimpleNamespace(is_worker=True, instance_firewall=True, model=SimpleNamespace(peer_port=8090))
+    monkeypatch.setattr(firewall, "host_node_config", lambda _host: config)
+    for name in ("instance_ports", "instance_sources", "peer_sources"):
+        monkeypatch.setattr(firewall, name, lambda *_args: [])
+    monkeypatch.setattr(firewall, "firewall_rules", lambda *_args: SimpleNamespace(text="", comment="c"))
+    with on(fake):
+        firewall.firewall_stage.__wrapped__()
+
+
+def test_an_openeuler_worker_installs_with_dnf_and_openeulers_names_in_every_stage(monkeypatch, recorder):
+    fake = node(OPENEULER)
+    run_firewall_stage(monkeypatch, fake)
+    with on(fake):
+        platform.install_prerequisites()
+        monitoring.npu_exporter("15s")
+        context.nginx_installed()  # the peer server's and the gateway's
+        context.os_packages("python3.11 with venv", context.python_packages(load_profile("lab"), context.host_os()))
+    assert recorder.installs() == [
+        ("dnf.packages", ["nftables"]),
+        ("dnf.packages", ["dkms", "gcc", "make", "kernel-devel", "kernel-headers", "pciutils", "net-tools"]),
+        ("dnf.packages", ["node_exporter"]),
+        ("dnf.packages", ["nginx"]),
+        ("dnf.packages", ["python3"]),
+    ]
+    services = [arguments["service"] for label, arguments in recorder.calls if label == "systemd.service"]
+    assert "node_exporter" in services and "prometheus-node-exporter" not in services
+    written = [arguments["dest"] for label, arguments in recorder.calls if label == "files.put"]
+    assert f"{unit_file('node_exporter.service')}.d/ascend-fleet.conf" in written
+    assert not any(path.startswith("/etc/default/") for path in written)
+    assert not any(label == "files.link" for label, _ in recorder.calls)  # no sites-enabled on openEuler
+
+
+def test_a_debian_worker_keeps_debians_packages_and_defaults_files(monkeypatch, recorder):
+    fake = node(DEBIAN, firewalld="inactive", load="not-found")
+    fake.facts[Command] = "no"  # apt-cache has no headers package for the running kernel
+    run_firewall_stage(monkeypatch, fake)
+    with on(fake):
+        platform.install_prerequisites()
+        monitoring.npu_exporter("15s")
+        context.nginx_installed()
+    assert recorder.installs() == [("apt.packages", ["nftables"]),
+                                   ("apt.packages", ["dkms", "gcc", "make", "pciutils", "net-tools"]),
+                                   ("apt.packages", ["prometheus-node-exporter"]), ("apt.packages", ["nginx-light"])]
+    assert not any(label == "units.masked" for label, _ in recorder.calls)
+
+
+def test_no_stage_calls_a_package_manager_but_through_the_nodes_release():
+    """Every stage installs through context.os_packages, which asks node_os.py which manager and names."""
+    offenders = []
+    for path in Path(stages.__file__).parent.glob("*.py"):
+        if path.name == "context.py":
+            continue
+        for call in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(call, ast.Attribute) and isinstance(call.value, ast.Name)
+                    and call.value.id in ("apt", "dnf", "yum")):
+                offenders.append(f"{path.name}: {call.value.id}.{call.attr}")
+    assert offenders == []
+
+
+def test_firewalld_is_masked_after_the_fleets_table_is_loaded(monkeypatch, recorder):
+    run_firewall_stage(monkeypatch, node(OPENEULER))
+    labels = [label for label, _ in recorder.calls]
+    assert labels.index("firewall.nft_table") < labels.index("units.masked")
+    assert [arguments["unit"] for label, arguments in recorder.calls if label == "units.masked"] == [FIREWALLD]
+
+
+@pytest.mark.parametrize(("active", "load", "expected"), [
+    ("active", "loaded", ["systemctl mask --now firewalld.service"]),
+    ("inactive", "loaded", ["systemctl mask --now firewalld.service"]),  # stopped, but a boot would start it
+    ("inactive", "masked", []),  # the rerun: done
+    ("inactive", "not-found", []),  # no firewalld on the node
+])
+def test_masking_firewalld_changes_only_what_the_facts_say_is_not_done(active, load, expected):
+    fake = node(OPENEULER, firewalld=active, load=load)
+    assert commands(units.masked, fake, unit=FIREWALLD) == expected
+    assert bool(fake.noops) == (not expected)
+
+
+@pytest.mark.parametrize(("distribution", "release", "refusal"), [
+    ("Kylin Linux Advanced Server", "V10", "worker1: Kylin Linux Advanced Server V10 is not served (served: "),
+    ("openEuler", "20.03", "worker1: openEuler 20.03 is not served (served: "),
+    ("openEuler", "22.03", "worker1: openEuler 22.03 is not served (served: "),
+])
+def test_a_release_no_stage_can_serve_is_refused_in_one_line_before_anything_changes(distribution, release, refusal):
+    fake = node({"name": distribution, "release_meta": {"VERSION_ID": release}})
+    with on(fake), pytest.raises(FleetError) as refused:
+        checks.check_release(load_profile("lab"), role())
+    message = str(refused.value)
+    assert message.startswith(refusal) and "openEuler 24.03" in message
+    assert message.endswith("reinstall the node with a served release") and "\n" not in message
+
+
+def test_an_openeuler_gateway_is_refused_naming_the_package_no_source_gives():
+    with on(node(OPENEULER)):
+        refusal = checks.release_refusal(load_profile("lab"), role(worker=False, gateway=True))
+    assert refusal == ("openEuler 24.03 has no known prometheus_args_file, nginx_exporter, nginx_exporter_args_file, "
+                       "which the gateway role needs (docs/sim-fidelity.md, openEuler node data); give the role to a "
+                       "node of another release")
+
+
+def test_an_openeuler_2403_worker_passes():
+    with on(node(OPENEULER)):
+        assert checks.release_refusal(load_profile("lab"), role()) is None
+
+
+def test_a_system_python_below_the_profiles_is_refused_unless_the_profile_names_its_packages():
+    debian11 = {"name": "Debian", "release_meta": {"VERSION_ID": "11"}}
+    profile = load_profile("lab")
+    with on(node(debian11)):
+        assert checks.release_refusal(profile, role()) == (
+            "Debian 11's Python is 3.9, profile lab needs 3.11: name the packages that give it there in the "
+            "profile's pip.python_packages['Debian 11'], or reinstall the node with a release whose Python is 3.11")
+        sourced = profile.model_copy(update={"pip": profile.pip.model_copy(
+            update={"python_packages": {"Debian 11": ["python3.11", "python3.11-venv"]}})})
+        assert checks.release_refusal(sourced, role()) is None
+        assert context.python_packages(sourced, node_os("Debian", "11")) == ["python3.11", "python3.11-venv"]
+
+
+def test_firewalld_left_running_with_the_instance_firewall_off_is_refused():
+    with on(node(OPENEULER)):
+        refusal = checks.release_refusal(load_profile("lab"), role(instance_firewall=False))
+    assert refusal.startswith("firewalld runs and rejects the fleet's ports, and instance_firewall is false")
+    with on(node(OPENEULER, firewalld="inactive")):
+        assert checks.release_refusal(load_profile("lab"), role(instance_firewall=False)) is None
