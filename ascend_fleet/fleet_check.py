@@ -27,7 +27,6 @@ from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleetlease import lease_of_deploy
 from ascend_fleet.fleet import (
     MODELS_DIR,
     ModelConfigs,
@@ -37,6 +36,7 @@ from ascend_fleet.fleet import (
     load_inventory,
     plan_configs,
 )
+from ascend_fleet.fleetlease import lease_of_deploy
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.profile import Profile, load_profile

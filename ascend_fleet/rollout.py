@@ -48,11 +48,11 @@ import requests
 from pydantic import BaseModel, Field, ValidationError
 from pyinfra.api import Inventory
 
+from ascend_fleet import fleetlease
 from ascend_fleet.bench import BenchOptions, instance_target, measure, regressions
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
-from ascend_fleet import fleetlease
 from ascend_fleet.fleetstate import GATEWAY_FILE, FleetState, backend_key, other_colour
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
@@ -407,8 +407,9 @@ def run_child(argv: list[str]) -> tuple[int, str]:
     it ends with the rollout, whichever way the rollout ends."""
     lease = fleetlease.held()
     env = {**os.environ, fleetlease.LEASE_ENV: lease.token} if lease else None
+    parent = os.getpid()
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                             preexec_fn=lambda parent=os.getpid(): child_of(parent))
+                             preexec_fn=lambda: child_of(parent))
     try:
         output, _ = child.communicate()
     finally:
