@@ -154,7 +154,8 @@ def winner(record: TuneRecord) -> Candidate | None:
 
 class CtrlC:
     """Ctrl-C during a tune, noted rather than raised: the terminal sends it to the tune's children
-    too (pyinfra, vllm bench, ssh), so the step that runs ends by itself; the tune then puts the
+    too (vllm bench, ssh), so the step that runs ends by itself; a pyinfra deploy, in a process group of
+    its own (rollout.run_child), finishes and the candidate is not measured. The tune then puts the
     canary back and exits 130. A KeyboardInterrupt raised wherever the tune happens to be, inside
     gevent's loop (pyinfra's), once left it waiting forever, with no child left, in a CI rehearsal.
     A second Ctrl-C stops at once, the canary left drained for --resume."""
@@ -234,7 +235,7 @@ class Tune:
                 self.report(f"candidate {index + 1}/{len(self.record.candidates)}: deploying {candidate.label}")
                 if (problem := self.deploy(candidate.settings, f"tune {index + 1}")) is not None:
                     candidate.status, candidate.reason = "failed", problem
-                else:
+                elif not ctrl_c.pressed:
                     self.report(f"candidate {index + 1}: vllm bench serve {candidate.label}")
                     try:
                         candidate.result, candidate.status = self.measure(index + 1), "done"
