@@ -36,6 +36,7 @@ from ascend_fleet.fleet import (
     load_inventory,
     plan_configs,
 )
+from ascend_fleet.fleetlease import lease_of_deploy
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.profile import Profile, load_profile
@@ -72,12 +73,19 @@ def inventory_problems(inventory: Path, cwd: Path | None = None, override_data: 
                        models_dir: Path = MODELS_DIR) -> list[str]:
     """fleet_problems of an inventory file loaded as pyinfra loads it; a file that does not load (Python
     that does not compile or raises) is the one problem."""
+    return loaded_problems(inventory, cwd, override_data, group_data, model_config, models_dir)[1]
+
+
+def loaded_problems(inventory: Path, cwd: Path | None = None, override_data: dict | None = None,
+                    group_data: list[str] | None = None, model_config: Path | None = None,
+                    models_dir: Path = MODELS_DIR) -> tuple[Inventory | None, list[str]]:
+    """The inventory as pyinfra loads it (None if it does not load) and its problems (inventory_problems)."""
     with _loading():
         try:
             loaded = load_inventory(inventory, cwd, override_data, group_data)
         except FleetError as exc:
-            return [str(exc)]
-        return fleet_problems(loaded, inventory, model_config, models_dir)
+            return None, [str(exc)]
+        return loaded, fleet_problems(loaded, inventory, model_config, models_dir)
 
 
 def inventory_file_problems(source: Path):
@@ -183,8 +191,9 @@ def _loading():
 def check_before_connecting() -> None:
     """Called on an inventory file's last line: when pyinfra's CLI runs deploy files, checks the inventory
     and data it is loading (its --data and --group-data included) and stops the run before it connects,
-    with every problem, one line each, exit code 2. Elsewhere (pyinfra's own commands; ours, which load
-    inventories too) it does nothing."""
+    with every problem, one line each, exit code 2; then takes the fleet's lease for a deploy that changes
+    what serves (fleetlease.lease_of_deploy), or stops the run naming who holds it. Elsewhere (pyinfra's
+    own commands; ours, which load inventories too) it does nothing."""
     import pyinfra
 
     if not pyinfra.is_cli or _LOADING.get():
@@ -198,12 +207,16 @@ def check_before_connecting() -> None:
     if "inventory" not in params or not deploy_files or not all(op.endswith(".py") for op in deploy_files):
         return
     override = dict(arg.split("=", 1) for arg in params.get("data") or ())
-    problems = inventory_problems(Path(params["inventory"]), Path.cwd(), _parsed(override),
-                                  list(params.get("group_data") or ()))
+    inventory, problems = loaded_problems(Path(params["inventory"]), Path.cwd(), _parsed(override),
+                                          list(params.get("group_data") or ()))
     if problems:
         error = FleetError(problems_message(problems))
         error.exit_code = 2  # pyinfra's CliError is a click exception: its exit code is ours to set
         raise error
+    # A deploy that changes what serves holds the fleet's lease until it exits, as a rollout does; a dry
+    # run changes nothing.
+    if not params.get("dry"):
+        lease_of_deploy(inventory, deploy_files)
 
 
 def _parsed(override: dict[str, str]) -> dict:

@@ -1,4 +1,6 @@
-"""What the control machine remembers about a fleet between runs, in its `fleet_state_dir`.
+"""What the fleet's control machines remember about it between runs: each keeps a copy in its
+`fleet_state_dir`, and the fleet keeps the one they share beside its lease (fleetlease.py): a run that
+takes the lease first gets the fleet's records, and the fleet gets them back while it holds it.
 
 - `gateway.json`: the instances the gateway must keep out of rotation (`drained`, as
   `host/instance`), and which colour of instances each worker serves with (`colours`,
@@ -14,7 +16,8 @@
   `--resume` continues at the step that failed (or `--abandon` puts back what it drained).
 - `tune.json`: the last tune's candidates, their results and whether its canary is back as its
   data says, so `tune --resume` finishes it (tune.py).
-- `lock`: held by the one rollout, swap, abandon or tune changing the fleet (`exclusive`).
+- The lease of the one rollout, swap, abandon, tune or plain deploy changing the fleet is on the fleet
+  (fleetlease.py), not here.
 
 The directory comes from host data (`fleet_state_dir`, relative to the directory pyinfra
 runs in, like group_data/); the lab points it into its own directory.
@@ -22,18 +25,14 @@ runs in, like group_data/); the lab points it into its own directory.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
-
-from ascend_fleet.errors import FleetError
 
 GATEWAY_FILE = "gateway.json"
 ROLLOUT_FILE = "rollout.json"
 TUNE_FILE = "tune.json"
-LOCK_FILE = "lock"
+SHARED_RECORDS = (GATEWAY_FILE, ROLLOUT_FILE, TUNE_FILE)  # what every control machine must see alike
 BLUE, GREEN = "blue", "green"
 COLOURS = (BLUE, GREEN)
 
@@ -89,24 +88,16 @@ class FleetState:
     def save_tune(self, record: dict) -> None:
         self._write(TUNE_FILE, record)
 
-    @contextmanager
-    def exclusive(self, what: str):
-        """Held while `what` (a rollout, swap or abandon) changes the fleet: a second one is refused
-        rather than drain or undrain beside it. The kernel drops the lock when its holder dies, so a
-        killed rollout leaves none."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / LOCK_FILE, "a+") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read().strip() or "another rollout"
-                raise FleetError(f"{holder} is changing this fleet now (lock {lock.name}); "
-                                 "wait for it to end") from None
-            lock.truncate(0)
-            lock.write(f"{what} (pid {os.getpid()})\n")
-            lock.flush()
-            yield
+    def record_text(self, name: str) -> str | None:
+        """A record as its file holds it, or None when there is none."""
+        try:
+            return (self.directory / name).read_text()
+        except FileNotFoundError:
+            return None
+
+    def replace_record(self, name: str, text: str) -> None:
+        """A record as another control machine left it on the fleet (fleetlease.py)."""
+        self._write(name, json.loads(text))
 
     def _read(self, name: str, default):
         try:

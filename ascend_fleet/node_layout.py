@@ -39,6 +39,9 @@ PACKAGE_DIR = f"{CACHE_DIR}/packages"  # verified vendor packages, also served t
 WHEEL_DIR = f"{CACHE_DIR}/wheels"  # verified wheels, also served to peers
 INSTALL_LOG = "/var/log/ascend-fleet-install.log"  # every vendor installer's output
 INSTALL_LOCK = "/run/lock/ascend-fleet-install.lock"  # held by a vendor installer while it runs
+# On the fleet's first gateway: the lease of the run changing the fleet and the records every control
+# machine shares (the drained set, the rollout's and the tune's progress), fleetlease.py.
+FLEET_LEASE_DIR = "/var/lib/ascend-fleet-lease"
 
 LOGIN_SCRIPT = "/etc/profile.d/ascend-fleet.sh"
 SYSCTL_FILE = "/etc/sysctl.d/90-ascend-fleet.conf"

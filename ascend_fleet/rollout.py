@@ -29,13 +29,17 @@ instances go back into the gateway once they pass their gates, and its record is
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -44,11 +48,12 @@ import requests
 from pydantic import BaseModel, Field, ValidationError
 from pyinfra.api import Inventory
 
+from ascend_fleet import fleetlease
 from ascend_fleet.bench import BenchOptions, instance_target, measure, regressions
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
-from ascend_fleet.fleetstate import FleetState, backend_key, other_colour
+from ascend_fleet.fleetstate import GATEWAY_FILE, FleetState, backend_key, other_colour
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.multi_node import data_parallel_roles
@@ -121,6 +126,12 @@ class Fleet:
         first = self.configs[self.workers[0]]
         self.model_name = first.model.served_model_name
         self.state = FleetState(first.fleet_state_dir)
+
+    def leased(self, what: str):
+        """The fleet's lease on its first gateway (fleetlease.py) while the block changes the fleet, the
+        fleet's records in the state meanwhile: a Fleet made before it reads colours made again after."""
+        gateway = self.gateways[0]
+        return fleetlease.holding(gateway, self.inventory.get_host(gateway).data.dict(), self.state, what)
 
     def backend(self, host: str, instance: Instance) -> Backend:
         return Backend(host, instance.name, self.addresses[host], instance.port, instance_env_file(instance.name))
@@ -360,17 +371,52 @@ def retried(check: Callable[[], object], seconds: float = GATE_SETTLE_SECONDS):
 
 
 def pyinfra_failure(output: str, hosts: list[str]) -> str:
-    """The line of pyinfra's output that says why: our gates' one-liners (`[host] host: ...`),
-    else the first error pyinfra reported."""
+    """The line of pyinfra's output that says why: our gates' one-liners (`[host] host: ...`), else a
+    host it could not connect to, else the first error pyinfra reported."""
     ours = re.compile(r"^\s*\[(\S+)\] (\1: .+)$")
     for line in output.splitlines():
         match = ours.match(line)
         if match and match[1] in hosts:
             return match[2]
+    # pyinfra names a host it cannot reach, then stops with "No hosts remaining!", which says nothing.
+    unreachable = re.compile(r"^\s*\[(\S+)\] (?:Could not connect|Could not resolve hostname|SSH error|EOF error) "
+                             r"\((.*)\)\s*$")
+    for line in output.splitlines():
+        if match := unreachable.match(line):
+            return f"{match[1]}: cannot connect over SSH ({match[2]}); check that it is up and reachable from here"
     for line in output.splitlines():
         if "pyinfra error" in line or re.search(r"\b(Error|error:|Failed)\b", line):
             return line.strip()
     return output.strip().splitlines()[-1] if output.strip() else "no output"
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def child_of(parent: int) -> None:
+    """Run in a rollout's child before it starts: in a process group of its own, which the rollout ends
+    with it, and killed by the kernel when the rollout dies, `kill -9` included (its SSH sessions close)."""
+    os.setpgid(0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the rollout died before the line above
+        os._exit(1)
+
+
+def run_child(argv: list[str]) -> tuple[int, str]:
+    """(exit code, output) of a pyinfra run of the rollout, under its fleet lease (fleetlease.LEASE_ENV):
+    it ends with the rollout, whichever way the rollout ends."""
+    lease = fleetlease.held()
+    env = {**os.environ, fleetlease.LEASE_ENV: lease.token} if lease else None
+    parent = os.getpid()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             preexec_fn=lambda: child_of(parent))
+    try:
+        output, _ = child.communicate()
+    finally:
+        if child.poll() is None:  # the rollout is ending (Ctrl-C, an error): so does its child's group
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    return child.returncode, output
 
 
 class Runner:
@@ -406,16 +452,26 @@ class Runner:
             argv += ["--data", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{re.sub(r'[^a-z0-9]+', '-', label.lower())}.log"
-        result = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log.write_text(f"$ {' '.join(argv)}\n{result.stdout}")
-        if result.returncode == 0:
+        returncode, output = run_child(argv)
+        log.write_text(f"$ {' '.join(argv)}\n{output}")
+        if returncode == 0:
             return None
-        return f"{pyinfra_failure(result.stdout, hosts)} (log: {log})"
+        return f"{pyinfra_failure(output, hosts)} (log: {log})"
 
     def set_gateway(self, drained: set[str], label: str) -> str | None:
-        """Record the drained set and apply it with the gateway deploy (nginx -t, then reload)."""
-        self.fleet.state.set_drained(drained)
-        return self.pyinfra(GATEWAY_DEPLOY, self.fleet.gateways, self.fleet.data, label)
+        """Apply the drained set with the gateway deploy (nginx -t, then reload). It is recorded, and pushed
+        to the fleet's records, once the gateway has it: a deploy that failed (nginx -t refused it, the
+        gateway did not answer) leaves the record as it was, as the gateway kept its config."""
+        state, lease = self.fleet.state, fleetlease.held()
+        before = state.drained()
+        with lease.withheld(GATEWAY_FILE) if lease else nullcontext():
+            state.set_drained(drained)  # the gateway deploy renders it from here
+            if (problem := self.pyinfra(GATEWAY_DEPLOY, self.fleet.gateways, self.fleet.data, label)) is not None:
+                state.set_drained(before)
+                return problem
+        if lease:
+            lease.push()
+        return None
 
     def wait_idle(self, backends: list[Backend], step: Step) -> str | None:
         time.sleep(DRAIN_SETTLE_SECONDS)
@@ -579,9 +635,7 @@ class Runner:
                 if backend.host in served:
                     served[backend.host].add(backend.instance)
                     state.set_served(backend.host, served[backend.host])
-            before = state.drained()
-            if (problem := self.set_gateway(before - back, "abandon")) is not None:
-                state.set_drained(before)  # as the gateways that kept their config (nginx -t first) have it
+            if (problem := self.set_gateway(state.drained() - back, "abandon")) is not None:
                 raise FleetError(f"the gateway deploy failed, the drained set is as it was: {problem}; "
                                  "fix it and run --abandon again")
         self.record.finished = True

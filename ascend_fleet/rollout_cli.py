@@ -174,7 +174,8 @@ def rollout(
             check_deploy_files(deploy, GATEWAY_DEPLOY)
             # The capacity plan preflight would refuse, before a wave is drained for it.
             check_fleet(fleet.inventory)
-            held.enter_context(fleet.state.exclusive(f"a rollout of {deploy}"))
+            held.enter_context(fleet.leased(f"a rollout of {deploy}"))
+            fleet = Fleet(inventory, fleet.data)
             record = check_not_stopped(fleet.state, resume)
             if record is None:
                 gate = None
@@ -206,8 +207,9 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
                 raise FleetError(f"--abandon takes no {', '.join(others)}: it puts back what the stopped rollout "
                                  "drained, whichever waves and hosts it had")
             given = parse_data(data)
-            state = Fleet(inventory, given).state
-            held.enter_context(state.exclusive("a rollout --abandon"))
+            as_given = Fleet(inventory, given)
+            held.enter_context(as_given.leased("a rollout --abandon"))
+            state = as_given.state
             record = abandonable(state)
             fleet = Fleet(inventory, {**record.data, **given})
             check_deploy_files(GATEWAY_DEPLOY)
@@ -251,7 +253,8 @@ def swap_model(
         with changing_nothing("swap-model"):
             fleet = Fleet(inventory, parse_data(data or []))
             check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, GATEWAY_DEPLOY, MONITORING_DEPLOY)
-            held.enter_context(fleet.state.exclusive(f"a swap-model to {model}"))
+            held.enter_context(fleet.leased(f"a swap-model to {model}"))
+            fleet = Fleet(inventory, fleet.data)
             stopped = recorded(fleet.state)
             if stopped and not stopped.finished and stopped.kind == "rollout":
                 raise FleetError(f"a rollout of {stopped.deploy} is stopped; finish it with `ascend-fleet rollout "

@@ -154,7 +154,8 @@ def winner(record: TuneRecord) -> Candidate | None:
 
 class CtrlC:
     """Ctrl-C during a tune, noted rather than raised: the terminal sends it to the tune's children
-    too (pyinfra, vllm bench, ssh), so the step that runs ends by itself; the tune then puts the
+    too (vllm bench, ssh), so the step that runs ends by itself; a pyinfra deploy, in a process group of
+    its own (rollout.run_child), finishes and the candidate is not measured. The tune then puts the
     canary back and exits 130. A KeyboardInterrupt raised wherever the tune happens to be, inside
     gevent's loop (pyinfra's), once left it waiting forever, with no child left, in a CI rehearsal.
     A second Ctrl-C stops at once, the canary left drained for --resume."""
@@ -234,7 +235,7 @@ class Tune:
                 self.report(f"candidate {index + 1}/{len(self.record.candidates)}: deploying {candidate.label}")
                 if (problem := self.deploy(candidate.settings, f"tune {index + 1}")) is not None:
                     candidate.status, candidate.reason = "failed", problem
-                else:
+                elif not ctrl_c.pressed:
                     self.report(f"candidate {index + 1}: vllm bench serve {candidate.label}")
                     try:
                         candidate.result, candidate.status = self.measure(index + 1), "done"
@@ -370,33 +371,34 @@ def tune(
     load = bench.BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts,
                               float("inf") if concurrency else request_rate, concurrency, input_len, output_len)
     asked = [Candidate(settings=settings) for settings in candidates_of(grid_values)]
-    previous = fleet.state.tune()
-    record = resumed(previous, asked, canary, instance, limits) if resume else None
-    if record is None:
-        if previous and not TuneRecord.model_validate(previous).finished:
-            raise FleetError(f"an unfinished tune of {previous['canary']} {previous['instance']} is recorded in "
-                             f"{fleet.state.directory / 'tune.json'}: run it again with --resume")
-        record = TuneRecord(inventory=str(inventory), canary=canary, instance=instance, slo=limits,
-                            load=load.to_dict(),
-                            candidates=asked, started=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        for candidate in record.candidates:
-            if (why := refusal(fleet, canary, instance, candidate.settings)) is not None:
-                candidate.status, candidate.reason = "skipped", why
-    bench.ensure_bench_venv("tune")
-    result_dir.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
-    with fleet.state.exclusive(f"tune of {canary} {instance}"), Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-            console=progress_console, disable=as_json) as progress:
-        task = progress.add_task("tune", total=len(record.candidates))
+    with fleet.leased(f"a tune of {canary} {instance}"):  # the fleet's tune record, from here on
+        previous = fleet.state.tune()
+        record = resumed(previous, asked, canary, instance, limits) if resume else None
+        if record is None:
+            if previous and not TuneRecord.model_validate(previous).finished:
+                raise FleetError(f"an unfinished tune of {previous['canary']} {previous['instance']} is recorded in "
+                                 f"{fleet.state.directory / 'tune.json'}: run it again with --resume")
+            record = TuneRecord(inventory=str(inventory), canary=canary, instance=instance, slo=limits,
+                                load=load.to_dict(),
+                                candidates=asked, started=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            for candidate in record.candidates:
+                if (why := refusal(fleet, canary, instance, candidate.settings)) is not None:
+                    candidate.status, candidate.reason = "skipped", why
+        bench.ensure_bench_venv("tune")
+        result_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
+        with Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                console=progress_console, disable=as_json) as progress:
+            task = progress.add_task("tune", total=len(record.candidates))
 
-        def report(what: str) -> None:
-            progress.update(task, description=what,
-                            completed=sum(c.status != "pending" for c in record.candidates))
+            def report(what: str) -> None:
+                progress.update(task, description=what,
+                                completed=sum(c.status != "pending" for c in record.candidates))
 
-        recorded_load = bench.BenchOptions(**{k: v for k, v in record.load.items() if v is not None})
-        with CtrlC(report).noted() as ctrl_c:
-            Tune(fleet, record, recorded_load, report, result_dir).run(deadline, ctrl_c)
+            recorded_load = bench.BenchOptions(**{k: v for k, v in record.load.items() if v is not None})
+            with CtrlC(report).noted() as ctrl_c:
+                Tune(fleet, record, recorded_load, report, result_dir).run(deadline, ctrl_c)
     if ctrl_c.pressed:
         left = sum(c.status == "pending" for c in record.candidates)
         progress_console.print(f"interrupted: {canary} {instance} is back with its own settings and in the gateway; "

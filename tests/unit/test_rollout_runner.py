@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from ascend_fleet import rollout, rollout_cli
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet
+from ascend_fleet.fleetlease import FleetLease
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.rollout import GATEWAY_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
 from ascend_fleet.rollout_cli import rollout_app
@@ -26,6 +27,7 @@ from ascend_fleet.rollout_cli import rollout_app
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
 QWEN35_27B = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
+GATEWAY = "gw-01.example.internal"
 CANARY, W2, W3 = "npu-01.example.internal", "npu-02.example.internal", "npu-03.example.internal"
 WAVE1 = {f"{host}/vllm-{i}" for host in (W2, W3) for i in range(4)}  # TP2: four instances a host
 STOPPED_AT_WAVE1 = {f"{W2}/vllm-0"}  # its /health answers 503
@@ -142,6 +144,16 @@ def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_
     assert check_not_stopped(fleet.state, resume=True).steps[1].status == "failed"
 
 
+def test_a_drain_the_gateway_did_not_apply_is_not_recorded(nodes, state_dir):
+    """Issue 30: with the gateway unreachable, instances were recorded drained that never were."""
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    record = plan_rollout(fleet, "deploys/serve.py", None, None)
+    nodes.gateway_fails = True
+    assert not Runner(fleet, record, lambda *_: None, 0).run()
+    assert record.steps[0].status == "failed" and record.steps[0].detail.startswith("gateway: gw-01")
+    assert fleet.state.drained() == set() and nodes.deploys() == []
+
+
 def test_a_rollout_of_a_deploy_file_that_does_not_exist_changes_nothing(nodes, state_dir):
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/nosuch.py")
     assert error == (f"rollout changed nothing: deploys/nosuch.py: no such deploy file in {PROJECT}; pass one "
@@ -238,13 +250,18 @@ def test_the_rollout_the_old_tool_left_stuck_on_a_missing_deploy_file_is_abandon
     assert check_not_stopped(fleet.state, resume=False) is None
 
 
-def test_a_second_rollout_beside_a_running_one_is_refused(nodes, state_dir):
-    with FleetState(state_dir).exclusive("a rollout of deploys/full.py"):
-        for args in (["deploys/serve.py"], ["--abandon"]):
-            error, _, _ = cli(state_dir, "rollout", str(PROD), *args)
-            assert error.endswith(f"a rollout of deploys/full.py (pid {os.getpid()}) is changing this "
-                                  f"fleet now (lock {state_dir}/lock); wait for it to end")
-    assert nodes.runs == []
+def test_a_second_rollout_beside_a_running_one_is_refused(nodes, state_dir, lease_host):
+    """The lease is on the fleet's first gateway (here: the lease scripts run on this machine)."""
+    running = FleetLease(GATEWAY, {}, FleetState(state_dir), "a rollout of deploys/full.py")
+    running.take()
+    for args in (["deploys/serve.py"], ["--abandon"]):
+        error, _, _ = cli(state_dir, "rollout", str(PROD), *args)
+        assert re.search(rf"the fleet is held by {running.holder.who}: a rollout of deploys/full.py "
+                         rf"\(pid {os.getpid()}\) since .*, last heartbeat \d+s ago \(lease on gateway {GATEWAY}\); "
+                         "wait for it to end: a lease whose holder crashed is free 60s after its last heartbeat$",
+                         error), error
+    assert nodes.runs == [] and set(lease_host.ran_on) == {GATEWAY}
+    running.release()
     error, _, _ = cli(state_dir, "rollout", str(PROD), "deploys/serve.py")
     assert error is None
 
