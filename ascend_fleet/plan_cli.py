@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -16,6 +17,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import (
     MODELS_DIR,
     FleetPlan,
+    InstanceReport,
     load_inventory,
     model_shape,
     model_support,
@@ -155,21 +157,43 @@ def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path,
 
 
 def print_fleet(fleet: FleetPlan, inventory: Path) -> None:
-    """One row per instance (figures per NPU), then each distinct warning once with its hosts."""
-    table = Table(title=f"plan: {inventory} (GiB per NPU)")
-    for column in ("host", "instance", "NPUs", "port", "layout", "weights", "KV B/token", "KV tokens",
-                   "concurrency", "max-num-seqs", "headroom", "verdict"):
-        table.add_column(column, justify="left" if column in ("host", "instance", "verdict") else "right")
-    for report in fleet.instances:
-        result, npus = report.plan, report.instance.npus
-        table.add_row(report.host, report.instance.name, f"{npus[0]}-{npus[-1]}" if len(npus) > 1 else str(npus[0]),
-                      str(report.instance.port), layout(result), f"{result.weight_bytes_per_npu / GIB:.1f}",
-                      f"{result.kv_cache_bytes_per_token_per_npu:,}", f"{result.kv_cache_tokens:,}",
-                      f"{result.max_concurrency:.2f}x", str(result.suggested_max_num_seqs),
-                      f"{result.headroom_bytes_per_npu / GIB:.1f}", f"[{VERDICT_STYLES[report.verdict]}]{report.verdict}[/]")
+    """One row per group of instances whose plans are alike (a fleet of a thousand identical workers is one
+    row, readable at 80 columns), the hosts of each group below it; then each distinct warning once with its
+    hosts. --json keeps one entry per instance."""
+    groups = plan_groups(fleet)
+    table = Table(title=f"plan: {inventory} (GiB per NPU)", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False)
+    # Short headers: nine columns in 80 (`conc.` the concurrency at max_model_len, `seqs` the max-num-seqs it suggests)
+    for column in ("#", "inst.", "layout", "weights", "KV tokens", "conc.", "seqs", "headroom", "verdict"):
+        table.add_column(column, justify="left" if column in ("layout", "verdict") else "right")
+    for number, (row, reports) in enumerate(groups.items(), start=1):
+        table.add_row(str(number), str(len(reports)), *row[:-1], f"[{VERDICT_STYLES[row[-1]]}]{row[-1]}[/]")
     console.print(table)
+    for number, reports in enumerate(groups.values(), start=1):
+        hosts = list(dict.fromkeys(report.host for report in reports))
+        instances = sorted({report.instance.name for report in reports})
+        console.print(f"group {number}: {len(hosts)} host{'s' if len(hosts) > 1 else ''} "
+                      f"({few(hosts)}), instances {few(instances)}", highlight=False)
     for message, hosts in fleet.warnings().items():
         console.print(f"[yellow]warning:[/] {message} ({', '.join(hosts)})", highlight=False)
+
+
+def plan_groups(fleet: FleetPlan) -> dict[tuple[str, ...], list[InstanceReport]]:
+    """The instances by the row their plan prints as (layout, weights, KV tokens, concurrency, suggested
+    max-num-seqs, headroom, verdict), in the order their first instance comes."""
+    groups: dict[tuple[str, ...], list[InstanceReport]] = {}
+    for report in fleet.instances:
+        result = report.plan
+        row = (layout(result), f"{result.weight_bytes_per_npu / GIB:.1f}", f"{result.kv_cache_tokens:,}",
+               f"{result.max_concurrency:.2f}x", str(result.suggested_max_num_seqs),
+               f"{result.headroom_bytes_per_npu / GIB:.1f}", report.verdict)
+        groups.setdefault(row, []).append(report)
+    return groups
+
+
+def few(names: list[str], shown: int = 3) -> str:
+    """`a, b, c` or `a, b, c and 7 more`."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def layout(result: InstancePlan) -> str:

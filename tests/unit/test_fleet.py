@@ -132,6 +132,19 @@ def test_plan_reports_every_instance_of_every_prod_worker():
     assert first["plan"]["mtp_weight_bytes_per_npu"] > 0
 
 
+def test_plan_of_alike_instances_is_one_row_that_a_pipe_reads_at_80_columns():
+    # Before: one row per instance, 12 columns cut to `npu…`, `vll…` in 80 (7.2 s at 4000 rows).
+    result = runner.invoke(build_app(), ["plan", "inventories/prod.py", "--model-config", str(QWEN35_27B)],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in result.output
+    rows = [line.split() for line in lines if line.strip().startswith("1 ")]
+    assert rows == [["1", "20", "TP2", "+", "MTP", "15.1", "1,209,393", "9.01x", "228", "5.0", "fits"]]
+    assert ("group 1: 5 hosts (npu-01.example.internal, npu-02.example.internal, npu-03.example.internal and 2 "
+            "more), instances vllm-0, vllm-1, vllm-2 and 1 more") in " ".join(result.output.split())
+
+
 def test_plan_finds_a_staged_config_in_the_local_models_tree(tmp_path):
     revision = tmp_path.joinpath(*PROD_MODEL[0].split("/"), PROD_MODEL[1])
     revision.mkdir(parents=True)
