@@ -12,12 +12,14 @@ import json
 import traceback
 import warnings
 from dataclasses import dataclass, replace
+from fnmatch import fnmatch
 from functools import cache
 from pathlib import Path
 
 import requests
 import yaml
 from pyinfra.api import Inventory, State
+from pyinfra.api.exceptions import NoGroupError
 from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
@@ -87,6 +89,28 @@ def load_inventory(path: Path, cwd: Path | None = None, override_data: dict | No
                                   group_data_directories=group_data)
     except (SyntaxError, UnexpectedExternalError) as exc:  # in the inventory or a group data file
         raise FleetError(_python_error(exc)) from None
+
+
+def limited_hosts(inventory: Inventory, limit: list[str] | None, path: Path) -> set[str] | None:
+    """The host names `--limit` picks, as pyinfra's own --limit reads it (a group's name, else a host name
+    pattern as fnmatch takes it; each option may hold several, comma-separated), or None without one.
+    Where pyinfra only warns, a pattern that picks no host is refused in one line: a typo must not read
+    as a fleet with nothing to show."""
+    if not limit:
+        return None
+    chosen: set[str] = set()
+    for pattern in (part.strip() for option in limit for part in option.split(",") if part.strip()):
+        try:
+            hosts = [host.name for host in inventory.get_group(pattern)]
+        except NoGroupError:
+            hosts = [host.name for host in inventory if fnmatch(host.name, pattern)]
+        if not hosts:
+            error = FleetError(f"{path}: --limit {pattern}: no group or host of the inventory matches it; "
+                               f"groups: {', '.join(sorted(inventory.groups))}")
+            error.exit_code = 2  # asked for what the inventory does not have, as a usage mistake
+            raise error
+        chosen.update(hosts)
+    return chosen
 
 
 def _python_error(exc: Exception) -> str:

@@ -18,6 +18,7 @@ from ascend_fleet.fleet import (
     MODELS_DIR,
     FleetPlan,
     InstanceReport,
+    limited_hosts,
     load_inventory,
     model_shape,
     model_support,
@@ -73,6 +74,9 @@ def plan(
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="--predict-concurrency: seats")] = 256,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1)] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="with INVENTORY: only these hosts' instances (names, groups or patterns, as pyinfra's "
+                        "--limit); what hosts must agree on is still planned over the whole fleet")] = None,
 ) -> None:
     """Weights, KV cache and concurrency per NPU, and a verdict: fits, tight, or does not fit.
 
@@ -82,7 +86,7 @@ def plan(
     if models_dir is not None:
         check_models_dir(models_dir, inventory, model_config)
     if inventory is not None:
-        plan_inventory(inventory, model_config, models_dir or MODELS_DIR, as_json)
+        plan_inventory(inventory, model_config, models_dir or MODELS_DIR, as_json, limit)
         return
     if model_config is None:
         raise FleetError("plan: pass an INVENTORY, or --model-config for a single instance")
@@ -139,9 +143,15 @@ def check_models_dir(models_dir: Path, inventory: Path | None, model_config: Pat
                          "drop one of them")
 
 
-def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path, as_json: bool) -> None:
-    """Every instance of every worker; refuses (one line naming host and instance) what does not fit."""
-    fleet = plan_fleet(load_inventory(inventory), model_config, models_dir)
+def plan_inventory(inventory: Path, model_config: Path | None, models_dir: Path, as_json: bool,
+                   limit: list[str] | None = None) -> None:
+    """Every instance of every worker (or of the hosts --limit picks); refuses (one line naming host and
+    instance) what does not fit."""
+    loaded = load_inventory(inventory)
+    chosen = limited_hosts(loaded, limit, inventory)
+    fleet = plan_fleet(loaded, model_config, models_dir)
+    if chosen is not None:
+        fleet = FleetPlan([report for report in fleet.instances if report.host in chosen])
     if not fleet.instances:
         error = FleetError(f"plan: {inventory} has no worker (a host whose data sets npu_count): nothing to plan; "
                            "give your NPU hosts npu_count, or plan one instance with --model-config")

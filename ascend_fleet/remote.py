@@ -32,7 +32,10 @@ from pyinfra.connectors.sshuserclient import SSHClient
 
 CONNECT_TIMEOUT_SECONDS = 10
 COMMAND_TIMEOUT_SECONDS = 60
-MAX_PARALLEL_HOSTS = 32
+# Hosts read at once. A read is a wait on the network (connect, one round trip), not work here, so
+# the bound is what waits cost: two threads (ours and paramiko's) and a socket a host. At 200, a
+# thousand hosts that accept and then hang cost five connect timeouts (50 s), not thirty.
+MAX_PARALLEL_HOSTS = 200
 # paramiko logs a failed handshake from its transport thread, traceback and all (Python's last-resort
 # handler prints it when nothing is configured); the exception that follows says the same, and we
 # print that, once. Our connections log here, where nothing is printed.
@@ -223,13 +226,14 @@ def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, Fa
 
 
 def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, FactQuery]]],
-                     on_read: Callable[[str], None] | None = None) -> dict[str, HostFacts]:
-    """{host: (ssh data, queries)} -> {host: HostFacts}, every host read at the same time;
+                     on_read: Callable[[str], None] | None = None,
+                     parallel: int = MAX_PARALLEL_HOSTS) -> dict[str, HostFacts]:
+    """{host: (ssh data, queries)} -> {host: HostFacts}, `parallel` hosts read at a time;
     on_read(host) as each one is read."""
     if not hosts:
         return {}
     arguments = ssh_arguments({name: data for name, (data, _) in hosts.items()})
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_HOSTS, len(hosts))) as pool:
+    with ThreadPoolExecutor(max_workers=min(parallel, len(hosts))) as pool:
         futures = {pool.submit(read_host_facts, name, data, queries, arguments[name]): name
                    for name, (data, queries) in hosts.items()}
         for future in as_completed(futures):

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import crossplane
 import typer
@@ -36,7 +36,7 @@ from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages
 from ascend_fleet.facts.hccn import NpuNicHealth
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.facts.weights import StagedModel
-from ascend_fleet.fleet import fleet_roles, load_inventory
+from ascend_fleet.fleet import fleet_roles, limited_hosts, load_inventory
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
@@ -44,7 +44,7 @@ from ascend_fleet.node.stage_weights import deep_verify_of
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.remote import FactQuery, HostFacts, read_fleet_facts
+from ascend_fleet.remote import MAX_PARALLEL_HOSTS, FactQuery, HostFacts, read_fleet_facts
 
 HTTP_TIMEOUT_SECONDS = 5
 VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")
@@ -323,10 +323,13 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
     return status
 
 
-def read_status(inventory: Inventory, on_read: Callable[[str], None] | None = None) -> FleetStatus:
-    """Every host's reading, judged; on_read(host) as each host's facts arrive."""
+def read_status(inventory: Inventory, on_read: Callable[[str], None] | None = None,
+                hosts_read: set[str] | None = None, parallel: int = MAX_PARALLEL_HOSTS) -> FleetStatus:
+    """Every host's reading (or those of hosts_read, and the gateways, which say what is routed), judged;
+    on_read(host) as each host's facts arrive; at most `parallel` hosts read at once."""
     started, read_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    configs = [host_node_config(host) for host in inventory]
+    configs = [config for config in map(host_node_config, inventory)
+               if hosts_read is None or config.host in hosts_read or config.is_gateway]
     profiles = {name: load_profile(name) for name in {config.profile for config in configs}}
     hosts = {host.name: host for host in inventory}
     roles = fleet_roles(inventory)
@@ -338,7 +341,7 @@ def read_status(inventory: Inventory, on_read: Callable[[str], None] | None = No
         if config.is_gateway:
             queries |= gateway_queries()
         plans[config.host] = (hosts[config.host].data.dict(), queries)
-    facts = read_fleet_facts(plans, on_read)
+    facts = read_fleet_facts(plans, on_read, parallel)
     statuses = [host_status(config, profiles[config.profile], facts[config.host], roles.get(config.host))
                 for config in configs]
     join_members(statuses, roles)
@@ -499,9 +502,11 @@ def reading_progress(hosts: list[str]):
         yield on_read
 
 
-def read_with_progress(inventory: Inventory) -> FleetStatus:
-    with reading_progress([host.name for host in inventory]) as on_read:
-        return read_status(inventory, on_read)
+def read_with_progress(inventory: Inventory, hosts_read: set[str] | None, parallel: int) -> FleetStatus:
+    names = [host.name for host in inventory if hosts_read is None or host.name in hosts_read
+             or host_node_config(host).is_gateway]
+    with reading_progress(names) as on_read:
+        return read_status(inventory, on_read, hosts_read, parallel)
 
 
 def status(
@@ -509,13 +514,19 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output (one JSON line per reading)")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="read again every --interval seconds until Ctrl-C")] = False,
     interval: Annotated[float, typer.Option("--interval", help="seconds between readings with --watch")] = 5.0,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="only these hosts (names, groups or patterns, as pyinfra's --limit); the gateways are "
+                        "read too: they say what is routed")] = None,
+    parallel: Annotated[int, typer.Option(
+        "--parallel", min=1, help="hosts read at once (each a wait on the network, not work)")] = MAX_PARALLEL_HOSTS,
 ) -> int:
     """Every instance of the fleet: versions against the profile, NPUs, unit, /health, load,
     latency and whether the gateway routes to it. Exits 1 when anything is red."""
     loaded = load_inventory(inventory)
+    hosts_read = limited_hosts(loaded, limit, inventory)
     console = Console(width=None if Console().is_terminal else 240)
     if not watch:
-        reading = read_with_progress(loaded)
+        reading = read_with_progress(loaded, hosts_read, parallel)
         show(reading, console, as_json)
         return 0 if reading.ok else 1
     # Ctrl-C sets an event rather than raising: under pyinfra's gevent the KeyboardInterrupt would land in
@@ -524,7 +535,7 @@ def status(
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
     try:
         while not stopped.is_set():
-            reading = read_with_progress(loaded)
+            reading = read_with_progress(loaded, hosts_read, parallel)
             if stopped.is_set():
                 break
             if console.is_terminal and not as_json:

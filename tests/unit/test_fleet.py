@@ -145,6 +145,14 @@ def test_plan_of_alike_instances_is_one_row_that_a_pipe_reads_at_80_columns():
             "more), instances vllm-0, vllm-1, vllm-2 and 1 more") in " ".join(result.output.split())
 
 
+def test_plan_limit_keeps_the_instances_of_the_hosts_it_names():
+    result = runner.invoke(build_app(), ["plan", "inventories/prod.py", "--model-config", str(QWEN35_27B),
+                                         "--limit", "canary", "--limit", "npu-05*", "--json"])
+    assert result.exit_code == 0, result.output
+    hosts = [instance["host"] for instance in json.loads(result.output)["instances"]]
+    assert hosts == ["npu-01.example.internal"] * 4 + ["npu-05.example.internal"] * 4
+
+
 def test_plan_finds_a_staged_config_in_the_local_models_tree(tmp_path):
     revision = tmp_path.joinpath(*PROD_MODEL[0].split("/"), PROD_MODEL[1])
     revision.mkdir(parents=True)

@@ -95,3 +95,20 @@ def test_ctrl_c_stops_status_watch_without_gevents_report(tmp_path, mode):
         out, err = watching.communicate(timeout=60)
     assert watching.returncode == 0 and time.monotonic() - started < remote.CONNECT_TIMEOUT_SECONDS + 5
     assert "KeyboardInterrupt" not in out + err and "Traceback" not in out + err, err
+
+
+def test_limit_reads_the_hosts_it_names_and_the_gateways_and_a_limit_matching_nothing_is_one_line(tmp_path):
+    """A fleet of hundreds is read in part with pyinfra's --limit (a group, a name, a pattern); the gateways
+    are read too, as they say what is routed."""
+    inventory = write_fleet(tmp_path, refused_port())
+
+    def read(*limit: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).with_name("ascend-fleet")), "status", str(inventory), *limit],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    assert set(host_lines(read("--limit", "canary").stdout)) == {"node1", "gw"}
+    assert set(host_lines(read("--limit", "node*").stdout)) == {"node1", "node2", "gw"}
+    refused = read("--limit", "nodes")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert " ".join(refused.stderr.split()) == (f"error: {inventory}: --limit nodes: no group or host of the "
+                                                "inventory matches it; groups: canary, gateway, loopback, wave1, workers")
