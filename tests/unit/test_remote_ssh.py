@@ -25,8 +25,8 @@ def site(tmp_path_factory):
     host_key, client_key = make_key(home / "host_key"), make_key(home / "id_ed25519")
     bastion, worker = LoopbackSSHServer(host_key, client_key), LoopbackSSHServer(host_key, client_key)
     (home / "known_hosts").write_text(bastion.known_hosts_line() + worker.known_hosts_line())
-    common = (f"  HostName 127.0.0.1\n  IdentityFile {home / 'id_ed25519'}\n  UserKnownHostsFile {home / 'known_hosts'}\n"
-              "  StrictHostKeyChecking yes\n")
+    common = (f"  HostName 127.0.0.1\n  IdentityFile {home / 'id_ed25519'}\n"
+              f"  UserKnownHostsFile {home / 'known_hosts'}\n  StrictHostKeyChecking yes\n")
     (home / "config").write_text(f"Host bastion\n  Port {bastion.port}\n{common}"
                                  f"Host worker1\n  Port {worker.port}\n  ProxyJump bastion\n{common}"
                                  f"Host direct\n  Port {worker.port}\n{common}")

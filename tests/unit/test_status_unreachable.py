@@ -110,5 +110,6 @@ def test_limit_reads_the_hosts_it_names_and_the_gateways_and_a_limit_matching_no
     assert set(host_lines(read("--limit", "node*").stdout)) == {"node1", "node2", "gw"}
     refused = read("--limit", "nodes")
     assert refused.returncode == 2 and refused.stdout == ""
-    assert " ".join(refused.stderr.split()) == (f"error: {inventory}: --limit nodes: no group or host of the "
-                                                "inventory matches it; groups: canary, gateway, loopback, wave1, workers")
+    assert " ".join(refused.stderr.split()) == (
+        f"error: {inventory}: --limit nodes: no group or host of the inventory matches it; "
+        "groups: canary, gateway, loopback, wave1, workers")
