@@ -323,13 +323,18 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
     return status
 
 
-def read_status(inventory: Inventory, on_read: Callable[[str], None] | None = None,
-                hosts_read: set[str] | None = None, parallel: int = MAX_PARALLEL_HOSTS) -> FleetStatus:
-    """Every host's reading (or those of hosts_read, and the gateways, which say what is routed), judged;
-    on_read(host) as each host's facts arrive; at most `parallel` hosts read at once."""
+def configs_read(inventory: Inventory, hosts_read: set[str] | None) -> list[NodeConfig]:
+    """The configs of the hosts a reading covers: every host, or those of hosts_read and the gateways,
+    which say what is routed."""
+    return [config for config in map(host_node_config, inventory)
+            if hosts_read is None or config.host in hosts_read or config.is_gateway]
+
+
+def read_status(inventory: Inventory, configs: list[NodeConfig], on_read: Callable[[str], None] | None = None,
+                parallel: int = MAX_PARALLEL_HOSTS) -> FleetStatus:
+    """The reading of these hosts (configs_read), judged; on_read(host) as each host's facts arrive; at most
+    `parallel` hosts read at once."""
     started, read_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    configs = [config for config in map(host_node_config, inventory)
-               if hosts_read is None or config.host in hosts_read or config.is_gateway]
     profiles = {name: load_profile(name) for name in {config.profile for config in configs}}
     hosts = {host.name: host for host in inventory}
     roles = fleet_roles(inventory)
@@ -503,10 +508,9 @@ def reading_progress(hosts: list[str]):
 
 
 def read_with_progress(inventory: Inventory, hosts_read: set[str] | None, parallel: int) -> FleetStatus:
-    names = [host.name for host in inventory if hosts_read is None or host.name in hosts_read
-             or host_node_config(host).is_gateway]
-    with reading_progress(names) as on_read:
-        return read_status(inventory, on_read, hosts_read, parallel)
+    configs = configs_read(inventory, hosts_read)
+    with reading_progress([config.host for config in configs]) as on_read:
+        return read_status(inventory, configs, on_read, parallel)
 
 
 def status(
