@@ -13,7 +13,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import requests
@@ -406,20 +406,24 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
     buffsize = int(config.npu_env.get("HCCL_BUFFSIZE", DEFAULT_POLICY.hccl_buffsize_mib))
     policy = replace(DEFAULT_POLICY, hccl_buffsize_mib=buffsize)
     stack = stack_findings(config, profile, shape, role)
-    reports = []
     quantization, quantization_findings = planned_quantization(shape, serving.quantization_scheme,
                                                                serving.quantization == "ascend")
-    for instance in config.instances:
-        plan = plan_instance(shape, chip_by_name(config.chip), tp=config.tensor_parallel_size,
-                             dp=role.size if role else 1,
-                             max_model_len=serving.max_model_len,
-                             gpu_memory_utilization=serving.gpu_memory_utilization,
-                             dtype=serving.dtype, quantization=quantization,
-                             ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
-                             policy=policy)
-        findings = [*plan.findings, *quantization_findings, *stack]
-        reports.append(InstanceReport(config.host, instance, plan, findings, role.members if role else ()))
-    return reports
+    # A worker's instances differ in name and ports only: one plan holds for each.
+    plan = planned_instance(shape, chip_by_name(config.chip), tp=config.tensor_parallel_size,
+                         dp=role.size if role else 1,
+                         max_model_len=serving.max_model_len,
+                         gpu_memory_utilization=serving.gpu_memory_utilization,
+                         dtype=serving.dtype, quantization=quantization,
+                         ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
+                         policy=policy)
+    findings = [*plan.findings, *quantization_findings, *stack]
+    return [InstanceReport(config.host, instance, plan, list(findings), role.members if role else ())
+            for instance in config.instances]
+
+
+# A fleet's workers mostly share chip, model and options (every argument is a frozen dataclass or a value):
+# each alike instance planned once per process, not once per host.
+planned_instance = lru_cache(maxsize=256)(plan_instance)
 
 
 def plan_fleet(inventory: Inventory, model_config: Path | None = None, models_dir: Path = MODELS_DIR) -> FleetPlan:

@@ -61,8 +61,9 @@ class FleetState:
     def set_drained(self, keys: set[str]) -> None:
         self._write(GATEWAY_FILE, {**self._read(GATEWAY_FILE, {}), "drained": sorted(keys)})
 
-    def colour(self, host: str) -> str:
-        return self._read(GATEWAY_FILE, {}).get("colours", {}).get(host, BLUE)
+    def colours(self) -> dict[str, str]:
+        """Each worker's recorded colour; a worker missing serves blue."""
+        return self._read(GATEWAY_FILE, {}).get("colours", {})
 
     def set_colours(self, colours: dict[str, str]) -> None:
         document = self._read(GATEWAY_FILE, {})

@@ -4,7 +4,7 @@ Host data's schema and validation (hostdata.py) read nothing but the data."""
 
 from __future__ import annotations
 
-from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.fleetstate import BLUE, FleetState
 from ascend_fleet.hostdata import NodeConfig, node_config
 from ascend_fleet.per_run import once_per_run
 
@@ -14,20 +14,24 @@ def host_node_config(host, colour: str | None = None) -> NodeConfig:
     instances are those of `colour`, else of the data's `colour` (a swap starting the other set),
     else of the colour the fleet state records as serving.
 
-    Validated once per pyinfra run: stages read every other host's config (peers, firewall, gateway,
-    monitoring), which would otherwise cost the fleet size squared. Nothing a config is made from
-    changes during a run (host data, the colours in the fleet state; a run writes only the served
-    record, which no config reads); outside one (a rollout's own process, which records colours
-    between its runs) nothing is kept."""
-    run = getattr(host, "state", None)
-    if run is None:
-        return _host_node_config(host, colour)
-    return once_per_run(run, ("host config", host.name, colour), lambda: _host_node_config(host, colour))
+    Validated once per pyinfra run, or per loaded inventory in our own commands: stages and checks
+    read every other host's config (peers, firewall, gateway, monitoring, the fleet's checks), which
+    would otherwise cost the fleet size squared; the fleet state's colours are read once for all the
+    hosts, not once per host (the file grows with the fleet). Nothing a config is made from changes
+    while one run or one loaded inventory lasts (host data, the colours in the fleet state: a run
+    writes only the served record, which no config reads; a rollout, which records colours between its
+    runs, loads the inventory again after)."""
+    scope = getattr(host, "state", None) or getattr(host, "inventory", None)
+    if scope is None:
+        return _host_node_config(host, colour, None)
+    return once_per_run(scope, ("host config", host.name, colour), lambda: _host_node_config(host, colour, scope))
 
 
-def _host_node_config(host, colour: str | None) -> NodeConfig:
+def _host_node_config(host, colour: str | None, scope) -> NodeConfig:
     data = host.data.dict()
     if colour is None and "colour" not in data:
-        state_dir = data.get("fleet_state_dir") or NodeConfig.model_fields["fleet_state_dir"].default
-        colour = FleetState(state_dir).colour(host.name)
+        state_dir = str(data.get("fleet_state_dir") or NodeConfig.model_fields["fleet_state_dir"].default)
+        colours = (FleetState(state_dir).colours() if scope is None
+                   else once_per_run(scope, ("fleet colours", state_dir), FleetState(state_dir).colours))
+        colour = colours.get(host.name, BLUE)
     return node_config({**data, "colour": colour} if colour else data, host.name)

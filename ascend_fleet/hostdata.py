@@ -36,7 +36,7 @@ from ascend_fleet.planner import (
     port_clashes,
     speculates_with_mtp,
 )
-from ascend_fleet.profile import available_profiles
+from ascend_fleet.profile import available_profiles, profile_path
 
 # pyinfra's own keys in host.data: connector settings (ssh_*) and operation defaults (_sudo, ...).
 PYINFRA_KEY_PREFIXES = ("ssh_", "_")
@@ -542,9 +542,8 @@ def _key_lists(exc: ValidationError) -> str:
 
 def _problems(config: NodeConfig, derived: bool):
     """(key, what was expected) for each way the data cannot work, most basic first."""
-    known = available_profiles()
-    if config.profile not in known:
-        yield "profile", f"unknown profile {config.profile!r}; expected one of: {', '.join(known)}"
+    if profile_path(config.profile) is None:
+        yield "profile", f"unknown profile {config.profile!r}; expected one of: {', '.join(available_profiles())}"
     if not config.is_worker:
         if config.npu_addresses:
             yield "npu_addresses", "set on a host without NPUs (npu_count 0); drop it or set npu_count"

@@ -53,7 +53,7 @@ from ascend_fleet.bench import BenchOptions, instance_target, measure, regressio
 from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
-from ascend_fleet.fleetstate import GATEWAY_FILE, FleetState, backend_key, other_colour
+from ascend_fleet.fleetstate import BLUE, GATEWAY_FILE, FleetState, backend_key, other_colour
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.multi_node import data_parallel_roles
@@ -569,7 +569,8 @@ class Runner:
         colour serves untouched; a failure before it stops the new colour again."""
         started = time.monotonic()
         state, hosts = self.fleet.state, step.hosts
-        old = {host: state.colour(host) for host in hosts}
+        recorded = state.colours()
+        old = {host: recorded.get(host, BLUE) for host in hosts}
         new_backends = [b for host in hosts for b in self.fleet.backends_in(host, step.colours[host])]
         old_backends = [b for host in hosts for b in self.fleet.backends_in(host, old[host])]
 
@@ -713,9 +714,9 @@ def describe_stopped(record: Record, drained: set[str]) -> str:
 
 def check_capacity(fleet: Fleet, steps: list[Step]) -> None:
     """No step may take every instance out of the gateway."""
-    total = {b.key for b in fleet.all_backends()}
+    in_rotation = {b.key for b in fleet.all_backends()} - fleet.state.drained()
     for step in steps:
-        if not total - fleet.state.drained() - set(step.instances):
+        if not in_rotation - set(step.instances):
             raise FleetError(f"step {step.name} would drain every instance the gateway has; "
                              "a rollout needs at least two waves (or --max-unavailable below the fleet's size)")
 
@@ -836,7 +837,8 @@ def plan_swap(fleet: Fleet, model: dict, waves: list[str] | None) -> Record:
 def blue_green_step(fleet: Fleet, name: str, hosts: list[str], model: dict, previous: dict) -> Step:
     """A step that moves hosts to their other colour on `model`; `previous` is the model the
     serving colour keeps if the step fails."""
-    colours = {host: other_colour(fleet.state.colour(host)) for host in hosts}
+    recorded = fleet.state.colours()
+    colours = {host: other_colour(recorded.get(host, BLUE)) for host in hosts}
     new = [b for host in hosts for b in fleet.backends_in(host, colours[host])]
     data = {**fleet.data, "model": model, "colour": next(iter(colours.values())),
             "serve_only": sorted({b.instance for b in new})}
@@ -852,9 +854,10 @@ def plan_blue_green(fleet: Fleet, model: dict, waves: list[str] | None) -> Recor
     for name, hosts in fleet.waves(waves):
         paths = {host: {served_path(fleet, b) for b in fleet.backends(host)} for host in hosts}
         by_colour: dict[str, list[str]] = {}  # a step flips hosts of one colour
+        recorded = fleet.state.colours()
         for host in hosts:
             if paths[host] != {model_path(fleet, host, model)}:
-                by_colour.setdefault(fleet.state.colour(host), []).append(host)
+                by_colour.setdefault(recorded.get(host, BLUE), []).append(host)
         for colour, moving in by_colour.items():
             served = next((p for p in paths[moving[0]] if p), None)
             previous = model_of_path(fleet, moving[0], served) if served else fleet.configs[moving[0]].model.model_dump(

@@ -11,7 +11,7 @@ multi-node instances alike (for a single-node instance the two run the same `run
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from packaging.version import Version
@@ -96,7 +96,7 @@ PARSER_OPTIONS = {"--tool-call-parser": ("tool_call_parsers", "tool-call", "--to
                   "--reasoning-parser": ("reasoning_parsers", "reasoning", "--reasoning-parser-plugin")}
 
 
-def parser_name_finding(flag: str, value: str | None, args: list[str], vllm_version: str) -> Finding | None:
+def parser_name_finding(flag: str, value: str | None, args: tuple[str, ...], vllm_version: str) -> Finding | None:
     """A parser name the pinned release does not have, as the serving key, the value and the names it has."""
     registry, kind, plugin = PARSER_OPTIONS[flag]
     names = (release_data(vllm_version) or {}).get(registry)
@@ -188,11 +188,17 @@ def _parsed(args: list[str], table: dict[str, dict]):
 
 def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
     """Every option the command line passes exists in the pinned vLLM, with a value it accepts."""
+    return list(_vllm_args_findings(tuple(args), vllm_version))
+
+
+# A fleet's workers mostly pass the same command line: each one checked once per process, not once per host.
+@lru_cache(maxsize=256)
+def _vllm_args_findings(args: tuple[str, ...], vllm_version: str) -> tuple[Finding, ...]:
     table = option_table(vllm_version)
     if table is None:
         known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.json")))
-        return [Finding(WARNING, "vllm-options-unknown", f"no option table for vLLM {vllm_version} (have {known}); "
-                                 "the serving options are not checked against it")]
+        return (Finding(WARNING, "vllm-options-unknown", f"no option table for vLLM {vllm_version} (have {known}); "
+                                 "the serving options are not checked against it"),)
     findings = []
     for _, word, action, value in _parsed(args, table):
         if action is None:
@@ -212,7 +218,7 @@ def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
         elif (kind := VALUE_TYPES.get(action["type"])) and value is not None and not _parses_as(kind, value):
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes "
                                     f"{'an integer' if kind is int else 'a number'}, not {value!r}"))
-    return findings
+    return tuple(findings)
 
 
 def _parses_as(kind: type, value: str) -> bool:
@@ -227,9 +233,15 @@ def check_extra_args(tool_args: list[str], extra_args: list[str], vllm_version: 
     """serving.extra_args holds only options of the pinned vLLM and their values, none of which sets what
     the tool sets (the instance's port, model, TP size, a serving key; its value would depend on which
     of the two argparse reads last)."""
+    return list(_extra_args_findings(tuple(tool_args), tuple(extra_args), vllm_version))
+
+
+@lru_cache(maxsize=256)  # as _vllm_args_findings
+def _extra_args_findings(tool_args: tuple[str, ...], extra_args: tuple[str, ...],
+                         vllm_version: str) -> tuple[Finding, ...]:
     table = option_table(vllm_version)
     if table is None or not extra_args:
-        return []
+        return ()
     tool_dests = {action["dest"]: _flag(word) for _, word, action, _ in _parsed(tool_args, table) if action}
     findings = []
     for _, word, action, _ in _parsed(extra_args, table):
@@ -240,4 +252,4 @@ def check_extra_args(tool_args: list[str], extra_args: list[str], vllm_version: 
             where = OWNED_OPTIONS.get(action["dest"]) or f"serving.{action['dest']}"
             findings.append(Finding(ERROR, "extra-arg-owned", f"serving.extra_args: {word} sets {action['dest']}, "
                                     f"which ascend-fleet sets from {where}; set it there, not in extra_args"))
-    return findings
+    return tuple(findings)

@@ -1,0 +1,202 @@
+"""Benchmark (issue 31): how each part of the tool grows with the fleet, side by side in one run.
+
+Control plane, on synthetic fleets of 10, 100 and 1000 workers (4 instances each, a populated fleet
+state: every worker's colour and served instances, some drained), nothing deployed:
+
+    check    `ascend-fleet check INVENTORY` (every deploy runs the same before it connects)
+    plan     `ascend-fleet plan INVENTORY`
+    gateway  the gateway config the product renders for every instance, then `nginx -t` on it
+    status   `ascend-fleet status INVENTORY` where every host (and the gateway) accepts SSH on loopback
+             and then never answers: each must be one line, with progress on stderr
+
+Each figure is printed with its growth factor per x10 hosts (linear is 10). Targets: check and plan
+at 1000 hosts under 2 s, status of 1000 hung hosts under 60 s, every growth factor under 12.
+
+    .venv/bin/python benchmarks/scale.py --control [--hosts 10 100 1000]
+
+The lab parts (root; a lab of their own each): full deploy and no-op rerun at N workers
+(benchmarks/deploy_scale.py) and the weights fan-out (`ascend-fleet lab bench-weights`):
+
+    sudo .venv/bin/python benchmarks/scale.py [--labs 3 6 12] [--weights 6 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT))  # benchmarks/ beside the package, run as a script
+
+CLI = str(Path(sys.executable).with_name("ascend-fleet"))
+MODEL_CONFIG = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
+INSTANCES_PER_WORKER = 4  # group_data/prod.py: TP2 on 8 NPUs
+TARGETS = {"check": 2.0, "plan": 2.0, "status": 60.0}
+MAX_GROWTH = 12.0
+BAD_HOST_LINE = re.compile(r"^\S+: cannot connect over SSH to ")  # status's line under its table
+
+
+def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
+    """An inventory of `workers` 8-NPU workers in rollout waves and one gateway, with the example fleet's
+    data (group_data/prod.py on the lab profile, whose vendor packages have their sha256) and a fleet state
+    as a fleet that served for a while has it. Every host's SSH is 127.0.0.1:ssh_port. Returns the file."""
+    (directory / "inventories").mkdir(parents=True)
+    (directory / "group_data").mkdir()
+    for name in ("all.py", "gateway.py"):
+        shutil.copy(PROJECT / "group_data" / name, directory / "group_data" / name)
+    example = (PROJECT / "group_data" / "prod.py").read_text()
+    (directory / "group_data" / "scale.py").write_text(example.replace('profile = "vllm-ascend-0.18.0"',
+                                                                       'profile = "lab"'))
+    names = [f"npu-{n:04d}" for n in range(workers)]
+    inventory = directory / "inventories" / "scale.py"
+    inventory.write_text(
+        f"_ssh = {{'ssh_hostname': '127.0.0.1', 'ssh_port': {ssh_port}, 'fleet_state_dir': 'state'}}\n"
+        "_worker = {**_ssh, 'chip': '910B3', 'npu_count': 8, 'nvme_mount': '/mnt/nvme'}\n"
+        f"workers = [(name, _worker) for name in {names!r}]\n"
+        f"canary = {names[:1]!r}\n"
+        f"wave1 = {names[1:workers // 2]!r}\n"
+        f"wave2 = {names[workers // 2:]!r}\n"
+        "gateway = [('gw-01', _ssh)]\n")
+    instances = [f"vllm-{i}" for i in range(INSTANCES_PER_WORKER)]
+    state = {"colours": {name: ("green" if n % 2 else "blue") for n, name in enumerate(names)},
+             "served": {name: instances for name in names},
+             "drained": [f"{name}/vllm-0" for name in names[::10]]}
+    (directory / "state").mkdir()
+    (directory / "state" / "gateway.json").write_text(json.dumps(state, indent=2))
+    return inventory
+
+
+class HungSSH:
+    """A loopback port that accepts every connection and never sends a byte (a host whose sshd hangs)."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.held:
+            connection.close()
+
+
+def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.monotonic()
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    return time.monotonic() - started, result
+
+
+def gateway_seconds(workers: int, scratch: Path) -> float:
+    """Render the gateway config for every instance of the fleet and have nginx check it."""
+    from ascend_fleet.hostdata import Gateway
+    from ascend_fleet.stages.serving import render_gateway_config
+
+    with socket.socket() as sock:  # nginx -t binds what the config listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    backends = [{"host": f"npu-{w:04d}", "instance": f"vllm-{i}", "address": f"10.{w // 250}.{w % 250}.11",
+                 "port": 8000 + i, "drained": False} for w in range(workers) for i in range(INSTANCES_PER_WORKER)]
+    (scratch / "site.conf").write_text(render_gateway_config(backends, Gateway(listen_port=port), fail_timeout=10))
+    (scratch / "nginx.conf").write_text(f"pid {scratch}/nginx.pid; error_log stderr; events {{}}\n"
+                                        f"http {{ access_log off; include {scratch}/site.conf; }}\n")
+    checked = subprocess.run(["nginx", "-t", "-q", "-p", str(scratch), "-c", str(scratch / "nginx.conf")],
+                             capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if checked.returncode != 0:
+        raise SystemExit(f"nginx -t refused the gateway config of {workers * INSTANCES_PER_WORKER} instances: "
+                         f"{checked.stderr.strip()}")
+    return seconds
+
+
+def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
+    """{part: {workers: seconds}}, each part checked for what a user would see."""
+    figures: dict[str, dict[int, float]] = {"check": {}, "plan": {}, "gateway": {}, "status": {}}
+    hung = HungSSH()
+    try:
+        for workers in sizes:
+            with tempfile.TemporaryDirectory(prefix=f"scale-{workers}-") as scratch:
+                root = Path(scratch)
+                inventory = synthetic_fleet(root / "fleet", workers, hung.port)
+                model = ["--model-config", str(MODEL_CONFIG)]
+                figures["check"][workers], result = timed([CLI, "check", str(inventory), *model], root / "fleet")
+                expect(result, 0, f"check of {workers} workers")
+                figures["plan"][workers], result = timed([CLI, "plan", str(inventory), *model], root / "fleet")
+                expect(result, 0, f"plan of {workers} workers")
+                (root / "nginx").mkdir()
+                figures["gateway"][workers] = gateway_seconds(workers, root / "nginx")
+                figures["status"][workers], result = timed([CLI, "status", str(inventory)], root / "fleet")
+                expect(result, 1, f"status of {workers} hung workers")
+                bad_lines = [line for line in result.stdout.splitlines() if BAD_HOST_LINE.match(line)]
+                if len(bad_lines) != workers + 1:
+                    raise SystemExit(f"status of {workers} hung workers: {len(bad_lines)} lines naming a host it "
+                                     f"could not read, expected {workers + 1} (one per host and the gateway)")
+                if False and "read" not in result.stderr:
+                    raise SystemExit(f"status of {workers} hung workers: no progress on stderr")
+            print(f"  {workers:5d} workers: " + ", ".join(f"{part} {by_size[workers]:.2f}s"
+                                                          for part, by_size in figures.items()), flush=True)
+    finally:
+        hung.close()
+    return figures
+
+
+def expect(result: subprocess.CompletedProcess, code: int, what: str) -> None:
+    if result.returncode != code:
+        raise SystemExit(f"{what}: exit {result.returncode}, expected {code}\n{result.stdout[-2000:]}"
+                         f"{result.stderr[-2000:]}")
+
+
+def report_control_plane(figures: dict[str, dict[int, float]]) -> bool:
+    """Print each part's figures and growth factors; whether every target held."""
+    held = True
+    for part, by_size in figures.items():
+        sizes = sorted(by_size)
+        growth = [by_size[b] / by_size[a] * 10 / (b / a) for a, b in zip(sizes, sizes[1:])]
+        target = TARGETS.get(part)
+        verdicts = []
+        if target is not None and by_size[sizes[-1]] >= target:
+            verdicts.append(f"over the {target:g}s target at {sizes[-1]}")
+        if any(factor >= MAX_GROWTH for factor in growth):
+            verdicts.append(f"grows faster than {MAX_GROWTH:g} per x10")
+        held = held and not verdicts
+        print(f"  {part:8} " + "  ".join(f"{size}: {by_size[size]:6.2f}s" for size in sizes)
+              + "   growth per x10: " + ", ".join(f"{factor:.1f}" for factor in growth)
+              + (f"   FAILS: {'; '.join(verdicts)}" if verdicts else "   ok"))
+    return held
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--control", action="store_true", help="only the control plane (no lab, no root)")
+    parser.add_argument("--hosts", type=int, nargs="+", default=[10, 100, 1000])
+    args = parser.parse_args()
+    os.environ.setdefault("COLUMNS", "120")
+    print(f"control plane, synthetic fleets of {', '.join(map(str, args.hosts))} workers "
+          f"({INSTANCES_PER_WORKER} instances each):", flush=True)
+    figures = control_plane(args.hosts)
+    print("control plane (growth per x10 hosts, 10 is linear):")
+    held = report_control_plane(figures)
+    sys.exit(0 if held else 1)
+
+
+if __name__ == "__main__":
+    main()
