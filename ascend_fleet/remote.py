@@ -14,10 +14,14 @@ line naming its address, why in a few words and what to do. paramiko's own log o
 
 from __future__ import annotations
 
+import errno
 import logging
+import resource
 import select
+import selectors
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -29,13 +33,18 @@ import paramiko
 from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.connectors.sshuserclient import SSHClient
+from pyinfra.connectors.sshuserclient.client import get_ssh_config
 
 CONNECT_TIMEOUT_SECONDS = 10
 COMMAND_TIMEOUT_SECONDS = 60
-# Hosts read at once. A read is a wait on the network (connect, one round trip), not work here, so
-# the bound is what waits cost: two threads (ours and paramiko's) and a socket a host. At 200, a
-# thousand hosts that accept and then hang cost five connect timeouts (50 s), not thirty.
+# Hosts read at once once they answered (answering_sockets): each costs two threads (ours and
+# paramiko's) and a key exchange, which is work here; 200 finish their handshakes well within the
+# connect timeout on a 2-core control machine. The wait for an answer is not bounded by it: every
+# host is awaited at once, so hosts that accept and then hang cost one timeout together, not one per
+# round of 200.
 MAX_PARALLEL_HOSTS = 200
+# Sockets kept open beside the answers awaited (the process's own files, the reads in flight).
+RESERVED_FILES = 256
 # paramiko logs a failed handshake from its transport thread, traceback and all (Python's last-resort
 # handler prints it when nothing is configured); the exception that follows says the same, and we
 # print that, once. Our connections log here, where nothing is printed.
@@ -228,18 +237,115 @@ def read_host_facts(host: str, data: Mapping[str, Any], queries: Mapping[str, Fa
 def read_fleet_facts(hosts: Mapping[str, tuple[Mapping[str, Any], Mapping[str, FactQuery]]],
                      on_read: Callable[[str], None] | None = None,
                      parallel: int = MAX_PARALLEL_HOSTS) -> dict[str, HostFacts]:
-    """{host: (ssh data, queries)} -> {host: HostFacts}, `parallel` hosts read at a time;
-    on_read(host) as each one is read."""
+    """{host: (ssh data, queries)} -> {host: HostFacts}: every host reached directly awaited at once
+    (answering_sockets), then `parallel` of those that answered (and those behind a jump host) read at a
+    time; on_read(host) as each one is read."""
     if not hosts:
         return {}
     arguments = ssh_arguments({name: data for name, (data, _) in hosts.items()})
-    with ThreadPoolExecutor(max_workers=min(parallel, len(hosts))) as pool:
-        futures = {pool.submit(read_host_facts, name, data, queries, arguments[name]): name
-                   for name, (data, queries) in hosts.items()}
-        for future in as_completed(futures):
-            if on_read:
-                on_read(futures[future])
-        return {name: future.result() for future, name in futures.items()}
+    direct = {name: target for name, arguments_of in arguments.items()
+              if (target := direct_target(arguments_of)) is not None}
+    answered, silent = answering_sockets(direct, CONNECT_TIMEOUT_SECONDS)
+    read: dict[str, HostFacts] = {}
+    for name, exc in silent.items():
+        address, port = ssh_address(name, hosts[name][0])
+        read[name] = HostFacts(name, error=connection_problem(f"{address}:{port}", exc))
+        if on_read:
+            on_read(name)
+    for name, sock in answered.items():
+        hostname, kwargs = arguments[name]
+        arguments[name] = (hostname, {**kwargs, "sock": sock})
+    left = {name: plan for name, plan in hosts.items() if name not in read}
+    if left:
+        with ThreadPoolExecutor(max_workers=min(parallel, len(left))) as pool:
+            futures = {pool.submit(read_host_facts, name, data, queries, arguments[name]): name
+                       for name, (data, queries) in left.items()}
+            for future in as_completed(futures):
+                if on_read:
+                    on_read(futures[future])
+            read |= {name: future.result() for future, name in futures.items()}
+    return {name: read[name] for name in hosts}
+
+
+def direct_target(arguments: tuple[str, dict] | BaseException) -> tuple[str, int] | None:
+    """(address, port) pyinfra's client connects to for these arguments, as its ssh config lookup makes them
+    (HostName, Port), or None when it goes through a jump host (ProxyJump, ProxyCommand) or cannot connect."""
+    if isinstance(arguments, BaseException):
+        return None
+    hostname, kwargs = arguments
+    config = get_ssh_config(kwargs.get("_pyinfra_ssh_config_file"))
+    found = config.lookup(hostname) if config else {}
+    if "proxyjump" in found or "proxycommand" in found:
+        return None
+    return found.get("hostname", hostname), int(found["port"]) if "port" in found else int(kwargs.get("port", 22))
+
+
+def answering_sockets(targets: Mapping[str, tuple[str, int]], timeout: float,
+                      ) -> tuple[dict[str, socket.socket], dict[str, BaseException]]:
+    """Connect to every (address, port) at once and wait, until one deadline `timeout` seconds away, for each
+    to speak (an SSH server sends its banner first) or close. Returns ({host: its connected socket, for SSH to
+    go on over}, {host: why it was silent until the deadline}); a host whose connect failed at once (refused,
+    no route, a name that does not resolve) is in neither: its own connect says why, at once."""
+    answered: dict[str, socket.socket] = {}
+    silent: dict[str, BaseException] = {}
+    batch = max(1, open_files_allowed() - RESERVED_FILES)
+    names = list(targets)
+    for start in range(0, len(names), batch):
+        pending: dict[socket.socket, str] = {}
+        with selectors.DefaultSelector() as selector:
+            for name in names[start:start + batch]:
+                sock = _connecting(*targets[name])
+                if sock is not None:
+                    pending[sock] = name
+                    selector.register(sock, selectors.EVENT_WRITE)
+            deadline = time.monotonic() + timeout
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for key, events in selector.select(left):
+                    sock = key.fileobj
+                    if events & selectors.EVENT_WRITE:
+                        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):  # refused, unreachable
+                            selector.unregister(sock)
+                            sock.close()
+                            del pending[sock]
+                        else:
+                            selector.modify(sock, selectors.EVENT_READ)
+                    else:
+                        selector.unregister(sock)
+                        sock.setblocking(True)
+                        answered[pending.pop(sock)] = sock
+            for sock, name in pending.items():
+                connected_yet = selector.get_key(sock).events == selectors.EVENT_READ
+                silent[name] = (paramiko.SSHException("Error reading SSH protocol banner") if connected_yet
+                                else TimeoutError("timed out"))
+                sock.close()
+    return answered, silent
+
+
+def _connecting(address: str, port: int) -> socket.socket | None:
+    """A non-blocking socket connecting to address:port, or None when that fails at once."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError:
+        return None
+    sock.setblocking(False)
+    if sock.connect_ex(where) not in (0, errno.EINPROGRESS):
+        sock.close()
+        return None
+    return sock
+
+
+def open_files_allowed() -> int:
+    """How many files this process may open: its soft limit raised to the hard one (often 1024 of
+    1048576), so a thousand hosts can be awaited at once."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -49,6 +51,8 @@ from ascend_fleet.remote import MAX_PARALLEL_HOSTS, FactQuery, HostFacts, read_f
 HTTP_TIMEOUT_SECONDS = 5
 VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")
 GATEWAY_SERVICES = ("nginx", "prometheus")
+# Off a terminal, how often a long read says how far it got (a log shows it is not stuck).
+PROGRESS_SECONDS = 5
 
 
 @dataclass
@@ -425,9 +429,11 @@ def render_table(status: FleetStatus) -> Table:
         table.add_column(column, overflow="fold")
     for host in status.hosts:
         versions = [_version_cell(host.versions[key]) if key in host.versions else "" for key in VERSIONS]
-        if host.error:
-            table.add_row(host.host, "unreachable", *[""] * 15, Text(host.error), style="bold red")
-        if "gateway" in host.role and not host.error:
+        if host.error:  # one row: its instances are not known, and a fleet of hundreds stays readable
+            instances = f", {len(host.instances)} instances unknown" if host.instances else ""
+            table.add_row(host.host, f"unreachable{instances}", *[""] * 15, Text(host.error), style="bold red")
+            continue
+        if "gateway" in host.role:
             services = ", ".join(f"{name} {_service_state(unit)}" for name, unit in host.services.items())
             table.add_row(host.host, "gateway", *[""] * 7, services, "", "", "", "", "", "",
                           "; ".join(host.problems) or f"{len(host.routes or [])} backends",
@@ -487,24 +493,41 @@ def show(status: FleetStatus, console: Console, as_json: bool) -> None:
 
 @contextmanager
 def reading_progress(hosts: list[str]):
-    """On a terminal, a transient line on stderr while the hosts are read: how many are read, and
-    which are still awaited. Yields the on_read callback for read_status."""
+    """While the hosts are read, on stderr: on a terminal a transient line, how many are read and which are
+    still awaited; elsewhere (a log, a pipe) the same as a plain line every PROGRESS_SECONDS, none for a
+    read that takes less. Yields the on_read callback for read_status."""
     console = Console(stderr=True)
-    waiting = list(hosts)
+    waiting = dict.fromkeys(hosts)
+    started = time.monotonic()
 
     def awaited() -> str:
+        names = list(islice(waiting, 3))
         more = f" and {len(waiting) - 3} more" if len(waiting) > 3 else ""
-        return f"reading hosts over SSH, waiting for {', '.join(waiting[:3])}{more}"
+        return f"reading hosts over SSH, waiting for {', '.join(names)}{more}"
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(awaited(), total=len(hosts))
+        done = threading.Event()
+
+        def report() -> None:
+            while not done.wait(PROGRESS_SECONDS) and waiting:
+                print(f"status: {len(hosts) - len(waiting)} of {len(hosts)} hosts read in "
+                      f"{time.monotonic() - started:.0f}s; {awaited()}", file=sys.stderr, flush=True)
 
         def on_read(host: str) -> None:
-            waiting.remove(host)
+            waiting.pop(host, None)
             progress.update(task, advance=1, description=awaited())
 
-        yield on_read
+        reporter = threading.Thread(target=report, daemon=True)
+        if not console.is_terminal:
+            reporter.start()
+        try:
+            yield on_read
+        finally:
+            done.set()
+            if reporter.is_alive():
+                reporter.join()
 
 
 def read_with_progress(inventory: Inventory, hosts_read: set[str] | None, parallel: int) -> FleetStatus:
