@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -106,6 +107,16 @@ class HostStatus:
     @property
     def ok(self) -> bool:
         return not self.problems and self.error is None and all(i.ok for i in self.instances)
+
+    @cached_property
+    def routed(self) -> dict[tuple[str, int], bool]:
+        """A gateway's routes by (address, port): whether one of its server lines marks it down. Looked up
+        once per instance of the fleet: a list would cost the fleet's size squared."""
+        by_backend: dict[tuple[str, int], bool] = {}
+        for route in self.routes or ():
+            key = (route["address"], route["port"])
+            by_backend[key] = by_backend.get(key, False) or route["down"]
+        return by_backend
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -287,8 +298,8 @@ def routing(instance_address: str, port: int, gateways: list[HostStatus]) -> str
         return "unknown"
     states = []
     for gateway in read:
-        match = [r for r in gateway.routes if (r["address"], r["port"]) == (instance_address, port)]
-        states.append("absent" if not match else "drained" if any(r["down"] for r in match) else "yes")
+        down = gateway.routed.get((instance_address, port))
+        states.append("absent" if down is None else "drained" if down else "yes")
     for state in ("absent", "drained"):
         if state in states:
             return state

@@ -70,3 +70,17 @@ def test_the_served_record_is_per_worker_and_a_worker_without_one_is_unknown(tmp
     served = FleetState(tmp_path).served()
     assert counts_as_served(served, "w1", "vllm-0") and not counts_as_served(served, "w2", "vllm-0")
     assert counts_as_served(served, "w3", "vllm-0")  # no record yet: deployed before it was kept
+
+
+def test_status_reads_every_instance_of_a_gateway_of_4000():
+    """The status (and the rollout's view) of a fleet of 1000 workers: each instance found in the gateway's own
+    config as the product renders it, drained or routed."""
+    from ascend_fleet.status import HostStatus, gateway_routes, routing
+
+    backends = [{**backend, "drained": n % 10 == 0} for n, backend in enumerate(FLEET_OF_4000)]
+    routes = gateway_routes(gateway(backends).splitlines())
+    read = HostStatus("gw", "gateway", "lab", routes=routes)
+    assert len(routes) == 4000
+    assert [routing(b["address"], b["port"], [read]) for b in backends] == [
+        "drained" if b["drained"] else "yes" for b in backends]
+    assert routing("10.9.9.9", 8000, [read]) == "absent"
