@@ -7,6 +7,8 @@ state: every worker's colour and served instances, some drained), nothing deploy
     plan     `ascend-fleet plan INVENTORY`
     gateway  the gateway config the product renders for every instance, then `nginx -t` on it
     routes   that config read as `status` reads a gateway, every instance found in it (drained or routed)
+    rollout  a rollout's planning before its first drain (the fleet, its capacity check, the steps), in a
+             process of its own: the lease is not taken (the synthetic gateway does not answer)
     status   `ascend-fleet status INVENTORY` where every host (and the gateway) accepts SSH on loopback
              and then never answers: each must be one line, with progress on stderr
 
@@ -42,7 +44,7 @@ sys.path.insert(0, str(PROJECT))  # benchmarks/ beside the package, run as a scr
 CLI = str(Path(sys.executable).with_name("ascend-fleet"))
 MODEL_CONFIG = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 INSTANCES_PER_WORKER = 4  # group_data/prod.py: TP2 on 8 NPUs
-TARGETS = {"check": 2.0, "plan": 2.0, "status": 60.0}
+TARGETS = {"check": 2.0, "plan": 2.0, "rollout": 2.0, "status": 60.0}
 MAX_GROWTH = 12.0
 BAD_HOST_LINE = re.compile(r"^\S+: cannot connect over SSH to ")  # status's line under its table
 
@@ -105,6 +107,20 @@ class HungSSH:
             connection.close()
 
 
+# A rollout's work before it takes the lease and drains (rollout_cli.rollout), timed in a fresh process.
+ROLLOUT_PLAN = """
+import sys, time
+started = time.monotonic()
+from pathlib import Path
+from ascend_fleet.fleet import check_fleet
+from ascend_fleet.rollout import Fleet, plan_rollout
+fleet = Fleet(Path(sys.argv[1]), {})
+check_fleet(fleet.inventory)
+record = plan_rollout(Fleet(Path(sys.argv[1]), {}), "deploys/serve.py", None, None)
+print(len(record.steps), time.monotonic() - started)
+"""
+
+
 def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
     started = time.monotonic()
     result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
@@ -144,7 +160,8 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
 
 def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
     """{part: {workers: seconds}}, each part checked for what a user would see."""
-    figures: dict[str, dict[int, float]] = {"check": {}, "plan": {}, "gateway": {}, "routes": {}, "status": {}}
+    figures: dict[str, dict[int, float]] = {"check": {}, "plan": {}, "gateway": {}, "routes": {}, "rollout": {},
+                                                "status": {}}
     hung = HungSSH()
     try:
         for workers in sizes:
@@ -160,6 +177,9 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                 rounds = [gateway_seconds(workers, root / "nginx") for _ in range(3)]
                 figures["gateway"][workers] = min(rendered for rendered, _ in rounds)
                 figures["routes"][workers] = min(read for _, read in rounds)
+                _, result = timed([sys.executable, "-c", ROLLOUT_PLAN, str(inventory)], root / "fleet")
+                expect(result, 0, f"rollout planning of {workers} workers")
+                figures["rollout"][workers] = float(result.stdout.split()[1])
                 figures["status"][workers], result = timed([CLI, "status", str(inventory)], root / "fleet")
                 expect(result, 1, f"status of {workers} hung workers")
                 bad_lines = [line for line in result.stdout.splitlines() if BAD_HOST_LINE.match(line)]
