@@ -46,6 +46,7 @@ MODEL_CONFIG = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # grou
 INSTANCES_PER_WORKER = 4  # group_data/prod.py: TP2 on 8 NPUs
 TARGETS = {"check": 2.0, "plan": 2.0, "rollout": 2.0, "status": 60.0}
 MAX_GROWTH = 12.0
+FAN_OUT_TARGETS = {6: 1.15, 12: 1.25}  # all N workers from peers / one worker
 BAD_HOST_LINE = re.compile(r"^\S+: cannot connect over SSH to ")  # status's line under its table
 
 
@@ -220,17 +221,43 @@ def report_control_plane(figures: dict[str, dict[int, float]]) -> bool:
     return held
 
 
+def weights_fan_out(worker_counts: list[int]) -> dict[int, float]:
+    """{N: all N workers from peers / one worker} from `ascend-fleet lab bench-weights` (a lab of its own each)."""
+    ratios = {}
+    for workers in worker_counts:
+        result = subprocess.run([CLI, "lab", "bench-weights", "--nodes", str(workers), "--skip-origin", "--json"],
+                                cwd=PROJECT, capture_output=True, text=True)
+        expect(result, 0, f"bench-weights on {workers} workers")
+        figures = json.loads(result.stdout)
+        ratios[workers] = figures["ratio"]
+        print(f"  weights to {workers} workers: one {figures['runs']['one']['seconds']:.1f}s, all from peers "
+              f"{figures['runs']['peers']['seconds']:.1f}s, ratio {figures['ratio']:.2f} "
+              f"(target <= {FAN_OUT_TARGETS.get(workers, '-')})", flush=True)
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--control", action="store_true", help="only the control plane (no lab, no root)")
     parser.add_argument("--hosts", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--labs", type=int, nargs="+", default=[3, 6, 12], help="workers of each deploy lab")
+    parser.add_argument("--weights", type=int, nargs="+", default=[6, 12], help="workers of each fan-out lab")
     args = parser.parse_args()
     os.environ.setdefault("COLUMNS", "120")
+    held = True
+    if not args.control:
+        from benchmarks.deploy_scale import measure, report
+
+        print(f"full deploy and no-op rerun, labs of {', '.join(map(str, args.labs))} workers:", flush=True)
+        held = report(measure(args.labs)) and held
+        print(f"weights fan-out, labs of {', '.join(map(str, args.weights))} workers:", flush=True)
+        ratios = weights_fan_out(args.weights)
+        held = all(ratio <= FAN_OUT_TARGETS.get(n, float("inf")) for n, ratio in ratios.items()) and held
     print(f"control plane, synthetic fleets of {', '.join(map(str, args.hosts))} workers "
           f"({INSTANCES_PER_WORKER} instances each):", flush=True)
     figures = control_plane(args.hosts)
     print("control plane (growth per x10 hosts, 10 is linear):")
-    held = report_control_plane(figures)
+    held = report_control_plane(figures) and held
     sys.exit(0 if held else 1)
 
 
