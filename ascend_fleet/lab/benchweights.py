@@ -45,7 +45,7 @@ BENCH_MODEL = "bench/Synthetic"
 # The lab's own tiny model: a first, unshaped run installs each worker's weights server with it.
 WARMUP_MODEL = {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"}
 MODEL_DIR = "/mnt/nvme/models"
-PUBLISHED_LINE = re.compile(r"^\s*\[(\S+)\] published \S+ in ([\d.]+)s$", re.MULTILINE)
+PUBLISHED_LINE = re.compile(r"^\s*\[(\S+)\]\s+published \S+ in ([\d.]+)s$", re.MULTILINE)
 # nginx's combined log: "GET <path> HTTP/1.1" <status> <body bytes>
 MIRROR_GET = re.compile(r'"GET (\S+) HTTP/[\d.]+" \d{3} (\d+)')
 

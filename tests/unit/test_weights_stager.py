@@ -8,15 +8,18 @@ import http.server
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
 from ascend_fleet.node import stage_weights as sw
+from ascend_fleet.node.stage_weights import spread as spread_module
 
 SHA = "a" * 64
 
@@ -532,3 +535,72 @@ def test_spread_skips_a_peer_that_does_not_answer(tmp_path, mirror, capsys):
     assert run_stager(tmp_path, url, peers=["http://127.0.0.1:9"]) == (0, "")  # discard port: refused
     assert "from the origin, 0 from peers (none)" in capsys.readouterr().out
     assert (tmp_path / "models/lab/Qwen3-Tiny/v1" / sw.MARKER_NAME).is_file()
+
+
+def test_spread_asks_a_few_peers_at_a_time_each_in_turn(tmp_path, monkeypatch):
+    peers = [f"http://worker{n}:8090" for n in range(1, 21)]
+    in_flight, most, asked = set(), [0], []
+
+    def listing(peer):
+        in_flight.add(peer)
+        most[0] = max(most[0], len(in_flight))
+        asked.append(peer)
+        time.sleep(0.05)
+        in_flight.discard(peer)
+        return {}
+
+    monkeypatch.setattr(spread_module, "PEER_POLL_SECONDS", 0.01)
+    spread = spread_module.Spread(sw.Job("worker0", "lab/Qwen3-Tiny", "v1", tmp_path), None, peers, 0.0)
+    monkeypatch.setattr(spread, "listing", listing)
+    poller = threading.Thread(target=spread.poll, daemon=True)
+    poller.start()
+    time.sleep(1)
+    spread.done.set()
+    poller.join()
+    assert most[0] == spread_module.PEERS_ASKED  # a node's requests do not grow with the fleet
+    assert len(asked) > 2 * len(peers)
+    for start in range(0, len(asked) - len(peers), len(peers)):  # every peer asked before any is asked again
+        assert sorted(asked[start:start + len(peers)]) == sorted(peers)
+
+
+def test_spread_skips_peers_that_accept_and_hang_after_one_listing_timeout(tmp_path, mirror, monkeypatch, capsys):
+    _, url = mirror
+    monkeypatch.setattr(spread_module, "PEER_LISTING_TIMEOUT_SECONDS", 1)
+    hanging = []
+    for _ in range(10):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel accepts; nobody answers
+        hanging.append(listener)
+    started = time.monotonic()
+    try:
+        assert run_stager(tmp_path, url, peers=[f"http://127.0.0.1:{s.getsockname()[1]}" for s in hanging]) == (0, "")
+    finally:
+        for listener in hanging:
+            listener.close()
+    assert time.monotonic() - started < 4  # a timeout to start and one to finish, not one per peer
+    assert "7 from the origin, 0 from peers (none)" in capsys.readouterr().out
+
+
+def test_spread_leaves_to_a_progressing_peer_the_file_it_is_presumably_fetching_from_the_origin(tmp_path):
+    names = [f"model-{n:05d}.safetensors" for n in range(1, 7)]
+    peer = "http://worker2:8090"
+    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [peer], 0.0)
+    spread.files = {name: {"size": 1} for name in names}
+    spread.share_out(names)
+    assert spread.own_share == set(names[:3]) and spread.shares == {peer: names[3:]}
+    # This node's share is done, and all of worker2's but names[4]: worker2 verified names[3] and
+    # this node took names[5] from the far end.
+    spread.waiting = [names[4]]
+    spread.holdings[peer], spread.listed[peer] = {names[3]: "url", names[5]: "url"}, 2
+
+    def origin_task():
+        task = spread.next_task()
+        spread.busy.clear()
+        return task
+
+    assert origin_task() == (names[4], None)  # worker2 shows no progress: its file is fetched here
+    spread.grew_at[peer] = time.monotonic()  # its listing grows: names[4] is presumably on its way
+    assert origin_task() == spread_module.WAIT  # not asked of the origin twice
+    spread.grew_at[peer] -= spread_module.PROGRESS_SECONDS  # it stopped growing (its stager died?)
+    assert origin_task() == (names[4], None)
