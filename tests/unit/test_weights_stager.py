@@ -582,25 +582,28 @@ def test_spread_skips_peers_that_accept_and_hang_after_one_listing_timeout(tmp_p
     assert "7 from the origin, 0 from peers (none)" in capsys.readouterr().out
 
 
-def test_spread_leaves_to_a_progressing_peer_the_file_it_is_presumably_fetching_from_the_origin(tmp_path):
-    names = [f"model-{n:05d}.safetensors" for n in range(1, 7)]
-    peer = "http://worker2:8090"
-    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [peer], 0.0)
+def test_spread_leaves_to_progressing_peers_their_shares_of_the_origin(tmp_path):
+    names = [f"model-{n:05d}.safetensors" for n in range(1, 10)]
+    second, third = "http://worker2:8090", "http://worker3:8090"
+    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [second, third], 0.0)
     spread.files = {name: {"size": 1} for name in names}
     spread.share_out(names)
-    assert spread.own_share == set(names[:3]) and spread.shares == {peer: names[3:]}
-    # This node's share is done, and all of worker2's but names[4]: worker2 verified names[3] and
-    # this node took names[5] from the far end.
-    spread.waiting = [names[4]]
-    spread.holdings[peer], spread.listed[peer] = {names[3]: "url", names[5]: "url"}, 2
+    assert spread.own_share == set(names[:3]) and spread.shares == {second: names[3:6], third: names[6:]}
+    assert spread.previous == third  # this node's list ends with worker3's share: it helps there
+    # This node's share is done; worker2 and worker3 have each verified the first file of theirs.
+    spread.waiting = [names[4], names[5], names[7], names[8]]
+    spread.holdings = {second: {names[3]: "url"}, third: {names[6]: "url"}}
+    spread.listed = {second: 1, third: 1}
+    now = time.monotonic()
+    spread.grew_at = {second: now, third: now}
 
     def origin_task():
         task = spread.next_task()
         spread.busy.clear()
         return task
 
-    assert origin_task() == (names[4], None)  # worker2 shows no progress: its file is fetched here
-    spread.grew_at[peer] = time.monotonic()  # its listing grows: names[4] is presumably on its way
-    assert origin_task() == spread_module.WAIT  # not asked of the origin twice
-    spread.grew_at[peer] -= spread_module.PROGRESS_SECONDS  # it stopped growing (its stager died?)
-    assert origin_task() == (names[4], None)
+    assert origin_task() == (names[8], None)  # worker3's share from its far end
+    spread.waiting.remove(names[8])
+    assert origin_task() == spread_module.WAIT  # names[7]: worker3's next; worker2's share: worker2's
+    spread.grew_at[second] -= spread_module.PROGRESS_SECONDS  # worker2 stopped growing (its stager died?)
+    assert origin_task() == (names[5], None)
