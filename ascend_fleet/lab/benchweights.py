@@ -128,7 +128,8 @@ def empty_models(spec: LabSpec, workers: list[str]) -> None:
 
 
 def logs_dir(spec: LabSpec) -> Path:
-    """Where each run's pyinfra output is kept (the stagers' lines: which file came from where)."""
+    """Where each run's pyinfra output is kept (the stagers' lines: which file came from where),
+    with the origin's access log of the run (<label>-origin.log: when it sent each file, to whom)."""
     return spec.lab_dir.with_name(f"{spec.lab_dir.name}-logs")
 
 
@@ -152,6 +153,7 @@ def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
                          f"{result.returncode}; published on {', '.join(sorted(times)) or 'none'}): see {log}")
     with access_log.open() as f:
         f.seek(log_offset)
-        sent = sum(int(size) for path, size in MIRROR_GET.findall(f.read())
-                   if path.startswith(f"/models/{model['id']}/"))
+        served = f.read()
+    (logs_dir(spec) / f"{label}-origin.log").write_text(served)  # when the origin sent what to whom
+    sent = sum(int(size) for path, size in MIRROR_GET.findall(served) if path.startswith(f"/models/{model['id']}/"))
     return Run(max(times.values()), wall, times, sent)

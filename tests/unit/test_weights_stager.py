@@ -582,18 +582,18 @@ def test_spread_skips_peers_that_accept_and_hang_after_one_listing_timeout(tmp_p
     assert "7 from the origin, 0 from peers (none)" in capsys.readouterr().out
 
 
-def test_spread_leaves_to_progressing_peers_their_shares_of_the_origin(tmp_path):
+def test_spread_leaves_to_progressing_peers_the_files_they_presumably_fetch_from_the_origin(tmp_path):
     names = [f"model-{n:05d}.safetensors" for n in range(1, 10)]
     second, third = "http://worker2:8090", "http://worker3:8090"
     spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [second, third], 0.0)
     spread.files = {name: {"size": 1} for name in names}
     spread.share_out(names)
-    assert spread.own_share == set(names[:3]) and spread.shares == {second: names[3:6], third: names[6:]}
-    assert spread.previous == third  # this node's list ends with worker3's share: it helps there
-    # This node's share is done; worker2 and worker3 have each verified the first file of theirs.
-    spread.waiting = [names[4], names[5], names[7], names[8]]
-    spread.holdings = {second: {names[3]: "url"}, third: {names[6]: "url"}}
-    spread.listed = {second: 1, third: 1}
+    assert spread.own_share == set(names[:3]) and spread.orders == {second: names[3:] + names[:3],
+                                                                    third: names[6:] + names[:6]}
+    # This node's share is done; worker2 verified the first file of its share, worker3 two of its.
+    spread.waiting = [names[4], names[5], names[8]]
+    spread.holdings = {second: {names[3]: "url"}, third: {names[6]: "url", names[7]: "url"}}
+    spread.listed = {second: 1, third: 2}
     now = time.monotonic()
     spread.grew_at = {second: now, third: now}
 
@@ -602,8 +602,9 @@ def test_spread_leaves_to_progressing_peers_their_shares_of_the_origin(tmp_path)
         spread.busy.clear()
         return task
 
-    assert origin_task() == (names[8], None)  # worker3's share from its far end
-    spread.waiting.remove(names[8])
-    assert origin_task() == spread_module.WAIT  # names[7]: worker3's next; worker2's share: worker2's
+    assert origin_task() == (names[5], None)  # names[4] and names[8]: worker2's and worker3's next
+    spread.waiting = [names[4], names[5]]
+    spread.holdings[third][names[8]] = "url"  # worker3 is done with its share: it helps from its far end
+    assert origin_task() == spread_module.WAIT  # worker2 on names[4], worker3 on names[5]
     spread.grew_at[second] -= spread_module.PROGRESS_SECONDS  # worker2 stopped growing (its stager died?)
-    assert origin_task() == (names[5], None)
+    assert origin_task() == (names[4], None)

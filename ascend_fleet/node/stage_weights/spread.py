@@ -38,8 +38,8 @@ from .verified import admit, check_fetched
 FETCHERS, ORIGIN_FETCHERS = 4, 1
 PEERS_ASKED, PEER_POLL_SECONDS, PEER_LISTING_TIMEOUT_SECONDS = 4, 0.3, 5
 PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 5, 30
-# A peer whose listing grew this recently is progressing: the files of its share are left to it
-# (see Spread).
+# A peer whose listing grew this recently is progressing: the file it presumably fetches from
+# the origin is left to it (see Spread).
 PROGRESS_SECONDS = 10
 IDLE_SECONDS = 0.2
 WAIT = "wait"
@@ -58,14 +58,14 @@ class Spread(Source):
     The origin is kept busy with one file at a time that no peer holds: first this node's share
     of the list (it starts at origin_start, 0 to 1, a different place on each node; a share is
     the list over the fleet's size), then from the far end of the list backwards, so a node done
-    with its share meets the node still on the previous share instead of following it. The
-    shares of other peers are left to them while they progress (their listings grew in the last
-    PROGRESS_SECONDS), and so is the file the previous node is presumably fetching (the first of
-    its share it lacks): one TCP stream fills the origin's link, so help only splits it, and
-    when every node done helped the last shares, the origin sent their files up to five times
-    (a 270 MB model cost it 320 MB over 6 nodes, 391 MB over 12). A peer that stops progressing
-    (its stager died) leaves its share to all. Beside it, the rarest file that peers hold, from
-    the least busy holder. Peers are asked what they hold a
+    with its share meets the node still on the previous share instead of following it. It leaves
+    alone the file each progressing peer (its listing grew in the last PROGRESS_SECONDS) is
+    presumably fetching from the origin, as far as this node can tell: the first of its share it
+    lacks, or for a peer done with its share, the one its own rule picks next (worked out in the
+    fleet's order, so that the nodes done first spread over the last files instead of all asking
+    for the same ones: they did, and a 270 MB model cost the origin 320 MB over 6 nodes, 391 MB
+    over 12). A peer that stops progressing (its stager died) is presumed to fetch nothing.
+    Beside it, the rarest file that peers hold, from the least busy holder. Peers are asked what they hold a
     few at a time (the module's doc says how and why).
     """
 
@@ -89,8 +89,8 @@ class Spread(Source):
         self.files: dict = {}
         self.waiting: list[str] = []  # the files not yet verified, in the order this node asks the origin
         self.own_share: set[str] = set()
-        self.shares: dict[str, list[str]] = {}  # peer -> its share, in its order, as this node reckons it
-        self.previous: str | None = None  # the peer whose share this node helps with from its far end
+        self.orders: dict[str, list[str]] = {}  # peer -> its order of asking the origin, as this node reckons it
+        self.share = 0  # the files each node asks the origin for first (its share: its order's start)
 
     def describe(self) -> str:
         return f"{self.origin.describe()} spread over {len(self.peers)} peers"
@@ -179,14 +179,14 @@ class Spread(Source):
         """This node's order of asking the origin, its share and (as it reckons them) the peers'."""
         start = int(self.origin_start * len(pending)) % max(len(pending), 1)
         self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
-        share, fleet = math.ceil(len(pending) / (len(self.peers) + 1)), len(self.peers) + 1
-        self.own_share = set(self.waiting[:share])
+        fleet = len(self.peers) + 1
+        self.share = math.ceil(len(pending) / fleet)
+        self.own_share = set(self.waiting[:self.share])
         place = round(self.origin_start * fleet)  # the peers are in the fleet's order, less this node
-        self.previous = self.peers[place - 1] if self.peers else None
         for index, peer in enumerate(self.peers[:place] + [None] + self.peers[place:]):
             peer_start = int(index / fleet * len(pending)) % max(len(pending), 1)
             if peer is not None:
-                self.shares[peer] = (sorted(pending)[peer_start:] + sorted(pending)[:peer_start])[:share]
+                self.orders[peer] = sorted(pending)[peer_start:] + sorted(pending)[:peer_start]
 
     def fetcher(self) -> None:
         while True:
@@ -216,7 +216,7 @@ class Spread(Source):
         offered = {name: [peer for peer in self.peers if name in self.holdings[peer]
                           and peer not in self.avoided.get(name, ())] for name in left}
         unheld = [name for name in left if not offered[name]]
-        theirs = self.left_to_peers()
+        theirs = self.left_to_peers(unheld)
         for_origin = [name for name in unheld if name in self.own_share or name not in theirs]
         if for_origin and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
             own = [name for name in for_origin if name in self.own_share]
@@ -230,17 +230,25 @@ class Spread(Source):
         self.load[peer] += 1
         return name, peer
 
-    def left_to_peers(self) -> set[str]:
-        """The files this node leaves to progressing peers (listings grown in the last PROGRESS_SECONDS)
-        to fetch from the origin: their shares, of the previous node's only the first file it lacks."""
+    def left_to_peers(self, unheld: list[str]) -> set[str]:
+        """The files progressing peers (listings grown in the last PROGRESS_SECONDS) presumably fetch
+        from the origin now: the first of its share each lacks; then, in the fleet's order, for each
+        peer done with its share, the last file of its order that no one holds or is presumed on."""
         now = time.monotonic()
-        left = set()
-        for peer, share in self.shares.items():
+        presumed, helpers = set(), []
+        for peer, order in self.orders.items():
             if self.listed.get(peer) is None or now - self.grew_at.get(peer, -math.inf) >= PROGRESS_SECONDS:
                 continue
-            lacking = [name for name in share if name not in self.holdings[peer]]
-            left.update(lacking[:1] if peer == self.previous else lacking)
-        return left
+            lacking = [name for name in order[:self.share] if name not in self.holdings[peer]]
+            if lacking:
+                presumed.add(lacking[0])
+            else:
+                helpers.append(peer)
+        unheld_now = set(unheld)
+        for peer in helpers:
+            presumed.update(next(([name] for name in reversed(self.orders[peer])
+                                  if name in unheld_now and name not in presumed), []))
+        return presumed
 
     def fetch_one(self, name: str, peer: str | None) -> None:
         entry, incoming = self.files[name], self.job.incoming / name
