@@ -45,7 +45,7 @@ BENCH_MODEL = "bench/Synthetic"
 # The lab's own tiny model: a first, unshaped run installs each worker's weights server with it.
 WARMUP_MODEL = {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"}
 MODEL_DIR = "/mnt/nvme/models"
-PUBLISHED_LINE = re.compile(r"^\s*\[(\S+)\] published \S+ in ([\d.]+)s$", re.MULTILINE)
+PUBLISHED_LINE = re.compile(r"^\s*\[(\S+)\]\s+published \S+ in ([\d.]+)s$", re.MULTILINE)
 # nginx's combined log: "GET <path> HTTP/1.1" <status> <body bytes>
 MIRROR_GET = re.compile(r'"GET (\S+) HTTP/[\d.]+" \d{3} (\d+)')
 
@@ -66,8 +66,9 @@ def bench_lab_dir(lab_dir: Path) -> Path:
 
 
 def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: str, subnet: str,
-              lab_dir: Path, console: Console) -> dict:
-    """Bring up the bench lab, stage the three ways, take the lab down; the figures as a dict."""
+              lab_dir: Path, console: Console, skip_origin: bool = False) -> dict:
+    """Bring up the bench lab, stage the three ways (two with skip_origin: the origin run is the
+    slowest by far, about N times one), take the lab down; the figures as a dict."""
     with tempfile.TemporaryDirectory(prefix="bench-weights-") as scratch:
         hardware = Path(scratch) / "hardware.yaml"
         # Disks just big enough: the model, the stage's free-space margin, a spare GB.
@@ -87,8 +88,8 @@ def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: s
         limit_links(spec, rate_mbit)
         model = {"id": BENCH_MODEL, "revision": "v1", "source": "http"}
         runs = {}
-        for label, hosts, peers in (("one", workers[:1], True), ("peers", workers, True),
-                                    ("origin", workers, False)):
+        ways = (("one", workers[:1], True), ("peers", workers, True), ("origin", workers, False))
+        for label, hosts, peers in ways[:2] if skip_origin else ways:
             with console.status(f"staging to {len(hosts)} worker(s), {label}"):
                 empty_models(spec, workers)
                 runs[label] = stage(spec, hosts, {**model, "peers": peers}, label)
@@ -104,7 +105,8 @@ def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: s
     one = runs["one"].seconds
     return {"workers": nodes, "size_gb": size_gb, "shards": shards, "rate_mbit": rate_mbit,
             "runs": {label: asdict(run) for label, run in runs.items()},
-            "ratio": runs["peers"].seconds / one, "origin_ratio": runs["origin"].seconds / one,
+            "ratio": runs["peers"].seconds / one,
+            "origin_ratio": runs["origin"].seconds / one if "origin" in runs else None,
             "logs": str(logs_dir(spec))}
 
 
@@ -126,7 +128,8 @@ def empty_models(spec: LabSpec, workers: list[str]) -> None:
 
 
 def logs_dir(spec: LabSpec) -> Path:
-    """Where each run's pyinfra output is kept (the stagers' lines: which file came from where)."""
+    """Where each run's pyinfra output is kept (the stagers' lines: which file came from where),
+    with the origin's access log of the run (<label>-origin.log: when it sent each file, to whom)."""
     return spec.lab_dir.with_name(f"{spec.lab_dir.name}-logs")
 
 
@@ -150,6 +153,7 @@ def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
                          f"{result.returncode}; published on {', '.join(sorted(times)) or 'none'}): see {log}")
     with access_log.open() as f:
         f.seek(log_offset)
-        sent = sum(int(size) for path, size in MIRROR_GET.findall(f.read())
-                   if path.startswith(f"/models/{model['id']}/"))
+        served = f.read()
+    (logs_dir(spec) / f"{label}-origin.log").write_text(served)  # when the origin sent what to whom
+    sent = sum(int(size) for path, size in MIRROR_GET.findall(served) if path.startswith(f"/models/{model['id']}/"))
     return Run(max(times.values()), wall, times, sent)

@@ -104,6 +104,8 @@ def bench_weights_command(
     shards: Annotated[int, typer.Option("--shards", help="number of safetensors shards")] = 64,
     name: Annotated[str, typer.Option("--name", help="the bench lab's name")] = "bw",
     subnet: Annotated[str, typer.Option("--subnet", help="the bench lab's subnet")] = "10.213.250.0/24",
+    skip_origin: Annotated[bool, typer.Option(
+        "--skip-origin", help="leave out the run of every worker from the origin alone (about N times one)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
@@ -113,14 +115,15 @@ def bench_weights_command(
     """
     from ascend_fleet.lab.benchweights import run_bench  # numpy and the tiny model builder: only here
 
-    result = run_bench(nodes, size, rate, shards, name, subnet, lab_dir, console)
+    result = run_bench(nodes, size, rate, shards, name, subnet, lab_dir, console, skip_origin)
     if as_json:
         print(json.dumps(result, indent=2))
         return
     runs = result["runs"]
     console.print(f"bench-weights: {nodes} workers, {size:g} GB in {shards} shards, every link {rate:g} Mbit/s")
-    rows = (("one worker", "one", ""), (f"all {nodes}, from peers", "peers", f"ratio: {result['ratio']:.2f}"),
-            (f"all {nodes}, from origin", "origin", f"origin ratio: {result['origin_ratio']:.2f}"))
+    rows = [("one worker", "one", ""), (f"all {nodes}, from peers", "peers", f"ratio: {result['ratio']:.2f}")]
+    if "origin" in runs:
+        rows.append((f"all {nodes}, from origin", "origin", f"origin ratio: {result['origin_ratio']:.2f}"))
     for title, key, ratio in rows:
         console.print(f"  {title + ':':22} {runs[key]['seconds']:7.1f}s   origin sent "
                       f"{runs[key]['origin_bytes'] / 1e6:7.1f} MB   {ratio}")

@@ -9,7 +9,12 @@ rename after its sha256 matched the digest the origin's package index gives for 
 (the ``#sha256=`` fragment of its link, PEP 503): never a digest a peer says. A file the origin
 does not list with a digest is never taken from a peer (pip downloads it from the index).
 
-    --peer URL ...   take from each peer's /wheels/ every file this node lacks
+    --peer URL ...   take from the peers' /wheels/ every file this node lacks: the first PEERS_ASKED
+                     peers given (the caller puts the seeder first, then the others from this node's
+                     place on) are asked for their listings all at once, so dead or hung peers cost
+                     one listing timeout together, and the fleet's requests grow with its size, not
+                     its square; each file is taken from the first of them that lists it, the next
+                     holder if that copy fails or is refused
     --admit          check what `pip download` left in WHEEL_DIR/.incoming and rename it in
 
 Either way, the files already in WHEEL_DIR are checked again first (a copy that rotted on disk is
@@ -29,6 +34,8 @@ import re
 import shutil
 import socket
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -39,6 +46,9 @@ PEER_WHEELS_PATH = "wheels"
 HTTP_TIMEOUT_SECONDS = 30
 # A peer is a fleet node on the same network: one whose listing does not come this fast is down.
 PEER_LISTING_TIMEOUT_SECONDS = 5
+# Peers asked at once: enough that a few dead ones leave holders to take from, few enough that
+# a node's requests do not grow with the fleet (every peer holds the same wheels once seeded).
+PEERS_ASKED = 8
 LINK = re.compile(r'href="([^"]+)"')
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -131,25 +141,45 @@ def peer_listing(peer: str) -> list[str]:
         return [entry["name"] for entry in json.load(response) if entry.get("type") == "file"]
 
 
+def peer_listings(peers: list[str]) -> dict[str, list[str]]:
+    """peer -> the files it lists, of the peers that answered within PEER_LISTING_TIMEOUT_SECONDS,
+    all asked at once (a peer that is down, hangs or serves no wheels is left out)."""
+    listings: dict[str, list[str]] = {}
+
+    def ask(peer: str) -> None:
+        try:
+            listings[peer] = peer_listing(peer)
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+
+    askers = [threading.Thread(target=ask, args=(peer,), daemon=True) for peer in peers]
+    for thread in askers:
+        thread.start()
+    deadline = time.monotonic() + PEER_LISTING_TIMEOUT_SECONDS
+    for thread in askers:  # the timeout bounds each read, the deadline the whole (a trickling peer)
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {peer: listings[peer] for peer in peers if peer in listings}
+
+
 def from_peers(peers: list[str], wheel_dir: Path, incoming: Path, origin: Origin) -> int:
     taken = 0
-    for peer in peers:
-        try:
-            names = peer_listing(peer.rstrip("/"))
-        except (urllib.error.URLError, OSError, ValueError):
-            continue  # a peer that is down or serves no wheels
-        for name in names:
-            if (wheel_dir / name).exists() or "/" in name or name.startswith(".") or not origin.digest(name):
-                continue
-            part = incoming / name
-            url = f"{peer.rstrip('/')}/{PEER_WHEELS_PATH}/{urllib.parse.quote(name)}"
+    listings = peer_listings([peer.rstrip("/") for peer in peers[:PEERS_ASKED]])
+    wanted = sorted({name for names in listings.values() for name in names})
+    for name in wanted:
+        if (wheel_dir / name).exists() or "/" in name or name.startswith(".") or not origin.digest(name):
+            continue
+        part = incoming / name
+        for peer in (peer for peer, names in listings.items() if name in names):
+            url = f"{peer}/{PEER_WHEELS_PATH}/{urllib.parse.quote(name)}"
             try:
                 with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_SECONDS) as response, part.open("wb") as f:
                     shutil.copyfileobj(response, f)
             except (urllib.error.URLError, OSError):
                 part.unlink(missing_ok=True)
                 continue
-            taken += admit(part, wheel_dir, origin, peer)
+            if admit(part, wheel_dir, origin, peer):
+                taken += 1
+                break
     return taken
 
 

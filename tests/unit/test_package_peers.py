@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,6 +166,45 @@ def test_wheels_from_peers_are_checked_against_the_origin_index_not_the_peer(tmp
     assert {p.name: p.read_bytes() for p in wheel_dir.iterdir() if p.is_file()} == good  # no evil, no rotten
     assert f"wheel {WHEEL} from {servers[1][1]} has sha256" in err and "refused" in err
     assert list((wheel_dir / peer_wheels.INCOMING_DIR_NAME).iterdir()) == []
+
+
+def hanging_peer() -> socket.socket:
+    """A peer that accepts connections (the kernel does, from the listen backlog) and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener
+
+
+def test_peers_that_accept_and_hang_cost_one_listing_timeout_together(tmp_path, monkeypatch):
+    monkeypatch.setattr(peer_wheels, "PEER_LISTING_TIMEOUT_SECONDS", 1)
+    index = tmp_path / "index"
+    (index / "vllm-ascend").mkdir(parents=True)
+    (index / "vllm-ascend" / "index.html").write_text(index_page({WHEEL: b"the wheel"}))
+    hanging = [hanging_peer() for _ in range(5)]
+    servers = [serve(index), wheel_peer(tmp_path, "good", {WHEEL: b"the wheel"})]
+    peers = [f"http://127.0.0.1:{listener.getsockname()[1]}" for listener in hanging] + [servers[1][1]]
+    wheel_dir = tmp_path / "node"
+    (wheel_dir / peer_wheels.INCOMING_DIR_NAME).mkdir(parents=True)
+    started = time.monotonic()
+    try:
+        taken = peer_wheels.from_peers(peers, wheel_dir, wheel_dir / peer_wheels.INCOMING_DIR_NAME,
+                                       peer_wheels.Origin([servers[0][1]]))
+    finally:
+        for server, _ in servers:
+            server.shutdown()
+        for listener in hanging:
+            listener.close()
+    assert taken == 1 and (wheel_dir / WHEEL).read_bytes() == b"the wheel"
+    assert time.monotonic() - started < 2  # one timeout for the five, not five (one after another: 5 s)
+
+
+def test_only_the_first_peers_are_asked(monkeypatch):
+    asked = []
+    monkeypatch.setattr(peer_wheels, "peer_listing", lambda peer: asked.append(peer) or [])
+    peers = [f"http://worker{n}:8090" for n in range(peer_wheels.PEERS_ASKED + 5)]
+    peer_wheels.from_peers(peers, Path("/nonexistent"), Path("/nonexistent"), peer_wheels.Origin([]))
+    assert sorted(asked) == sorted(peers[:peer_wheels.PEERS_ASKED])
 
 
 def test_admit_refuses_a_download_that_does_not_match_the_index(tmp_path, capsys):

@@ -8,15 +8,18 @@ import http.server
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
 from ascend_fleet.node import stage_weights as sw
+from ascend_fleet.node.stage_weights import spread as spread_module
 
 SHA = "a" * 64
 
@@ -532,3 +535,76 @@ def test_spread_skips_a_peer_that_does_not_answer(tmp_path, mirror, capsys):
     assert run_stager(tmp_path, url, peers=["http://127.0.0.1:9"]) == (0, "")  # discard port: refused
     assert "from the origin, 0 from peers (none)" in capsys.readouterr().out
     assert (tmp_path / "models/lab/Qwen3-Tiny/v1" / sw.MARKER_NAME).is_file()
+
+
+def test_spread_asks_a_few_peers_at_a_time_each_in_turn(tmp_path, monkeypatch):
+    peers = [f"http://worker{n}:8090" for n in range(1, 21)]
+    in_flight, most, asked = set(), [0], []
+
+    def listing(peer):
+        in_flight.add(peer)
+        most[0] = max(most[0], len(in_flight))
+        asked.append(peer)
+        time.sleep(0.05)
+        in_flight.discard(peer)
+        return {}
+
+    monkeypatch.setattr(spread_module, "PEER_POLL_SECONDS", 0.01)
+    spread = spread_module.Spread(sw.Job("worker0", "lab/Qwen3-Tiny", "v1", tmp_path), None, peers, 0.0)
+    monkeypatch.setattr(spread, "listing", listing)
+    poller = threading.Thread(target=spread.poll, daemon=True)
+    poller.start()
+    time.sleep(1)
+    spread.done.set()
+    poller.join()
+    assert most[0] == spread_module.PEERS_ASKED  # a node's requests do not grow with the fleet
+    assert len(asked) > 2 * len(peers)
+    for start in range(0, len(asked) - len(peers), len(peers)):  # every peer asked before any is asked again
+        assert sorted(asked[start:start + len(peers)]) == sorted(peers)
+
+
+def test_spread_skips_peers_that_accept_and_hang_after_one_listing_timeout(tmp_path, mirror, monkeypatch, capsys):
+    _, url = mirror
+    monkeypatch.setattr(spread_module, "PEER_LISTING_TIMEOUT_SECONDS", 1)
+    hanging = []
+    for _ in range(10):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel accepts; nobody answers
+        hanging.append(listener)
+    started = time.monotonic()
+    try:
+        assert run_stager(tmp_path, url, peers=[f"http://127.0.0.1:{s.getsockname()[1]}" for s in hanging]) == (0, "")
+    finally:
+        for listener in hanging:
+            listener.close()
+    assert time.monotonic() - started < 4  # a timeout to start and one to finish, not one per peer
+    assert "7 from the origin, 0 from peers (none)" in capsys.readouterr().out
+
+
+def test_spread_leaves_to_progressing_peers_the_files_they_presumably_fetch_from_the_origin(tmp_path):
+    names = [f"model-{n:05d}.safetensors" for n in range(1, 10)]
+    second, third = "http://worker2:8090", "http://worker3:8090"
+    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [second, third], 0.0)
+    spread.files = {name: {"size": 1} for name in names}
+    spread.share_out(names)
+    assert spread.own_share == set(names[:3]) and spread.orders == {second: names[3:] + names[:3],
+                                                                    third: names[6:] + names[:6]}
+    # This node's share is done; worker2 verified the first file of its share, worker3 two of its.
+    spread.waiting = [names[4], names[5], names[8]]
+    spread.holdings = {second: {names[3]: "url"}, third: {names[6]: "url", names[7]: "url"}}
+    spread.listed = {second: 1, third: 2}
+    now = time.monotonic()
+    spread.grew_at = {second: now, third: now}
+
+    def origin_task():
+        task = spread.next_task()
+        spread.busy.clear()
+        return task
+
+    assert origin_task() == (names[5], None)  # names[4] and names[8]: worker2's and worker3's next
+    spread.waiting = [names[4], names[5]]
+    spread.holdings[third][names[8]] = "url"  # worker3 is done with its share: it helps from its far end
+    assert origin_task() == spread_module.WAIT  # worker2 on names[4], worker3 on names[5]
+    spread.grew_at[second] -= spread_module.PROGRESS_SECONDS  # worker2 stopped growing (its stager died?)
+    assert origin_task() == (names[4], None)

@@ -1,5 +1,17 @@
 """The fleet as a source (class Spread): each file from a peer that serves a verified copy of it,
-else from the origin, so the origin sends each file about once."""
+else from the origin, so the origin sends each file about once.
+
+How peers are asked what they hold: PEERS_ASKED of them every PEER_POLL_SECONDS, at once, each
+listing bounded by PEER_LISTING_TIMEOUT_SECONDS; the ones asked are those asked longest ago (ties
+at random), so every peer's listing is at most ceil(peers / PEERS_ASKED) rounds old. A node thus
+sends a fixed number of requests a second whatever the fleet's size (the fleet's load grows with
+N, not N squared as when each node asked every peer every round), and a dead or hung peer holds
+one asker for one timeout, then is skipped for PEER_RETRY_SECONDS. Chosen over a tracker (a
+service more to run, and a single point whose death stops the spreading) and over a tree (a
+dead inner node cuts off its subtree, and files descend it level by level): holdings only grow,
+so a listing a few rounds old is still true, and a file verified anywhere is known fleet-wide
+within a few rounds while its copies multiply.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +21,7 @@ import math
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,11 +32,17 @@ from .sources import Source, download_resuming, http_get
 from .verified import admit, check_fetched
 
 # Spreading over the fleet (class Spread): files one node fetches at once, of which from the
-# origin (its link is the scarce one: the fleet shares it), and how often peers are asked what
-# they hold. A peer that failed is asked again after PEER_RETRY_SECONDS; one that sends nothing
-# for PEER_TIMEOUT_SECONDS is given up for that file.
-FETCHERS, ORIGIN_FETCHERS = 4, 1
-PEER_POLL_SECONDS, PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 0.3, 5, 30
+# origin (its link is the scarce one: the fleet shares it), and how many peers are asked what
+# they hold how often. Peer fetches are many short streams, each sharing its holder's link with
+# other nodes' and never reaching a whole link's rate: 5 at once filled a node's link where 3
+# did not (bench-weights, 12 nodes: 53.6 s against 61.9 s). A peer that failed is asked again
+# after PEER_RETRY_SECONDS; one that sends nothing for PEER_TIMEOUT_SECONDS is given up for that file.
+FETCHERS, ORIGIN_FETCHERS = 6, 1
+PEERS_ASKED, PEER_POLL_SECONDS, PEER_LISTING_TIMEOUT_SECONDS = 4, 0.3, 5
+PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 5, 30
+# A peer whose listing grew this recently is progressing: the file it presumably fetches from
+# the origin is left to it (see Spread).
+PROGRESS_SECONDS = 10
 IDLE_SECONDS = 0.2
 WAIT = "wait"
 
@@ -41,8 +60,15 @@ class Spread(Source):
     The origin is kept busy with one file at a time that no peer holds: first this node's share
     of the list (it starts at origin_start, 0 to 1, a different place on each node; a share is
     the list over the fleet's size), then from the far end of the list backwards, so a node done
-    with its share meets the node still on the next share instead of following it. Beside it,
-    the rarest file that peers hold, from the least busy holder.
+    with its share meets the node still on the previous share instead of following it. It leaves
+    alone the file each progressing peer (its listing grew in the last PROGRESS_SECONDS) is
+    presumably fetching from the origin, as far as this node can tell: the first of its share it
+    lacks, or for a peer done with its share, the one its own rule picks next (worked out in the
+    fleet's order, so that the nodes done first spread over the last files instead of all asking
+    for the same ones: they did, and a 270 MB model cost the origin 320 MB over 6 nodes, 391 MB
+    over 12). A peer that stops progressing (its stager died) is presumed to fetch nothing.
+    Beside it, the rarest file that peers hold, from the least busy holder. Peers are asked what they hold a
+    few at a time (the module's doc says how and why).
     """
 
     def __init__(self, job: Job, origin: Source, peer_urls: list[str], origin_start: float):
@@ -51,7 +77,11 @@ class Spread(Source):
         self.peers = [url.rstrip("/") for url in peer_urls]
         self.lock = threading.Lock()
         self.holdings: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}  # peer -> name -> URL
-        self.polled = {peer: threading.Event() for peer in self.peers}
+        self.asked_at = {peer: -math.inf for peer in self.peers}  # when each was last asked (monotonic)
+        self.asking: set[str] = set()  # peers whose listing is being read
+        self.listed: dict[str, int | None] = {}  # peer -> files in its last listing (None: it failed)
+        self.grew_at: dict[str, float] = {}  # peer -> when its listing last grew
+        self.first_round = threading.Event()
         self.avoided: dict[str, set[str]] = {}  # name -> peers not asked for it again (bad or cut-off copy)
         self.busy: dict[str, str | None] = {}  # name -> the peer (None: the origin) it is being fetched from
         self.load: Counter = Counter()  # peer -> files being fetched from it
@@ -61,6 +91,8 @@ class Spread(Source):
         self.files: dict = {}
         self.waiting: list[str] = []  # the files not yet verified, in the order this node asks the origin
         self.own_share: set[str] = set()
+        self.orders: dict[str, list[str]] = {}  # peer -> its order of asking the origin, as this node reckons it
+        self.share = 0  # the files each node asks the origin for first (its share: its order's start)
 
     def describe(self) -> str:
         return f"{self.origin.describe()} spread over {len(self.peers)} peers"
@@ -83,7 +115,7 @@ class Spread(Source):
         return {}
 
     def walk(self, base: str, prefix: str) -> dict[str, str]:
-        with http_get(base + urllib.parse.quote(prefix), {}, PEER_RETRY_SECONDS) as response:
+        with http_get(base + urllib.parse.quote(prefix), {}, PEER_LISTING_TIMEOUT_SECONDS) as response:
             entries = json.load(response)
         found = {}
         for entry in entries:
@@ -94,41 +126,69 @@ class Spread(Source):
                 found[name] = base + urllib.parse.quote(name)
         return found
 
-    def poll(self, peer: str) -> None:
-        while not self.done.is_set():
-            try:
-                held, pause = self.listing(peer), PEER_POLL_SECONDS
-            except (OSError, ValueError, TypeError, KeyError, http.client.HTTPException):
-                held, pause = {}, PEER_RETRY_SECONDS  # down, or not serving: skipped until it answers
-            with self.lock:
-                self.holdings[peer] = held
-            self.polled[peer].set()
-            self.done.wait(pause)
+    def poll(self) -> None:
+        """Every PEER_POLL_SECONDS, ask the PEERS_ASKED peers asked longest ago (not being asked, not
+        waiting out a failure) for their listings, at once."""
+        with ThreadPoolExecutor(PEERS_ASKED) as askers:
+            while not self.done.is_set():
+                now = time.monotonic()
+                with self.lock:
+                    idle = [peer for peer in self.peers if peer not in self.asking and self.asked_at[peer] <= now]
+                    random.shuffle(idle)
+                    drawn = sorted(idle, key=self.asked_at.get)[:PEERS_ASKED - len(self.asking)]
+                    self.asking.update(drawn)
+                asked = [askers.submit(self.ask, peer) for peer in drawn]
+                if not self.first_round.is_set():  # what peers hold before anything is asked of the origin
+                    for future in asked:
+                        future.result()
+                    self.first_round.set()
+                self.done.wait(PEER_POLL_SECONDS)
+
+    def ask(self, peer: str) -> None:
+        try:
+            held, retry = self.listing(peer), 0.0
+        except (OSError, ValueError, TypeError, KeyError, http.client.HTTPException):
+            held, retry = {}, PEER_RETRY_SECONDS  # down, or not serving: skipped until it answers
+        with self.lock:
+            if retry == 0 and self.listed.get(peer) is not None and len(held) > self.listed[peer]:
+                self.grew_at[peer] = time.monotonic()
+            self.listed[peer] = None if retry else len(held)
+            self.holdings[peer] = held
+            self.asked_at[peer] = time.monotonic() + retry
+            self.asking.discard(peer)
 
     def fetch_all(self, files: dict, pending: list[str]) -> None:
         self.files = files
-        start = int(self.origin_start * len(pending)) % max(len(pending), 1)
-        self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
-        self.own_share = set(self.waiting[:math.ceil(len(pending) / (len(self.peers) + 1))])
-        pollers = [threading.Thread(target=self.poll, args=(peer,), daemon=True) for peer in self.peers]
-        for thread in pollers:
-            thread.start()
-        for event in self.polled.values():  # what peers hold before anything is asked of the origin
-            event.wait(2 * PEER_RETRY_SECONDS)
+        self.share_out(pending)
+        poller = threading.Thread(target=self.poll, daemon=True)
+        poller.start()
+        self.first_round.wait(2 * PEER_LISTING_TIMEOUT_SECONDS)
         fetchers = [threading.Thread(target=self.fetcher, daemon=True) for _ in range(FETCHERS)]
         for thread in fetchers:
             thread.start()
         for thread in fetchers:
             thread.join()
         self.done.set()
-        for thread in pollers:
-            thread.join()
+        poller.join()
         if self.failure:
             raise self.failure
         by_peer = ", ".join(f"{peer} {self.counts[peer]}" for peer in self.peers if self.counts[peer])
         say(f"fetched {len(pending)} files: {self.counts['origin']} from the origin, "
             f"{sum(self.counts[peer] for peer in self.peers)} from peers ({by_peer or 'none'}); "
             f"refused {self.counts['refused']} bad copies from peers")
+
+    def share_out(self, pending: list[str]) -> None:
+        """This node's order of asking the origin, its share and (as it reckons them) the peers'."""
+        start = int(self.origin_start * len(pending)) % max(len(pending), 1)
+        self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
+        fleet = len(self.peers) + 1
+        self.share = math.ceil(len(pending) / fleet)
+        self.own_share = set(self.waiting[:self.share])
+        place = round(self.origin_start * fleet)  # the peers are in the fleet's order, less this node
+        for index, peer in enumerate(self.peers[:place] + [None] + self.peers[place:]):
+            peer_start = int(index / fleet * len(pending)) % max(len(pending), 1)
+            if peer is not None:
+                self.orders[peer] = sorted(pending)[peer_start:] + sorted(pending)[:peer_start]
 
     def fetcher(self) -> None:
         while True:
@@ -158,9 +218,11 @@ class Spread(Source):
         offered = {name: [peer for peer in self.peers if name in self.holdings[peer]
                           and peer not in self.avoided.get(name, ())] for name in left}
         unheld = [name for name in left if not offered[name]]
-        if unheld and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
-            own = [name for name in unheld if name in self.own_share]
-            name, peer = own[0] if own else unheld[-1], None
+        theirs = self.left_to_peers(unheld)
+        for_origin = [name for name in unheld if name in self.own_share or name not in theirs]
+        if for_origin and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
+            own = [name for name in for_origin if name in self.own_share]
+            name, peer = own[0] if own else for_origin[-1], None
         elif len(unheld) < len(left):
             name = min(left, key=lambda n: (len(offered[n]) or len(self.peers) + 1, random.random()))
             peer = min(offered[name], key=lambda p: (self.load[p], random.random()))
@@ -169,6 +231,26 @@ class Spread(Source):
         self.busy[name] = peer
         self.load[peer] += 1
         return name, peer
+
+    def left_to_peers(self, unheld: list[str]) -> set[str]:
+        """The files progressing peers (listings grown in the last PROGRESS_SECONDS) presumably fetch
+        from the origin now: the first of its share each lacks; then, in the fleet's order, for each
+        peer done with its share, the last file of its order that no one holds or is presumed on."""
+        now = time.monotonic()
+        presumed, helpers = set(), []
+        for peer, order in self.orders.items():
+            if self.listed.get(peer) is None or now - self.grew_at.get(peer, -math.inf) >= PROGRESS_SECONDS:
+                continue
+            lacking = [name for name in order[:self.share] if name not in self.holdings[peer]]
+            if lacking:
+                presumed.add(lacking[0])
+            else:
+                helpers.append(peer)
+        unheld_now = set(unheld)
+        for peer in helpers:
+            presumed.update(next(([name] for name in reversed(self.orders[peer])
+                                  if name in unheld_now and name not in presumed), []))
+        return presumed
 
     def fetch_one(self, name: str, peer: str | None) -> None:
         entry, incoming = self.files[name], self.job.incoming / name
