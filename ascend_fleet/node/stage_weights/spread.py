@@ -21,11 +21,11 @@ import math
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 from .revision import PEER_PUBLISHED_PATH, PEER_STAGING_PATH, Job, StageError, model_path_parts, say
 from .sources import Source, download_resuming, http_get
