@@ -175,6 +175,9 @@ class Glibc(FactBase):
         match = re.fullmatch(r"glibc (\d+\.\d+)", output[0].strip()) if output else None
         return match[1] if match else None
 
+# Where PipCheck keeps pip check's last answer, in the virtualenv.
+PIP_CHECK_CACHE = ".ascend-fleet-pip-check"
+
 
 class PipPackages(FactBase):
     """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv."""
@@ -197,11 +200,22 @@ class PipPackages(FactBase):
 
 class PipCheck(FactBase):
     """What `pip check` says of a virtualenv: one complaint a line ("vllm 0.18.0 has requirement torch==2.10.0,
-    but you have torch 2.9.0."); [] when every requirement is met or there is no venv."""
+    but you have torch 2.9.0."); [] when every requirement is met or there is no venv.
 
-    def command(self, venv: str) -> StringCommand:
-        return make_formatted_string_command("[ -x {0} ] && {0} -m pip check --disable-pip-version-check 2>&1; true",
-                                             QuoteString(f"{venv}/bin/python"))
+    pip check reads every distribution's metadata (about 2 s with the serving stack), and its answer
+    depends on nothing else: the node keeps the last answer in the venv (PIP_CHECK_CACHE) under the
+    names and times of the distributions' metadata, and runs pip check again only when they changed
+    (an install, an uninstall, an edited METADATA)."""
+
+    def command(self, venv: str) -> str:
+        python, cache = shlex.quote(f"{venv}/bin/python"), shlex.quote(f"{venv}/{PIP_CHECK_CACHE}")
+        metadata = " ".join(f"{shlex.quote(venv)}/lib/python*/site-packages/{pattern}"
+                            for pattern in ("*.dist-info", "*.dist-info/METADATA", "*.egg-info", "*.egg-info/PKG-INFO"))
+        return (f"[ -x {python} ] || exit 0; key=$(ls -ld --time-style=+%s.%N {metadata} 2>/dev/null | sha256sum); "
+                f'if [ "$(head -n 1 {cache} 2>/dev/null)" = "$key" ]; then tail -n +2 {cache}; exit 0; fi; '
+                f"out=$({python} -m pip check --disable-pip-version-check 2>&1); "
+                f"{{ printf '%s\\n' \"$key\" \"$out\" > {cache}.new && mv {cache}.new {cache}; }} 2>/dev/null; "
+                "printf '%s\\n' \"$out\"; true")
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.strip() and line.strip() != "No broken requirements found."]
