@@ -16,12 +16,13 @@ from ascend_fleet.profile import Profile, load_profile
 
 
 def node_profile() -> Profile:
-    """The stack profile this host's data names (validated; a bad one stops before any change)."""
+    """The stack profile this host's data names (validated; a bad one stops before any change), read
+    once a run: the stages ask for it dozens of times per host."""
     name = host.data.get("profile")
     if not name:
         raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
     try:
-        return load_profile(name)
+        return once_per_run(host.state, ("profile", name), lambda: load_profile(name))
     except FleetError as exc:
         raise FleetError(f"{host.name}: {exc}") from None
 
