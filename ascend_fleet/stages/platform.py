@@ -12,7 +12,7 @@ from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import INSTALL_LOG
-from ascend_fleet.operations import gates, reboot, vendor
+from ascend_fleet.operations import accounts, gates, reboot, vendor
 from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import host_arch, host_os, node_profile, os_packages, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package
@@ -48,8 +48,8 @@ def install_prerequisites() -> None:
     running kernel's headers and refuses without lspci/ifconfig."""
     known = host_os()
     server.group(name=f"Group {HDK_USER}", group=HDK_USER)
-    server.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
-                shell="/bin/bash", ensure_home=True)
+    accounts.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
+                  shell="/bin/bash")
     os_packages("Driver prerequisites", list(known.driver_prerequisites))
     if known.kernel_headers:
         # The running kernel's headers, where the distribution ships them.
