@@ -266,6 +266,26 @@ class HttpAnswer(FactBase):
         return {"status": int(status) if status.isdigit() else 0, "body": "\n".join(output[1:])}
 
 
+class HttpAnswers(FactBase):
+    """HttpAnswer of several requests made one after another in one round trip (a deploy's gate asks
+    an instance four things): a list of answers in the order of `requests`, each given as HttpAnswer's
+    keyword arguments."""
+
+    MARKER = "--- ascend-fleet answer"
+
+    def command(self, requests: list[dict]) -> str:
+        return "; ".join(f"echo '{self.MARKER}'; {HttpAnswer().command(**request)}" for request in requests)
+
+    def process(self, output: list[str]) -> list[dict]:
+        answers: list[list[str]] = []
+        for line in output:
+            if line == self.MARKER:
+                answers.append([])
+            elif answers:
+                answers[-1].append(line)
+        return [HttpAnswer().process(lines) for lines in answers]
+
+
 class VenvPython(FactBase):
     """What a Python snippet prints in the serving virtualenv (last line), or its error:
     {"ok": True, "output": "..."} / {"ok": False, "output": "<last line of the traceback>"}."""
