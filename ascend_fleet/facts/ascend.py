@@ -6,6 +6,7 @@ failed host); what is missing comes back as None or an empty result.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 
@@ -14,7 +15,7 @@ from pyinfra.api.command import make_formatted_string_command
 
 from ascend_fleet.credentials import API_KEY_NAME
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info
-from ascend_fleet.node_layout import INSTALL_LOCK
+from ascend_fleet.node_layout import ANSWER_CACHE_DIR, INSTALL_LOCK
 from ascend_fleet.versions import parse_range
 
 ASCEND_HOME = "/usr/local/Ascend"
@@ -175,8 +176,23 @@ class Glibc(FactBase):
         match = re.fullmatch(r"glibc (\d+\.\d+)", output[0].strip()) if output else None
         return match[1] if match else None
 
-# Where PipCheck keeps pip check's last answer, in the virtualenv.
-PIP_CHECK_CACHE = ".ascend-fleet-pip-check"
+
+
+def kept_answer(command: str, depends_on: list[str]) -> str:
+    """Shell that prints what command prints, kept on the node (ANSWER_CACHE_DIR, one file per command)
+    under the names and times of the files depends_on (globs) and run again only when they changed:
+    for slow checks whose answer depends on those files alone."""
+    cache = shlex.quote(f"{ANSWER_CACHE_DIR}/{hashlib.sha256(command.encode()).hexdigest()[:32]}")
+    return (f"key=$(ls -ld --time-style=+%s.%N {' '.join(depends_on)} 2>/dev/null | sha256sum); "
+            f'if [ "$(head -n 1 {cache} 2>/dev/null)" = "$key" ]; then tail -n +2 {cache}; exit 0; fi; '
+            f"out=$( {command} ); {{ mkdir -p {ANSWER_CACHE_DIR} && printf '%s\\n' \"$key\" \"$out\" > {cache}.new "
+            f"&& mv {cache}.new {cache}; }} 2>/dev/null; printf '%s\\n' \"$out\"")
+
+
+def venv_distributions(venv: str) -> list[str]:
+    """Globs of what tells a virtualenv's installed distributions apart: their metadata."""
+    return [f"{shlex.quote(venv)}/lib/python*/site-packages/{pattern}"
+            for pattern in ("*.dist-info", "*.dist-info/METADATA", "*.egg-info", "*.egg-info/PKG-INFO")]
 
 
 class PipPackages(FactBase):
@@ -203,19 +219,12 @@ class PipCheck(FactBase):
     but you have torch 2.9.0."); [] when every requirement is met or there is no venv.
 
     pip check reads every distribution's metadata (about 2 s with the serving stack), and its answer
-    depends on nothing else: the node keeps the last answer in the venv (PIP_CHECK_CACHE) under the
-    names and times of the distributions' metadata, and runs pip check again only when they changed
-    (an install, an uninstall, an edited METADATA)."""
+    depends on nothing else: kept on the node until an install, an uninstall or an edited METADATA."""
 
     def command(self, venv: str) -> str:
-        python, cache = shlex.quote(f"{venv}/bin/python"), shlex.quote(f"{venv}/{PIP_CHECK_CACHE}")
-        metadata = " ".join(f"{shlex.quote(venv)}/lib/python*/site-packages/{pattern}"
-                            for pattern in ("*.dist-info", "*.dist-info/METADATA", "*.egg-info", "*.egg-info/PKG-INFO"))
-        return (f"[ -x {python} ] || exit 0; key=$(ls -ld --time-style=+%s.%N {metadata} 2>/dev/null | sha256sum); "
-                f'if [ "$(head -n 1 {cache} 2>/dev/null)" = "$key" ]; then tail -n +2 {cache}; exit 0; fi; '
-                f"out=$({python} -m pip check --disable-pip-version-check 2>&1); "
-                f"{{ printf '%s\\n' \"$key\" \"$out\" > {cache}.new && mv {cache}.new {cache}; }} 2>/dev/null; "
-                "printf '%s\\n' \"$out\"; true")
+        python = shlex.quote(f"{venv}/bin/python")
+        return (f"[ -x {python} ] || exit 0; "
+                + kept_answer(f"{python} -m pip check --disable-pip-version-check 2>&1", venv_distributions(venv)))
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.strip() and line.strip() != "No broken requirements found."]
@@ -290,12 +299,16 @@ class VenvPython(FactBase):
     """What a Python snippet prints in the serving virtualenv (last line), or its error:
     {"ok": True, "output": "..."} / {"ok": False, "output": "<last line of the traceback>"}."""
 
-    def command(self, venv: str, code: str, env_scripts: list[str] | None = None) -> str:
+    def command(self, venv: str, code: str, env_scripts: list[str] | None = None,
+                depends_on: list[str] | None = None) -> str:
+        """depends_on: globs of the only files besides the venv's distributions the answer depends on;
+        given, the answer is kept until one of them changes (kept_answer)."""
         # The first of the set_env.sh files that exists (none: the snippet runs without, and says why it fails).
         source = (f"for f in {' '.join(shlex.quote(script) for script in env_scripts)}; do "
                   "if [ -f \"$f\" ]; then . \"$f\" >/dev/null 2>&1; break; fi; done; ") if env_scripts else ""
-        return (f"out=$( {source}{shlex.quote(f'{venv}/bin/python')} -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
-                f"printf '%s\\n' \"$out\" | tail -n 1")
+        run = (f"out=$( {source}{shlex.quote(f'{venv}/bin/python')} -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
+               f"printf '%s\\n' \"$out\" | tail -n 1")
+        return run if depends_on is None else kept_answer(run, venv_distributions(venv) + depends_on)
 
     def process(self, output: list[str]) -> dict:
         return {"ok": output[0] == "rc=0", "output": output[1] if len(output) > 1 else ""}

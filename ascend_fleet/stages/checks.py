@@ -266,7 +266,9 @@ def model_problem(config: NodeConfig, profile: Profile) -> str | None:
     reproduces the manifest's probe ids."""
     model_path = revision_dir(config.model_dir, config.model.id, config.model.revision)
     probe = MODEL_PROBE.format(path=str(model_path), manifest=MANIFEST_NAME)
-    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=probe)
+    # Its answer depends on the venv's transformers and the model's files alone: kept until they change.
+    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=probe,
+                           depends_on=[f"{shlex.quote(str(model_path))}/*"])
     if not result["ok"]:
         return f"transformers cannot load {model_path}: {result['output']}; check the profile's transformers version"
     model_type, known, probe = result["output"].split()
