@@ -196,11 +196,13 @@ def venv_distributions(venv: str) -> list[str]:
 
 
 class PipPackages(FactBase):
-    """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv."""
+    """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv.
+    pip's listing (about 1 s) is kept on the node until the distributions change (kept_answer)."""
 
-    def command(self, venv: str) -> StringCommand:
-        return make_formatted_string_command("[ -x {0} ] && {0} -m pip list --format=freeze 2>/dev/null; true",
-                                             QuoteString(f"{venv}/bin/python"))
+    def command(self, venv: str) -> str:
+        python = shlex.quote(f"{venv}/bin/python")
+        return (f"[ -x {python} ] || exit 0; "
+                + kept_answer(f"{python} -m pip list --format=freeze 2>/dev/null", venv_distributions(venv)))
 
     def process(self, output: list[str]) -> dict[str, str]:
         packages = {}

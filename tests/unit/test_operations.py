@@ -22,7 +22,7 @@ from ascend_fleet.facts.ascend import SourcedEnvironment
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.node_layout import SERVICE_ENV_FILE, instance_unit
+from ascend_fleet.node_layout import SERVICE_ENV_FILE, SERVICE_HOME, instance_unit
 from ascend_fleet.operations import accounts, config, environment, firewall, gates, gateway, served, units, vendor
 from tests.fakehost import FakeHost, commands, fact, new_file, on, uploaded, uploads
 
@@ -474,17 +474,17 @@ def test_only_the_seeder_fetches_a_package_for_the_fleet():
     assert steps[0] == f"mkdir -p {vendor.PACKAGE_DIR}" and "http://worker2:8090/packages/" in steps[1]
 
 
-SERVICE_ACCOUNT = {"home": "/var/lib/ascend-fleet", "shell": "/usr/sbin/nologin", "group": "vllm",
+SERVICE_ACCOUNT = {"home": SERVICE_HOME, "shell": "/usr/sbin/nologin", "group": "vllm",
                    "groups": ["HwHiAiUser"], "home_owner": ("vllm", "vllm")}
 
 
 def test_an_account_as_wanted_is_left_alone_and_one_that_differs_is_changed_by_pyinfras_user():
-    wanted = {"user": "vllm", "home": "/var/lib/ascend-fleet", "shell": "/usr/sbin/nologin", "groups": ["HwHiAiUser"],
+    wanted = {"user": "vllm", "home": SERVICE_HOME, "shell": "/usr/sbin/nologin", "groups": ["HwHiAiUser"],
               "system": True}
     fake = FakeHost({Account: SERVICE_ACCOUNT})
     assert commands(accounts.user, fake, **wanted) == []
-    assert fake.noops == ["user vllm exists, home /var/lib/ascend-fleet owned by it"]
-    users = {"vllm": {"home": "/var/lib/ascend-fleet", "shell": "/bin/sh", "group": "vllm", "groups": ["HwHiAiUser"]}}
+    assert fake.noops == [f"user vllm exists, home {SERVICE_HOME} owned by it"]
+    users = {"vllm": {"home": SERVICE_HOME, "shell": "/bin/sh", "group": "vllm", "groups": ["HwHiAiUser"]}}
     drifted = FakeHost({Account: {**SERVICE_ACCOUNT, "shell": "/bin/sh"}, Users: users, Groups: {"vllm", "HwHiAiUser"},
                         Os: "Linux", Which: "/usr/sbin/usermod",
                         Directory: {"mode": 755, "user": "vllm", "group": "vllm"}})
@@ -492,6 +492,6 @@ def test_an_account_as_wanted_is_left_alone_and_one_that_differs_is_changed_by_p
 
 
 def test_the_account_fact_reads_getent_id_and_the_homes_owner():
-    lines = ["vllm:x:999:999::/var/lib/ascend-fleet:/usr/sbin/nologin", "vllm", "vllm HwHiAiUser", "vllm vllm"]
+    lines = [f"vllm:x:999:999::{SERVICE_HOME}:/usr/sbin/nologin", "vllm", "vllm HwHiAiUser", "vllm vllm"]
     assert Account().process(lines) == SERVICE_ACCOUNT
     assert Account().process([]) is None
