@@ -69,29 +69,25 @@ def measure_one(workers: int, console: Console) -> dict:
 
 def measure(worker_counts: list[int], console: Console) -> list[dict]:
     """Each N's first deploy and rerun seconds, their ratio, and the rerun's seconds per host added
-    since the smallest N (None at the smallest)."""
-    rows = [measure_one(workers, console) for workers in sorted(worker_counts)]
-    base = rows[0]
-    for row in rows:
-        added = row["workers"] - base["workers"]
-        row["rerun_s_per_extra_host"] = (row["rerun_s"] - base["rerun_s"]) / added if added else None
-    return rows
-
-
-def report(rows: list[dict], console: Console) -> None:
-    for row in rows:
-        per_host = row["rerun_s_per_extra_host"]
-        extra = f"{per_host:5.2f}s per host beyond N={rows[0]['workers']}" if per_host is not None else "(base)"
-        console.print(f"N={row['workers']:>2}: first deploy {row['first_s']:6.1f}s, rerun {row['rerun_s']:5.1f}s "
+    since the smallest N (None at the smallest); each N's line printed as soon as it is measured."""
+    rows: list[dict] = []
+    for workers in sorted(worker_counts):
+        row = measure_one(workers, console)
+        added = workers - rows[0]["workers"] if rows else 0
+        row["rerun_s_per_extra_host"] = (row["rerun_s"] - rows[0]["rerun_s"]) / added if added else None
+        rows.append(row)
+        extra = (f"{row['rerun_s_per_extra_host']:5.2f}s per host beyond N={rows[0]['workers']}" if added
+                 else "(the base)")
+        console.print(f"N={workers:>2}: first deploy {row['first_s']:6.1f}s, rerun {row['rerun_s']:5.1f}s "
                       f"({row['operations']} operations, 0 changed), rerun/first {row['ratio']:.3f} "
                       f"(target <= {TARGET_RATIO}), rerun {extra}")
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[3, 6, 12], help="lab sizes N (workers)")
-    console = Console()
-    report(measure(parser.parse_args().workers, console), console)
+    measure(parser.parse_args().workers, Console())
 
 
 if __name__ == "__main__":
