@@ -12,24 +12,31 @@ benchmarks/scale.py calls measure() for its deploy rows.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import lab
 from ascend_fleet.lab.pyinfra_totals import totals
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec
+from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 
 PROJECT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 LAB_DIR = DEFAULT_LAB_DIR.parent / "deploy-scale"
 LAB = {"name": "ds", "subnet": "10.213.170.0/24", "lab_dir": LAB_DIR, "profiles": ["lab"]}
 TARGET_RATIO = 0.10
+# NVMe disks just big enough for the lab's tiny model and the weights stage's free-space margin: the
+# lab's default 8 GB each does not fit 12 workers on a machine with 70 GB free.
+NVME_GB = math.ceil(DEFAULT_MIN_FREE_MARGIN_BYTES / 1024**3 + 2)
 
 
 def timed_deploy(label: str) -> tuple[float, dict[str, int]]:
@@ -49,7 +56,10 @@ def timed_deploy(label: str) -> tuple[float, dict[str, int]]:
 
 def measure_one(workers: int, console: Console) -> dict:
     """A fresh lab of `workers` workers: the first deploy, then the rerun, which must change nothing."""
-    spec = LabSpec.build(workers, None, **LAB)
+    with tempfile.TemporaryDirectory(prefix="deploy-scale-") as scratch:
+        hardware = Path(scratch) / "hardware.yaml"
+        hardware.write_text(yaml.safe_dump({"defaults": {"nvme": {"size_gb": NVME_GB}}}))
+        spec = LabSpec.build(workers, hardware, **LAB)
     lab.down(LAB_DIR)  # a previous run that crashed
     try:
         lab.up(spec, console)
