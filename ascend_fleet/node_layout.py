@@ -37,6 +37,8 @@ SERVICE_HOME = f"{SYSTEMD_STATE_ROOT}/ascend-fleet"  # the service user's home; 
 CACHE_DIR = "/var/cache/ascend-fleet"
 PACKAGE_DIR = f"{CACHE_DIR}/packages"  # verified vendor packages, also served to peers
 WHEEL_DIR = f"{CACHE_DIR}/wheels"  # verified wheels, also served to peers
+# Answers of slow read-only checks kept under the files they depend on (facts.ascend.kept_answer).
+ANSWER_CACHE_DIR = f"{CACHE_DIR}/answers"
 INSTALL_LOG = "/var/log/ascend-fleet-install.log"  # every vendor installer's output
 INSTALL_LOCK = "/run/lock/ascend-fleet-install.lock"  # held by a vendor installer while it runs
 # On the fleet's first gateway: the lease of the run changing the fleet and the records every control

@@ -12,6 +12,9 @@ from collections.abc import Callable, Hashable
 from typing import TypeVar
 from weakref import WeakKeyDictionary
 
+from pyinfra.api import FactBase
+from pyinfra.api.host import Host
+
 T = TypeVar("T")
 _VALUES: WeakKeyDictionary = WeakKeyDictionary()
 
@@ -23,3 +26,10 @@ def once_per_run(state: object, key: Hashable, compute: Callable[[], T]) -> T:
     if key not in values:
         values[key] = compute()
     return values[key]
+
+
+def fact_of_the_run(host: Host, fact: type[FactBase[T]]) -> T:
+    """A fact without arguments that no operation of a deploy changes (the host's release, its
+    architecture), read once per host and run: the stages ask for them dozens of times, each a
+    round trip, and pyinfra reads a fact again every time it is asked."""
+    return once_per_run(host.state, (host.name, fact), lambda: host.get_fact(fact))

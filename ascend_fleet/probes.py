@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyinfra import host
 
-from ascend_fleet.facts.ascend import HttpAnswer
+from ascend_fleet.facts.ascend import HttpAnswer, HttpAnswers
 from ascend_fleet.remote import FactQuery
 from ascend_fleet.vllm_metrics import RUNNING, InstanceMetrics, parse_metrics
 
@@ -73,8 +73,11 @@ def http_query(port: int, api_key_file: str, path: str, json_body: dict | None,
 
 
 def answers_in_deploy(queries: Mapping[str, FactQuery]) -> dict[str, dict]:
-    """The answers to queries on the host a pyinfra deploy is running on."""
-    return {name: host.get_fact(query.fact, **query.arguments) for name, query in queries.items()}
+    """The answers to queries on the host a pyinfra deploy is running on, the HTTP ones in one round trip."""
+    http = {name: query.arguments for name, query in queries.items() if query.fact is HttpAnswer}
+    answers = dict(zip(http, host.get_fact(HttpAnswers, requests=list(http.values())))) if http else {}
+    return {name: answers[name] if name in answers else host.get_fact(query.fact, **query.arguments)
+            for name, query in queries.items()}
 
 
 def json_field(body: str, key: str):

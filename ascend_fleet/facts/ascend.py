@@ -6,6 +6,7 @@ failed host); what is missing comes back as None or an empty result.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 
@@ -14,7 +15,7 @@ from pyinfra.api.command import make_formatted_string_command
 
 from ascend_fleet.credentials import API_KEY_NAME
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info
-from ascend_fleet.node_layout import INSTALL_LOCK
+from ascend_fleet.node_layout import ANSWER_CACHE_DIR, INSTALL_LOCK
 from ascend_fleet.versions import parse_range
 
 ASCEND_HOME = "/usr/local/Ascend"
@@ -176,12 +177,32 @@ class Glibc(FactBase):
         return match[1] if match else None
 
 
-class PipPackages(FactBase):
-    """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv."""
 
-    def command(self, venv: str) -> StringCommand:
-        return make_formatted_string_command("[ -x {0} ] && {0} -m pip list --format=freeze 2>/dev/null; true",
-                                             QuoteString(f"{venv}/bin/python"))
+def kept_answer(command: str, depends_on: list[str]) -> str:
+    """Shell that prints what command prints, kept on the node (ANSWER_CACHE_DIR, one file per command)
+    under the names and times of the files depends_on (globs) and run again only when they changed:
+    for slow checks whose answer depends on those files alone."""
+    cache = shlex.quote(f"{ANSWER_CACHE_DIR}/{hashlib.sha256(command.encode()).hexdigest()[:32]}")
+    return (f"key=$(ls -ld --time-style=+%s.%N {' '.join(depends_on)} 2>/dev/null | sha256sum); "
+            f'if [ "$(head -n 1 {cache} 2>/dev/null)" = "$key" ]; then tail -n +2 {cache}; exit 0; fi; '
+            f"out=$( {command} ); {{ mkdir -p {ANSWER_CACHE_DIR} && printf '%s\\n' \"$key\" \"$out\" > {cache}.new "
+            f"&& mv {cache}.new {cache}; }} 2>/dev/null; printf '%s\\n' \"$out\"")
+
+
+def venv_distributions(venv: str) -> list[str]:
+    """Globs of what tells a virtualenv's installed distributions apart: their metadata."""
+    return [f"{shlex.quote(venv)}/lib/python*/site-packages/{pattern}"
+            for pattern in ("*.dist-info", "*.dist-info/METADATA", "*.egg-info", "*.egg-info/PKG-INFO")]
+
+
+class PipPackages(FactBase):
+    """Distributions in a virtualenv: {"torch": "2.13.0+cpu", ...} (names normalised), {} if there is no venv.
+    pip's listing (about 1 s) is kept on the node until the distributions change (kept_answer)."""
+
+    def command(self, venv: str) -> str:
+        python = shlex.quote(f"{venv}/bin/python")
+        return (f"[ -x {python} ] || exit 0; "
+                + kept_answer(f"{python} -m pip list --format=freeze 2>/dev/null", venv_distributions(venv)))
 
     def process(self, output: list[str]) -> dict[str, str]:
         packages = {}
@@ -197,11 +218,15 @@ class PipPackages(FactBase):
 
 class PipCheck(FactBase):
     """What `pip check` says of a virtualenv: one complaint a line ("vllm 0.18.0 has requirement torch==2.10.0,
-    but you have torch 2.9.0."); [] when every requirement is met or there is no venv."""
+    but you have torch 2.9.0."); [] when every requirement is met or there is no venv.
 
-    def command(self, venv: str) -> StringCommand:
-        return make_formatted_string_command("[ -x {0} ] && {0} -m pip check --disable-pip-version-check 2>&1; true",
-                                             QuoteString(f"{venv}/bin/python"))
+    pip check reads every distribution's metadata (about 2 s with the serving stack), and its answer
+    depends on nothing else: kept on the node until an install, an uninstall or an edited METADATA."""
+
+    def command(self, venv: str) -> str:
+        python = shlex.quote(f"{venv}/bin/python")
+        return (f"[ -x {python} ] || exit 0; "
+                + kept_answer(f"{python} -m pip check --disable-pip-version-check 2>&1", venv_distributions(venv)))
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.strip() and line.strip() != "No broken requirements found."]
@@ -252,16 +277,40 @@ class HttpAnswer(FactBase):
         return {"status": int(status) if status.isdigit() else 0, "body": "\n".join(output[1:])}
 
 
+class HttpAnswers(FactBase):
+    """HttpAnswer of several requests made one after another in one round trip (a deploy's gate asks
+    an instance four things): a list of answers in the order of `requests`, each given as HttpAnswer's
+    keyword arguments."""
+
+    MARKER = "--- ascend-fleet answer"
+
+    def command(self, requests: list[dict]) -> str:
+        return "; ".join(f"echo '{self.MARKER}'; {HttpAnswer().command(**request)}" for request in requests)
+
+    def process(self, output: list[str]) -> list[dict]:
+        answers: list[list[str]] = []
+        for line in output:
+            if line == self.MARKER:
+                answers.append([])
+            elif answers:
+                answers[-1].append(line)
+        return [HttpAnswer().process(lines) for lines in answers]
+
+
 class VenvPython(FactBase):
     """What a Python snippet prints in the serving virtualenv (last line), or its error:
     {"ok": True, "output": "..."} / {"ok": False, "output": "<last line of the traceback>"}."""
 
-    def command(self, venv: str, code: str, env_scripts: list[str] | None = None) -> str:
+    def command(self, venv: str, code: str, env_scripts: list[str] | None = None,
+                depends_on: list[str] | None = None) -> str:
+        """depends_on: globs of the only files besides the venv's distributions the answer depends on;
+        given, the answer is kept until one of them changes (kept_answer)."""
         # The first of the set_env.sh files that exists (none: the snippet runs without, and says why it fails).
         source = (f"for f in {' '.join(shlex.quote(script) for script in env_scripts)}; do "
                   "if [ -f \"$f\" ]; then . \"$f\" >/dev/null 2>&1; break; fi; done; ") if env_scripts else ""
-        return (f"out=$( {source}{shlex.quote(f'{venv}/bin/python')} -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
-                f"printf '%s\\n' \"$out\" | tail -n 1")
+        run = (f"out=$( {source}{shlex.quote(f'{venv}/bin/python')} -c {shlex.quote(code)} 2>&1 ); echo \"rc=$?\"; "
+               f"printf '%s\\n' \"$out\" | tail -n 1")
+        return run if depends_on is None else kept_answer(run, venv_distributions(venv) + depends_on)
 
     def process(self, output: list[str]) -> dict:
         return {"ok": output[0] == "rc=0", "output": output[1] if len(output) > 1 else ""}

@@ -15,6 +15,7 @@ from pyinfra.api import OperationValueError, operation
 
 from ascend_fleet.facts.hccn import HCCN_TOOL, NpuNicConfig
 from ascend_fleet.hostdata import NpuNicSettings
+from ascend_fleet.per_run import once_per_run
 
 # hccn_tool's set commands, in the order it accepts them: a gateway must lie in the address's segment.
 SETTINGS = ("address", "gateway", "netdetect")
@@ -48,9 +49,16 @@ def npu_nics(nics: Mapping[int, NpuNicSettings]):
     commands = [command for npu, wanted in sorted(nics.items())
                 for command in set_commands(npu, wanted, current.get(npu))]
     if not commands:
+        readings_left_unchanged(host.state)[host.name] = current
         host.noop(f"the {len(nics)} NPU NICs have their addresses, gateways and netdetect addresses")
         return
     yield from commands
+
+
+def readings_left_unchanged(state) -> dict[str, dict]:
+    """NpuNicConfig as npu_nics read it on each host where it set nothing, for the checks right after
+    it to take instead of asking hccn_tool the same again (three calls per NPU)."""
+    return once_per_run(state, "NPU NIC readings left unchanged", dict)
 
 
 def set_commands(npu: int, wanted: NpuNicSettings, now: dict | None) -> list[str]:

@@ -15,7 +15,7 @@ import requests
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
-from pyinfra.facts.server import Arch, Command
+from pyinfra.facts.server import Command
 
 from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
@@ -41,7 +41,7 @@ from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, jud
 from ascend_fleet.profile import Profile
 from ascend_fleet.profile_check import Indexes
 from ascend_fleet.stack_platform import platform_problem
-from ascend_fleet.stages.context import host_release, node_profile, pip_index_url, python_packages
+from ascend_fleet.stages.context import host_arch, host_release, node_profile, pip_index_url, python_packages
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
 from ascend_fleet.stages.serving import instance_problem, still_serving
@@ -99,7 +99,7 @@ def check_release(profile: Profile, config: NodeConfig) -> None:
 
 
 def system_problem(profile: Profile) -> str | None:
-    arch = host.get_fact(Arch)
+    arch = host_arch()
     if arch not in profile.arch:
         return f"architecture {arch} is not in profile {profile.name}'s {profile.arch}"
     if host.get_fact(Command, command="id -u") != "0":
@@ -208,7 +208,7 @@ def preflight_stage() -> None:
     check_fleet_plan_once()
     check_release(profile, config)
     if config.is_worker:
-        arch = host.get_fact(Arch)
+        arch = host_arch()
         check_known_issues(profile, arch)
         check_vendor_files(profile, arch)
         # First: a node refused below, or one whose instance died since the last run, routes nothing new.
@@ -221,7 +221,7 @@ def preflight_stage() -> None:
         return
     gates.passed(name="The stack's wheels install here", description=f"profile {profile.name}'s pinned wheels "
                  "cover this arch, glibc and Python",
-                 find_problem=lambda: platform_problem(profile, host.get_fact(Arch), host.get_fact(Glibc),
+                 find_problem=lambda: platform_problem(profile, host_arch(), host.get_fact(Glibc),
                                                        pip_index_url(profile),
                                                        once_per_run(host.state, "pip indexes", Indexes)))
     gates.passed(name="Local NVMe mounted, room for the weights",
@@ -266,7 +266,9 @@ def model_problem(config: NodeConfig, profile: Profile) -> str | None:
     reproduces the manifest's probe ids."""
     model_path = revision_dir(config.model_dir, config.model.id, config.model.revision)
     probe = MODEL_PROBE.format(path=str(model_path), manifest=MANIFEST_NAME)
-    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=probe)
+    # Its answer depends on the venv's transformers and the model's files alone: kept until they change.
+    result = host.get_fact(VenvPython, venv=profile.pip.venv, code=probe,
+                           depends_on=[f"{shlex.quote(str(model_path))}/*"])
     if not result["ok"]:
         return f"transformers cannot load {model_path}: {result['output']}; check the profile's transformers version"
     model_type, known, probe = result["output"].split()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyinfra import host, inventory
-from pyinfra.facts.server import LinuxDistribution
+from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, dnf, files
 
 from ascend_fleet.errors import FleetError
@@ -11,17 +11,18 @@ from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.node_os import NodeOs, node_os, not_served
-from ascend_fleet.per_run import once_per_run
+from ascend_fleet.per_run import fact_of_the_run, once_per_run
 from ascend_fleet.profile import Profile, load_profile
 
 
 def node_profile() -> Profile:
-    """The stack profile this host's data names (validated; a bad one stops before any change)."""
+    """The stack profile this host's data names (validated; a bad one stops before any change), read
+    once a run: the stages ask for it dozens of times per host."""
     name = host.data.get("profile")
     if not name:
         raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
     try:
-        return load_profile(name)
+        return once_per_run(host.state, ("profile", name), lambda: load_profile(name))
     except FleetError as exc:
         raise FleetError(f"{host.name}: {exc}") from None
 
@@ -41,9 +42,14 @@ def runs_npus() -> bool:
     return host_node_config(host).is_worker
 
 
+def host_arch() -> str:
+    """The host's architecture (uname -m), e.g. "aarch64"."""
+    return fact_of_the_run(host, Arch)
+
+
 def host_release() -> tuple[str, str]:
     """The host's distribution and release (os-release VERSION_ID), e.g. ("openEuler", "24.03")."""
-    distribution = host.get_fact(LinuxDistribution)
+    distribution = fact_of_the_run(host, LinuxDistribution)
     return distribution["name"] or "unknown", str(distribution["release_meta"].get("VERSION_ID", ""))
 
 

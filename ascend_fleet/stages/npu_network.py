@@ -39,7 +39,9 @@ def peer_addresses(config: NodeConfig) -> list[tuple[int, str]]:
 def nic_problems(config: NodeConfig) -> list[str]:
     """Each NPU whose NIC is not as planned or fails a check, one phrase each, naming NPU and check."""
     npus = config.npu_count
-    settings, live = config.npu_nic_settings(), host.get_fact(NpuNicConfig, npu_count=npus)
+    # Taken once: a retry after the NICs had time to settle asks hccn_tool again.
+    live = hccn.readings_left_unchanged(host.state).pop(host.name, None) or host.get_fact(NpuNicConfig, npu_count=npus)
+    settings = config.npu_nic_settings()
     health = host.get_fact(NpuNicHealth, npu_count=npus)
     if not live or not health:
         return [f"hccn_tool ({HCCN_TOOL}) is missing; the NPU driver installs it"]

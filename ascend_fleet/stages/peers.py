@@ -27,7 +27,7 @@ from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PAT
 from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
-from ascend_fleet.per_run import once_per_run
+from ascend_fleet.per_run import fact_of_the_run, once_per_run
 from ascend_fleet.profile import load_profile
 from ascend_fleet.stages.context import nginx_installed
 from ascend_fleet.templating import render
@@ -104,7 +104,7 @@ def read_package_servers() -> dict[str, tuple[str, frozenset[str]]]:
         profile = load_profile(config.profile)
         # A worker in this run says its architecture; one a --limit leaves out may hold the files of
         # any architecture its profile has.
-        arches = [worker.get_fact(Arch)] if worker in state.activated_hosts else profile.arch
+        arches = [fact_of_the_run(worker, Arch)] if worker in state.activated_hosts else profile.arch
         artifacts = {name for arch in arches for name in profile.vendor_files(arch).values()}
         artifacts |= {wheels_of(config.profile, arch) for arch in arches}
         servers[worker.name] = (peer_server_url(worker, config), frozenset(artifacts))
@@ -123,10 +123,18 @@ def spread_of_package(host_name: str, artifact: str) -> PackageSpread | None:
     return package_spread(host_name, holders, {worker.name for worker in state.activated_hosts})
 
 
-@deploy("Peer server")
 def peer_server(config: NodeConfig) -> None:
     """nginx serving this worker's published revisions, verified staging files and verified vendor
-    packages to the fleet, read-only."""
+    packages to the fleet, read-only: put in place by the first stage of the run that spreads
+    something (vendor packages, wheels, weights); the later ones find it there."""
+    in_place = once_per_run(host.state, "peer servers", set)
+    if host.name not in in_place:
+        in_place.add(host.name)
+        peer_server_in_place(config)
+
+
+@deploy("Peer server")
+def peer_server_in_place(config: NodeConfig) -> None:
     nginx_installed()
     content = render(TEMPLATES / "weights-peer-nginx.conf.j2", port=config.model.peer_port,
                      model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.server import Arch, Command
+from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
 from ascend_fleet import FILES
@@ -12,9 +12,9 @@ from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import INSTALL_LOG
-from ascend_fleet.operations import gates, reboot, vendor
+from ascend_fleet.operations import accounts, gates, reboot, vendor
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import host_os, node_profile, os_packages, runs_npus
+from ascend_fleet.stages.context import host_arch, host_os, node_profile, os_packages, runs_npus
 from ascend_fleet.stages.peers import peer_server, spread_of_package
 
 HDK_USER = "HwHiAiUser"
@@ -25,7 +25,7 @@ DRIVER_NOT_LOADED = "dcmi module initialize failed"
 def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
     """Put the profile's packages of these kinds on the node, verified; kind -> file name. Over the
     fleet, each package comes from a peer that verified it; its seeder asks the origin only if none did."""
-    names = {kind: name for kind, name in profile.vendor_files(host.get_fact(Arch)).items() if kind in kinds}
+    names = {kind: name for kind, name in profile.vendor_files(host_arch()).items() if kind in kinds}
     spreads = {name: spread_of_package(host.name, name) for name in names.values()}
     if any(spreads.values()):
         peer_server(host_node_config(host))
@@ -48,8 +48,8 @@ def install_prerequisites() -> None:
     running kernel's headers and refuses without lspci/ifconfig."""
     known = host_os()
     server.group(name=f"Group {HDK_USER}", group=HDK_USER)
-    server.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
-                shell="/bin/bash", ensure_home=True)
+    accounts.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
+                  shell="/bin/bash")
     os_packages("Driver prerequisites", list(known.driver_prerequisites))
     if known.kernel_headers:
         # The running kernel's headers, where the distribution ships them.

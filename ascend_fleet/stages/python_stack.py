@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.server import Arch
 from pyinfra.operations import pip
 
 from ascend_fleet.facts.ascend import PipCheck, VenvPython
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
-from ascend_fleet.stages.context import host_os, node_profile, os_packages, pip_index_url, python_packages, runs_npus
+from ascend_fleet.stages.context import (
+    host_arch,
+    host_os,
+    node_profile,
+    os_packages,
+    pip_index_url,
+    python_packages,
+    runs_npus,
+)
 from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 
 TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
@@ -58,7 +65,7 @@ def python_stage() -> None:
         os_packages("OS packages the stack needs", libraries)
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
-    arch = host.get_fact(Arch)
+    arch = host_arch()
     stack = {"venv": venv, "steps": profile.node_steps(arch), "index_url": pip_index_url(profile)}
     spread = spread_of_package(host.name, wheels_of(profile.name, arch))
     if spread:

@@ -9,7 +9,7 @@ from io import StringIO
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
@@ -34,7 +34,7 @@ from ascend_fleet.node_layout import (
     revision_dir,
     unit_file,
 )
-from ascend_fleet.operations import gates, gateway, private, served, units, weights
+from ascend_fleet.operations import accounts, gates, gateway, private, served, units, weights
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
@@ -194,8 +194,8 @@ def serve_stage() -> None:
                      find_problem=lambda: quantization_problem(config))
     profile, model = node_profile(), config.model
     user = config.service_user
-    server.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
-                home=SERVICE_HOME, shell="/usr/sbin/nologin")
+    accounts.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
+                  home=SERVICE_HOME, shell="/usr/sbin/nologin")
     files.put(name="Instance start checks", src=StringIO(render(TEMPLATES / "ascend-fleet-instance.sh.j2")),
               dest=INSTANCE_HELPER, mode="755")
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")

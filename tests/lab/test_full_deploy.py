@@ -21,6 +21,7 @@ import requests
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
+from ascend_fleet.lab.pyinfra_totals import totals
 from ascend_fleet.node_layout import (
     CONFIG_DIR,
     FIREWALL_UNIT,
@@ -46,12 +47,6 @@ RESERVED = "8000-8003,51000-51063,60000-60063"
 STAGES = ("Preflight", "NPU driver and firmware", "NPU network", "CANN", "Python stack", "Ascend environment",
           "Weights", "Serve", "Gateway", "Verify")
 TIMINGS: dict[str, float] = {}
-
-
-def totals(output: str) -> dict[str, int]:
-    """pyinfra's own Grand total line: operations, successes (changes), errors, no change."""
-    cells = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", output).groups()
-    return dict(zip(("operations", "changed", "errors", "unchanged"), (0 if c == "-" else int(c) for c in cells)))
 
 
 def planned_changes(dry_output: str) -> list[str]:

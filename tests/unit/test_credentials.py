@@ -16,7 +16,7 @@ from pyinfra.facts.files import File, Sha256File
 
 from ascend_fleet.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
 from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.ascend import HttpAnswer
+from ascend_fleet.facts.ascend import HttpAnswer, HttpAnswers
 from ascend_fleet.node_layout import CONFIG_DIR, HUB_TOKENS_FILE, instance_home
 from ascend_fleet.operations.private import private_file
 from tests.fakehost import FakeHost
@@ -136,3 +136,20 @@ def test_http_answer_sends_the_key_of_the_env_file_without_it_on_a_command_line(
     assert SECRET not in with_key
     assert [answer["status"] for answer in answers] == [200, 200]
     assert RecordingHandler.seen == [f"Bearer {SECRET}", None]
+
+
+def test_http_answers_asks_each_request_in_one_command_and_answers_in_order(tmp_path):
+    """A deploy's instance gate asks four things of an instance in one round trip; each answer is its
+    own request's, the metrics' many lines included."""
+    server = HTTPServer(("127.0.0.1", 0), RecordingHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        fact = HttpAnswers()
+        command = fact.command([{"url": f"{base}/v1/models", "timeout_seconds": 5},
+                                {"url": "http://127.0.0.1:9/health", "timeout_seconds": 5}])
+        answers = fact.process(subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                              check=True).stdout.splitlines())
+    finally:
+        server.shutdown()
+    assert answers == [{"status": 200, "body": '{"data": []}'}, {"status": 0, "body": ""}]

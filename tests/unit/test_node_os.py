@@ -47,7 +47,7 @@ class Recorder:
         for module, names in ((context.apt, ["packages"]), (context.dnf, ["packages"]),
                               (context.files, ["put", "directory", "link", "file"]),
                               (monitoring.systemd, ["service", "daemon_reload"]),
-                              (platform.server, ["group", "user"]), (units, ["masked"]),
+                              (platform.server, ["group"]), (platform.accounts, ["user"]), (units, ["masked"]),
                               (firewall, ["nft_table", "nft_table_absent"]), (firewall.gates, ["stage_begins"])):
             for name in names:
                 monkeypatch.setattr(module, name, self.recorder(f"{module.__name__.split('.')[-1]}.{name}"))

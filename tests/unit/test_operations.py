@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import Directory, Sha256File
+from pyinfra.facts.server import Groups, Os, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled
 
+from ascend_fleet.facts.accounts import Account
 from ascend_fleet.facts.ascend import SourcedEnvironment
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.node_layout import SERVICE_ENV_FILE, instance_unit
-from ascend_fleet.operations import config, environment, firewall, gates, gateway, served, units, vendor
+from ascend_fleet.node_layout import SERVICE_ENV_FILE, SERVICE_HOME, instance_unit
+from ascend_fleet.operations import accounts, config, environment, firewall, gates, gateway, served, units, vendor
 from tests.fakehost import FakeHost, commands, fact, new_file, on, uploaded, uploads
 
 # Stand-ins for what the operations' shell commands call: each logs its call to $CALLS.
@@ -470,3 +472,26 @@ def test_only_the_seeder_fetches_a_package_for_the_fleet():
     assert others.noops == [f"worker3 fetches {PACKAGE} for the fleet; this worker takes it from a peer next"]
     steps = commands(vendor.package_seeded, FakeHost({Sha256File: None}, name="worker3"), seeder="worker3", **seeded)
     assert steps[0] == f"mkdir -p {vendor.PACKAGE_DIR}" and "http://worker2:8090/packages/" in steps[1]
+
+
+SERVICE_ACCOUNT = {"home": SERVICE_HOME, "shell": "/usr/sbin/nologin", "group": "vllm",
+                   "groups": ["HwHiAiUser"], "home_owner": ("vllm", "vllm")}
+
+
+def test_an_account_as_wanted_is_left_alone_and_one_that_differs_is_changed_by_pyinfras_user():
+    wanted = {"user": "vllm", "home": SERVICE_HOME, "shell": "/usr/sbin/nologin", "groups": ["HwHiAiUser"],
+              "system": True}
+    fake = FakeHost({Account: SERVICE_ACCOUNT})
+    assert commands(accounts.user, fake, **wanted) == []
+    assert fake.noops == [f"user vllm exists, home {SERVICE_HOME} owned by it"]
+    users = {"vllm": {"home": SERVICE_HOME, "shell": "/bin/sh", "group": "vllm", "groups": ["HwHiAiUser"]}}
+    drifted = FakeHost({Account: {**SERVICE_ACCOUNT, "shell": "/bin/sh"}, Users: users, Groups: {"vllm", "HwHiAiUser"},
+                        Os: "Linux", Which: "/usr/sbin/usermod",
+                        Directory: {"mode": 755, "user": "vllm", "group": "vllm"}})
+    assert [str(c) for c in commands(accounts.user, drifted, **wanted)] == ["usermod -s /usr/sbin/nologin vllm"]
+
+
+def test_the_account_fact_reads_getent_id_and_the_homes_owner():
+    lines = [f"vllm:x:999:999::{SERVICE_HOME}:/usr/sbin/nologin", "vllm", "vllm HwHiAiUser", "vllm vllm"]
+    assert Account().process(lines) == SERVICE_ACCOUNT
+    assert Account().process([]) is None

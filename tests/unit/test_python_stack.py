@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 
-from ascend_fleet.facts.ascend import PipPackages
-from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
+from ascend_fleet.facts.ascend import PipCheck, PipPackages
+from ascend_fleet.node_layout import ANSWER_CACHE_DIR, WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, PipRemoval, PipStep
@@ -206,3 +206,26 @@ def test_a_build_from_the_index_is_installed_alone_against_its_sha256(index, ven
         result = run(command.get_raw_value())
         assert (result.returncode == 0) is ok, result.stderr
     assert run(f"{venv}/bin/python -c 'import base; print(base.VERSION)'").stdout.strip() == "2.0"
+
+
+def pip_check_says(venv: Path, answers: Path) -> list[str]:
+    """PipCheck's command run here (its answers kept in answers), read as the fact reads it."""
+    result = run(PipCheck().command(str(venv)).replace(ANSWER_CACHE_DIR, str(answers)))
+    assert result.returncode == 0, result.stderr
+    return PipCheck().process(result.stdout.splitlines())
+
+
+def test_pip_check_runs_again_only_when_the_venvs_distributions_changed(index, venv, tmp_path):
+    """A no-op rerun reuses the node's last pip check answer (about 2 s of metadata reading with the
+    serving stack); an install or uninstall since is read afresh."""
+    pip = f"{venv}/bin/python -m pip --disable-pip-version-check"
+    answers = tmp_path / "answers"
+    assert run(f"{pip} install --no-deps --index-url {index} front==1.0 base==1.0").returncode == 0
+    broken = [line for line in pip_check_says(venv, answers) if line.startswith("front ")]
+    assert broken == ["front 1.0 has requirement base==2.0, but you have base 1.0."]
+    [cache] = answers.iterdir()
+    key = cache.read_text().splitlines()[0]
+    cache.write_text(f"{key}\nkept answer\n")  # the same distributions: the kept answer, no pip check
+    assert pip_check_says(venv, answers) == ["kept answer"]
+    assert run(f"{pip} install --no-deps --index-url {index} base==2.0").returncode == 0
+    assert not [line for line in pip_check_says(venv, answers) if line.startswith("front ") or line == "kept answer"]

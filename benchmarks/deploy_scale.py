@@ -1,0 +1,104 @@
+"""Benchmark: a full deploy and its no-op rerun on labs of N workers + a gateway, as N grows.
+
+Targets (issue 31): rerun / first deploy <= 0.10 at N = 3, and the rerun's seconds per extra host
+flat (about the same at every N, measured against the smallest N). Each N gets a fresh lab of its
+own (name, subnet, directory), taken down at the end, also when a run fails.
+
+    sudo .venv/bin/python benchmarks/deploy_scale.py [--workers 3 6 12]
+
+benchmarks/scale.py calls measure() for its deploy rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab import lab
+from ascend_fleet.lab.pyinfra_totals import totals
+from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec
+from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
+
+PROJECT = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+LAB_DIR = DEFAULT_LAB_DIR.parent / "deploy-scale"
+LAB = {"name": "ds", "subnet": "10.213.170.0/24", "lab_dir": LAB_DIR, "profiles": ["lab"]}
+TARGET_RATIO = 0.10
+# NVMe disks just big enough for the lab's tiny model and the weights stage's free-space margin: the
+# lab's default 8 GB each does not fit 12 workers on a machine with 70 GB free.
+NVME_GB = math.ceil(DEFAULT_MIN_FREE_MARGIN_BYTES / 1024**3 + 2)
+
+
+def timed_deploy(label: str) -> tuple[float, dict[str, int]]:
+    """`pyinfra -y inventories/lab.py deploys/full.py` on the bench lab: its seconds and Grand total.
+    The whole output of a run that fails is kept beside the lab directory."""
+    started = time.monotonic()
+    result = subprocess.run([PYINFRA, "-y", "inventories/lab.py", "deploys/full.py"], cwd=PROJECT,
+                            env={**os.environ, "ASCEND_FLEET_LAB_DIR": str(LAB_DIR)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        log = LAB_DIR.with_name(f"{LAB_DIR.name}-{label}.log")
+        log.write_text(result.stdout)
+        raise FleetError(f"deploy_scale: the {label} deploy exited {result.returncode}; its output: {log}")
+    return seconds, totals(result.stdout)
+
+
+def measure_one(workers: int, console: Console) -> dict:
+    """A fresh lab of `workers` workers: the first deploy, then the rerun, which must change nothing."""
+    with tempfile.TemporaryDirectory(prefix="deploy-scale-") as scratch:
+        hardware = Path(scratch) / "hardware.yaml"
+        hardware.write_text(yaml.safe_dump({"defaults": {"nvme": {"size_gb": NVME_GB}}}))
+        spec = LabSpec.build(workers, hardware, **LAB)
+    lab.down(LAB_DIR)  # a previous run that crashed
+    try:
+        lab.up(spec, console)
+        with console.status(f"N={workers}: first deploy"):
+            first, _ = timed_deploy(f"first-{workers}")
+        with console.status(f"N={workers}: no-op rerun"):
+            rerun, counts = timed_deploy(f"rerun-{workers}")
+    finally:
+        with console.status(f"N={workers}: taking the lab down"):
+            lab.down(LAB_DIR)
+    if counts["changed"] or counts["errors"]:
+        raise FleetError(f"deploy_scale: N={workers}: the rerun changed {counts['changed']} and failed "
+                         f"{counts['errors']} operations; a no-op rerun must change none")
+    return {"workers": workers, "first_s": first, "rerun_s": rerun, "ratio": rerun / first,
+            "operations": counts["operations"]}
+
+
+def measure(worker_counts: list[int], console: Console) -> list[dict]:
+    """Each N's first deploy and rerun seconds, their ratio, and the rerun's seconds per host added
+    since the smallest N (None at the smallest); each N's line printed as soon as it is measured."""
+    rows: list[dict] = []
+    for workers in sorted(worker_counts):
+        row = measure_one(workers, console)
+        added = workers - rows[0]["workers"] if rows else 0
+        row["rerun_s_per_extra_host"] = (row["rerun_s"] - rows[0]["rerun_s"]) / added if added else None
+        rows.append(row)
+        extra = (f"{row['rerun_s_per_extra_host']:5.2f}s per host beyond N={rows[0]['workers']}" if added
+                 else "(the base)")
+        console.print(f"N={workers:>2}: first deploy {row['first_s']:6.1f}s, rerun {row['rerun_s']:5.1f}s "
+                      f"({row['operations']} operations, 0 changed), rerun/first {row['ratio']:.3f} "
+                      f"(target <= {TARGET_RATIO}), rerun {extra}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[3, 6, 12], help="lab sizes N (workers)")
+    measure(parser.parse_args().workers, Console())
+
+
+if __name__ == "__main__":
+    main()
