@@ -246,10 +246,13 @@ def main() -> None:
     os.environ.setdefault("COLUMNS", "120")
     held = True
     if not args.control:
-        from benchmarks.deploy_scale import measure, report
+        from rich.console import Console
+
+        from benchmarks.deploy_scale import TARGET_RATIO, measure
 
         print(f"full deploy and no-op rerun, labs of {', '.join(map(str, args.labs))} workers:", flush=True)
-        held = report(measure(args.labs)) and held
+        rows = measure(args.labs, Console())
+        held = rows[0]["ratio"] <= TARGET_RATIO and held  # the smallest lab's: its rerun is the largest share
         print(f"weights fan-out, labs of {', '.join(map(str, args.weights))} workers:", flush=True)
         ratios = weights_fan_out(args.weights)
         held = all(ratio <= FAN_OUT_TARGETS.get(n, float("inf")) for n, ratio in ratios.items()) and held
