@@ -115,7 +115,9 @@ def bench_weights_command(
     """
     from ascend_fleet.lab.benchweights import run_bench  # numpy and the tiny model builder: only here
 
-    result = run_bench(nodes, size, rate, shards, name, subnet, lab_dir, console, skip_origin)
+    # With --json, stdout is the JSON alone: progress goes to stderr.
+    result = run_bench(nodes, size, rate, shards, name, subnet, lab_dir, Console(stderr=True) if as_json else console,
+                       skip_origin)
     if as_json:
         print(json.dumps(result, indent=2))
         return
