@@ -196,7 +196,7 @@ def test_peers_that_accept_and_hang_cost_one_listing_timeout_together(tmp_path, 
         for listener in hanging:
             listener.close()
     assert taken == 1 and (wheel_dir / WHEEL).read_bytes() == b"the wheel"
-    assert time.monotonic() - started < 2  # one timeout for the five, not five (one after another: 5 s)
+    assert time.monotonic() - started < 3.5  # one timeout for the five, not five (one after another: 5 s)
 
 
 def test_only_the_first_peers_are_asked(monkeypatch):
