@@ -410,12 +410,12 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
                                                                serving.quantization == "ascend")
     # A worker's instances differ in name and ports only: one plan holds for each.
     plan = planned_instance(shape, chip_by_name(config.chip), tp=config.tensor_parallel_size,
-                         dp=role.size if role else 1,
-                         max_model_len=serving.max_model_len,
-                         gpu_memory_utilization=serving.gpu_memory_utilization,
-                         dtype=serving.dtype, quantization=quantization,
-                         ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
-                         policy=policy)
+                            dp=role.size if role else 1,
+                            max_model_len=serving.max_model_len,
+                            gpu_memory_utilization=serving.gpu_memory_utilization,
+                            dtype=serving.dtype, quantization=quantization,
+                            ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
+                            policy=policy)
     findings = [*plan.findings, *quantization_findings, *stack]
     return [InstanceReport(config.host, instance, plan, list(findings), role.members if role else ())
             for instance in config.instances]
