@@ -43,6 +43,8 @@ def staged(
     min_free_margin_bytes: int = DEFAULT_MIN_FREE_MARGIN_BYTES,
     peer_urls: list[str] | None = None,
     origin_start: float = 0.0,
+    seeder_urls: list[str] | None = None,
+    seeding: bool = False,
 ):
     """
     Stage one revision of a model on the node's NVMe, verified, at ``<model_dir>/<org>/<name>/<revision>/``.
@@ -61,6 +63,10 @@ def staged(
       each file comes from one that serves a verified copy, the source being only the origin of
       what none holds yet
     + origin_start: with peer_urls, where in the file list (0 to 1) this node starts asking the origin
+      when it must
+    + seeder_urls: those of peer_urls that ask the origin for its files, each for its share; a node
+      not seeding asks the origin only when no seeder progresses
+    + seeding: this node asks the origin for its share (it is one of the seeders)
 
     Nothing to do when the revision's marker is there, names this id and revision,
     every file it lists has its size, and the last deep verify (``deep_verified``)
@@ -97,7 +103,7 @@ def staged(
         return
     yield from stager_uploaded(model_id, revision)
     yield stager_command(host.name, model_id, revision, source, model_dir, url, peer, tokens_env_file,
-                         min_free_margin_bytes, peer_urls or [], origin_start)
+                         min_free_margin_bytes, peer_urls or [], origin_start, seeder_urls or [], seeding)
 
 
 @operation()
@@ -185,6 +191,8 @@ def stager_command(
     min_free_margin_bytes: int,
     peer_urls: list[str] = (),
     origin_start: float = 0.0,
+    seeder_urls: list[str] = (),
+    seeding: bool = False,
 ) -> StringCommand:
     """The node-side stager's command line: paths and names only, never a token."""
     options = {
@@ -196,4 +204,6 @@ def stager_command(
     words += [word for url in peer_urls for word in ("--peer-url", QuoteString(url))]
     if peer_urls:
         words += ["--origin-start", f"{origin_start:.6f}"]
+        words += [word for url in seeder_urls for word in ("--seeder-url", QuoteString(url))]
+        words += ["--seed"] if seeding else []
     return StringCommand("python3", WEIGHTS_STAGER, *words)

@@ -32,31 +32,49 @@ from ascend_fleet.profile import load_profile
 from ascend_fleet.stages.context import nginx_installed
 from ascend_fleet.templating import render
 
+# Workers of the run that ask the origin for the model, each for its share: the others take it from
+# peers (node/stage_weights/spread.py says why not every worker). bench-weights, ratio of all
+# workers' time to one's, at 6 and 12 workers: every worker a seeder 1.17-1.22 and 1.51-1.57;
+# 2 seeders 1.30-1.31 and 1.36-1.41 (only their links carried new files); 4 1.22 and 1.29; 6 at 12
+# 1.31. More than one, so that the death of one does not stop the origin for PROGRESS_SECONDS.
+ORIGIN_SEEDERS = 4
+# Weights files a worker's peer server sends at once (templates/weights-peer-nginx.conf.j2 says why).
+# bench-weights, 12 workers, two seeders: unbounded, every worker fetched each new file from its one
+# holder at once and the seeders' links carried the fleet's download (ratio 3.66); 2 at once 1.53,
+# 3 1.37 and 1.39, 4 1.36 (BitTorrent's default of upload slots is 4 as well).
+PEER_UPLOADS = 4
+
 
 @dataclass(frozen=True)
 class Spread:
-    """The other workers' weights servers, and where in the file list this one starts asking the
-    origin (its place among the workers, so each asks the origin for different files first)."""
+    """The other workers' weights servers, where in the file list this one starts asking the
+    origin if it must (its place among the workers, so each asks for different files first), the
+    other seeders' servers, and whether this worker is a seeder."""
 
     peer_urls: list[str]
     origin_start: float
+    seeder_urls: list[str]
+    seeding: bool
 
 
 def fleet_spread(config: NodeConfig) -> Spread | None:
-    """How this worker spreads its model over the fleet, or None when it fetches from the source alone."""
+    """How this worker spreads its model over the fleet, or None when it fetches from the source alone.
+    The seeders are the first ORIGIN_SEEDERS of the run's workers that stage the model, by name."""
     model = config.model
     if model.peers is False or model.source == "rsync":
         return None
-    members = {}
+    members, in_run = {}, []
     for worker in inventory:  # every host, also those a --limit leaves out: they may hold the weights
         other = host_node_config(worker)
         if other.is_worker and (other.model.id, other.model.revision) == (model.id, model.revision):
             members[worker.name] = peer_server_url(worker, other)
+            if worker in state.activated_hosts:
+                in_run.append(worker.name)
     if len(members) < 2:
         return None
-    names = sorted(members)
-    return Spread([members[name] for name in names if name != config.host],
-                  names.index(config.host) / len(names))
+    names, seeders = sorted(members), sorted(in_run)[:ORIGIN_SEEDERS]
+    return Spread([members[name] for name in names if name != config.host], names.index(config.host) / len(names),
+                  [members[name] for name in seeders if name != config.host], config.host in seeders)
 
 
 def peer_server_url(worker, config: NodeConfig) -> str:
@@ -136,10 +154,13 @@ def peer_server(config: NodeConfig) -> None:
 @deploy("Peer server")
 def peer_server_in_place(config: NodeConfig) -> None:
     nginx_installed()
-    content = render(TEMPLATES / "weights-peer-nginx.conf.j2", port=config.model.peer_port,
-                     model_dir=config.model_dir.rstrip("/"), partial=PARTIAL_DIR_NAME,
-                     published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,
-                     packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR,
-                     wheels=PEER_WHEELS_PATH, wheel_dir=WHEEL_DIR, access_log=PEER_SERVER_LOG)
+    content = render_peer_server_config(config.model.peer_port, config.model_dir)
     checked_config(name="Peer server config (nginx -t, then reload)", dest=PEER_SERVER_CONFIG,
                    content=content, check="nginx -t", service="nginx", what="peer server config")
+
+
+def render_peer_server_config(port: int, model_dir: str, access_log: str = PEER_SERVER_LOG) -> str:
+    return render(TEMPLATES / "weights-peer-nginx.conf.j2", port=port, model_dir=model_dir.rstrip("/"),
+                  partial=PARTIAL_DIR_NAME, published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,
+                  packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR, wheels=PEER_WHEELS_PATH, wheel_dir=WHEEL_DIR,
+                  access_log=access_log, uploads=PEER_UPLOADS)

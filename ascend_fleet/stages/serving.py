@@ -144,7 +144,8 @@ def weights_stage() -> None:
     weights.staged(name=f"Stage {model.id}@{model.revision}", model_id=model.id, revision=model.revision,
                   source=model.source, model_dir=config.model_dir, url=model.url, peer=model.peer,
                   tokens_env_file=HUB_TOKENS_FILE if tokens else None,
-                  peer_urls=spread.peer_urls if spread else None, origin_start=spread.origin_start if spread else 0.0)
+                  peer_urls=spread.peer_urls if spread else None, origin_start=spread.origin_start if spread else 0.0,
+                  seeder_urls=spread.seeder_urls if spread else None, seeding=bool(spread and spread.seeding))
 
 
 def instance_unit_file(config: NodeConfig, instance: Instance, venv: str,

@@ -93,6 +93,21 @@ def test_stager_command_spreads_over_the_peers_it_is_given():
     args = parse_args(stager_words(peer_urls=peers, origin_start=1 / 3)[2:])
     assert args.peer_url == peers and args.source == "http" and abs(args.origin_start - 1 / 3) < 1e-6
     assert "--peer-url" not in stager_words() and "--origin-start" not in stager_words()
+    args = parse_args(stager_words(peer_urls=peers, origin_start=1 / 3, seeder_urls=peers[:1], seeding=True)[2:])
+    assert args.seeder_url == peers[:1] and args.seed
+    assert not parse_args(stager_words(peer_urls=peers, seeder_urls=peers)[2:]).seed
+
+
+def test_hostile_peer_and_seeder_urls_reach_the_stager_as_one_word_each():
+    hostile = ["http://a b:8090", "http://x;touch /tmp/owned:8090", "http://q'\"%\n:8090"]
+    args = parse_args(stager_words(peer_urls=hostile, seeder_urls=hostile[1:], seeding=False)[2:])
+    assert args.peer_url == hostile and args.seeder_url == hostile[1:] and not args.seed
+
+
+def test_the_stager_refuses_a_seeder_that_is_not_a_peer(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(stager_words(peer_urls=["http://10.213.0.12:8090"], seeder_urls=["http://10.213.0.13:8090"])[2:])
+    assert "every --seeder-url must be a --peer-url as well" in capsys.readouterr().err
 
 
 def test_stager_command_never_carries_a_token_only_the_file_naming_them():

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -550,7 +551,7 @@ def test_spread_asks_a_few_peers_at_a_time_each_in_turn(tmp_path, monkeypatch):
         return {}
 
     monkeypatch.setattr(spread_module, "PEER_POLL_SECONDS", 0.01)
-    spread = spread_module.Spread(sw.Job("worker0", "lab/Qwen3-Tiny", "v1", tmp_path), None, peers, 0.0)
+    spread = spread_module.Spread(sw.Job("worker0", "lab/Qwen3-Tiny", "v1", tmp_path), None, peers, 0.0, [], True)
     monkeypatch.setattr(spread, "listing", listing)
     poller = threading.Thread(target=spread.poll, daemon=True)
     poller.start()
@@ -585,7 +586,8 @@ def test_spread_skips_peers_that_accept_and_hang_after_one_listing_timeout(tmp_p
 def test_spread_leaves_to_progressing_peers_the_files_they_presumably_fetch_from_the_origin(tmp_path):
     names = [f"model-{n:05d}.safetensors" for n in range(1, 10)]
     second, third = "http://worker2:8090", "http://worker3:8090"
-    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [second, third], 0.0)
+    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [second, third], 0.0,
+                                  [second, third], True)
     spread.files = {name: {"size": 1} for name in names}
     spread.share_out(names)
     assert spread.own_share == set(names[:3]) and spread.orders == {second: names[3:] + names[:3],
@@ -608,3 +610,43 @@ def test_spread_leaves_to_progressing_peers_the_files_they_presumably_fetch_from
     assert origin_task() == spread_module.WAIT  # worker2 on names[4], worker3 on names[5]
     spread.grew_at[second] -= spread_module.PROGRESS_SECONDS  # worker2 stopped growing (its stager died?)
     assert origin_task() == (names[4], None)
+
+
+def test_a_node_not_seeding_leaves_the_origin_to_the_seeders_while_one_progresses(tmp_path):
+    names = [f"model-{n:05d}.safetensors" for n in range(1, 10)]
+    first, second = "http://worker1:8090", "http://worker2:8090"
+    spread = spread_module.Spread(sw.Job("worker3", "lab/Qwen3-Tiny", "v1", tmp_path), None, [first, second], 2 / 3,
+                                  [first], False)
+    spread.files = {name: {"size": 1} for name in names}
+    spread.share_out(names)
+    assert spread.own_share == set() and spread.orders == {first: names}  # the one seeder's share: every file
+
+    def task():
+        chosen = spread.next_task()
+        spread.busy.clear()
+        spread.load.clear()
+        return chosen
+
+    assert task() == spread_module.WAIT  # worker1 is not seen growing yet: it is presumed to start
+    spread.holdings[second] = {names[0]: "url"}
+    assert task() == (names[0], second)
+    spread.listed[first], spread.grew_at[first] = 0, time.monotonic() - spread_module.PROGRESS_SECONDS
+    assert task() == (names[5], None)  # the seeder stopped: the origin, from the far end of this node's order
+
+
+def test_a_peer_that_sends_all_it_may_is_asked_again_later_not_dropped(tmp_path, monkeypatch, capsys):
+    name, peer = "model-00001.safetensors", "http://worker2:8090"
+    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [peer], 0.0, [], True)
+    spread.files = {name: {"size": 10}}
+    spread.share_out([name])
+    spread.holdings[peer] = {name: f"{peer}/staging/{name}"}
+
+    def full(url, dest, size, timeout):
+        raise urllib.error.HTTPError(url, 503, "Service Temporarily Unavailable", {}, None)
+
+    monkeypatch.setattr(spread_module, "download_resuming", full)
+    spread.fetch_one(name, peer)
+    assert spread.holdings[peer] == {name: f"{peer}/staging/{name}"} and "failed" not in capsys.readouterr().out
+    assert spread.next_task() == spread_module.WAIT  # neither the origin (a peer holds it) nor that peer, yet
+    spread.full_until[peer] -= spread_module.PEER_FULL_SECONDS
+    assert spread.next_task() == (name, peer)

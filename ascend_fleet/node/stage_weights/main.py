@@ -272,7 +272,9 @@ def make_source(job: Job, args: argparse.Namespace) -> Source:
 def make_spread_source(job: Job, args: argparse.Namespace) -> Source:
     """The origin alone, or spread over the fleet when peers are given."""
     origin = make_source(job, args)
-    return Spread(job, origin, args.peer_url, args.origin_start) if args.peer_url else origin
+    if not args.peer_url:
+        return origin
+    return Spread(job, origin, args.peer_url, args.origin_start, args.seeder_url, args.seed)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -291,6 +293,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "the source being the origin")
     parser.add_argument("--origin-start", type=float, default=0.0,
                         help="with --peer-url: where in the file list (0 to 1) this node starts asking the origin")
+    parser.add_argument("--seeder-url", action="append", default=[],
+                        help="with --peer-url: one of them that asks the origin (repeatable); the others ask it "
+                             "only when no seeder progresses")
+    parser.add_argument("--seed", action="store_true", help="with --peer-url: this node is a seeder")
     parser.add_argument("--tokens-env-file", type=Path)
     parser.add_argument("--min-free-margin-bytes", type=int, default=0)
     args = parser.parse_args(argv)
@@ -302,6 +308,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--source rsync needs --peer")
     if args.source == "rsync" and args.peer_url:
         parser.error("--peer-url spreads what an origin (http, modelscope, hf) serves, not --source rsync")
+    if set(args.seeder_url) - set(args.peer_url):
+        parser.error("every --seeder-url must be a --peer-url as well")
     if not 0 <= args.origin_start < 1:
         parser.error("--origin-start must be at least 0 and below 1")
     return args

@@ -1,6 +1,16 @@
 """The fleet as a source (class Spread): each file from a peer that serves a verified copy of it,
 else from the origin, so the origin sends each file about once.
 
+Who asks the origin: the seeders alone (a few nodes of the run, named by the deploy), each from its
+own share of the file list, one file at a time, while another node fetches only from peers as long
+as a seeder progresses. Every node asking the origin for its own share at once split the origin's
+link N ways: each file took N times as long to arrive, they arrived in waves of N, and the last wave
+still had to reach every node once the origin was done (bench-weights, 12 nodes: the origin done at
+41 s, the nodes at 53 s, one node alone 35.5 s). A few streams keep the origin's link as busy, and
+the last files arrive a few at a time; too few, and only the seeders' links carry new files to
+the fleet (stages/peers.py ORIGIN_SEEDERS has the figures). A seeder that stops progressing (its
+stager died) is presumed to fetch nothing; when none progresses, the other nodes ask the origin.
+
 How peers are asked what they hold: PEERS_ASKED of them every PEER_POLL_SECONDS, at once, each
 listing bounded by PEER_LISTING_TIMEOUT_SECONDS; the ones asked are those asked longest ago (ties
 at random), so every peer's listing is at most ceil(peers / PEERS_ASKED) rounds old. A node thus
@@ -40,6 +50,9 @@ from .verified import admit, check_fetched
 FETCHERS, ORIGIN_FETCHERS = 6, 1
 PEERS_ASKED, PEER_POLL_SECONDS, PEER_LISTING_TIMEOUT_SECONDS = 4, 0.3, 5
 PEER_RETRY_SECONDS, PEER_TIMEOUT_SECONDS = 5, 30
+# A peer sending all the files it may at once answers 503 (templates/weights-peer-nginx.conf.j2):
+# not asked for a file again for PEER_FULL_SECONDS, about the time one of its sends takes.
+PEER_FULL_STATUS, PEER_FULL_SECONDS = 503, 0.5
 # A peer whose listing grew this recently is progressing: the file it presumably fetches from
 # the origin is left to it (see Spread).
 PROGRESS_SECONDS = 10
@@ -57,24 +70,28 @@ class Spread(Source):
     JSON listings say what it holds. Every copy is verified against the origin's manifest here,
     whoever sent it: a copy that does not match is deleted and never served on, and that peer is
     not asked for that file again. A peer that fails is skipped; the file resumes from another.
-    The origin is kept busy with one file at a time that no peer holds: first this node's share
-    of the list (it starts at origin_start, 0 to 1, a different place on each node; a share is
-    the list over the fleet's size), then from the far end of the list backwards, so a node done
-    with its share meets the node still on the previous share instead of following it. It leaves
-    alone the file each progressing peer (its listing grew in the last PROGRESS_SECONDS) is
-    presumably fetching from the origin, as far as this node can tell: the first of its share it
-    lacks, or for a peer done with its share, the one its own rule picks next (worked out in the
-    fleet's order, so that the nodes done first spread over the last files instead of all asking
-    for the same ones: they did, and a 270 MB model cost the origin 320 MB over 6 nodes, 391 MB
-    over 12). A peer that stops progressing (its stager died) is presumed to fetch nothing.
+    A seeder keeps the origin busy with one file at a time that no peer holds: first its share of
+    the list (the seeders start at even places of it; a share is the list over the seeders'
+    number), then from the far end of its order backwards, so a seeder done with its share meets
+    the one still on the previous share instead of following it. It leaves alone the file each
+    progressing seeder (its listing grew in the last PROGRESS_SECONDS) is presumably fetching
+    from the origin, as far as this node can tell: the first of its share it lacks, or for a
+    seeder done with its share, the one its own rule picks next (worked out in the fleet's order,
+    so that the seeders done first spread over the last files instead of all asking for the same
+    ones: they did, and a 270 MB model cost the origin 320 MB over 6 nodes, 391 MB over 12). A
+    node not seeding asks the origin only when no seeder progresses, then from the far end of its
+    own order (it starts at origin_start, 0 to 1, a different place on each node).
     Beside it, the rarest file that peers hold, from the least busy holder. Peers are asked what they hold a
     few at a time (the module's doc says how and why).
     """
 
-    def __init__(self, job: Job, origin: Source, peer_urls: list[str], origin_start: float):
+    def __init__(self, job: Job, origin: Source, peer_urls: list[str], origin_start: float,
+                 seeder_urls: list[str], seeding: bool):
         super().__init__(job)
-        self.origin, self.origin_start = origin, origin_start
+        self.origin, self.origin_start, self.seeding = origin, origin_start, seeding
         self.peers = [url.rstrip("/") for url in peer_urls]
+        self.seeders = {url.rstrip("/") for url in seeder_urls}  # the other seeders
+        self.started = time.monotonic()  # a seeder not yet seen growing is presumed to progress until PROGRESS_SECONDS
         self.lock = threading.Lock()
         self.holdings: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}  # peer -> name -> URL
         self.asked_at = {peer: -math.inf for peer in self.peers}  # when each was last asked (monotonic)
@@ -85,14 +102,18 @@ class Spread(Source):
         self.avoided: dict[str, set[str]] = {}  # name -> peers not asked for it again (bad or cut-off copy)
         self.busy: dict[str, str | None] = {}  # name -> the peer (None: the origin) it is being fetched from
         self.load: Counter = Counter()  # peer -> files being fetched from it
+        self.full_until: dict[str, float] = {}  # peer -> when it may have room again (monotonic)
         self.counts: Counter = Counter()  # "origin", each peer, "refused"
         self.done = threading.Event()
         self.failure: StageError | None = None
         self.files: dict = {}
         self.waiting: list[str] = []  # the files not yet verified, in the order this node asks the origin
         self.own_share: set[str] = set()
-        self.orders: dict[str, list[str]] = {}  # peer -> its order of asking the origin, as this node reckons it
-        self.share = 0  # the files each node asks the origin for first (its share: its order's start)
+        self.orders: dict[str, list[str]] = {}  # seeder -> its order of asking the origin, as this node reckons it
+        self.share = 0  # the files each seeder asks the origin for first (its share: its order's start)
+        # Files fetched from peers at once while one comes from the origin: the origin's stream keeps
+        # its part of this node's link (1 / the seeders' number: each seeder has that of the origin's).
+        self.beside_origin = FETCHERS
 
     def describe(self) -> str:
         return f"{self.origin.describe()} spread over {len(self.peers)} peers"
@@ -178,17 +199,23 @@ class Spread(Source):
             f"refused {self.counts['refused']} bad copies from peers")
 
     def share_out(self, pending: list[str]) -> None:
-        """This node's order of asking the origin, its share and (as it reckons them) the peers'."""
-        start = int(self.origin_start * len(pending)) % max(len(pending), 1)
-        self.waiting = sorted(pending)[start:] + sorted(pending)[:start]
-        fleet = len(self.peers) + 1
-        self.share = math.ceil(len(pending) / fleet)
-        self.own_share = set(self.waiting[:self.share])
-        place = round(self.origin_start * fleet)  # the peers are in the fleet's order, less this node
-        for index, peer in enumerate(self.peers[:place] + [None] + self.peers[place:]):
-            peer_start = int(index / fleet * len(pending)) % max(len(pending), 1)
-            if peer is not None:
-                self.orders[peer] = sorted(pending)[peer_start:] + sorted(pending)[:peer_start]
+        """This node's order of asking the origin, its share and (as it reckons them) the other seeders':
+        the seeders, in the fleet's order, start at even places of the list."""
+        ordered = sorted(pending)
+
+        def from_place(fraction: float) -> list[str]:
+            start = int(fraction * len(ordered)) % max(len(ordered), 1)
+            return ordered[start:] + ordered[:start]
+
+        place = round(self.origin_start * (len(self.peers) + 1))  # the peers are in the fleet's order, less this node
+        fleet = self.peers[:place] + [None] + self.peers[place:]
+        seeders = [peer for peer in fleet if peer in self.seeders or (peer is None and self.seeding)]
+        self.share = math.ceil(len(pending) / max(len(seeders), 1))
+        self.beside_origin = max(len(seeders) - 1, 1)
+        self.orders = {seeder: from_place(index / len(seeders)) for index, seeder in enumerate(seeders)}
+        # A node not seeding starts at its place in the fleet if it must ask the origin.
+        self.waiting = self.orders.pop(None) if self.seeding else from_place(self.origin_start)
+        self.own_share = set(self.waiting[:self.share]) if self.seeding else set()
 
     def fetcher(self) -> None:
         while True:
@@ -215,42 +242,58 @@ class Spread(Source):
         left = [name for name in self.waiting if name not in self.busy]
         if not left:
             return None
-        offered = {name: [peer for peer in self.peers if name in self.holdings[peer]
+        holders = {name: [peer for peer in self.peers if name in self.holdings[peer]
                           and peer not in self.avoided.get(name, ())] for name in left}
-        unheld = [name for name in left if not offered[name]]
-        theirs = self.left_to_peers(unheld)
-        for_origin = [name for name in unheld if name in self.own_share or name not in theirs]
-        if for_origin and list(self.busy.values()).count(None) < ORIGIN_FETCHERS:  # keep the origin busy
+        unheld = [name for name in left if not holders[name]]
+        now = time.monotonic()
+        for_origin = self.for_origin(unheld, now)
+        free = {name: [peer for peer in holders[name] if self.full_until.get(peer, 0) <= now] for name in left}
+        from_origin = list(self.busy.values()).count(None)
+        if for_origin and from_origin < ORIGIN_FETCHERS:  # keep the origin busy
             own = [name for name in for_origin if name in self.own_share]
             name, peer = own[0] if own else for_origin[-1], None
-        elif len(unheld) < len(left):
-            name = min(left, key=lambda n: (len(offered[n]) or len(self.peers) + 1, random.random()))
-            peer = min(offered[name], key=lambda p: (self.load[p], random.random()))
+        elif any(free.values()) and (not from_origin or len(self.busy) - from_origin < self.beside_origin):
+            name = min((name for name in left if free[name]), key=lambda n: (len(holders[n]), random.random()))
+            peer = min(free[name], key=lambda p: (self.load[p], random.random()))
         else:
             return WAIT
         self.busy[name] = peer
         self.load[peer] += 1
         return name, peer
 
-    def left_to_peers(self, unheld: list[str]) -> set[str]:
-        """The files progressing peers (listings grown in the last PROGRESS_SECONDS) presumably fetch
-        from the origin now: the first of its share each lacks; then, in the fleet's order, for each
-        peer done with its share, the last file of its order that no one holds or is presumed on."""
-        now = time.monotonic()
+    def for_origin(self, unheld: list[str], now: float) -> list[str]:
+        """The files no peer holds that this node may ask the origin for: a seeder, those of its share
+        and those no progressing seeder presumably fetches; another node, those only when no seeder
+        progresses (they are all done, or their stagers died)."""
+        progressing = [seeder for seeder in self.orders if self.listed.get(seeder, 0) is not None  # None: it failed
+                       and now - self.grew_at.get(seeder, self.started) < PROGRESS_SECONDS]
+        if progressing and not self.seeding:
+            return []
+        theirs = self.left_to_seeders(unheld, progressing)
+        return [name for name in unheld if name in self.own_share or name not in theirs]
+
+    def left_to_seeders(self, unheld: list[str], progressing: list[str]) -> set[str]:
+        """The files the progressing seeders presumably fetch from the origin now: the first of its
+        share each lacks; then, in the fleet's order, for each seeder done with its share, the last
+        file of its order that no one holds or is presumed on."""
         presumed, helpers = set(), []
-        for peer, order in self.orders.items():
-            if self.listed.get(peer) is None or now - self.grew_at.get(peer, -math.inf) >= PROGRESS_SECONDS:
-                continue
-            lacking = [name for name in order[:self.share] if name not in self.holdings[peer]]
+        for seeder in progressing:
+            order = self.orders[seeder]
+            lacking = [name for name in order[:self.share] if name not in self.holdings[seeder]]
             if lacking:
                 presumed.add(lacking[0])
             else:
-                helpers.append(peer)
+                helpers.append(seeder)
         unheld_now = set(unheld)
-        for peer in helpers:
-            presumed.update(next(([name] for name in reversed(self.orders[peer])
+        for seeder in helpers:
+            presumed.update(next(([name] for name in reversed(self.orders[seeder])
                                   if name in unheld_now and name not in presumed), []))
         return presumed
+
+    def peer_failed(self, name: str, peer: str, error: Exception) -> None:
+        say(f"{name}: {peer} failed ({str(error) or type(error).__name__}); fetching the rest elsewhere")
+        with self.lock:
+            self.holdings[peer] = {}  # until it answers a listing again
 
     def fetch_one(self, name: str, peer: str | None) -> None:
         entry, incoming = self.files[name], self.job.incoming / name
@@ -260,10 +303,15 @@ class Spread(Source):
         else:
             try:
                 download_resuming(self.holdings[peer][name], incoming, entry["size"], PEER_TIMEOUT_SECONDS)
+            except urllib.error.HTTPError as error:
+                if error.code == PEER_FULL_STATUS:  # it sends all the files it may at once: another holder, or later
+                    with self.lock:
+                        self.full_until[peer] = time.monotonic() + PEER_FULL_SECONDS
+                else:
+                    self.peer_failed(name, peer, error)
+                return
             except (OSError, KeyError, http.client.HTTPException) as error:
-                say(f"{name}: {peer} failed ({str(error) or type(error).__name__}); fetching the rest elsewhere")
-                with self.lock:
-                    self.holdings[peer] = {}  # until it answers a listing again
+                self.peer_failed(name, peer, error)
                 return
         problem, short = check_fetched(self.job, name, entry)
         with self.lock:
