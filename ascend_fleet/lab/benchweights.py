@@ -33,10 +33,12 @@ from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab import lab
+from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root
 from ascend_fleet.lab.shaping import limit_links
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.node_layout import PEER_SERVER_LOG
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -123,13 +125,14 @@ def publish_bench_model(spec: LabSpec, size_gb: float, shards: int) -> None:
 
 def empty_models(spec: LabSpec, workers: list[str]) -> None:
     for worker in workers:
-        subprocess.run([*lab.ssh_argv(spec.lab_dir, spec.node(worker)), f"rm -rf {MODEL_DIR}"], check=True,
-                       capture_output=True)
+        on_node(spec, worker, f"rm -rf {MODEL_DIR}")
 
 
 def logs_dir(spec: LabSpec) -> Path:
     """Where each run's pyinfra output is kept (the stagers' lines: which file came from where),
-    with the origin's access log of the run (<label>-origin.log: when it sent each file, to whom)."""
+    with the origin's access log of the run (<label>-origin.log: when it sent each file, to whom)
+    and the workers' peer servers' (<label>-peers.log, each line led by the worker's name: what it
+    sent to whom, and its 503s when all its sends were taken)."""
     return spec.lab_dir.with_name(f"{spec.lab_dir.name}-logs")
 
 
@@ -140,6 +143,8 @@ def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
         argv += ["--limit", host]
     access_log = mirror_root(spec.lab_dir) / "run" / "access.log"
     log_offset = access_log.stat().st_size
+    peer_offsets = {node.name: int(on_node(spec, node.name, f"stat -c %s {PEER_SERVER_LOG} 2>/dev/null || echo 0"))
+                    for node in spec.workers}
     started = time.monotonic()
     result = subprocess.run(argv, cwd=PROJECT, env={**os.environ, "ASCEND_FLEET_LAB_DIR": str(spec.lab_dir)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -155,5 +160,12 @@ def stage(spec: LabSpec, hosts: list[str], model: dict, label: str) -> Run:
         f.seek(log_offset)
         served = f.read()
     (logs_dir(spec) / f"{label}-origin.log").write_text(served)  # when the origin sent what to whom
+    (logs_dir(spec) / f"{label}-peers.log").write_text("".join(
+        on_node(spec, worker, f"tail -c +{offset + 1} {PEER_SERVER_LOG} | sed 's/^/{worker} /'")
+        for worker, offset in peer_offsets.items()))
     sent = sum(int(size) for path, size in MIRROR_GET.findall(served) if path.startswith(f"/models/{model['id']}/"))
     return Run(max(times.values()), wall, times, sent)
+
+
+def on_node(spec: LabSpec, node: str, command: str) -> str:
+    return run([*lab.ssh_argv(spec.lab_dir, spec.node(node)), command], what=f"{command!r} on {node}").stdout
