@@ -15,6 +15,8 @@ from pyinfra.api import Config, FileUploadCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File
 
+from ascend_fleet.facts.files import FileState
+
 
 def _hashable(value):
     # Fact arguments can be lists (SourcedEnvironment's scripts); keys must hash.
@@ -28,8 +30,8 @@ def fact(fact_class, **arguments) -> tuple:
 
 
 def new_file(path: str) -> dict:
-    """What files.put reads of a path nothing is at yet, in a directory that exists."""
-    return {fact(File, path=path): None, fact(Directory, path=path): None,
+    """What placed.file and files.put read of a path nothing is at yet, in a directory that exists."""
+    return {fact(FileState, path=path): None, fact(File, path=path): None, fact(Directory, path=path): None,
             fact(Directory, path=posixpath.dirname(path)): {"mode": 755, "user": "root", "group": "root"}}
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.operations import files
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.ascend import SourcedEnvironment
+from ascend_fleet.operations import placed
 from ascend_fleet.templating import render
 
 # Variables holding path lists: CUDA entries in them would shadow or clash with CANN's libraries.
@@ -44,4 +42,4 @@ def service_env_file(dest: str, env_scripts: list[str], venv: str, settings: dic
     captured = without_cuda(host.get_fact(SourcedEnvironment, scripts=env_scripts, venv=venv))
     content = render(TEMPLATES / "npu.env.j2", captured={k: v for k, v in captured.items() if k not in settings},
                      settings=settings)
-    yield from files.put._inner(src=StringIO(content), dest=dest, mode="644", user="root", group="root")
+    yield from placed.file._inner(dest=dest, content=content, mode="644", user="root", group="root")

@@ -9,7 +9,8 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
-from pyinfra.facts.files import File, Sha256File
+
+from ascend_fleet.facts.files import FileState
 
 # pyinfra's arguments that run commands as another user than the one SSH logged in as.
 ESCALATIONS = ("_sudo", "_doas", "_dzdo", "_su_user")
@@ -27,15 +28,15 @@ def private_file(dest: str, content: str | None):
     + dest: path on the node, e.g. /etc/ascend-fleet/hub-tokens.env
     + content: the full text; None removes the file
     """
-    current = host.get_fact(File, path=dest)
+    current = host.get_fact(FileState, path=dest)
     if content is None:
         if current:
             yield f"rm -f {shlex.quote(dest)}"
         else:
             host.noop(f"no {dest}")
         return
-    private = bool(current) and current["mode"] == 600 and current["user"] == "root" and current["group"] == "root"
-    if private and host.get_fact(Sha256File, path=dest) == hashlib.sha256(content.encode()).hexdigest():
+    wanted = {"mode": 600, "user": "root", "group": "root", "sha256": hashlib.sha256(content.encode()).hexdigest()}
+    if current and all(current[key] == value for key, value in wanted.items()):
         host.noop(f"{dest} is current")
         return
     staged = f"{dest}.new"

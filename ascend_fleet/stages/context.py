@@ -65,7 +65,12 @@ def host_os() -> NodeOs:
 def os_packages(name: str, packages: list[str]) -> None:
     """Install packages with the host's package manager (apt: no recommends, its lists at most an hour old)."""
     if host_os().package_manager == "apt":
-        apt.packages(name=name, packages=packages, no_recommends=True, update=True, cache_time=3600)
+        # The run's first install on the host brings the lists up to date; the later ones would
+        # read the same lists' age again (two round trips each).
+        refreshed = once_per_run(host.state, "hosts whose apt lists are brought up to date", set)
+        first = host.name not in refreshed
+        refreshed.add(host.name)
+        apt.packages(name=name, packages=packages, no_recommends=True, update=first, cache_time=3600 if first else None)
     else:
         dnf.packages(name=name, packages=packages)
 

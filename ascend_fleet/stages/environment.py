@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
@@ -14,7 +12,7 @@ from ascend_fleet.facts.ascend import ASCEND_HOME
 from ascend_fleet.fleetstate import COLOURS
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import CONFIG_DIR, GOVERNOR_UNIT, LOGIN_SCRIPT, SERVICE_ENV_FILE, SYSCTL_FILE, unit_file
-from ascend_fleet.operations import gates
+from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.environment import service_env_file
 from ascend_fleet.planner import reserved_ports
 from ascend_fleet.stages.context import data_parallel_role, node_profile, runs_npus
@@ -29,10 +27,6 @@ RESERVED_PORTS = "net.ipv4.ip_local_reserved_ports"
 CPU_GOVERNOR = "performance"
 
 
-def rendered(template: str, **variables) -> StringIO:
-    return StringIO(render(TEMPLATES / template, **variables))
-
-
 def node_can(test: str) -> bool:
     return host.get_fact(Command, command=f"{test} && echo yes || echo no") == "yes"
 
@@ -42,8 +36,8 @@ def environment_stage() -> None:
     gates.stage_begins(name="Stage: environment", stage="environment")
     if not runs_npus():
         return
-    files.put(name="Login environment", src=rendered("ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),
-              dest=LOGIN_SCRIPT, mode="644")
+    placed.file(name="Login environment", content=render(TEMPLATES / "ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),
+                dest=LOGIN_SCRIPT, mode="644")
     files.directory(name="Service environment directory", path=CONFIG_DIR, mode="755")
     settings = {name: str(value) for name, value in (host.data.get("npu_env") or {}).items()}
     service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
@@ -54,15 +48,16 @@ def environment_stage() -> None:
     reserved = reserved_ports([instance.record() for colour in COLOURS
                                for instance in host_node_config(host, colour).instances],
                               role.head_ports() if role and role.is_head else ())
-    sysctl_conf = files.put(name="Host tuning and reserved instance ports (sysctl)", dest=SYSCTL_FILE, mode="644",
-                            src=rendered("sysctl-ascend-fleet.conf.j2", sysctls={**HOST_SYSCTLS, RESERVED_PORTS: reserved}))
+    sysctls = {**HOST_SYSCTLS, RESERVED_PORTS: reserved}
+    sysctl_conf = placed.file(name="Host tuning and reserved instance ports (sysctl)", dest=SYSCTL_FILE, mode="644",
+                              content=render(TEMPLATES / "sysctl-ascend-fleet.conf.j2", sysctls=sysctls))
     # Applied when they change. A container (a lab node) has a read-only /proc/sys but for its own
     # network's, and no cpufreq: there the host tuning is kept for boot, for a real host.
     if sysctl_conf.will_change and node_can("test -w /proc/sys/vm/swappiness"):
         server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"])
     server.sysctl(name="Instance ports reserved from the ephemeral range now", key=RESERVED_PORTS, value=reserved)
-    governor_unit = files.put(name=f"CPU governor {CPU_GOVERNOR} unit", dest=unit_file(GOVERNOR_UNIT),
-                              mode="644", src=rendered("cpu-governor.service.j2", governor=CPU_GOVERNOR))
+    governor_unit = placed.file(name=f"CPU governor {CPU_GOVERNOR} unit", dest=unit_file(GOVERNOR_UNIT), mode="644",
+                                content=render(TEMPLATES / "cpu-governor.service.j2", governor=CPU_GOVERNOR))
     if governor_unit.will_change:
         systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,
                         daemon_reload=True)

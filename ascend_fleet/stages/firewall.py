@@ -10,8 +10,6 @@ Preflight refuses such a worker with instance_firewall: false while firewalld ru
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
@@ -28,7 +26,7 @@ from ascend_fleet.firewall import (
 )
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, unit_file
-from ascend_fleet.operations import gates, units
+from ascend_fleet.operations import gates, placed, units
 from ascend_fleet.operations.firewall import nft_table, nft_table_absent
 from ascend_fleet.stages.context import host_os, os_packages
 from ascend_fleet.templating import render
@@ -60,9 +58,9 @@ def firewall_stage() -> None:
     files.directory(name="ascend-fleet configuration", path=CONFIG_DIR, mode="755")
     nft_table(name="Instance ports for the gateway and monitoring only (nft -c, then nft -f)",
               path=FIREWALL_RULES_FILE, rules=rules.text, family=FAMILY, table=TABLE, comment=rules.comment)
-    unit = files.put(name=f"Unit {FIREWALL_UNIT}", dest=UNIT_FILE, mode="644",
-                     src=StringIO(render(TEMPLATES / "instance-firewall.service.j2", family=FAMILY, table=TABLE,
-                                         rules_file=FIREWALL_RULES_FILE)))
+    unit = placed.file(name=f"Unit {FIREWALL_UNIT}", dest=UNIT_FILE, mode="644",
+                       content=render(TEMPLATES / "instance-firewall.service.j2", family=FAMILY, table=TABLE,
+                                      rules_file=FIREWALL_RULES_FILE))
     systemd.service(name="Instance firewall loaded at every boot", service=FIREWALL_UNIT, running=True, enabled=True,
                     daemon_reload=unit.will_change)
     if known.default_firewall:  # after the table is loaded: the node is never without a policy for its ports

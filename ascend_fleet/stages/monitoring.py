@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from io import StringIO
+from pathlib import Path
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
@@ -34,7 +34,7 @@ from ascend_fleet.node_layout import (
     unit_file,
 )
 from ascend_fleet.node_os import NodeOs
-from ascend_fleet.operations import gates
+from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
 from ascend_fleet.stages.context import host_os, os_packages
@@ -73,13 +73,13 @@ def node_exporter_command(known: NodeOs):
     """node_exporter's command line: in the file its unit reads ARGS from, else in a drop-in of the unit."""
     settings = {"textfile_dir": TEXTFILE_DIR, "port": NODE_EXPORTER_PORT}
     if known.node_exporter_args_file:
-        return files.put(name="node_exporter reads the NPU textfile", dest=known.node_exporter_args_file,
-                         src=StringIO(render(MONITORING_TEMPLATES / "node-exporter.default.j2", **settings)),
-                         mode="644")
+        return placed.file(name="node_exporter reads the NPU textfile", dest=known.node_exporter_args_file,
+                           content=render(MONITORING_TEMPLATES / "node-exporter.default.j2", **settings),
+                           mode="644")
     files.directory(name="node_exporter's textfile directory", path=TEXTFILE_DIR, mode="755")
-    return files.put(name="node_exporter reads the NPU textfile", mode="644",
-                     dest=f"{unit_file(known.node_exporter.unit)}.service.d/ascend-fleet.conf",
-                     src=StringIO(render(MONITORING_TEMPLATES / "node-exporter-command.conf.j2", **settings)))
+    return placed.file(name="node_exporter reads the NPU textfile", mode="644",
+                       dest=f"{unit_file(known.node_exporter.unit)}.service.d/ascend-fleet.conf",
+                       content=render(MONITORING_TEMPLATES / "node-exporter-command.conf.j2", **settings))
 
 
 def npu_exporter(interval: str) -> None:
@@ -89,12 +89,12 @@ def npu_exporter(interval: str) -> None:
     command = node_exporter_command(known)
     systemd.service(name="node_exporter running", service=known.node_exporter.unit, running=True, enabled=True,
                     restarted=command.will_change, daemon_reload=command.will_change)
-    script = files.put(name="NPU metrics script", src=npu_metrics.__file__,
-                       dest=NPU_METRICS_PROGRAM, mode="755")
+    script = placed.file(name="NPU metrics script", content=Path(npu_metrics.__file__).read_text(),
+                         dest=NPU_METRICS_PROGRAM, mode="755")
     units = [
-        files.put(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=unit_file(f"{NPU_METRICS_UNIT}.{kind}"),
-                  src=StringIO(render(MONITORING_TEMPLATES / f"npu-metrics.{kind}.j2", script=NPU_METRICS_PROGRAM,
-                                      textfile_dir=TEXTFILE_DIR, interval=interval)), mode="644")
+        placed.file(name=f"Unit {NPU_METRICS_UNIT}.{kind}", dest=unit_file(f"{NPU_METRICS_UNIT}.{kind}"),
+                    content=render(MONITORING_TEMPLATES / f"npu-metrics.{kind}.j2", script=NPU_METRICS_PROGRAM,
+                                   textfile_dir=TEXTFILE_DIR, interval=interval), mode="644")
         for kind in ("service", "timer")
     ]
     changed = script.will_change or any(unit.will_change for unit in units)
@@ -123,19 +123,19 @@ def prometheus_server(config: NodeConfig) -> None:
                  content=render(MONITORING_TEMPLATES / "nginx-status.conf.j2", status_port=NGINX_STATUS_PORT))
     known = host_os()  # preflight refused a release without these packages and their arguments files
     os_packages("Prometheus and the nginx exporter", [known.prometheus.package, known.nginx_exporter.package])
-    exporter = files.put(name="nginx exporter reads stub_status", dest=known.nginx_exporter_args_file,
-                         src=StringIO(render(MONITORING_TEMPLATES / "nginx-exporter.default.j2",
-                                             status_port=NGINX_STATUS_PORT, port=NGINX_EXPORTER_PORT)), mode="644")
+    exporter = placed.file(name="nginx exporter reads stub_status", dest=known.nginx_exporter_args_file,
+                           content=render(MONITORING_TEMPLATES / "nginx-exporter.default.j2",
+                                          status_port=NGINX_STATUS_PORT, port=NGINX_EXPORTER_PORT), mode="644")
     systemd.service(name="nginx exporter running", service=known.nginx_exporter.unit, running=True, enabled=True,
                     restarted=exporter.will_change)
 
     files.directory(name="Prometheus targets directory", path=PROMETHEUS_FILE_SD_DIR, mode="755")
     for job, groups in scrape_targets().items():
-        files.put(name=f"Targets of {job}", dest=f"{PROMETHEUS_FILE_SD_DIR}/{job}.json", mode="644",
-                  src=StringIO(render(MONITORING_TEMPLATES / "file_sd.json.j2", target_groups=groups)))
-    arguments = files.put(name="Prometheus command line", dest=known.prometheus_args_file, mode="644",
-                          src=StringIO(render(MONITORING_TEMPLATES / "prometheus.default.j2",
-                                              retention=monitoring.retention, port=PROMETHEUS_PORT)))
+        placed.file(name=f"Targets of {job}", dest=f"{PROMETHEUS_FILE_SD_DIR}/{job}.json", mode="644",
+                    content=render(MONITORING_TEMPLATES / "file_sd.json.j2", target_groups=groups))
+    arguments = placed.file(name="Prometheus command line", dest=known.prometheus_args_file, mode="644",
+                            content=render(MONITORING_TEMPLATES / "prometheus.default.j2",
+                                           retention=monitoring.retention, port=PROMETHEUS_PORT))
     systemd.service(name="Prometheus running", service=known.prometheus.unit, running=True, enabled=True,
                     restarted=arguments.will_change)
     checked_config(name="Alert rules (promtool check rules, then reload)", dest=PROMETHEUS_RULES_FILE,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from io import StringIO
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
@@ -34,7 +33,7 @@ from ascend_fleet.node_layout import (
     revision_dir,
     unit_file,
 )
-from ascend_fleet.operations import accounts, gates, gateway, private, served, units, weights
+from ascend_fleet.operations import accounts, gates, gateway, placed, private, served, units, weights
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
@@ -197,17 +196,17 @@ def serve_stage() -> None:
     user = config.service_user
     accounts.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
                   home=SERVICE_HOME, shell="/usr/sbin/nologin")
-    files.put(name="Instance start checks", src=StringIO(render(TEMPLATES / "ascend-fleet-instance.sh.j2")),
-              dest=INSTANCE_HELPER, mode="755")
+    placed.file(name="Instance start checks", content=render(TEMPLATES / "ascend-fleet-instance.sh.j2"),
+                dest=INSTANCE_HELPER, mode="755")
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
     if not config.serve_only:
         retire_instances(config)
     for instance in config.instances:
         if config.serve_only and instance.name not in config.serve_only:
             continue
-        unit = files.put(
+        unit = placed.file(
             name=f"Unit {instance_unit(instance.name)}", dest=unit_file(instance_unit(instance.name)), mode="644",
-            src=StringIO(instance_unit_file(config, instance, profile.pip.venv, data_parallel_role(config.host))))
+            content=instance_unit_file(config, instance, profile.pip.venv, data_parallel_role(config.host)))
         environment = private.private_file(
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),
             content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),

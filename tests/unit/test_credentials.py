@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
-from pyinfra.facts.files import File, Sha256File
 
 from ascend_fleet.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import HttpAnswer, HttpAnswers
+from ascend_fleet.facts.files import FileState
 from ascend_fleet.node_layout import CONFIG_DIR, HUB_TOKENS_FILE, instance_home
 from ascend_fleet.operations.private import private_file
 from tests.fakehost import FakeHost
@@ -61,8 +61,8 @@ def test_api_headers_carry_the_key_only_when_set(monkeypatch):
 
 
 def node(file: dict | None, sha256: str | None = None, **options) -> FakeHost:
-    """What private_file reads of a node: the File and Sha256File facts."""
-    return FakeHost({File: file, Sha256File: sha256}, **options)
+    """What private_file reads of a node: the file's owner, mode and sha256 (FileState)."""
+    return FakeHost({FileState: file and {**file, "sha256": sha256}}, **options)
 
 
 def commands(fake: FakeHost, content: str | None) -> list:

@@ -15,7 +15,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.node_layout import unit_file
 from ascend_fleet.node_os import node_os
-from ascend_fleet.operations import units
+from ascend_fleet.operations import placed, units
 from ascend_fleet.profile import load_profile
 from ascend_fleet.stages import checks, context, firewall, monitoring, platform
 from tests.fakehost import FakeHost, commands, fact, on
@@ -48,7 +48,8 @@ class Recorder:
                               (context.files, ["put", "directory", "link", "file"]),
                               (monitoring.systemd, ["service", "daemon_reload"]),
                               (platform.server, ["group"]), (platform.accounts, ["user"]), (units, ["masked"]),
-                              (firewall, ["nft_table", "nft_table_absent"]), (firewall.gates, ["stage_begins"])):
+                              (firewall, ["nft_table", "nft_table_absent"]), (firewall.gates, ["stage_begins"]),
+                              (placed, ["file"])):
             for name in names:
                 monkeypatch.setattr(module, name, self.recorder(f"{module.__name__.split('.')[-1]}.{name}"))
 
@@ -94,7 +95,7 @@ def test_an_openeuler_worker_installs_with_dnf_and_openeulers_names_in_every_sta
     ]
     services = [arguments["service"] for label, arguments in recorder.calls if label == "systemd.service"]
     assert "node_exporter" in services and "prometheus-node-exporter" not in services
-    written = [arguments["dest"] for label, arguments in recorder.calls if label == "files.put"]
+    written = [arguments["dest"] for label, arguments in recorder.calls if label == "placed.file"]
     assert f"{unit_file('node_exporter.service')}.d/ascend-fleet.conf" in written
     assert not any(path.startswith("/etc/default/") for path in written)
     assert not any(label == "files.link" for label, _ in recorder.calls)  # no sites-enabled on openEuler
@@ -111,6 +112,9 @@ def test_a_debian_worker_keeps_debians_packages_and_defaults_files(monkeypatch, 
     assert recorder.installs() == [("apt.packages", ["nftables"]),
                                    ("apt.packages", ["dkms", "gcc", "make", "pciutils", "net-tools"]),
                                    ("apt.packages", ["prometheus-node-exporter"]), ("apt.packages", ["nginx-light"])]
+    # The first install brings the package lists up to date; the others do not ask their age again.
+    assert [(arguments["update"], arguments["cache_time"]) for label, arguments in recorder.calls
+            if label == "apt.packages"] == [(True, 3600), (False, None), (False, None), (False, None)]
     assert not any(label == "units.masked" for label, _ in recorder.calls)
 
 

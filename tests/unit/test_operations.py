@@ -13,17 +13,29 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
-from pyinfra.facts.files import Directory, Sha256File
+from pyinfra.facts.files import Directory, File, Sha1File, Sha256File
 from pyinfra.facts.server import Groups, Os, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled
 
 from ascend_fleet.facts.accounts import Account
 from ascend_fleet.facts.ascend import SourcedEnvironment
+from ascend_fleet.facts.files import FileState
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.node_layout import SERVICE_ENV_FILE, SERVICE_HOME, instance_unit
-from ascend_fleet.operations import accounts, config, environment, firewall, gates, gateway, served, units, vendor
+from ascend_fleet.node_layout import SERVICE_ENV_FILE, SERVICE_HOME, SYSTEMD_DIR, instance_unit, unit_file
+from ascend_fleet.operations import (
+    accounts,
+    config,
+    environment,
+    firewall,
+    gates,
+    gateway,
+    placed,
+    served,
+    units,
+    vendor,
+)
 from tests.fakehost import FakeHost, commands, fact, new_file, on, uploaded, uploads
 
 # Stand-ins for what the operations' shell commands call: each logs its call to $CALLS.
@@ -170,6 +182,42 @@ def test_the_service_environment_drops_cuda_and_the_settings_win_over_what_cann_
     lines = [line for line in uploads(steps)[dest].decode().splitlines() if line and not line.startswith("#")]
     assert sorted(lines) == ["ASCEND_TOOLKIT_HOME=/usr/local/Ascend/cann", "HCCL_BUFFSIZE=512",
                              "LD_LIBRARY_PATH=/usr/local/Ascend/cann/lib64"]
+
+
+# ---------------------------------------------------------------- files put whole
+
+UNIT_PATH = unit_file(instance_unit("vllm-0"))
+UNIT_TEXT = "[Unit]\nDescription=vllm-0\n"
+AS_WANTED = {"user": "root", "group": "root", "mode": 644, "sha256": hashlib.sha256(UNIT_TEXT.encode()).hexdigest()}
+
+
+def test_a_file_as_wanted_is_read_with_one_fact_and_left_alone():
+    fake = FakeHost({fact(FileState, path=UNIT_PATH): AS_WANTED})  # any other fact read raises KeyError
+    assert commands(placed.file, fake, dest=UNIT_PATH, content=UNIT_TEXT, mode="644", user="root") == []
+    assert fake.noops == [f"{UNIT_PATH} is current"]
+
+
+@pytest.mark.parametrize("differs", [{"sha256": "0" * 64}, {"mode": 664}, {"user": "vllm"}])
+def test_a_file_whose_content_mode_or_owner_differs_is_put_again_whole(differs):
+    on_node = {**AS_WANTED, **differs}
+    fake = FakeHost({fact(FileState, path=UNIT_PATH): on_node, fact(File, path=UNIT_PATH): on_node,
+                     Sha1File: "0" * 40, fact(Directory, path=SYSTEMD_DIR): {"mode": 755}})
+    steps = commands(placed.file, fake, dest=UNIT_PATH, content=UNIT_TEXT, mode="644", user="root")
+    assert uploads(steps) == {UNIT_PATH: UNIT_TEXT.encode()}
+
+
+def test_file_state_reads_a_real_files_owner_mode_and_sha256_and_nothing_of_what_is_not_a_file(tmp_path):
+    def read(path: Path):
+        command = FileState().command(str(path)).get_raw_value()
+        return FileState().process(subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                                  check=True).stdout.splitlines())
+
+    unit = tmp_path / "it's a $(unit) file"  # quoted whole: nothing in a path runs
+    unit.write_text(UNIT_TEXT)
+    unit.chmod(0o640)
+    me = Path(tmp_path).owner()
+    assert read(unit) == {"user": me, "group": Path(tmp_path).group(), "mode": 640, "sha256": AS_WANTED["sha256"]}
+    assert read(tmp_path / "missing") is None and read(tmp_path) is None
 
 
 # ---------------------------------------------------------------- firewall
