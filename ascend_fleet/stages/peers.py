@@ -63,18 +63,27 @@ def fleet_spread(config: NodeConfig) -> Spread | None:
     model = config.model
     if model.peers is False or model.source == "rsync":
         return None
+    members, seeders = once_per_run(host.state, ("weights spread", model.id, model.revision),
+                                    lambda: weights_members(model.id, model.revision))
+    if len(members) < 2:
+        return None
+    names = sorted(members)
+    return Spread([members[name] for name in names if name != config.host], names.index(config.host) / len(names),
+                  [members[name] for name in seeders if name != config.host], config.host in seeders)
+
+
+def weights_members(model_id: str, revision: str) -> tuple[dict[str, str], list[str]]:
+    """The workers that serve this revision (name -> peer server URL), every host of the inventory
+    (also those a --limit leaves out: they may hold the weights), and the run's seeders among them.
+    Read once a run: each worker's own walk of the inventory made a fleet's deploy quadratic."""
     members, in_run = {}, []
-    for worker in inventory:  # every host, also those a --limit leaves out: they may hold the weights
+    for worker in inventory:
         other = host_node_config(worker)
-        if other.is_worker and (other.model.id, other.model.revision) == (model.id, model.revision):
+        if other.is_worker and (other.model.id, other.model.revision) == (model_id, revision):
             members[worker.name] = peer_server_url(worker, other)
             if worker in state.activated_hosts:
                 in_run.append(worker.name)
-    if len(members) < 2:
-        return None
-    names, seeders = sorted(members), sorted(in_run)[:ORIGIN_SEEDERS]
-    return Spread([members[name] for name in names if name != config.host], names.index(config.host) / len(names),
-                  [members[name] for name in seeders if name != config.host], config.host in seeders)
+    return members, sorted(in_run)[:ORIGIN_SEEDERS]
 
 
 def peer_server_url(worker, config: NodeConfig) -> str:
