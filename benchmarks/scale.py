@@ -26,6 +26,7 @@ The lab parts (root; a lab of their own each): full deploy and no-op rerun at N 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -150,6 +151,7 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     rendered = time.monotonic() - started
     if checked.returncode != 0:
         raise SystemExit(f"nginx -t refused the gateway config of {len(backends)} instances: {checked.stderr.strip()}")
+    gc.collect()  # not the earlier rounds' garbage, collected in this one
     started = time.monotonic()
     gateway = HostStatus("gw-01", "gateway", "lab", routes=gateway_routes(site.splitlines()))
     routed = [routing(backend["address"], backend["port"], [gateway]) for backend in backends]
@@ -174,8 +176,10 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                 figures["plan"][workers], result = timed([CLI, "plan", str(inventory)], root / "fleet")
                 expect(result, 0, f"plan of {workers} workers")
                 (root / "nginx").mkdir()
-                # Fractions of a second: the best of three, so the growth factors are not noise.
-                rounds = [gateway_seconds(workers, root / "nginx") for _ in range(3)]
+                # Fractions of a second (0.02 s at 100 workers): the best of five, each after a garbage
+                # collection, so the growth factors are not noise (best of three once read 12.2 where
+                # rounds of their own gave 9.3-9.5).
+                rounds = [gateway_seconds(workers, root / "nginx") for _ in range(5)]
                 figures["gateway"][workers] = min(rendered for rendered, _ in rounds)
                 figures["routes"][workers] = min(read for _, read in rounds)
                 _, result = timed([sys.executable, "-c", ROLLOUT_PLAN, str(inventory)], root / "fleet")
