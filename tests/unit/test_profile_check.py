@@ -37,6 +37,10 @@ from ascend_fleet.profile_check import (
     resolver_pip,
 )
 
+# Its checks against PyPI take about 4.5 min of scripts/test's "others" part, which ran 12 min longer
+# than the session lab's (CI on a 2-core machine: 53 and 41 min).
+pytestmark = pytest.mark.session_lab_part
+
 DATA = Path(__file__).parent / "data"
 PYPI = "https://pypi.org/simple"
 CPU = "https://download.pytorch.org/whl/cpu/"
