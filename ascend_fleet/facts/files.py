@@ -26,7 +26,8 @@ class FileState(FactBase[dict | None]):
     @override
     def command(self, path: str):
         quoted = QuoteString(path)
-        return StringCommand("if [ -f", quoted, "]; then stat -c '%U %G %a'", quoted, "&& sha256sum", quoted, "; fi")
+        # From stdin: sha256sum escapes a name holding a newline or backslash by leading its line with "\".
+        return StringCommand("if [ -f", quoted, "]; then stat -c '%U %G %a'", quoted, "&& sha256sum <", quoted, "; fi")
 
     @override
     def process(self, output) -> dict | None:

@@ -212,7 +212,7 @@ def test_file_state_reads_a_real_files_owner_mode_and_sha256_and_nothing_of_what
         return FileState().process(subprocess.run(["sh", "-c", command], capture_output=True, text=True,
                                                   check=True).stdout.splitlines())
 
-    unit = tmp_path / "it's a $(unit) file"  # quoted whole: nothing in a path runs
+    unit = tmp_path / "it's a $(unit);\n100% \\ file"  # quoted whole: nothing in a path runs
     unit.write_text(UNIT_TEXT)
     unit.chmod(0o640)
     me = Path(tmp_path).owner()
