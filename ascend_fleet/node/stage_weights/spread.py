@@ -247,16 +247,18 @@ class Spread(Source):
         unheld = [name for name in left if not holders[name]]
         now = time.monotonic()
         for_origin = self.for_origin(unheld, now)
-        free = {name: [peer for peer in holders[name] if self.full_until.get(peer, 0) <= now] for name in left}
         from_origin = list(self.busy.values()).count(None)
         if for_origin and from_origin < ORIGIN_FETCHERS:  # keep the origin busy
             own = [name for name in for_origin if name in self.own_share]
             name, peer = own[0] if own else for_origin[-1], None
-        elif any(free.values()) and (not from_origin or len(self.busy) - from_origin < self.beside_origin):
-            name = min((name for name in left if free[name]), key=lambda n: (len(holders[n]), random.random()))
-            peer = min(free[name], key=lambda p: (self.load[p], random.random()))
         else:
-            return WAIT
+            # The files a holder with room (not answering 503 lately) can send now, and those holders.
+            free = {name: room for name in left
+                    if (room := [peer for peer in holders[name] if self.full_until.get(peer, 0) <= now])}
+            if not free or (from_origin and len(self.busy) - from_origin >= self.beside_origin):
+                return WAIT
+            name = min(free, key=lambda n: (len(holders[n]), random.random()))
+            peer = min(free[name], key=lambda p: (self.load[p], random.random()))
         self.busy[name] = peer
         self.load[peer] += 1
         return name, peer
