@@ -23,7 +23,13 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
-from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_PUBLISHED_PATH, PEER_STAGING_PATH
+from ascend_fleet.node.stage_weights import (
+    INCOMING_DIR_NAME,
+    PARTIAL_DIR_NAME,
+    PEER_PUBLISHED_PATH,
+    PEER_RECEIVING_PATH,
+    PEER_STAGING_PATH,
+)
 from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
@@ -36,7 +42,8 @@ from ascend_fleet.templating import render
 # peers (node/stage_weights/spread.py says why not every worker). bench-weights, ratio of all
 # workers' time to one's, at 6 and 12 workers: every worker a seeder 1.17-1.22 and 1.51-1.57;
 # 2 seeders 1.30-1.31 and 1.36-1.41 (only their links carried new files); 4 1.22 and 1.29; 6 at 12
-# 1.31. More than one, so that the death of one does not stop the origin for PROGRESS_SECONDS.
+# 1.31; with files taken as they arrive at a peer, 4 1.17-1.19 and 1.27, 6 1.18 and 1.26. More than
+# one, so that the death of one does not stop the origin for PROGRESS_SECONDS.
 ORIGIN_SEEDERS = 4
 # Weights files a worker's peer server sends at once (templates/weights-peer-nginx.conf.j2 says why).
 # bench-weights, 12 workers, two seeders: unbounded, every worker fetched each new file from its one
@@ -171,5 +178,6 @@ def peer_server_in_place(config: NodeConfig) -> None:
 def render_peer_server_config(port: int, model_dir: str, access_log: str = PEER_SERVER_LOG) -> str:
     return render(TEMPLATES / "weights-peer-nginx.conf.j2", port=port, model_dir=model_dir.rstrip("/"),
                   partial=PARTIAL_DIR_NAME, published=PEER_PUBLISHED_PATH, staging=PEER_STAGING_PATH,
+                  receiving=PEER_RECEIVING_PATH, incoming=INCOMING_DIR_NAME,
                   packages=PEER_PACKAGES_PATH, package_dir=PACKAGE_DIR, wheels=PEER_WHEELS_PATH, wheel_dir=WHEEL_DIR,
                   access_log=access_log, uploads=PEER_UPLOADS)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ascend_fleet.node.stage_weights import PARTIAL_DIR_NAME, PEER_STAGING_PATH
+from ascend_fleet.node.stage_weights import INCOMING_DIR_NAME, PARTIAL_DIR_NAME, PEER_RECEIVING_PATH, PEER_STAGING_PATH
 from ascend_fleet.stages.peers import PEER_UPLOADS, render_peer_server_config
 
 pytestmark = pytest.mark.skipif(shutil.which("nginx") is None,
@@ -28,10 +28,11 @@ def free_port() -> int:
 
 @pytest.fixture
 def peer_server(tmp_path):
-    """nginx serving a staging revision with one big shard; its port."""
+    """nginx serving a staging revision with one big shard, and a shard still arriving; its port."""
     staging = tmp_path / "models" / PARTIAL_DIR_NAME / REVISION
-    staging.mkdir(parents=True)
+    (staging / INCOMING_DIR_NAME).mkdir(parents=True)
     (staging / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 64 * 1024 * 1024)
+    (staging / INCOMING_DIR_NAME / "model-00002-of-00002.safetensors").write_bytes(b"a" * 1000)
     port = free_port()
     site = render_peer_server_config(port, str(tmp_path / "models"), access_log=str(tmp_path / "access.log"))
     (tmp_path / "site.conf").write_text(site.replace(f"listen {port};", f"listen 127.0.0.1:{port};"))
@@ -79,3 +80,28 @@ def test_the_peer_server_sends_a_few_files_at_once_and_lists_what_it_holds_meanw
     finally:
         for client, _ in downloads:
             client.close()
+
+
+def get(port: int, path: str, headers: dict | None = None) -> tuple[int, bytes]:
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    client.request("GET", path, headers=headers or {})
+    answer = client.getresponse()
+    return answer.status, answer.read()
+
+
+def test_the_peer_server_sends_a_file_still_arriving_as_far_as_it_has_and_no_marker_or_journal(peer_server, tmp_path):
+    arriving = f"/{PEER_RECEIVING_PATH}/{REVISION}/model-00002-of-00002.safetensors"
+    status, body = get(peer_server, f"/{PEER_RECEIVING_PATH}/{REVISION}/")
+    assert status == 200 and json.loads(body)[0] | {"mtime": None} == {
+        "name": "model-00002-of-00002.safetensors", "type": "file", "size": 1000, "mtime": None}
+    assert get(peer_server, arriving, {"Range": "bytes=600-"}) == (206, b"a" * 400)
+    assert get(peer_server, arriving, {"Range": "bytes=1000-"})[0] == 416  # nothing beyond what arrived yet
+    incoming = tmp_path / "models" / PARTIAL_DIR_NAME / REVISION / INCOMING_DIR_NAME
+    with (incoming / "model-00002-of-00002.safetensors").open("ab") as more:
+        more.write(b"b" * 24)
+    assert get(peer_server, arriving, {"Range": "bytes=1000-"}) == (206, b"b" * 24)
+    (incoming / ".journal").write_text("{}")
+    (incoming.parent / "sub").mkdir()
+    for hidden in (f"/{PEER_RECEIVING_PATH}/{REVISION}/.journal", f"/{PEER_RECEIVING_PATH}/{REVISION}/../.incoming/",
+                   f"/{PEER_RECEIVING_PATH}/{REVISION}"):
+        assert get(peer_server, hidden)[0] == 404, hidden

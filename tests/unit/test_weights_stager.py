@@ -317,9 +317,12 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         if not wanted.startswith("bytes=") or not path.is_file():
             return super().send_head()
         start = int(wanted[len("bytes="):].rstrip("-"))
+        size = path.stat().st_size
+        if start >= size:  # as nginx answers a range beyond the file
+            self.send_error(416)
+            return None
         f = path.open("rb")
         f.seek(start)
-        size = path.stat().st_size
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
         self.send_header("Content-Length", str(size - start))
@@ -327,10 +330,11 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         return f
 
 
-def run_stager(tmp_path, url, revision="v1", margin=0, peers=()) -> tuple[int, str]:
+def run_stager(tmp_path, url, revision="v1", margin=0, peers=(), seeders=()) -> tuple[int, str]:
     argv = ["--host", "worker1", "--model-id", "lab/Qwen3-Tiny", "--revision", revision,
             "--model-dir", str(tmp_path / "models"), "--source", "http", "--url", url,
-            "--min-free-margin-bytes", str(margin), *(word for peer in peers for word in ("--peer-url", peer))]
+            "--min-free-margin-bytes", str(margin), *(word for peer in peers for word in ("--peer-url", peer)),
+            *(word for peer in seeders for word in ("--seeder-url", peer))]
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "stderr", err)
@@ -492,6 +496,9 @@ def serve_as_peer(model_dir: Path) -> tuple[http.server.ThreadingHTTPServer, str
     root.mkdir()
     (root / sw.PEER_PUBLISHED_PATH).symlink_to(model_dir)
     (root / sw.PEER_STAGING_PATH).symlink_to(model_dir / sw.PARTIAL_DIR_NAME)
+    receiving = root / sw.PEER_RECEIVING_PATH / "lab/Qwen3-Tiny"
+    receiving.mkdir(parents=True)
+    (receiving / "v1").symlink_to(model_dir / sw.PARTIAL_DIR_NAME / "lab/Qwen3-Tiny/v1" / sw.INCOMING_DIR_NAME)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_port}"
@@ -531,6 +538,83 @@ def test_spread_takes_what_a_peer_holds_from_it_and_refuses_its_corrupt_copy(tmp
     assert "refused 1 bad copies from peers" in out
 
 
+def peer_receiving(tmp_path, source: Path, shard: str) -> tuple[Path, Path]:
+    """A peer's model directory holding every file of the revision verified but shard, which it is
+    still receiving (its first bytes in incoming); its staging and incoming directories."""
+    staging = tmp_path / "peer/models" / sw.PARTIAL_DIR_NAME / "lab/Qwen3-Tiny/v1"
+    incoming = staging / sw.INCOMING_DIR_NAME
+    incoming.mkdir(parents=True)
+    for name in json.loads((source / sw.MANIFEST_NAME).read_text())["files"]:
+        if name != shard:
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes((source / name).read_bytes())
+    (incoming / shard).write_bytes((source / shard).read_bytes()[:1])
+    return staging, incoming
+
+
+def stage_beside_a_peer_receiving(tmp_path, url, arrive) -> str:
+    """Stage with one peer, also a seeder, whose copy arrives (arrive() writes it) meanwhile; its URL."""
+    server, peer = serve_as_peer(tmp_path / "peer/models")
+    arriving = threading.Thread(target=arrive)
+    arriving.start()
+    RangeHandler.requests.clear()
+    try:
+        assert run_stager(tmp_path / "node", url, peers=[peer], seeders=[peer]) == (0, "")
+    finally:
+        arriving.join()
+        server.shutdown()
+    return peer
+
+
+def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_the_peer_verified_it(
+        tmp_path, mirror, capsys):
+    root, url = mirror
+    source, shard = root / "models/lab/Qwen3-Tiny/v1", "model-00002-of-00002.safetensors"
+    whole = (source / shard).read_bytes()
+    staging, incoming = peer_receiving(tmp_path, source, shard)
+    last = len(whole) - 1000  # the peer's last bytes land in its verified copy only (an origin's last write and rename)
+
+    def arrive():
+        for step in range(1, 21):
+            time.sleep(0.1)
+            with (incoming / shard).open("ab") as out:
+                out.write(whole[1 + (step - 1) * (last - 1) // 20:1 + step * (last - 1) // 20])
+        (staging / shard).write_bytes(whole)
+        (incoming / shard).unlink()
+
+    peer = stage_beside_a_peer_receiving(tmp_path, url, arrive)
+
+    assert (tmp_path / "node/models/lab/Qwen3-Tiny/v1" / shard).read_bytes() == whole
+    asked = [path for path, _ in RangeHandler.requests if path.endswith(shard)]
+    assert not [path for path in asked if path.startswith("/models/")]  # the origin never sent it
+    assert f"/{sw.PEER_RECEIVING_PATH}/lab/Qwen3-Tiny/v1/{shard}" in asked  # taken while it arrived
+    assert asked[-1] == f"/{sw.PEER_STAGING_PATH}/lab/Qwen3-Tiny/v1/{shard}"  # its last bytes once verified
+    assert f"verified {shard} from {peer} as it arrived there" in capsys.readouterr().out
+
+
+def test_spread_leaves_a_copy_that_stops_arriving_and_fetches_the_file_elsewhere(tmp_path, mirror, monkeypatch,
+                                                                                 capsys):
+    root, url = mirror
+    source, shard = root / "models/lab/Qwen3-Tiny/v1", "model-00002-of-00002.safetensors"
+    whole = (source / shard).read_bytes()
+    _, incoming = peer_receiving(tmp_path, source, shard)
+    monkeypatch.setattr(spread_module, "RECEIVING_STALL_SECONDS", 1)
+    monkeypatch.setattr(spread_module, "PROGRESS_SECONDS", 1)
+
+    def arrive_then_stop():  # the peer's stager dies a third of the way
+        for step in range(1, 11):
+            time.sleep(0.1)
+            with (incoming / shard).open("ab") as out:
+                out.write(whole[1 + (step - 1) * len(whole) // 30:1 + step * len(whole) // 30])
+
+    peer = stage_beside_a_peer_receiving(tmp_path, url, arrive_then_stop)
+
+    assert (tmp_path / "node/models/lab/Qwen3-Tiny/v1" / shard).read_bytes() == whole
+    out = capsys.readouterr().out
+    assert f"{shard}: {peer} failed (its copy stayed at" in out
+    assert f"/models/lab/Qwen3-Tiny/v1/{shard}" in [path for path, _ in RangeHandler.requests]  # the rest: origin
+
+
 def test_spread_skips_a_peer_that_does_not_answer(tmp_path, mirror, capsys):
     _, url = mirror
     assert run_stager(tmp_path, url, peers=["http://127.0.0.1:9"]) == (0, "")  # discard port: refused
@@ -548,7 +632,7 @@ def test_spread_asks_a_few_peers_at_a_time_each_in_turn(tmp_path, monkeypatch):
         asked.append(peer)
         time.sleep(0.05)
         in_flight.discard(peer)
-        return {}
+        return {}, {}  # nothing verified, nothing arriving
 
     monkeypatch.setattr(spread_module, "PEER_POLL_SECONDS", 0.01)
     spread = spread_module.Spread(sw.Job("worker0", "lab/Qwen3-Tiny", "v1", tmp_path), None, peers, 0.0, [], True)

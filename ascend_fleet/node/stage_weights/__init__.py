@@ -18,7 +18,9 @@ Layout under MODEL_DIR, all on one filesystem so that publishing is a rename:
 
 A file enters the partial directory only by a rename after its digest matched the
 manifest, so what lies there (not hidden) is verified: the ``peers`` spread serves
-exactly that directory and published revisions to the fleet (``--peer-url``).
+that directory and published revisions to the fleet (``--peer-url``), and the files
+still arriving in incoming as far as they have, which a peer takes as they grow and
+checks whole against the manifest like any other copy.
 
 Flow: read the source's manifest (size and digest of every file); check free
 space for what is still to fetch plus a margin; fetch what the partial
@@ -56,6 +58,7 @@ from .revision import (
     MARKER_NAME,
     PARTIAL_DIR_NAME,
     PEER_PUBLISHED_PATH,
+    PEER_RECEIVING_PATH,
     PEER_STAGING_PATH,
     SOURCES,
     Job,
@@ -89,10 +92,10 @@ from .sources import (
 # What the controller and the tests use, by one name: ascend_fleet.node.stage_weights.
 __all__ = [
     "DEEP_VERIFY_NAME", "INCOMING_DIR_NAME", "INDEX_NAME", "MANIFEST_NAME", "MARKER_NAME", "PARTIAL_DIR_NAME",
-    "PEER_PUBLISHED_PATH", "PEER_STAGING_PATH", "SOURCES", "HuggingFace", "Job", "ModelScope", "StageError",
-    "bytes_still_to_fetch", "check_space", "deep_verify_of", "file_digest", "file_problem", "files_from_hf_tree",
-    "files_from_mirror_manifest", "files_from_modelscope_listing", "hf_download_argv", "hf_next_page", "main",
-    "make_source", "manifest_sha256", "marker_problems", "model_path_parts", "modelscope_download_argv",
-    "parse_args", "partial_dir", "read_safetensors_header", "read_tokens_env_file", "revision_dir", "rsync_argv",
-    "run_tool", "shards_to_check", "ssh_cat_argv",
+    "PEER_PUBLISHED_PATH", "PEER_RECEIVING_PATH", "PEER_STAGING_PATH", "SOURCES", "HuggingFace", "Job",
+    "ModelScope", "StageError", "bytes_still_to_fetch", "check_space", "deep_verify_of", "file_digest",
+    "file_problem", "files_from_hf_tree", "files_from_mirror_manifest", "files_from_modelscope_listing",
+    "hf_download_argv", "hf_next_page", "main", "make_source", "manifest_sha256", "marker_problems",
+    "model_path_parts", "modelscope_download_argv", "parse_args", "partial_dir", "read_safetensors_header",
+    "read_tokens_env_file", "revision_dir", "rsync_argv", "run_tool", "shards_to_check", "ssh_cat_argv",
 ]

@@ -19,8 +19,9 @@ DEEP_VERIFY_NAME = ".ascend-fleet-deep-verify.json"
 PARTIAL_DIR_NAME = ".partial"
 INCOMING_DIR_NAME = ".incoming"  # in the partial directory: what is being fetched, not yet verified
 # Where a node's nginx serves its weights to the fleet (templates/weights-peer-nginx.conf.j2):
-# whole published revisions, and the verified files of revisions being staged.
-PEER_PUBLISHED_PATH, PEER_STAGING_PATH = "published", "staging"
+# whole published revisions, the verified files of revisions being staged, and their files still
+# arriving (INCOMING_DIR_NAME), as far as they have.
+PEER_PUBLISHED_PATH, PEER_STAGING_PATH, PEER_RECEIVING_PATH = "published", "staging", "receiving"
 SOURCES = ("http", "modelscope", "hf", "rsync")
 CHUNK_BYTES = 4 * 1024 * 1024
 # Files hashed at once: hashlib lets go of the GIL while it hashes a chunk, so threads use the node's cores
