@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.error
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -734,3 +735,40 @@ def test_a_peer_that_sends_all_it_may_is_asked_again_later_not_dropped(tmp_path,
     assert spread.next_task() == spread_module.WAIT  # neither the origin (a peer holds it) nor that peer, yet
     spread.full_until[peer] -= spread_module.PEER_FULL_SECONDS
     assert spread.next_task() == (name, peer)
+
+
+def test_each_seeders_share_spreads_down_a_tree_whose_inner_nodes_differ_and_its_parent_is_asked_first(tmp_path):
+    fleet = [f"http://worker{n:02d}:8090" for n in range(1, 13)]
+    seeders, names = fleet[:4], [f"model-{n:05d}.safetensors" for n in range(1, 41)]
+    spreads = {}
+    for place, node in enumerate(fleet):
+        spread = spread_module.Spread(sw.Job(node, "lab/Qwen3-Tiny", "v1", tmp_path), None,
+                                      [peer for peer in fleet if peer != node], place / len(fleet),
+                                      [seeder for seeder in seeders if seeder != node], node in seeders)
+        spread.files = {name: {"size": 1} for name in names}
+        spread.share_out(names)
+        spreads[node] = spread
+    children = Counter()
+    for seeder in seeders:
+        first = spreads[seeder].waiting[0]  # a file of this seeder's share
+        parents = {node: spread.tree_parent[first] for node, spread in spreads.items() if node != seeder}
+        for node in parents:  # every node reaches the seeder, up a tree
+            seen, up = {node}, parents[node]
+            while up != seeder:
+                assert up not in seen
+                seen.add(up)
+                up = parents[up]
+        per_parent = Counter(parents.values())
+        assert max(per_parent.values()) <= spread_module.RELAY_FANOUT
+        children.update(parent for parent in per_parent.elements() if parent != seeder)
+    assert max(children.values()) <= 2 * spread_module.RELAY_FANOUT  # no node relays for every tree
+
+    node = fleet[7]
+    spread, name = spreads[node], spreads[seeders[1]].waiting[0]
+    parent = spread.tree_parent[name]
+    other = next(peer for peer in fleet if peer not in (node, parent))
+    spread.waiting = [name]
+    spread.holdings[other] = {name: "url"}  # verified there, still arriving at the parent
+    spread.receiving[parent] = {name: "url"}
+    spread.grew_at = {seeder: time.monotonic() for seeder in seeders}
+    assert spread.next_task() == (name, parent)
