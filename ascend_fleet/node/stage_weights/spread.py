@@ -80,7 +80,8 @@ FOLLOW_SECONDS, RECEIVING_STALL_SECONDS = 0.2, 5
 PROGRESS_SECONDS = 10
 IDLE_SECONDS = 0.2
 # Each seeder's share spreads down a tree of the other nodes, RELAY_FANOUT children a node (see
-# Spread.share_out). bench-weights, 12 nodes: 1.25 and 1.25 with 2, 1.26 with 3, 1.27-1.29 without.
+# Spread.relay_parent). bench-weights, 12 nodes: 1.24-1.25 (3 runs; 1.28 in scale.py's) with 2, 1.26
+# with 3, 1.27-1.29 without.
 RELAY_FANOUT = 2
 WAIT = "wait"
 
