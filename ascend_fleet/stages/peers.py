@@ -43,8 +43,8 @@ from ascend_fleet.templating import render
 # workers' time to one's, at 6 and 12 workers: every worker a seeder 1.17-1.22 and 1.51-1.57;
 # 2 seeders 1.30-1.31 and 1.36-1.41 (only their links carried new files); 4 1.22 and 1.29; 6 at 12
 # 1.31; with files taken as they arrive at a peer, 4 1.17-1.19 and 1.27, 6 1.18 and 1.26 (2 at 6:
-# 1.29); and relay trees, 4 1.17-1.19 and 1.24-1.28. More than
-# one, so that the death of one does not stop the origin for PROGRESS_SECONDS.
+# 1.29); and relay trees, 4 1.17-1.19 and 1.24-1.28. More than one, so that the death of one does
+# not stop the origin for PROGRESS_SECONDS.
 ORIGIN_SEEDERS = 4
 # Weights files a worker's peer server sends at once (templates/weights-peer-nginx.conf.j2 says why).
 # bench-weights, 12 workers, two seeders: unbounded, every worker fetched each new file from its one

@@ -160,23 +160,19 @@ class Spread(Source):
     def listing(self, peer: str) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
         """name -> (URL, size) of each file of the revision that the peer serves verified (at the
         manifest's size), and of each it is still receiving (shorter)."""
-        try:
-            verified = self.walk(self.revision_url(peer, PEER_STAGING_PATH), "", whole=True)
-        except urllib.error.HTTPError as error:
-            if error.code != 404:
-                raise
-            return self.absent_or(lambda: self.walk(self.revision_url(peer, PEER_PUBLISHED_PATH), "", whole=True)), {}
-        arriving = self.absent_or(lambda: self.walk(self.revision_url(peer, PEER_RECEIVING_PATH), "", whole=False))
-        return verified, arriving
+        staging = self.listed_there(peer, PEER_STAGING_PATH, whole=True)
+        if staging is None:  # not staging it: published, or absent
+            return self.listed_there(peer, PEER_PUBLISHED_PATH, whole=True) or {}, {}
+        return staging, self.listed_there(peer, PEER_RECEIVING_PATH, whole=False) or {}
 
-    @staticmethod
-    def absent_or(read_listing) -> dict:
+    def listed_there(self, peer: str, where: str, whole: bool) -> dict[str, tuple[str, int]] | None:
+        """The peer's listing of the revision under where (see walk); None when it has none there."""
         try:
-            return read_listing()
+            return self.walk(self.revision_url(peer, where), "", whole)
         except urllib.error.HTTPError as error:
             if error.code != 404:
                 raise
-            return {}
+            return None
 
     def walk(self, base: str, prefix: str, whole: bool) -> dict[str, tuple[str, int]]:
         with http_get(base + urllib.parse.quote(prefix), {}, PEER_LISTING_TIMEOUT_SECONDS) as response:
@@ -220,12 +216,13 @@ class Spread(Source):
                 self.grew_at[peer] = time.monotonic()
             self.listed[peer] = None if retry else len(held)
             self.holdings[peer] = {name: url for name, (url, _) in held.items()}
-            now, before = time.monotonic(), self.arrived[peer]
-            self.arrived[peer] = {name: (size, now if size != before.get(name, (None,))[0] else before[name][1])
-                                  for name, (_, size) in arriving.items()}
+            now, before, arrived = time.monotonic(), self.arrived[peer], {}
+            for name, (_, size) in arriving.items():  # (size, since when it has been that size)
+                arrived[name] = before[name] if before.get(name, (None,))[0] == size else (size, now)
+            self.arrived[peer] = arrived
             self.receiving[peer] = {name: url for name, (url, _) in arriving.items()
-                                    if now - self.arrived[peer][name][1] < RECEIVING_STALL_SECONDS}
-            self.asked_at[peer] = time.monotonic() + retry
+                                    if now - arrived[name][1] < RECEIVING_STALL_SECONDS}
+            self.asked_at[peer] = now + retry
             self.asking.discard(peer)
 
     def fetch_all(self, files: dict, pending: list[str]) -> None:
