@@ -100,6 +100,9 @@ def test_the_peer_server_sends_a_file_still_arriving_as_far_as_it_has_and_no_mar
     with (incoming / "model-00002-of-00002.safetensors").open("ab") as more:
         more.write(b"b" * 24)
     assert get(peer_server, arriving, {"Range": "bytes=1000-"}) == (206, b"b" * 24)
+    (incoming / "model-00003-of-00003.safetensors").write_bytes(b"")  # just created: nothing arrived yet
+    empty = f"/{PEER_RECEIVING_PATH}/{REVISION}/model-00003-of-00003.safetensors"
+    assert get(peer_server, empty, {"Range": "bytes=0-"}) == (200, b"")  # not 206 nor 416: nginx ignores the range
     (incoming / ".journal").write_text("{}")
     (incoming.parent / "sub").mkdir()
     for hidden in (f"/{PEER_RECEIVING_PATH}/{REVISION}/.journal", f"/{PEER_RECEIVING_PATH}/{REVISION}/../.incoming/",

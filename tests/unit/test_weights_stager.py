@@ -315,10 +315,10 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         RangeHandler.requests.append((self.path, self.headers.get("Range")))
         wanted = self.headers.get("Range", "")
         path = Path(self.translate_path(self.path))
-        if not wanted.startswith("bytes=") or not path.is_file():
+        size = path.stat().st_size if path.is_file() else 0
+        if not wanted.startswith("bytes=") or not size:  # nginx ignores a range of an empty file: 200, no body
             return super().send_head()
         start = int(wanted[len("bytes="):].rstrip("-"))
-        size = path.stat().st_size
         if start >= size:  # as nginx answers a range beyond the file
             self.send_error(416)
             return None
@@ -539,9 +539,9 @@ def test_spread_takes_what_a_peer_holds_from_it_and_refuses_its_corrupt_copy(tmp
     assert "refused 1 bad copies from peers" in out
 
 
-def peer_receiving(tmp_path, source: Path, shard: str) -> tuple[Path, Path]:
+def peer_receiving(tmp_path, source: Path, shard: str, arrived: int = 1) -> tuple[Path, Path]:
     """A peer's model directory holding every file of the revision verified but shard, which it is
-    still receiving (its first bytes in incoming); its staging and incoming directories."""
+    still receiving (its first arrived bytes in incoming); its staging and incoming directories."""
     staging = tmp_path / "peer/models" / sw.PARTIAL_DIR_NAME / "lab/Qwen3-Tiny/v1"
     incoming = staging / sw.INCOMING_DIR_NAME
     incoming.mkdir(parents=True)
@@ -549,7 +549,7 @@ def peer_receiving(tmp_path, source: Path, shard: str) -> tuple[Path, Path]:
         if name != shard:
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes((source / name).read_bytes())
-    (incoming / shard).write_bytes((source / shard).read_bytes()[:1])
+    (incoming / shard).write_bytes((source / shard).read_bytes()[:arrived])
     return staging, incoming
 
 
@@ -567,19 +567,20 @@ def stage_beside_a_peer_receiving(tmp_path, url, arrive) -> str:
     return peer
 
 
+@pytest.mark.parametrize("arrived", [1, 0], ids=["first byte there", "just created"])
 def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_the_peer_verified_it(
-        tmp_path, mirror, capsys):
+        tmp_path, mirror, capsys, arrived):
     root, url = mirror
     source, shard = root / "models/lab/Qwen3-Tiny/v1", "model-00002-of-00002.safetensors"
     whole = (source / shard).read_bytes()
-    staging, incoming = peer_receiving(tmp_path, source, shard)
+    staging, incoming = peer_receiving(tmp_path, source, shard, arrived)
     last = len(whole) - 1000  # the peer's last bytes land in its verified copy only (an origin's last write and rename)
 
     def arrive():
         for step in range(1, 21):
             time.sleep(0.1)
             with (incoming / shard).open("ab") as out:
-                out.write(whole[1 + (step - 1) * (last - 1) // 20:1 + step * (last - 1) // 20])
+                out.write(whole[arrived + (step - 1) * (last - arrived) // 20:arrived + step * (last - arrived) // 20])
         (staging / shard).write_bytes(whole)
         (incoming / shard).unlink()
 
@@ -590,7 +591,8 @@ def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_t
     assert not [path for path in asked if path.startswith("/models/")]  # the origin never sent it
     assert f"/{sw.PEER_RECEIVING_PATH}/lab/Qwen3-Tiny/v1/{shard}" in asked  # taken while it arrived
     assert asked[-1] == f"/{sw.PEER_STAGING_PATH}/lab/Qwen3-Tiny/v1/{shard}"  # its last bytes once verified
-    assert f"verified {shard} from {peer} as it arrived there" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"verified {shard} from {peer} as it arrived there" in out and "failed" not in out
 
 
 def test_spread_leaves_a_copy_that_stops_arriving_and_fetches_the_file_elsewhere(tmp_path, mirror, monkeypatch,
@@ -669,18 +671,18 @@ def test_spread_skips_peers_that_accept_and_hang_after_one_listing_timeout(tmp_p
 
 
 def test_spread_leaves_to_progressing_peers_the_files_they_presumably_fetch_from_the_origin(tmp_path):
-    names = [f"model-{n:05d}.safetensors" for n in range(1, 10)]
+    names = [f"model-{n:05d}.safetensors" for n in range(1, 13)]
     second, third = "http://worker2:8090", "http://worker3:8090"
     spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [second, third], 0.0,
                                   [second, third], True)
     spread.files = {name: {"size": 1} for name in names}
     spread.share_out(names)
-    assert spread.own_share == set(names[:3]) and spread.orders == {second: names[3:] + names[:3],
-                                                                    third: names[6:] + names[:6]}
-    # This node's share is done; worker2 verified the first file of its share, worker3 two of its.
-    spread.waiting = [names[4], names[5], names[8]]
-    spread.holdings = {second: {names[3]: "url"}, third: {names[6]: "url", names[7]: "url"}}
-    spread.listed = {second: 1, third: 2}
+    assert spread.own_share == set(names[:4]) and spread.orders == {second: names[4:] + names[:4],
+                                                                    third: names[8:] + names[:8]}
+    # This node's share is done; worker2 verified the first file of its share, worker3 three of its.
+    spread.waiting = [names[5], names[6], names[7], names[11]]
+    spread.holdings = {second: {names[4]: "url"}, third: {name: "url" for name in names[8:11]}}
+    spread.listed = {second: 1, third: 3}
     now = time.monotonic()
     spread.grew_at = {second: now, third: now}
 
@@ -689,12 +691,15 @@ def test_spread_leaves_to_progressing_peers_the_files_they_presumably_fetch_from
         spread.busy.clear()
         return task
 
-    assert origin_task() == (names[5], None)  # names[4] and names[8]: worker2's and worker3's next
-    spread.waiting = [names[4], names[5]]
-    spread.holdings[third][names[8]] = "url"  # worker3 is done with its share: it helps from its far end
-    assert origin_task() == spread_module.WAIT  # worker2 on names[4], worker3 on names[5]
+    assert origin_task() == (names[7], None)  # worker2 on names[5], then names[6]; worker3 on names[11]
+    spread.waiting = [names[5], names[6], names[11]]
+    # names[6]: worker2 starts it once names[5] is verified, before a listing here can show it.
+    assert origin_task() == spread_module.WAIT
+    spread.waiting = [names[5], names[6], names[7]]
+    spread.holdings[third][names[11]] = "url"  # worker3 is done with its share: it helps from its far end
+    assert origin_task() == spread_module.WAIT  # worker2 on names[5] and names[6], worker3 on names[7]
     spread.grew_at[second] -= spread_module.PROGRESS_SECONDS  # worker2 stopped growing (its stager died?)
-    assert origin_task() == (names[4], None)
+    assert origin_task() == (names[5], None)  # worker3 presumably on names[7] and names[6]
 
 
 def test_a_node_not_seeding_leaves_the_origin_to_the_seeders_while_one_progresses(tmp_path):
@@ -769,6 +774,23 @@ def test_each_seeders_share_spreads_down_a_tree_whose_inner_nodes_differ_and_its
     other = next(peer for peer in fleet if peer not in (node, parent))
     spread.waiting = [name]
     spread.holdings[other] = {name: "url"}  # verified there, still arriving at the parent
-    spread.receiving[parent] = {name: "url"}
+    spread.receiving[parent], spread.arrived[parent] = {name: "url"}, {name: (1, time.monotonic())}
     spread.grew_at = {seeder: time.monotonic() for seeder in seeders}
     assert spread.next_task() == (name, parent)
+
+
+def test_a_copy_still_arriving_is_followed_only_when_it_holds_more_than_this_nodes_copy(tmp_path):
+    name, first, second = "model-00001.safetensors", "http://worker2:8090", "http://worker3:8090"
+    spread = spread_module.Spread(sw.Job("worker1", "lab/Qwen3-Tiny", "v1", tmp_path), None, [first, second], 0.0,
+                                  [], False)
+    spread.files = {name: {"size": 100}}
+    spread.share_out([name])
+    (spread.job.incoming / name).parent.mkdir(parents=True)
+    (spread.job.incoming / name).write_bytes(b"x" * 40)  # this node followed a copy that went away at 40 bytes
+    now = time.monotonic()
+    for peer, size in ((first, 40), (second, 60)):  # worker2 went on following this node's copy
+        spread.receiving[peer], spread.arrived[peer] = {name: f"{peer}/{name}"}, {name: (size, now)}
+    assert spread.next_task() == (name, second)
+    spread.busy.clear()
+    spread.receiving[second] = {}
+    assert spread.next_task() == (name, None)  # the origin (no seeder here), not worker2: each would wait on the other

@@ -36,7 +36,6 @@ import http.client
 import json
 import math
 import random
-import shutil
 import threading
 import time
 import urllib.error
@@ -47,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .revision import (
-    CHUNK_BYTES,
     PEER_PUBLISHED_PATH,
     PEER_RECEIVING_PATH,
     PEER_STAGING_PATH,
@@ -56,7 +54,7 @@ from .revision import (
     model_path_parts,
     say,
 )
-from .sources import Source, download_resuming, http_get
+from .sources import Source, download_resuming, http_get, write_as_it_arrives
 from .verified import admit, check_fetched
 
 # Spreading over the fleet (class Spread): files one node fetches at once, of which from the
@@ -75,9 +73,13 @@ PEER_FULL_STATUS, PEER_FULL_SECONDS = 503, 0.5
 # its listings showed it at one size for RECEIVING_STALL_SECONDS; a follower that gets nothing new
 # for as long leaves it.
 FOLLOW_SECONDS, RECEIVING_STALL_SECONDS = 0.2, 5
-# A peer whose listing grew this recently is progressing: the file it presumably fetches from
-# the origin is left to it (see Spread).
+# A peer whose listing grew this recently is progressing: the files it presumably fetches from
+# the origin are left to it (see Spread), PRESUMED_FILES of them: the one it fetches and the one it
+# starts once that is verified, which a listing seen here a few rounds ago cannot show yet
+# (bench-weights, 12 nodes: with one, the origin sent 3 files twice, 14 MB, as a seeder done with
+# its share took the next file of one still on its own).
 PROGRESS_SECONDS = 10
+PRESUMED_FILES = 2
 IDLE_SECONDS = 0.2
 # Each seeder's share spreads down a tree of the other nodes, RELAY_FANOUT children a node (see
 # Spread.relay_parent). bench-weights, 12 nodes: 1.24-1.25 (3 runs; 1.28 in scale.py's) with 2, 1.26
@@ -101,12 +103,12 @@ class Spread(Source):
     another. A seeder keeps the origin busy with one file at a time that no peer holds: first its share
     of the list (the seeders start at even places of it; a share is the list over the seeders' number),
     then from the far end of its order backwards, so a seeder done with its share meets the one still on
-    the previous share instead of following it. It leaves alone the file each progressing seeder (its
-    listing grew in the last PROGRESS_SECONDS) is presumably fetching from the origin, as far as this
-    node can tell: the first of its share it lacks, or for a seeder done with its share, the one its own
-    rule picks next (worked out in the fleet's order, so that the seeders done first spread over the
-    last files instead of all asking for the same ones: they did, and a 270 MB model cost the origin 320
-    MB over 6 nodes, 391 MB over 12). A node not seeding asks the origin only when no seeder progresses,
+    the previous share instead of following it. It leaves alone the files each progressing seeder (its
+    listing grew in the last PROGRESS_SECONDS) presumably fetches from the origin now or next, as far as
+    this node can tell: the first two of its share it lacks, or for a seeder done with its share, the two
+    its own rule picks next (worked out in the fleet's order, so that the seeders done first spread over
+    the last files instead of all asking for the same ones: they did, and a 270 MB model cost the origin
+    320 MB over 6 nodes, 391 MB over 12). A node not seeding asks the origin only when no seeder progresses,
     then from the far end of its own order (it starts at origin_start, 0 to 1, a different place on each
     node). Beside it, the rarest file that peers hold, from the least busy holder. Peers are asked what
     they hold a few at a time (the module's doc says how and why).
@@ -308,7 +310,7 @@ class Spread(Source):
         left = [name for name in self.waiting if name not in self.busy]
         if not left:
             return None
-        holders = {name: [peer for peer in self.peers if (name in self.holdings[peer] or name in self.receiving[peer])
+        holders = {name: [peer for peer in self.peers if (name in self.holdings[peer] or self.ahead(peer, name))
                           and peer not in self.avoided.get(name, ())] for name in left}
         unheld = [name for name in left if not holders[name]]
         now = time.monotonic()
@@ -336,6 +338,15 @@ class Spread(Source):
         self.load[peer] += 1
         return name, peer
 
+    def ahead(self, peer: str, name: str) -> bool:
+        """Whether the peer's copy still arriving holds (as last listed) bytes beyond this node's. One no
+        longer than ours has nothing for us: nodes that each followed the other waited on one another
+        (bench-weights, 12 nodes: three at the same 3993329 bytes, each until RECEIVING_STALL_SECONDS)."""
+        if name not in self.receiving[peer]:
+            return False
+        ours = self.job.incoming / name
+        return self.arrived[peer][name][0] > (ours.stat().st_size if ours.exists() else 0)
+
     def for_origin(self, unheld: list[str], now: float) -> list[str]:
         """The files no peer holds that this node may ask the origin for: a seeder, those of its share
         and those no progressing seeder presumably fetches; another node, those only when no seeder
@@ -348,21 +359,21 @@ class Spread(Source):
         return [name for name in unheld if name in self.own_share or name not in theirs]
 
     def left_to_seeders(self, unheld: list[str], progressing: list[str]) -> set[str]:
-        """The files the progressing seeders presumably fetch from the origin now: the first of its
-        share each lacks; then, in the fleet's order, for each seeder done with its share, the last
-        file of its order that no one holds or is presumed on."""
+        """The files the progressing seeders presumably fetch from the origin now or next
+        (PRESUMED_FILES each): the first of its share each lacks; then, in the fleet's order, for each
+        seeder done with its share, the last files of its order that no one holds or is presumed on."""
         presumed, helpers = set(), []
         for seeder in progressing:
             order = self.orders[seeder]
             lacking = [name for name in order[:self.share] if name not in self.holdings[seeder]]
             if lacking:
-                presumed.add(lacking[0])
+                presumed.update(lacking[:PRESUMED_FILES])
             else:
                 helpers.append(seeder)
         unheld_now = set(unheld)
         for seeder in helpers:
-            presumed.update(next(([name] for name in reversed(self.orders[seeder])
-                                  if name in unheld_now and name not in presumed), []))
+            last = [name for name in reversed(self.orders[seeder]) if name in unheld_now and name not in presumed]
+            presumed.update(last[:PRESUMED_FILES])
         return presumed
 
     def peer_failed(self, name: str, peer: str, error: Exception) -> None:
@@ -379,11 +390,13 @@ class Spread(Source):
         dest.parent.mkdir(parents=True, exist_ok=True)
         while (have := dest.stat().st_size if dest.exists() else 0) < size:
             try:
-                with http_get(url, {"Range": f"bytes={have}-"}, PEER_TIMEOUT_SECONDS) as response:
-                    if response.status != 206:
+                # From the start, no range: nginx answers one of an empty file (just created) with a 200.
+                with http_get(url, {"Range": f"bytes={have}-"} if have else {}, PEER_TIMEOUT_SECONDS) as response:
+                    if have and response.status != 206:
                         raise http.client.HTTPException(f"answered {response.status} to a range from {have}")
-                    with dest.open("ab") as out:
-                        shutil.copyfileobj(response, out, CHUNK_BYTES)
+                    if response.length:  # no empty copy here: others would follow it, and it might be the peer
+                        with dest.open("ab") as out:
+                            write_as_it_arrives(response, out)
             except urllib.error.HTTPError as error:
                 if error.code == 404:  # verified there (or refused: then the staging copy is missing too)
                     download_resuming(self.revision_url(peer, PEER_STAGING_PATH) + urllib.parse.quote(name),
