@@ -539,6 +539,40 @@ def test_spread_takes_what_a_peer_holds_from_it_and_refuses_its_corrupt_copy(tmp
     assert "refused 1 bad copies from peers" in out
 
 
+def test_a_file_being_fetched_is_on_disk_as_far_as_it_arrived(tmp_path):
+    """Peers follow a copy as it grows (/receiving/): its bytes must reach the disk as they arrive."""
+    half, rest_sent = b"a" * (1024 * 1024), threading.Event()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (2 * len(half)) + half)
+            rest_sent.wait(10)
+            connection.sendall(half)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    dest = tmp_path / "incoming/model-00001-of-00001.safetensors"
+    fetch = threading.Thread(target=sw.sources.download_resuming,
+                             args=(f"http://127.0.0.1:{listener.getsockname()[1]}/", dest, 2 * len(half)))
+    fetch.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not (dest.exists() and dest.stat().st_size == len(half)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dest.stat().st_size == len(half)  # the first half, while the rest is still to come
+    finally:
+        rest_sent.set()
+        fetch.join()
+        server.join()
+        listener.close()
+    assert dest.read_bytes() == 2 * half
+
+
 def peer_receiving(tmp_path, source: Path, shard: str, arrived: int = 1) -> tuple[Path, Path]:
     """A peer's model directory holding every file of the revision verified but shard, which it is
     still receiving (its first arrived bytes in incoming); its staging and incoming directories."""
