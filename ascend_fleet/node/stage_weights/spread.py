@@ -15,8 +15,9 @@ A file is taken from a peer as it arrives there (class Spread: follow), not only
 verified it: a node waiting for whole copies left its link idle while the first files arrived at
 the seeders, and every file crossed the fleet one whole copy at a time (bench-weights, 6 nodes,
 0.25 GB in 16 files: 1.63 times one node; taken as they arrive, 1.44; in 64 files 1.19-1.22 and
-1.17-1.19). Such a copy is checked whole against the origin's manifest like any other. Each
-seeder's share then crosses the fleet down a relay tree (Spread.relay_parent).
+1.17-1.19; once a fetch wrote each block as it arrived rather than 4 MiB at a time, 1.10-1.13).
+Such a copy is checked whole against the origin's manifest like any other. Each seeder's share
+then crosses the fleet down a relay tree (Spread.relay_parent).
 
 How peers are asked what they hold: PEERS_ASKED of them every PEER_POLL_SECONDS, at once, each
 listing bounded by PEER_LISTING_TIMEOUT_SECONDS; the ones asked are those asked longest ago (ties
@@ -82,8 +83,8 @@ PROGRESS_SECONDS = 10
 PRESUMED_FILES = 2
 IDLE_SECONDS = 0.2
 # Each seeder's share spreads down a tree of the other nodes, RELAY_FANOUT children a node (see
-# Spread.relay_parent). bench-weights, 12 nodes: 1.24-1.25 (3 runs; 1.28 in scale.py's) with 2, 1.26
-# with 3, 1.27-1.29 without.
+# Spread.relay_parent). bench-weights, 12 nodes, while fetches still wrote 4 MiB at a time: 1.24-1.25
+# (3 runs; 1.28 in scale.py's) with 2, 1.26 with 3, 1.27-1.29 without.
 RELAY_FANOUT = 2
 WAIT = "wait"
 
@@ -394,7 +395,7 @@ class Spread(Source):
                 with http_get(url, {"Range": f"bytes={have}-"} if have else {}, PEER_TIMEOUT_SECONDS) as response:
                     if have and response.status != 206:
                         raise http.client.HTTPException(f"answered {response.status} to a range from {have}")
-                    if response.length:  # no empty copy here: others would follow it, and it might be the peer
+                    if response.length != 0:  # no empty copy here: others would follow it, and it might be the peer
                         with dest.open("ab") as out:
                             write_as_it_arrives(response, out)
             except urllib.error.HTTPError as error:
