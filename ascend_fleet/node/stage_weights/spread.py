@@ -361,8 +361,8 @@ class Spread(Source):
 
     def left_to_seeders(self, unheld: list[str], progressing: list[str]) -> set[str]:
         """The files the progressing seeders presumably fetch from the origin now or next
-        (PRESUMED_FILES each): the first of its share each lacks; then, in the fleet's order, for each
-        seeder done with its share, the last files of its order that no one holds or is presumed on."""
+        (PRESUMED_FILES each): the first files of its share each lacks; then, in the fleet's order, for
+        each seeder done with its share, the last files of its order that no one holds or is presumed on."""
         presumed, helpers = set(), []
         for seeder in progressing:
             order = self.orders[seeder]
