@@ -629,6 +629,35 @@ def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_t
     assert f"verified {shard} from {peer} as it arrived there" in out and "failed" not in out
 
 
+def test_spread_takes_the_rest_of_a_followed_copy_from_the_peers_published_revision_if_it_published_meanwhile(
+        tmp_path, mirror, capsys):
+    root, url = mirror
+    source, shard = root / "models/lab/Qwen3-Tiny/v1", "model-00002-of-00002.safetensors"
+    whole = (source / shard).read_bytes()
+    staging, incoming = peer_receiving(tmp_path, source, shard)
+
+    def arrive_then_publish():  # the peer verifies its last file and publishes before this node asks again
+        for step in range(1, 11):
+            time.sleep(0.1)
+            with (incoming / shard).open("ab") as out:
+                out.write(whole[1 + (step - 1) * len(whole) // 20:1 + step * len(whole) // 20])
+        (staging / shard).write_bytes(whole)
+        (incoming / shard).unlink()
+        incoming.rmdir()
+        published = tmp_path / "peer/models/lab/Qwen3-Tiny/v1"
+        published.parent.mkdir(parents=True)
+        staging.rename(published)
+
+    peer = stage_beside_a_peer_receiving(tmp_path, url, arrive_then_publish)
+
+    assert (tmp_path / "node/models/lab/Qwen3-Tiny/v1" / shard).read_bytes() == whole
+    asked = [path for path, _ in RangeHandler.requests if path.endswith(shard)]
+    assert not [path for path in asked if path.startswith("/models/")]  # the origin never sent it
+    assert asked[-1] == f"/{sw.PEER_PUBLISHED_PATH}/lab/Qwen3-Tiny/v1/{shard}"
+    out = capsys.readouterr().out
+    assert f"verified {shard} from {peer} as it arrived there" in out and "failed" not in out
+
+
 def test_spread_leaves_a_copy_that_stops_arriving_and_fetches_the_file_elsewhere(tmp_path, mirror, monkeypatch,
                                                                                  capsys):
     root, url = mirror

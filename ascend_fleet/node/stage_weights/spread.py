@@ -386,8 +386,9 @@ class Spread(Source):
     def follow(self, peer: str, name: str, dest: Path, size: int) -> None:
         """The copy of a file the peer is still receiving: the bytes it has beyond ours, asked again
         every FOLLOW_SECONDS as more arrive, up to the manifest's size; once the copy leaves the
-        peer's incoming directory (it verified it), the rest from its verified copy. A copy that does
-        not grow for RECEIVING_STALL_SECONDS is left (TimeoutError); checked whole like any other."""
+        peer's incoming directory (it verified it), the rest from its verified copy (rest_from_verified).
+        A copy that does not grow for RECEIVING_STALL_SECONDS is left (TimeoutError); checked whole like
+        any other."""
         url, grew_at = self.receiving[peer][name], time.monotonic()
         dest.parent.mkdir(parents=True, exist_ok=True)
         while (have := dest.stat().st_size if dest.exists() else 0) < size:
@@ -401,8 +402,7 @@ class Spread(Source):
                             write_as_it_arrives(response, out)
             except urllib.error.HTTPError as error:
                 if error.code == 404:  # verified there (or refused: then the staging copy is missing too)
-                    download_resuming(self.revision_url(peer, PEER_STAGING_PATH) + urllib.parse.quote(name),
-                                      dest, size, PEER_TIMEOUT_SECONDS)
+                    self.rest_from_verified(peer, name, dest, size)
                     return
                 if error.code != 416:  # 416: nothing beyond our bytes yet
                     raise
@@ -413,6 +413,18 @@ class Spread(Source):
                 raise TimeoutError(f"its copy stayed at {have} bytes for {RECEIVING_STALL_SECONDS} s")
             else:
                 time.sleep(FOLLOW_SECONDS)
+
+    def rest_from_verified(self, peer: str, name: str, dest: Path, size: int) -> None:
+        """The rest of a file from the peer's verified copy: staging, or its published revision when it
+        published in between (a 404 from both: it refused its copy)."""
+        for where in (PEER_STAGING_PATH, PEER_PUBLISHED_PATH):
+            try:
+                download_resuming(self.revision_url(peer, where) + urllib.parse.quote(name), dest, size,
+                                  PEER_TIMEOUT_SECONDS)
+                return
+            except urllib.error.HTTPError as error:
+                if error.code != 404 or where == PEER_PUBLISHED_PATH:
+                    raise
 
     def fetch_one(self, name: str, peer: str | None) -> None:
         entry, incoming, how = self.files[name], self.job.incoming / name, ""
