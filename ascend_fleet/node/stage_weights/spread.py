@@ -15,8 +15,8 @@ A file is taken from a peer as it arrives there (class Spread: follow), not only
 verified it: a node waiting for whole copies left its link idle while the first files arrived at
 the seeders, and every file crossed the fleet one whole copy at a time (bench-weights, 6 nodes,
 0.25 GB in 16 files: 1.63 times one node; taken as they arrive, 1.44; in 64 files 1.19-1.22 and
-1.17-1.19; once a fetch wrote each block as it arrived rather than 4 MiB at a time, 1.18 in 16
-files and 1.10-1.13 in 64).
+1.17-1.19; once a fetch wrote each block as it arrived rather than 4 MiB at a time, 1.10-1.18 in
+16 files and 1.10-1.13 in 64).
 Such a copy is checked whole against the origin's manifest like any other. Each seeder's share
 then crosses the fleet down a relay tree (Spread.relay_parent).
 
