@@ -8,6 +8,7 @@ import http.server
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -601,9 +602,10 @@ def stage_beside_a_peer_receiving(tmp_path, url, arrive) -> str:
     return peer
 
 
-@pytest.mark.parametrize("arrived", [1, 0], ids=["first byte there", "just created"])
+@pytest.mark.parametrize(("arrived", "published"), [(1, False), (0, False), (1, True)],
+                         ids=["first byte there", "just created", "published meanwhile"])
 def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_the_peer_verified_it(
-        tmp_path, mirror, capsys, arrived):
+        tmp_path, mirror, capsys, arrived, published):
     root, url = mirror
     source, shard = root / "models/lab/Qwen3-Tiny/v1", "model-00002-of-00002.safetensors"
     whole = (source / shard).read_bytes()
@@ -616,7 +618,13 @@ def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_t
             with (incoming / shard).open("ab") as out:
                 out.write(whole[arrived + (step - 1) * (last - arrived) // 20:arrived + step * (last - arrived) // 20])
         (staging / shard).write_bytes(whole)
-        (incoming / shard).unlink()
+        if published:  # the peer publishes before this node asks again: staging and incoming go at once
+            revision = tmp_path / "peer/models/lab/Qwen3-Tiny/v1"
+            revision.parent.mkdir(parents=True)
+            staging.rename(revision)
+            shutil.rmtree(revision / sw.INCOMING_DIR_NAME)
+        else:
+            (incoming / shard).unlink()
 
     peer = stage_beside_a_peer_receiving(tmp_path, url, arrive)
 
@@ -624,36 +632,8 @@ def test_spread_follows_a_file_as_it_arrives_at_a_peer_and_takes_the_rest_once_t
     asked = [path for path, _ in RangeHandler.requests if path.endswith(shard)]
     assert not [path for path in asked if path.startswith("/models/")]  # the origin never sent it
     assert f"/{sw.PEER_RECEIVING_PATH}/lab/Qwen3-Tiny/v1/{shard}" in asked  # taken while it arrived
-    assert asked[-1] == f"/{sw.PEER_STAGING_PATH}/lab/Qwen3-Tiny/v1/{shard}"  # its last bytes once verified
-    out = capsys.readouterr().out
-    assert f"verified {shard} from {peer} as it arrived there" in out and "failed" not in out
-
-
-def test_spread_takes_the_rest_of_a_followed_copy_from_the_peers_published_revision_if_it_published_meanwhile(
-        tmp_path, mirror, capsys):
-    root, url = mirror
-    source, shard = root / "models/lab/Qwen3-Tiny/v1", "model-00002-of-00002.safetensors"
-    whole = (source / shard).read_bytes()
-    staging, incoming = peer_receiving(tmp_path, source, shard)
-
-    def arrive_then_publish():  # the peer verifies its last file and publishes before this node asks again
-        for step in range(1, 11):
-            time.sleep(0.1)
-            with (incoming / shard).open("ab") as out:
-                out.write(whole[1 + (step - 1) * len(whole) // 20:1 + step * len(whole) // 20])
-        (staging / shard).write_bytes(whole)
-        (incoming / shard).unlink()
-        incoming.rmdir()
-        published = tmp_path / "peer/models/lab/Qwen3-Tiny/v1"
-        published.parent.mkdir(parents=True)
-        staging.rename(published)
-
-    peer = stage_beside_a_peer_receiving(tmp_path, url, arrive_then_publish)
-
-    assert (tmp_path / "node/models/lab/Qwen3-Tiny/v1" / shard).read_bytes() == whole
-    asked = [path for path, _ in RangeHandler.requests if path.endswith(shard)]
-    assert not [path for path in asked if path.startswith("/models/")]  # the origin never sent it
-    assert asked[-1] == f"/{sw.PEER_PUBLISHED_PATH}/lab/Qwen3-Tiny/v1/{shard}"
+    verified_there = sw.PEER_PUBLISHED_PATH if published else sw.PEER_STAGING_PATH
+    assert asked[-1] == f"/{verified_there}/lab/Qwen3-Tiny/v1/{shard}"  # its last bytes once verified
     out = capsys.readouterr().out
     assert f"verified {shard} from {peer} as it arrived there" in out and "failed" not in out
 
