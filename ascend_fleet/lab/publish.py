@@ -79,22 +79,30 @@ def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, con
                   if (canonicalize_name(key), version) not in built}
     if unrecorded:
         standins += build_standin_wheels({"torch": s.torch, **unrecorded}, packages_dir)
-    requirements = node_requirements(profile, standins, arch)
-    for wheel in cached_wheels(requirements, s.python, arch, f"profile {profile.name}", console):
-        link_into(wheel, packages_dir)
+    for number, requirements in enumerate(node_requirements(profile, standins, arch), 1):
+        for wheel in cached_wheels(requirements, s.python, arch, f"profile {profile.name}, step {number}", console):
+            link_into(wheel, packages_dir)
 
 
-def node_requirements(profile: Profile, standins: list[Path], arch: str) -> list[str]:
-    """What pip must fetch from the real index for a node of this profile: the install steps'
-    requirements and those of every stand-in they can reach (any version a requirement admits,
-    as pip may pick it), less what a stand-in provides, plus the venv's own tools."""
+def node_requirements(profile: Profile, standins: list[Path], arch: str) -> list[list[str]]:
+    """What pip must fetch from the real index for a node of this profile, per install step (the steps may
+    need versions no one resolution holds: vllm 0.18.0's step takes numpy>=2 through opencv-python-headless
+    5.1, vllm-ascend's moves it below 2): the step's requirements and those of every stand-in they can reach
+    (any version a requirement admits, as pip may pick it), less what a stand-in provides; the first step
+    adds the venv's own tools."""
     by_name: dict[str, list[tuple[Version, Path]]] = {}
     for wheel in standins:
         name, version, _, _ = parse_wheel_filename(wheel.name)
         by_name.setdefault(name, []).append((version, wheel))
     node = {**Platform(arch, profile.stack.python, f"2.{NODE_GLIBC_MINOR}").markers(), "extra": ""}
-    pending = [Requirement(r) for step in profile.install_steps() for r in step.requirements]
-    pending += [Requirement(tool) for tool in VENV_TOOLS]
+    steps = [list(step.requirements) for step in profile.install_steps()]
+    steps[0] += VENV_TOOLS
+    return [step_requirements([Requirement(r) for r in step], by_name, node) for step in steps]
+
+
+def step_requirements(pending: list[Requirement], by_name: dict[str, list[tuple[Version, Path]]],
+                      node: dict[str, str]) -> list[str]:
+    """The real requirements pending reaches on the node, through any stand-in version it admits."""
     real: set[str] = set()
     reached: set[Path] = set()
     while pending:

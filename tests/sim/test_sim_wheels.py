@@ -38,9 +38,10 @@ from ascend_fleet.profile_check import pip_environment
 from ascend_fleet.stages.python_stack import TORCH_NPU_PROBE
 
 PROFILE = {"torch_npu": "2.7.1.post1", "vllm_ascend": "0.11.0", "vllm": "0.11.0"}
-# The packages whose real requirements every stand-in must carry verbatim (issue 12).
+# The packages whose real requirements every stand-in must carry verbatim (issue 12); opencv-python-headless
+# for the pins vllm and vllm-ascend 0.18.0 put on it, which no one version meets.
 STACK = {canonicalize_name(n) for n in ("torch", "torchvision", "torchaudio", "torch-npu", "triton-ascend",
-                                        "transformers", "numpy", "vllm", "vllm-ascend")}
+                                        "transformers", "numpy", "vllm", "vllm-ascend", "opencv-python-headless")}
 RECORD = load_record()
 
 

@@ -67,6 +67,9 @@ REAL_WHEELS: dict[str, tuple[str, ...]] = {
     # vllm's pins (2.8.0 / 2.10.0); vllm-ascend 0.11.0 requires no torchaudio, 0.18.0 pins 2.9.0.
     "torchaudio": ("2.8.0", "2.9.0", "2.10.0"),
     "triton-ascend": ("3.2.0",),
+    # vllm 0.11.0 / 0.18.0 require >=4.11.0 / >=4.13.0, both vllm-ascends <=4.11.0.86: the first step takes
+    # PyPI's newest (5.1.0.95, 2026-12-05, which requires numpy>=2), the vllm-ascend step moves it to 4.11.0.86.
+    "opencv-python-headless": ("4.11.0.86", "5.1.0.95"),
 }
 
 # Packages built for NVIDIA GPUs: no use on an Ascend node, and GBs each.

@@ -10,6 +10,8 @@
   KV cache with ascend_fleet/planner.py and its steps with ascend_fleet/perfmodel.py, copied in at build time.
 - ``torch``, ``torchvision``, ``torchaudio``, ``triton_ascend`` (import name ``triton``):
   a version and nothing else; torch is the module torch_npu's stand-in extends.
+- ``opencv_python_headless`` (import name ``cv2``): a version, for the pins vllm and vllm-ascend put on it
+  (>=4.13.0 against <=4.11.0.86 at 0.18.0).
 - ``triton``: CUDA triton, which x86_64 torch requires: a version in the same site-packages/triton/
   as triton_ascend's, so an uninstall of one deletes the other's files as on a real node.
 
@@ -72,9 +74,11 @@ SIM_SERVER_IMPORTS = (
     "tokenizers",
     "uvicorn",
 )
-# The stack: a stand-in keeps every real requirement on these, whatever it is.
+# The stack: a stand-in keeps every real requirement on these, whatever it is. opencv-python-headless is
+# here for its pins: vllm 0.18.0 requires >=4.13.0 and vllm-ascend 0.18.0 <=4.11.0.86.
 STACK = frozenset(canonicalize_name(name) for name in (
     "torch", "torchvision", "torchaudio", "torch-npu", "triton-ascend", "transformers", "numpy", "vllm", "vllm-ascend",
+    "opencv-python-headless",
 ))
 # CUDA triton, which PyPI's torch requires on x86_64, is kept though a CUDA build: it shares
 # site-packages/triton/ with triton-ascend, and the profiles' uninstalls of it must meet it.
@@ -133,6 +137,9 @@ def standin_contents(distribution: str, version: str) -> Standin:
             return Standin(name, version, f"Stand-in for {name}: its version only")
         case "triton-ascend":
             return Standin("triton_ascend", version, "Stand-in for triton-ascend: its version only", package="triton")
+        case "opencv-python-headless":
+            return Standin("opencv_python_headless", version, "Stand-in for opencv-python-headless: its version only",
+                           package="cv2")
         case "triton":
             return Standin("triton", version, "Stand-in for CUDA triton: its version, in site-packages/triton/")
     raise WheelBuildError(f"no stand-in for {distribution}")
