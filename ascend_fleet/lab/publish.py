@@ -80,7 +80,8 @@ def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, con
     if unrecorded:
         standins += build_standin_wheels({"torch": s.torch, **unrecorded}, packages_dir)
     for number, requirements in enumerate(node_requirements(profile, standins, arch), 1):
-        for wheel in cached_wheels(requirements, s.python, arch, f"profile {profile.name}, step {number}", console):
+        what = f"profile {profile.name}, pip install {number}"
+        for wheel in cached_wheels(requirements, s.python, arch, what, console):
             link_into(wheel, packages_dir)
 
 
