@@ -343,6 +343,11 @@ class Profile(_Strict):
         """The `pip check` complaints the steps name as upstream accepts them."""
         return [line for step in self.pip.install if not isinstance(step, RemoveStep) for line in step.accepts]
 
+    def unaccepted_complaints(self, complaints: list[str]) -> list[str]:
+        """`pip check`'s complaints that no accepted one words up to its comma."""
+        accepted = self.accepted_complaints()
+        return [line for line in complaints if not any(line.startswith(f"{ok},") for ok in accepted)]
+
     def refusal(self, arch: str) -> str | None:
         """Why a node of arch is refused with this profile's CANN, and what to do; None when it is not."""
         issue = next((issue for issue in self.known_issues if issue.refuses(arch, self.stack.cann)), None)

@@ -157,6 +157,7 @@ class IndexFile:
     filename: str
     url: str
     requires_python: str | None
+    has_metadata: bool = False  # the index serves its metadata at url + ".metadata" (PEP 658/714)
 
     @cached_property
     def wheel(self) -> tuple[Version, frozenset[Tag]] | None:
@@ -190,8 +191,10 @@ class _AnchorParser(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._anchor and self._anchor.get("href"):
             url = urljoin(self.page_url, self._anchor["href"])
+            metadata = self._anchor.get("data-core-metadata") or self._anchor.get("data-dist-info-metadata")
             self.files.append(IndexFile(unquote(urlsplit(url).path.rsplit("/", 1)[-1]), url,
-                                        self._anchor.get("data-requires-python")))
+                                        self._anchor.get("data-requires-python"),
+                                        metadata not in (None, "false")))
         self._anchor = None
 
 
@@ -241,7 +244,8 @@ class Indexes:
         if answer.status_code != 404:
             answer.raise_for_status()
             if answer.headers.get("content-type", "").startswith(SIMPLE_JSON):
-                files = [IndexFile(f["filename"], urljoin(answer.url, f["url"]), f.get("requires-python"))
+                files = [IndexFile(f["filename"], urljoin(answer.url, f["url"]), f.get("requires-python"),
+                                   bool(f.get("core-metadata") or f.get("data-dist-info-metadata")))
                          for f in answer.json()["files"]]
             else:
                 parser = _AnchorParser(answer.url)
@@ -252,7 +256,10 @@ class Indexes:
         return files
 
     def fetch(self, file: IndexFile) -> bytes:
-        answer = self.session.get(file.url, timeout=PAGE_TIMEOUT)
+        return self.fetch_url(file.url)
+
+    def fetch_url(self, url: str) -> bytes:
+        answer = self.session.get(url, timeout=PAGE_TIMEOUT)
         answer.raise_for_status()
         return answer.content
 

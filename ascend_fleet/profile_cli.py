@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ascend_fleet.profile import load_profile
 from ascend_fleet.profile_check import DEFAULT_GLIBC, check_profile, platforms_to_check
+from ascend_fleet.profile_lock import LockError, lock_path, lock_profile, lock_verdicts
 
 profile_app = typer.Typer(no_args_is_help=True, help="Stack profiles (profiles/*.yaml).")
 console = Console(highlight=False, soft_wrap=True)
@@ -34,14 +35,48 @@ def check(
 ) -> int:
     """Resolve each pip install step of the profile with pip's own resolver, as a dry run for the nodes'
     platform, and print one line per problem: a pin no index has, wheels that do not cover the platform,
-    a conflict, a package only an extra index has, an index that did not answer. Exits 1 on any problem.
+    a conflict, a package only an extra index has, an index that did not answer; then whether each platform's
+    lock (`profile lock`) is this profile's, hashed and meets its pins. Exits 1 on any problem.
     """
     profile = load_profile(name)
     platforms = platforms_to_check(profile, arch, python, glibc)
     result = check_profile(profile, platforms, index_url, progress_console.print)
+    locks, lock_problem_count = lock_verdicts(profile, platforms)
     if as_json:
-        console.print_json(json.dumps(result.as_dict()))
+        console.print_json(json.dumps({**result.as_dict(), "locks": locks}))
     else:
-        for line in result.lines():
+        for line in [*result.lines(), *locks]:
             console.print(line, markup=False)
-    return 1 if result.problem_count else 0
+    return 1 if result.problem_count or lock_problem_count else 0
+
+
+@profile_app.command("lock")
+def lock(
+    name: Annotated[str, typer.Argument(metavar="PROFILE", help="a profile, e.g. vllm-ascend-0.18.0")],
+    arch: Annotated[Optional[str], typer.Option(
+        "--arch", help="x86_64 or aarch64 (default: every arch the profile lists)")] = None,
+    python: Annotated[Optional[str], typer.Option(
+        "--python", help="the nodes' Python, 3.Y (default: the profile's stack.python)")] = None,
+    glibc: Annotated[str, typer.Option("--glibc", help="the nodes' glibc, 2.Y")] = DEFAULT_GLIBC,
+    index_url: Annotated[Optional[list[str]], typer.Option(
+        "--index-url", help="replaces the profile's indexes; repeatable: the first is the main index")] = None,
+) -> int:
+    """Resolve the profile's pip steps for the nodes' platform with uv, as a node runs them, judge what they
+    leave as the stack gate's `pip check` does, and write it as one pinned set with sha256 hashes to
+    profiles/locks/PROFILE.ARCH-pyPYTHON.txt. Exits 1, writing nothing for that platform, when the steps
+    leave a complaint the profile does not accept or do not resolve."""
+    profile = load_profile(name)
+    failed = 0
+    for platform in platforms_to_check(profile, arch, python, glibc):
+        try:
+            made = lock_profile(profile, platform, index_url, lambda line: progress_console.print(
+                f"{profile.name} {platform}: {line}", markup=False))
+        except LockError as exc:
+            console.print(f"{profile.name} {platform}: not locked: {exc}", markup=False)
+            failed = 1
+            continue
+        path = lock_path(profile.name, platform)
+        made.write(path)
+        console.print(f"{profile.name} {platform}: {path} ({len(made.environment)} packages, "
+                      f"{len(made.complaints)} accepted complaints)", markup=False)
+    return failed

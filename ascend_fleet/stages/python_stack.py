@@ -10,6 +10,7 @@ from ascend_fleet.facts.ascend import PipCheck, VenvPython
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
+from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import (
     host_arch,
     host_os,
@@ -24,18 +25,13 @@ from ascend_fleet.stages.peers import peer_server, spread_of_package, wheels_of
 TORCH_NPU_PROBE = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
 
 
-def unexpected_complaints(complaints: list[str], accepted: list[str]) -> list[str]:
-    """`pip check`'s complaints that no accepted one words up to its comma."""
-    return [line for line in complaints if not any(line.startswith(f"{ok},") for ok in accepted)]
-
-
-def pip_check_problem(venv: str, profile_name: str, accepted: list[str]) -> str | None:
+def pip_check_problem(venv: str, profile: Profile) -> str | None:
     """A `pip check` complaint of the virtualenv that the profile's steps do not accept, or None."""
-    unexpected = unexpected_complaints(host.get_fact(PipCheck, venv=venv), accepted)
+    unexpected = profile.unaccepted_complaints(host.get_fact(PipCheck, venv=venv))
     if not unexpected:
         return None
     more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-    return (f"`pip check` in {venv}: {unexpected[0]}{more}; profile {profile_name} accepts only its steps' "
+    return (f"`pip check` in {venv}: {unexpected[0]}{more}; profile {profile.name} accepts only its steps' "
             "`accepts` lines: fix the step, or name the complaint there if upstream accepts it")
 
 
@@ -75,11 +71,10 @@ def python_stage() -> None:
     python_stack.pinned(name="Pinned serving stack", peer_urls=spread.peer_urls if spread else None, **stack)
     if profile.pip.remove:
         python_stack.absent(name="Packages the stack must not have", venv=venv, packages=profile.pip.remove)
-    accepted = profile.accepted_complaints()
-    if accepted:  # profiles that put builds over pins say which complaints upstream leaves
+    if profile.accepted_complaints():  # profiles that put builds over pins say which complaints upstream leaves
         gates.passed(name="pip check: only the complaints upstream accepts",
                      description=f"`pip check` names only what profile {profile.name} accepts",
-                     find_problem=lambda: pip_check_problem(venv, profile.name, accepted))
+                     find_problem=lambda: pip_check_problem(venv, profile))
     expected = int(host.data.npu_count)
     gates.passed(name="torch_npu sees every NPU", description=f"torch.npu.is_available(), {expected} devices",
                  find_problem=lambda: torch_npu_problem(venv, expected))

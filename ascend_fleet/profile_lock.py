@@ -1,0 +1,360 @@
+"""`ascend-fleet profile lock`: what a profile's pip steps leave on a node, as one pinned, hashed set.
+
+A node runs the steps in order (`pip install vllm`, uninstalls, `pip install vllm-ascend torch torch-npu`,
+builds over pins): each install keeps what the ones before it installed where that still meets it, and
+leaves the requirements of packages it does not touch broken (vllm's torch pin), which the profile accepts
+by name. The lock is made the same way with uv, which resolves for the node's platform natively:
+
+1. each install step is resolved alone, preferring what the steps before it left (uv's preferences, as
+   pip keeps what is installed); its pins replace the earlier ones; uninstalls take packages out; a build
+   over a pin takes its pin's place (its own metadata being unknown, the pin's stands in);
+2. that environment is judged as the node's gate judges it: `pip check`'s complaints, worked out from
+   each package's metadata, must all be among the profile's `accepts`;
+3. uv resolves every step's requirements at once, held to that environment, with the accepted
+   complaints' packages as overrides (the two-step install as one set), and writes it with sha256 hashes.
+
+The lock is written beside the profiles (`locks/<profile>.<arch>-py<python>.txt`) with a header naming
+the profile's digest: `profile check` refuses a lock the profile has moved away from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from email.parser import Parser
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from ascend_fleet.errors import FleetError
+from ascend_fleet.profile import InstallStep, OverrideStep, Profile, RemoveStep
+from ascend_fleet.profile_check import Indexes, IndexFile, Platform, sdist_metadata
+
+LOCKS_DIR = Path(__file__).with_name("profiles") / "locks"
+UV_TIMEOUT = 900  # seconds for one resolution; a whole vLLM stack takes seconds once uv's cache is warm
+METADATA_READERS = 8  # metadata files fetched at once
+PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)")
+FROM_INDEX = re.compile(r"^\s+# from (?P<index>\S+)")
+DIGEST_LINE = "# profile digest: "
+NEVER = 'python_version < "0"'  # a marker no node meets: an override that takes a package out
+
+
+def lock_path(profile_name: str, platform: Platform) -> Path:
+    return LOCKS_DIR / f"{profile_name}.{platform.arch}-py{platform.python}.txt"
+
+
+def profile_digest(profile: Profile, platform: Platform) -> str:
+    """What the lock depends on in the profile: its pip section and pins, and the platform."""
+    data = [profile.pip.model_dump(mode="json"), profile.pip_pins(), str(platform)]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Dist:
+    """One distribution of the environment: its version, the index it comes from, its Requires-Dist."""
+
+    version: str
+    index: str
+    requires: list[str] = field(default_factory=list)
+    build: str | None = None  # the file of a build over this pin, whose own metadata is unknown
+
+
+class UvResolver:
+    """uv's resolver for one node platform against the profile's indexes, with no configuration of this machine."""
+
+    def __init__(self, platform: Platform, indexes: list[str], source_builds: list[str], workdir: Path) -> None:
+        self.platform, self.indexes, self.workdir = platform, indexes, workdir
+        from uv import find_uv_bin  # imported here: only locking needs uv's binary
+
+        self.argv = [find_uv_bin(), "pip", "compile", "--quiet", "--python-platform",
+                     f"{platform.arch}-manylinux_{platform.glibc.replace('.', '_')}",
+                     "--python-version", platform.python, "--index-url", indexes[0],
+                     *(option for url in indexes[1:] for option in ("--extra-index-url", url)),
+                     # pip's way with several indexes: the best version from any of them.
+                     "--index-strategy", "unsafe-best-match", "--emit-index-annotation",
+                     "--only-binary", ":all:", *(option for name in source_builds for option in ("--no-binary", name))]
+        self.environ = {**{k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))},
+                        "UV_NO_CONFIG": "1"}
+
+    def compile(self, requirements: list[str], preferred: dict[str, Dist] | None = None,
+                constraints: dict[str, Dist] | None = None, overrides: list[str] = (), hashes: bool = False,
+                left_out: list[str] = ()) -> tuple[dict[str, Dist], str]:
+        """The resolution of requirements: {name: Dist} and uv's output."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        files = {"requirements.in": requirements, "constraints.txt": pins(constraints or {}), "overrides.txt": overrides}
+        for name, lines in files.items():
+            (self.workdir / name).write_text("".join(f"{line}\n" for line in lines))
+        output = self.workdir / "resolved.txt"
+        output.write_text("".join(f"{line}\n" for line in pins(preferred or {})))  # uv prefers these versions
+        argv = [*self.argv, "requirements.in", "-o", output.name, "-c", "constraints.txt", "--overrides",
+                "overrides.txt", *(["--generate-hashes"] if hashes else []),
+                *(option for name in left_out for option in ("--no-emit-package", name))]
+        try:
+            result = subprocess.run(argv, cwd=self.workdir, capture_output=True, text=True, env=self.environ,
+                                    timeout=UV_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise FleetError(f"profile lock: uv did not resolve within {UV_TIMEOUT} s for {self.platform}") from None
+        if result.returncode != 0:
+            raise LockError(uv_reason(result.stderr))
+        text = output.read_text()
+        return parse_resolution(text), text
+
+
+class LockError(FleetError):
+    """The steps do not lock: one line saying why."""
+
+
+def uv_reason(stderr: str) -> str:
+    """uv's reason in one line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    causes = [line.removeprefix("cause: ") for line in lines if not line.startswith(("hint:", "error:", "Error:"))]
+    return " ".join(causes) or (lines[-1] if lines else "uv failed without a message")
+
+
+def pins(dists: dict[str, Dist]) -> list[str]:
+    return [f"{name}=={dist.version}" for name, dist in sorted(dists.items())]
+
+
+def parse_resolution(text: str) -> dict[str, Dist]:
+    """{canonical name: Dist} of uv's output, each with the index its annotation names."""
+    resolved: dict[str, Dist] = {}
+    last = None
+    for line in text.splitlines():
+        if match := PIN.match(line):
+            last = canonicalize_name(match["name"])
+            resolved[last] = Dist(match["version"], "")
+        elif (match := FROM_INDEX.match(line)) and last:
+            resolved[last].index = match["index"]
+    return resolved
+
+
+def pip_check(environment: dict[str, Dist], platform: Platform) -> list[str]:
+    """The complaints `pip check` prints for this environment on the node, in its words."""
+    node = {**platform.markers(), "extra": ""}
+    complaints = []
+    for name, dist in sorted(environment.items()):
+        for line in dist.requires:
+            requirement = Requirement(line)
+            if requirement.marker and not requirement.marker.evaluate(node):
+                continue
+            wanted = canonicalize_name(requirement.name)
+            if wanted not in environment:
+                complaints.append(f"{name} {dist.version} requires {requirement}, which is not installed.")
+            elif not requirement.specifier.contains(environment[wanted].version, prereleases=True):
+                complaints.append(f"{name} {dist.version} has requirement {requirement}, but you have "
+                                  f"{wanted} {environment[wanted].version}.")
+    return complaints
+
+
+def read_metadata(environment: dict[str, Dist], platform: Platform, indexes: Indexes) -> None:
+    """Each distribution's Requires-Dist, from the file a node of platform would install: the index's
+    metadata file (PEP 658) where it serves one, else the wheel's METADATA or the sdist's PKG-INFO."""
+
+    def read(name: str) -> None:
+        dist = environment[name]
+        files = [f for f in indexes.files(dist.index, name) if f.version == Version(dist.version)]
+        wheel = next((f for f in files if f.wheel and f.wheel[1] & platform.tags), None)
+        chosen = wheel or next((f for f in files if not f.wheel), None)
+        if chosen is None:
+            raise LockError(f"{dist.index} lists no file of {name} {dist.version} for {platform}")
+        dist.requires = requires_dist(chosen, indexes)
+
+    with ThreadPoolExecutor(METADATA_READERS) as pool:
+        list(pool.map(read, list(environment)))
+
+
+def requires_dist(file: IndexFile, indexes: Indexes) -> list[str]:
+    if file.has_metadata:
+        text = indexes.fetch_url(f"{file.url.split('#', 1)[0]}.metadata").decode()
+        return Parser().parsestr(text).get_all("Requires-Dist") or []
+    content = indexes.fetch(file)
+    if not file.wheel:
+        info = sdist_metadata(content)
+        return (info.get_all("Requires-Dist") or []) if info else []
+    with zipfile.ZipFile(io.BytesIO(content)) as archive:
+        name = next(n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return Parser().parsestr(archive.read(name).decode()).get_all("Requires-Dist") or []
+
+
+@dataclass
+class Lock:
+    """A profile's lock for one platform: the environment, the complaints it leaves, and the file's text."""
+
+    profile: Profile
+    platform: Platform
+    environment: dict[str, Dist]
+    complaints: list[str]
+    text: str
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(self.text)
+        os.replace(partial, path)
+
+
+def steps_environment(profile: Profile, platform: Platform, resolver: UvResolver,
+                      progress: Callable[[str], None]) -> dict[str, Dist]:
+    """What the profile's steps leave on a node of platform, step by step as pip does them."""
+    environment: dict[str, Dist] = {}
+    installs = iter(profile.install_steps())
+    for number, step in enumerate(profile.pip.install, 1):
+        if isinstance(step, InstallStep):
+            requirements = next(installs).requirements
+            resolved, _ = resolver.compile(requirements, preferred=environment)
+            environment.update(resolved)
+            progress(f"step {number}: {len(resolved)} packages for {', '.join(step.requires)}")
+        elif isinstance(step, RemoveStep):
+            if platform.arch in step.arch:
+                for name in step.remove:
+                    environment.pop(canonicalize_name(name), None)
+        elif isinstance(step, OverrideStep):
+            build = step.build_for(platform.arch, platform.python)
+            pinned = environment.get(canonicalize_name(step.override))
+            if build is None or pinned is None:
+                raise LockError(f"step {number} ({step.override}): "
+                                + ("no build for this platform" if build is None else "its pin is not installed"))
+            pinned.build = build.file
+    return environment
+
+
+def lock_profile(profile: Profile, platform: Platform, index_urls: list[str] | None = None,
+                 progress: Callable[[str], None] = print, indexes: Indexes | None = None) -> Lock:
+    """The profile's lock for platform; LockError when its steps leave a complaint it does not accept."""
+    urls = index_urls or [profile.pip.index_url, *profile.pip.extra_index_urls]
+    if not urls or not urls[0]:
+        raise FleetError(f"profile lock: profile {profile.name} names no pip index (its host data does): "
+                         "give --index-url")
+    indexes = indexes or Indexes()
+    indexes.probe(urls)
+    if urls[0] in indexes.unanswered:
+        raise LockError(f"the index {urls[0]} did not answer ({indexes.unanswered[urls[0]]})")
+    unasked = {url: why for url, why in indexes.unanswered.items() if url in urls}
+    for url, why in unasked.items():
+        progress(f"extra index {url} left out: {why}")
+    urls = [url for url in urls if url not in unasked]
+    with tempfile.TemporaryDirectory(prefix="ascend-fleet-lock-") as workdir:
+        resolver = UvResolver(platform, urls, profile.pip.source_builds, Path(workdir))
+        environment = steps_environment(profile, platform, resolver, progress)
+        read_metadata(environment, platform, indexes)
+        builds = {name: dist for name, dist in environment.items() if dist.build}
+        judged = {**environment, **{name: Dist(build_version(dist.build), dist.index, dist.requires)
+                                    for name, dist in builds.items()}}
+        complaints = pip_check(judged, platform)
+        unexpected = profile.unaccepted_complaints(complaints)
+        if unexpected:
+            more = f" (and {len(unexpected) - 1} more: {'; '.join(unexpected[1:])})" if len(unexpected) > 1 else ""
+            raise LockError(f"the steps leave `pip check` saying: {unexpected[0].rstrip('.')}{more}; accept it "
+                            "in the step's `accepts` if upstream does, else change the steps")
+        overrides = complaint_overrides(complaints, environment)
+        requirements = [r for step in profile.install_steps() for r in step.requirements]
+        one_set, text = resolver.compile(requirements, constraints=environment, overrides=overrides, hashes=True,
+                                         left_out=sorted(builds))
+    moved = {name for name in one_set.keys() & environment.keys() if one_set[name].version != environment[name].version}
+    if moved:
+        raise LockError(f"uv's one resolution differs from the steps' environment in {', '.join(sorted(moved))}")
+    # What an earlier step installed for a version a later one moved, which nothing requires any more.
+    orphans = sorted(environment.keys() - one_set.keys() - builds.keys())
+    progress(f"{len(one_set)} packages locked, {len(builds)} builds over pins, {len(complaints)} accepted complaints, "
+             f"{len(orphans)} left behind by earlier steps and required by nothing")
+    locked = {name: environment[name] for name in one_set.keys() | builds.keys()}
+    header = lock_header(profile, platform, urls, unasked, overrides, complaints, builds, orphans)
+    return Lock(profile, platform, locked, complaints, header + text)
+
+
+def complaint_overrides(complaints: list[str], environment: dict[str, Dist]) -> list[str]:
+    """The overrides that make the accepted complaints one resolution: each package a complaint says is at
+    another version held at the environment's, each it says is not installed taken out."""
+    overrides = {}
+    for complaint in complaints:
+        if match := re.search(r" has requirement (?P<requirement>.+), but you have (?P<name>\S+) ", complaint):
+            overrides[match["name"]] = f"{match['name']}=={environment[match['name']].version}"
+        elif match := re.search(r" requires (?P<requirement>.+), which is not installed\.$", complaint):
+            name = canonicalize_name(Requirement(match["requirement"]).name)
+            overrides[name] = f"{name}; {NEVER}"
+    return [overrides[name] for name in sorted(overrides)]
+
+
+def build_version(file: str) -> str:
+    return file.split("-")[1]
+
+
+def lock_header(profile: Profile, platform: Platform, urls: list[str], unasked: dict[str, str],
+                overrides: list[str], complaints: list[str], builds: dict[str, Dist], orphans: list[str]) -> str:
+    lines = [f"# ascend-fleet profile lock {profile.name} --arch {platform.arch} --python {platform.python} "
+             f"--glibc {platform.glibc}",
+             f"{DIGEST_LINE}{profile_digest(profile, platform)}",
+             f"# indexes: {' '.join(urls)}",
+             *(f"# left out (did not answer: {why}): {url}" for url, why in unasked.items()),
+             "# what the profile's steps leave, as one set: install it with pip --require-hashes --no-deps",
+             f"# overrides (the later steps' versions over the earlier steps' pins): {' '.join(overrides) or 'none'}",
+             *(f"# accepted: {complaint}" for complaint in complaints),
+             *(f"# then over its pin, from the profile: {dist.build}" for dist in builds.values()),
+             f"# left behind by earlier steps on a node, required by nothing, not locked: {' '.join(orphans) or 'none'}"]
+    return "\n".join(lines) + "\n"
+
+
+def read_lock(path: Path) -> tuple[str | None, dict[str, list[str]]]:
+    """The lock's profile digest and {name==version: its hashes}."""
+    digest, pinned, current = None, {}, None
+    for line in path.read_text().splitlines():
+        if line.startswith(DIGEST_LINE):
+            digest = line.removeprefix(DIGEST_LINE).strip()
+        elif match := PIN.match(line):
+            version = match["version"]
+            current = f"{canonicalize_name(match['name'])}=={version}"
+            pinned[current] = []
+        elif current and (hashed := re.search(r"--hash=sha256:([0-9a-f]{64})", line)):
+            pinned[current].append(hashed[1])
+    return digest, pinned
+
+
+def lock_problems(profile: Profile, platform: Platform, path: Path) -> list[str]:
+    """Why the lock at path is not this profile's for platform: stale, unhashed, or missing a pin."""
+    digest, pinned = read_lock(path)
+    if digest != profile_digest(profile, platform):
+        return [f"{path}: made from another version of profile {profile.name} (its digest differs); "
+                f"run `ascend-fleet profile lock {profile.name} --arch {platform.arch} --python {platform.python}`"]
+    problems = [f"{path}: {pin} has no sha256" for pin, hashes in pinned.items() if not hashes]
+    versions = dict(pin.split("==", 1) for pin in pinned)
+    node = {**platform.markers(), "extra": ""}
+    builds = {canonicalize_name(step.override) for step in profile.pip.install if isinstance(step, OverrideStep)}
+    for step in profile.install_steps():
+        for line in step.requirements:
+            requirement = Requirement(line)
+            name = canonicalize_name(requirement.name)
+            if name in builds or (requirement.marker and not requirement.marker.evaluate(node)):
+                continue
+            if name not in versions or not requirement.specifier.contains(versions[name], prereleases=True):
+                problems.append(f"{path}: {line} is not met ({name} {versions.get(name, 'not locked')})")
+    return problems
+
+
+def lock_verdicts(profile: Profile, platforms: list[Platform]) -> tuple[list[str], int]:
+    """One line per platform on its committed lock, and how many of them are problems: a lock that is not
+    the profile's is one; a platform with no lock is not (a profile whose indexes do not answer cannot lock)."""
+    lines, problems = [], 0
+    for platform in platforms:
+        path = lock_path(profile.name, platform)
+        if not path.exists():
+            lines.append(f"{profile.name} {platform}: no lock ({path.name}); `ascend-fleet profile lock "
+                         f"{profile.name} --arch {platform.arch} --python {platform.python}` writes one")
+            continue
+        found = lock_problems(profile, platform, path)
+        problems += len(found)
+        pinned = len(read_lock(path)[1])
+        lines += [f"{profile.name} {platform}: lock {line}" for line in found] or \
+            [f"{profile.name} {platform}: lock {path.name} accepted: {pinned} packages, each hashed, made from "
+             "this profile, meeting every step's pins"]
+    return lines, problems
