@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Optional
 
@@ -50,6 +51,10 @@ def check(
     return 1 if result.problem_count or lock_problem_count else 0
 
 
+def say(where: str, line: str) -> None:
+    progress_console.print(f"{where}: {line}", markup=False)
+
+
 @profile_app.command("lock")
 def lock(
     name: Annotated[str, typer.Argument(metavar="PROFILE", help="a profile, e.g. vllm-ascend-0.18.0")],
@@ -69,8 +74,7 @@ def lock(
     failed = 0
     for platform in platforms_to_check(profile, arch, python, glibc):
         try:
-            made = lock_profile(profile, platform, index_url, lambda line: progress_console.print(
-                f"{profile.name} {platform}: {line}", markup=False))
+            made = lock_profile(profile, platform, index_url, functools.partial(say, f"{profile.name} {platform}"))
         except LockError as exc:
             console.print(f"{profile.name} {platform}: not locked: {exc}", markup=False)
             failed = 1

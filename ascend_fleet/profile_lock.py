@@ -92,7 +92,8 @@ class UvResolver:
                 left_out: list[str] = ()) -> tuple[dict[str, Dist], str]:
         """The resolution of requirements: {name: Dist} and uv's output."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        files = {"requirements.in": requirements, "constraints.txt": pins(constraints or {}), "overrides.txt": overrides}
+        files = {"requirements.in": requirements, "constraints.txt": pins(constraints or {}),
+                 "overrides.txt": overrides}
         for name, lines in files.items():
             (self.workdir / name).write_text("".join(f"{line}\n" for line in lines))
         output = self.workdir / "resolved.txt"
@@ -301,7 +302,8 @@ def lock_header(profile: Profile, platform: Platform, urls: list[str], unasked: 
              f"# overrides (the later steps' versions over the earlier steps' pins): {' '.join(overrides) or 'none'}",
              *(f"# accepted: {complaint}" for complaint in complaints),
              *(f"# then over its pin, from the profile: {dist.build}" for dist in builds.values()),
-             f"# left behind by earlier steps on a node, required by nothing, not locked: {' '.join(orphans) or 'none'}"]
+             "# left behind by earlier steps on a node, required by nothing, not locked: "
+             f"{' '.join(orphans) or 'none'}"]
     return "\n".join(lines) + "\n"
 
 

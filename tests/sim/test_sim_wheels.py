@@ -34,7 +34,8 @@ from ascend_fleet.lab.sim.wheels import (
     left_out,
     write_wheel,
 )
-from ascend_fleet.profile_check import pip_environment
+from ascend_fleet.profile_check import Platform, pip_environment
+from ascend_fleet.profile_lock import Dist, pip_check
 from ascend_fleet.stages.python_stack import TORCH_NPU_PROBE
 
 PROFILE = {"torch_npu": "2.7.1.post1", "vllm_ascend": "0.11.0", "vllm": "0.11.0"}
@@ -479,6 +480,18 @@ def test_the_lab_x86_64_steps_leave_triton_ascends_build_alone_in_site_packages_
     assert "triton" not in installed and triton == "3.2.0.dev20260322"
     assert (installed["torch-npu"], installed["triton-ascend"]) == ("2.9.0.post1+gitdc51c2d", "3.2.0.dev20260322")
     assert check and profile.unaccepted_complaints(check) == []
+    # `profile lock` judges a locked environment from its metadata as this pip check does, to the word.
+    assert sorted(pip_check(installed_metadata(venv), Platform("x86_64", "3.11", "2.36"))) == sorted(check)
+
+
+def installed_metadata(venv: Path) -> dict[str, Dist]:
+    """The venv's distributions, their versions and Requires-Dist, as the lock reads them from an index."""
+    read = ("import json, importlib.metadata as m; print(json.dumps("
+            "{d.metadata['Name']: [d.version, d.requires or []] for d in m.distributions()}))")
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", read], capture_output=True, text=True, cwd=venv,
+                         check=True)
+    listed = json.loads(run.stdout)
+    return {canonicalize_name(name): Dist(version, "", requires) for name, (version, requires) in listed.items()}
 
 
 def test_removing_cuda_triton_after_triton_ascend_deletes_triton_ascends_files(x86_index, tmp_path):

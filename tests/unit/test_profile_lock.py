@@ -1,0 +1,102 @@
+"""`ascend-fleet profile lock`: the committed locks are their profiles', a lock the profile moved away from or
+that lost a hash is refused by `profile check`, and against PyPI a fresh lock of vllm-ascend 0.18.0 is accepted."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ascend_fleet.profile import available_profiles, load_profile
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform
+from ascend_fleet.profile_lock import (
+    LOCKS_DIR,
+    Dist,
+    complaint_overrides,
+    lock_path,
+    lock_profile,
+    lock_verdicts,
+    pip_check,
+    read_lock,
+)
+
+AARCH64 = Platform("aarch64", "3.11", DEFAULT_GLIBC)
+LOCKED = "vllm-ascend-0.18.0"
+
+
+def committed_locks() -> list[tuple[str, Platform]]:
+    found = []
+    for path in sorted(LOCKS_DIR.glob("*.txt")):
+        match = re.fullmatch(r"(?P<profile>.+)\.(?P<arch>x86_64|aarch64)-py(?P<python>3\.\d+)\.txt", path.name)
+        assert match and match["profile"] in available_profiles(), f"{path.name} is no profile's lock"
+        found.append((match["profile"], Platform(match["arch"], match["python"], DEFAULT_GLIBC)))
+    return found
+
+
+def test_vllm_ascend_0_18_0_on_aarch64_is_locked_in_the_repository():
+    assert (LOCKED, AARCH64) in committed_locks()
+
+
+@pytest.mark.parametrize("name, platform", committed_locks(), ids=str)
+def test_every_committed_lock_is_accepted_by_profile_check(name, platform):
+    lines, problems = lock_verdicts(load_profile(name), [platform])
+    assert problems == 0 and "accepted" in lines[0], lines
+
+
+def test_a_lock_the_profile_moved_away_from_is_refused_naming_the_command_that_remakes_it(tmp_path, monkeypatch):
+    profile = load_profile(LOCKED)
+    moved = profile.model_copy(update={"stack": profile.stack.model_copy(update={"transformers": "4.57.5"})})
+    lines, problems = lock_verdicts(moved, [AARCH64])
+    assert problems == 1
+    assert "made from another version of profile vllm-ascend-0.18.0" in lines[0]
+    assert "`ascend-fleet profile lock vllm-ascend-0.18.0 --arch aarch64 --python 3.11`" in lines[0]
+
+
+def test_a_pin_without_its_hash_or_a_profile_pin_the_lock_does_not_meet_is_refused(tmp_path, monkeypatch):
+    text = lock_path(LOCKED, AARCH64).read_text()
+    unhashed = re.sub(r"(absl-py==\S+) \\\n(\s+--hash=\S+ \\\n)*\s+--hash=\S+\n", r"\1\n", text)
+    moved_torch = unhashed.replace("\ntorch==2.9.0 ", "\ntorch==2.9.1 ")
+    monkeypatch.setattr("ascend_fleet.profile_lock.LOCKS_DIR", tmp_path)
+    lock_path(LOCKED, AARCH64).write_text(moved_torch)
+    lines, problems = lock_verdicts(load_profile(LOCKED), [AARCH64])
+    assert problems == 2, lines
+    assert any("absl-py==2.5.1 has no sha256" in line for line in lines), lines
+    assert any("torch==2.9.0 is not met (torch 2.9.1)" in line for line in lines), lines
+
+
+def test_a_platform_without_a_lock_is_said_and_is_no_problem():
+    lines, problems = lock_verdicts(load_profile(LOCKED), [Platform("x86_64", "3.11", DEFAULT_GLIBC)])
+    assert problems == 0 and "no lock" in lines[0] and "--arch x86_64" in lines[0]
+
+
+def test_pip_check_is_worked_out_for_the_node_and_its_complaints_become_overrides():
+    environment = {
+        "vllm": Dist("0.18.0", "", ["torch==2.10.0", 'triton==3.6.0; platform_machine == "x86_64"', "numpy"]),
+        "torch": Dist("2.9.0", "", []),
+    }
+    complaints = pip_check(environment, AARCH64)
+    # triton's marker is the node's (aarch64), not this machine's
+    assert complaints == ["vllm 0.18.0 has requirement torch==2.10.0, but you have torch 2.9.0.",
+                          "vllm 0.18.0 requires numpy, which is not installed."]
+    assert complaint_overrides(complaints, environment) == ['numpy; python_version < "0"', "torch==2.9.0"]
+
+
+def test_the_committed_lock_holds_the_later_steps_versions_and_leaves_the_builds_to_the_profile():
+    text = lock_path(LOCKED, AARCH64).read_text()
+    _, pinned = read_lock(lock_path(LOCKED, AARCH64))
+    assert {"torch==2.9.0", "torchvision==0.24.0", "torchaudio==2.9.0", "opencv-python-headless==4.11.0.86",
+            "vllm==0.18.0", "vllm-ascend==0.18.0", "transformers==4.57.6"} <= set(pinned)
+    assert not [pin for pin in pinned if pin.startswith(("torch-npu==", "triton-ascend==", "triton=="))]
+    assert "# then over its pin, from the profile: torch_npu-2.9.0.post1+gitee7ba04-" in text
+
+
+@pytest.mark.network  # PyPI's index
+def test_a_fresh_lock_of_0_18_0_on_aarch64_is_accepted(tmp_path, monkeypatch):
+    monkeypatch.setattr("ascend_fleet.profile_lock.LOCKS_DIR", tmp_path)
+    profile = load_profile(LOCKED)
+    made = lock_profile(profile, AARCH64, ["https://pypi.org/simple"], progress=lambda line: None)
+    made.write(lock_path(LOCKED, AARCH64))
+    lines, problems = lock_verdicts(profile, [AARCH64])
+    assert problems == 0 and "accepted" in lines[0], lines
+    assert "vllm 0.18.0 has requirement opencv-python-headless>=4.13.0, but you have opencv-python-headless " \
+           "4.11.0.86." in made.complaints
