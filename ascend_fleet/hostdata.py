@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -311,6 +312,11 @@ class NodeConfig(_Strict):
     gateway: Gateway | None = None
     monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")
     pip_index_url: Url | None = None
+    pip_locks_dir: OneLine | None = Field(None, description="a folder on the control machine with locks "
+                                          "(`ascend-fleet profile lock`, a bundle's locks/): the serving stack "
+                                          "installs from <profile>.<arch>-py<python>.txt there, else from the "
+                                          "profile's committed lock, else step by step; relative to where "
+                                          "pyinfra runs")
     vendor_mirror_url: Url | None = None
     model_mirror_url: Url | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
                                          "where an http model without a url of its own is fetched from")
@@ -364,6 +370,10 @@ class NodeConfig(_Strict):
         default_factory=list, description="addresses, networks (CIDR) or names resolved on the control machine "
         "that may reach the instance ports besides the gateway hosts, e.g. a gateway's address on the serving "
         "network or an outside Prometheus")
+
+    @property
+    def pip_locks_path(self) -> Path | None:
+        return Path(self.pip_locks_dir) if self.pip_locks_dir else None
 
     @model_validator(mode="before")
     @classmethod

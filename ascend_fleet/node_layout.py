@@ -25,6 +25,7 @@ INSTANCE_ENV_DIR = f"{CONFIG_DIR}/instances"  # <name>.env, root only: an instan
 HUB_TOKENS_FILE = f"{CONFIG_DIR}/hub-tokens.env"  # workers: the weights stager's hub tokens
 GATEWAY_API_KEY_FILE = f"{CONFIG_DIR}/api-key.env"  # gateways: the key of the verify stage's probe
 FIREWALL_RULES_FILE = f"{CONFIG_DIR}/instance-firewall.nft"
+PIP_LOCK_DIR = f"{CONFIG_DIR}/locks"  # the lock (`profile lock`) the serving stack was installed from
 
 PROGRAM_DIR = "/usr/local/lib/ascend-fleet"  # the node programs of ascend_fleet/node, and the unit helper
 INSTANCE_HELPER = f"{PROGRAM_DIR}/ascend-fleet-instance"

@@ -310,15 +310,16 @@ class Profile(_Strict):
         steps[-1].requirements.extend(self.pip.extra_requirements)
         return steps
 
-    def node_steps(self, arch: str, python: str | None = None) -> list[NodeStep]:
+    def node_steps(self, arch: str, python: str | None = None, lock: PipLocked | None = None) -> list[NodeStep]:
         """Every step a node of arch runs, in the profile's order: installs, the uninstalls of its arch, and the
-        builds installed over their pins. Refuses an override with no build for the node or no sha256."""
+        builds installed over their pins; with a lock, the lock in the first install's place and no other
+        install. Refuses an override with no build for the node or no sha256."""
         python = python or self.stack.python
-        installs = iter(self.install_steps())
+        installs = iter([lock] if lock else self.install_steps())
         steps: list[NodeStep] = []
         for number, step in enumerate(self.pip.install, 1):
             if isinstance(step, InstallStep):
-                steps.append(next(installs))
+                steps += [install] if (install := next(installs, None)) else []
             elif isinstance(step, RemoveStep):
                 if arch in step.arch:
                     steps.append(PipRemoval(step.remove))
@@ -384,6 +385,17 @@ class PipStep:
 
 
 @dataclass
+class PipLocked:
+    """The install steps as one locked set (`ascend-fleet profile lock`), which pip installs from the lock's
+    file with --require-hashes --no-deps."""
+
+    name: str  # the lock's file name, also on the node
+    text: str
+    pins: dict[str, str]  # canonical name -> version
+    extra_index_urls: list[str]
+
+
+@dataclass
 class PipRemoval:
     """One pip uninstall of the sequence."""
 
@@ -412,7 +424,7 @@ class PipBuild:
 
 
 # One step of a node's pip sequence, in the profile's order.
-NodeStep = PipStep | PipRemoval | PipBuild
+NodeStep = PipStep | PipLocked | PipRemoval | PipBuild
 
 
 # An operator's own profiles: profiles/<name>.yaml in the folder ascend-fleet or pyinfra runs from

@@ -38,8 +38,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.profile import InstallStep, OverrideStep, Profile, RemoveStep
-from ascend_fleet.profile_check import Indexes, IndexFile, Platform, sdist_metadata
+from ascend_fleet.profile import InstallStep, OverrideStep, PipLocked, Profile, RemoveStep
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, IndexFile, Platform, sdist_metadata
 
 LOCKS_DIR = Path(__file__).with_name("profiles") / "locks"
 UV_TIMEOUT = 900  # seconds for one resolution; a whole vLLM stack takes seconds once uv's cache is warm
@@ -55,8 +55,9 @@ def lock_path(profile_name: str, platform: Platform) -> Path:
 
 
 def profile_digest(profile: Profile, platform: Platform) -> str:
-    """What the lock depends on in the profile: its pip section and pins, and the platform."""
-    data = [profile.pip.model_dump(mode="json"), profile.pip_pins(), str(platform)]
+    """What the lock depends on in the profile: its pip section and pins, and the node's arch and Python (the
+    lock's glibc is the oldest it serves, in its header)."""
+    data = [profile.pip.model_dump(mode="json"), profile.pip_pins(), platform.arch, platform.python]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -360,3 +361,18 @@ def lock_verdicts(profile: Profile, platforms: list[Platform]) -> tuple[list[str
             [f"{profile.name} {platform}: lock {path.name} accepted: {pinned} packages, each hashed, made from "
              "this profile, meeting every step's pins"]
     return lines, problems
+
+
+def node_lock(profile: Profile, arch: str, python: str, locks_dir: Path | None = None) -> PipLocked | None:
+    """The lock a node of arch and Python installs the profile's stack from: locks_dir's (a site's own, a
+    bundle's) before the committed one; None when neither has one. Refuses a lock that is not the profile's."""
+    name = lock_path(profile.name, Platform(arch, python, DEFAULT_GLIBC)).name
+    path = next((p for p in ([locks_dir / name] if locks_dir else []) + [LOCKS_DIR / name] if p.exists()), None)
+    if path is None:
+        return None
+    problems = lock_problems(profile, Platform(arch, python, DEFAULT_GLIBC), path)
+    if problems:
+        raise FleetError(problems[0])
+    _, pinned = read_lock(path)
+    return PipLocked(name, path.read_text(), dict(pin.split("==", 1) for pin in pinned),
+                     [*profile.pip.extra_index_urls])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ascend_fleet.lab.lab import fleet_state_dir, ssh_config_file, ssh_dir
+from ascend_fleet.lab.mirror import locks_dir
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 
@@ -37,6 +38,7 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
         "nvme_mount": hardware.nvme.mount if hardware.nvme else None,
         "model_mirror_url": mirror_url,
         "pip_index_url": f"{mirror_url}/simple",
+        "pip_locks_dir": str(locks_dir(lab_dir)),
         "vendor_mirror_url": f"{mirror_url}/files",
         # Each lab keeps its rollout state apart: several labs share inventories/lab.py.
         "fleet_state_dir": str(fleet_state_dir(lab_dir)),

@@ -16,7 +16,7 @@ from ascend_fleet.lab import cgroups, network, processes, rpmrepo
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.flavours import FLAVOURS
 from ascend_fleet.lab.host import run
-from ascend_fleet.lab.mirror import mirror_root, start_mirror
+from ascend_fleet.lab.mirror import locks_dir, mirror_root, start_mirror
 from ascend_fleet.lab.nodes import (
     empty_nvme,
     node_dir,
@@ -30,7 +30,7 @@ from ascend_fleet.lab.nodes import (
     wait_for_ssh,
     wipe_root,
 )
-from ascend_fleet.lab.publish import publish_profiles
+from ascend_fleet.lab.publish import lock_profiles, publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 from ascend_fleet.templating import render
@@ -97,6 +97,8 @@ def up(spec: LabSpec, console: Console) -> LabState:
             network.create_bridge(state, spec)
             start_mirror(state, spec)
             publish_profiles(spec.profiles, mirror_root(spec.lab_dir), os.uname().machine, console)
+            lock_profiles(spec.profiles, f"{spec.mirror_url}/simple", locks_dir(spec.lab_dir), os.uname().machine,
+                          console)
             if "rpm" in families(spec):
                 rpmrepo.publish(mirror_root(spec.lab_dir), os.uname().machine)
             start_lxcfs(state, spec, console)

@@ -27,6 +27,11 @@ def mirror_root(lab_dir: Path) -> Path:
     return lab_dir / "mirror"
 
 
+def locks_dir(lab_dir: Path) -> Path:
+    """The lab's locks of its profiles against its mirror (removed with the mirror)."""
+    return mirror_root(lab_dir) / "locks"
+
+
 def start_mirror(state: LabState, spec: LabSpec) -> None:
     root = mirror_root(spec.lab_dir)
     run_dir = root / "run"

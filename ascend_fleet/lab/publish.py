@@ -35,6 +35,7 @@ from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
 from ascend_fleet.profile import Profile, load_profile, profile_path
 from ascend_fleet.profile_check import Platform
+from ascend_fleet.profile_lock import LockError, lock_path, lock_profile
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"
@@ -55,6 +56,21 @@ def publish_profiles(profile_names: list[str], mirror_root: Path, arch: str, con
         publish_python_packages(profile, mirror_root / "packages", arch, console)
     write_simple_index(mirror_root)
     publish_tiny_model(mirror_root / "models", console)
+
+
+def lock_profiles(profile_names: list[str], index_url: str, locks_dir: Path, arch: str, console: Console) -> None:
+    """Each profile's lock against the lab mirror's index, as `ascend-fleet profile lock` makes a site's: the
+    lab's nodes install from it (host data pip_locks_dir). A profile whose steps do not lock (one that
+    accepts no complaint, such as lab-previous: vllm 0.11.0's pins against vllm-ascend's) is installed
+    step by step, as before, and said so."""
+    for profile in (load_profile(name) for name in profile_names):
+        platform = Platform(arch, profile.stack.python, f"2.{NODE_GLIBC_MINOR}")
+        try:
+            lock = lock_profile(profile, platform, [index_url], progress=lambda line: None)
+        except LockError as exc:
+            console.print(f"lab: profile {profile.name} is not locked, its nodes install it step by step: {exc}")
+            continue
+        lock.write(locks_dir / lock_path(profile.name, platform).name)
 
 
 def publish_vendor_files(profiles: list[Profile], files_dir: Path, arch: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from io import StringIO
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,8 +16,8 @@ from pyinfra.operations import files
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.node import peer_wheels
 from ascend_fleet.node.peer_wheels import INCOMING_DIR_NAME, normalize
-from ascend_fleet.node_layout import WHEEL_DIR, WHEELS_HELPER
-from ascend_fleet.profile import NodeStep, PipBuild, PipRemoval, PipStep
+from ascend_fleet.node_layout import PIP_LOCK_DIR, WHEEL_DIR, WHEELS_HELPER
+from ascend_fleet.profile import NodeStep, PipBuild, PipLocked, PipRemoval, PipStep
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).
 WHEELS_HELPER_SOURCE = Path(peer_wheels.__file__)
@@ -51,6 +52,8 @@ def step_met(installed: dict[str, str], step: NodeStep, builds: list[PipBuild]) 
         return not any(normalize(name) in installed for name in step.packages)
     if isinstance(step, PipBuild):
         return build_installed(installed, step)
+    if isinstance(step, PipLocked):
+        return all(satisfies(installed, f"{name}=={version}") for name, version in step.pins.items())
     replaced = {normalize(build.name): build for build in builds}
 
     def met(requirement: str) -> bool:
@@ -67,6 +70,8 @@ def in_place(steps: list[NodeStep]) -> str:
             said.append(f"{', '.join(step.packages)} absent")
         elif isinstance(step, PipBuild):
             said.append(f"{step.name} {step.version} over its pin")
+        elif isinstance(step, PipLocked):
+            said.append(f"the {len(step.pins)} packages of {step.name}")
         else:
             said += step.requirements
     return ", ".join(said)
@@ -97,6 +102,20 @@ def build_command(pip: str, index_url: str, build: PipBuild, helper: str | None 
     return StringCommand(from_verified_wheels(local, download, helper))
 
 
+def locked_install(pip: str, index_url: str, lock: PipLocked, helper: str | None):
+    """The lock on the node, and pip installing exactly it: every file checked against the lock's sha256,
+    nothing resolved (--no-deps). With the wheel peers (helper), through the verified wheels."""
+    path = f"{PIP_LOCK_DIR}/{lock.name}"
+    yield from files.put._inner(src=StringIO(lock.text), dest=path, mode="0644")
+    indexes = index_options(index_url, lock.extra_index_urls)
+    exact = f"--no-deps --require-hashes -r {shlex.quote(path)}"
+    if helper is None:
+        yield f"{pip} install {indexes} {exact}"
+        return
+    yield from_verified_wheels(f"{pip} install --no-index --find-links {WHEEL_DIR} {exact}",
+                               f"{pip} download --dest {WHEEL_DIR}/{INCOMING_DIR_NAME} {indexes} {exact}", helper)
+
+
 @operation()
 def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str] | None = None):
     """
@@ -106,7 +125,8 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
     the builds over a pin where upstream's image runs them.
 
     + venv: the virtualenv's path
-    + steps: in order, installs (requirements, with the stack's pins, and extra indexes), uninstalls
+    + steps: in order, installs (requirements, with the stack's pins, and extra indexes) or the lock they are
+      as one set (PipLocked, installed exactly, each file checked against its sha256), uninstalls
       (PipRemoval) and builds over a pin (PipBuild); the stack is in place when every step's outcome
       is, and a rerun starts at the first step whose outcome is not (a later step may move what an
       earlier one installed, never the reverse)
@@ -123,7 +143,7 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
         return
     pip = f"{venv}/bin/python -m pip --quiet --disable-pip-version-check"
     to_run = steps[unmet[0]:]
-    installs = [step for step in steps if isinstance(step, PipStep)]
+    installs = [step for step in steps if isinstance(step, (PipStep, PipLocked))]
     if peer_urls is not None:
         origin_urls = list(dict.fromkeys(url for step in [*installs, *builds]
                                          for url in [index_url, *step.extra_index_urls]))
@@ -138,6 +158,9 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
             continue
         if isinstance(step, PipBuild):
             yield build_command(pip, index_url, step, helper if peer_urls is not None else None)
+            continue
+        if isinstance(step, PipLocked):
+            yield from locked_install(pip, index_url, step, helper if peer_urls is not None else None)
             continue
         requirements = " ".join(shlex.quote(r) for r in step.requirements)
         indexes = index_options(index_url, step.extra_index_urls)

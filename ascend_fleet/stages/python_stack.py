@@ -11,6 +11,7 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
 from ascend_fleet.profile import Profile
+from ascend_fleet.profile_lock import node_lock
 from ascend_fleet.stages.context import (
     host_arch,
     host_os,
@@ -62,7 +63,8 @@ def python_stage() -> None:
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
     arch = host_arch()
-    stack = {"venv": venv, "steps": profile.node_steps(arch), "index_url": pip_index_url(profile)}
+    lock = node_lock(profile, arch, profile.stack.python, host_node_config(host).pip_locks_path)
+    stack = {"venv": venv, "steps": profile.node_steps(arch, lock=lock), "index_url": pip_index_url(profile)}
     spread = spread_of_package(host.name, wheels_of(profile.name, arch))
     if spread:
         peer_server(host_node_config(host))

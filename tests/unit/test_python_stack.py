@@ -15,10 +15,10 @@ import pytest
 from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 
 from ascend_fleet.facts.ascend import PipCheck, PipPackages
-from ascend_fleet.node_layout import ANSWER_CACHE_DIR, WHEEL_DIR, WHEELS_HELPER
+from ascend_fleet.node_layout import ANSWER_CACHE_DIR, PIP_LOCK_DIR, WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
-from ascend_fleet.profile import PipBuild, PipRemoval, PipStep
+from ascend_fleet.profile import PipBuild, PipLocked, PipRemoval, PipStep
 from ascend_fleet.profile_check import pip_environment
 from tests.fakehost import FakeHost, commands, new_file, uploads
 
@@ -229,3 +229,43 @@ def test_pip_check_runs_again_only_when_the_venvs_distributions_changed(index, v
     assert pip_check_says(venv, answers) == ["kept answer"]
     assert run(f"{pip} install --no-deps --index-url {index} base==2.0").returncode == 0
     assert not [line for line in pip_check_says(venv, answers) if line.startswith("front ") or line == "kept answer"]
+
+
+def lock_of(index: str, versions: dict[str, str], corrupt: str | None = None) -> PipLocked:
+    """A lock of the index's wheels at versions, as `profile lock` writes one; corrupt: a name whose hash is wrong."""
+    files = Path(index.removeprefix("file://")).parent / "files"
+    lines = []
+    for name, version in versions.items():
+        digest = hashlib.sha256((files / f"{name}-{version}-py3-none-any.whl").read_bytes()).hexdigest()
+        lines.append(f"{name}=={version} \\\n    --hash=sha256:{'0' * 64 if name == corrupt else digest}\n")
+    return PipLocked("site.x86_64-py3.11.txt", "".join(lines), versions, [])
+
+
+def test_a_lock_installs_exactly_its_pins_in_one_pip_run_and_a_rerun_changes_nothing(index, venv, tmp_path):
+    # The lock is the two steps' outcome as one set: base 1.0 under front's base==2.0, which no resolution allows.
+    lock = lock_of(index, {"front": "1.0", "plugin": "1.0", "base": "1.0"})
+    node_path = f"{PIP_LOCK_DIR}/{lock.name}"
+    steps = commands(python_stack.pinned, FakeHost({PipPackages: {}, **new_file(node_path)}), venv=str(venv),
+                     steps=[lock], index_url=index)
+    assert uploads(steps) == {node_path: lock.text.encode()}
+    (command,) = [step for step in steps if isinstance(step, str)]
+    assert "--no-deps --require-hashes" in command
+    (tmp_path / lock.name).write_text(lock.text)
+    result = run(command.replace(node_path, str(tmp_path / lock.name)))
+    assert result.returncode == 0, result.stderr
+    assert installed_in(venv) == {"front": "1.0", "plugin": "1.0", "base": "1.0"}
+
+    fake = FakeHost({PipPackages: {"front": "1.0", "plugin": "1.0", "base": "1.0"}})
+    assert commands(python_stack.pinned, fake, venv=str(venv), steps=[lock], index_url=index) == []
+    assert fake.noops == ["the 3 packages of site.x86_64-py3.11.txt installed"]
+
+
+def test_a_file_that_is_not_the_locks_is_refused_and_nothing_is_installed(index, venv, tmp_path):
+    lock = lock_of(index, {"front": "1.0", "plugin": "1.0", "base": "1.0"}, corrupt="plugin")
+    steps = commands(python_stack.pinned, FakeHost({PipPackages: {}, **new_file(f"{PIP_LOCK_DIR}/{lock.name}")}),
+                     venv=str(venv), steps=[lock], index_url=index)
+    (command,) = [step for step in steps if isinstance(step, str)]
+    (tmp_path / lock.name).write_text(lock.text)
+    result = run(command.replace(f"{PIP_LOCK_DIR}/{lock.name}", str(tmp_path / lock.name)))
+    assert result.returncode != 0 and "DO NOT MATCH THE HASHES" in result.stderr
+    assert not installed_in(venv)
