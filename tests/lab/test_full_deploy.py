@@ -11,16 +11,20 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import shutil
 import time
 from urllib.parse import urlsplit
 
 import pytest
 import requests
+from packaging.utils import canonicalize_name
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
+from ascend_fleet.lab.mirror import locks_dir
+from ascend_fleet.lab.publish import VENV_TOOLS
 from ascend_fleet.lab.pyinfra_totals import totals
 from ascend_fleet.node_layout import (
     CONFIG_DIR,
@@ -28,11 +32,13 @@ from ascend_fleet.node_layout import (
     GATEWAY_CONFIG,
     MANIFEST_NAME,
     PACKAGE_DIR,
+    PIP_LOCK_DIR,
     SERVICE_ENV_FILE,
     instance_unit,
 )
 from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, load_profile
+from ascend_fleet.profile_lock import node_lock
 from ascend_fleet.templating import render
 from tests.lab.conftest import INSTANCES, Lab
 
@@ -268,6 +274,30 @@ def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_r
     assert "vllm-ascend 0.18.0 has requirement torch-npu==2.9.0, but you have torch-npu 2.9.0.post1+gitdc51c2d." \
         in check, check
     assert profile.unaccepted_complaints(check) == []
+
+
+# Each distribution's version and the sha256 of its RECORD (every installed file's own sha256): two nodes
+# with the same line installed the same files.
+INSTALLED_FILES = ("import hashlib, importlib.metadata as m; [print(d.metadata['Name'], d.version, "
+                   "hashlib.sha256(d.read_text('RECORD').encode()).hexdigest()) for d in m.distributions()]")
+
+
+def test_every_worker_holds_the_same_python_files_and_they_are_the_labs_lock(lab, deployed):
+    """The lab locked its profile against its mirror at lab up; each worker installed exactly that lock."""
+    profile = load_profile("lab")
+    lock = node_lock(profile, "x86_64", profile.stack.python, locks_dir(lab.lab_dir))
+    assert lock is not None, "the lab did not lock profile lab"
+    venv = profile.pip.venv
+    held = {}
+    for worker in WORKERS:
+        lines = lab.run(worker, f"cd / && {venv}/bin/python -c {shlex.quote(INSTALLED_FILES)}").stdout.split("\n")
+        held[worker] = {canonicalize_name(name): (version, digest)
+                        for name, version, digest in (line.split() for line in lines if line)}
+    assert held["worker1"] == held["worker2"] == held["worker3"]
+    versions = {name: version for name, (version, _) in held["worker1"].items()}
+    builds = {step.name: step.version for step in profile.node_steps("x86_64") if isinstance(step, PipBuild)}
+    assert versions == {**lock.pins, **builds, **{tool: versions[tool] for tool in VENV_TOOLS if tool in versions}}
+    assert lab.run("worker1", f"cat {PIP_LOCK_DIR}/{lock.name}").stdout == lock.text
 
 
 def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):
