@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "swap-model": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "load": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "profile": ("ascend_fleet.profile_cli", "profile_app", "group"),
+    "bundle": ("ascend_fleet.bundle_cli", "bundle", "command"),
     "status": ("ascend_fleet.status", "status", "command"),
     "bench": ("ascend_fleet.bench", "bench", "command"),
     "tune": ("ascend_fleet.tune", "tune", "command"),

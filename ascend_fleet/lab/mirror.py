@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 import shutil
 import socket
 import time
@@ -15,7 +13,7 @@ from ascend_fleet.lab import processes
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.spec import CACHE_DIR, LabSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.node.peer_wheels import normalize
+from ascend_fleet.package_index import write_simple_index
 from ascend_fleet.templating import render
 
 CONTENT_DIRS = ("files", "simple", "packages", "models", "openeuler")
@@ -65,27 +63,3 @@ def _wait_for_port(address: str, port: int, pid: int, marker: str) -> None:
         except OSError:
             time.sleep(0.2)
     raise FleetError(f"lab: the mirror did not listen on {address}:{port}; see its error.log next to {marker}")
-
-
-def project_of(filename: str) -> str:
-    """The project a wheel or sdist file belongs to."""
-    if filename.endswith(".whl"):
-        return normalize(filename.split("-")[0])
-    return normalize(re.split(r"-\d", filename, maxsplit=1)[0])
-
-
-def write_simple_index(root: Path) -> None:
-    """(Re)write the PEP 503 pages for every file in packages/."""
-    packages = sorted((root / "packages").iterdir())
-    by_project: dict[str, list[dict]] = {}
-    for package in packages:
-        digest = hashlib.sha256(package.read_bytes()).hexdigest()
-        by_project.setdefault(project_of(package.name), []).append({"name": package.name, "sha256": digest})
-    simple = root / "simple"
-    shutil.rmtree(simple, ignore_errors=True)
-    simple.mkdir()
-    (simple / "index.html").write_text(render(TEMPLATES / "lab" / "simple-root.html.j2", projects=sorted(by_project)))
-    for project, files in by_project.items():
-        (simple / project).mkdir()
-        (simple / project / "index.html").write_text(
-            render(TEMPLATES / "lab" / "simple-project.html.j2", project=project, files=files))

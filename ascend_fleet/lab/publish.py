@@ -29,10 +29,10 @@ from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.base import NODE_GLIBC_MINOR, node_platforms
-from ascend_fleet.lab.mirror import write_simple_index
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
+from ascend_fleet.package_index import write_simple_index
 from ascend_fleet.profile import Profile, load_profile, profile_path
 from ascend_fleet.profile_check import Platform
 from ascend_fleet.profile_lock import LockError, lock_path, lock_profile

@@ -1,0 +1,248 @@
+"""`ascend-fleet bundle`: what an inventory's workers install, in one folder to carry into a site with no
+internet, and `ascend-fleet bundle verify`: every file of it against its manifest.
+
+Made on a machine that reaches the indexes. For each profile the workers run and each arch asked for:
+
+- `locks/`: the profile's lock for the arch and its Python (the site's own from `pip_locks_dir`, else the
+  committed one, else made here with `profile lock`), which the nodes install from;
+- `packages/` and `simple/`: every file of those locks, downloaded for the nodes' platform and checked
+  against the lock's sha256 by pip, and the builds over pins (checked against the profile's sha256), as a
+  PEP 503 index (package_index.py): the site serves it, pip on the nodes reads it;
+- `files/`: the vendor .run files of the stack (files/ here, else the host data's `vendor_mirror_url`),
+  each checked against the profile's sha256;
+- `bundle-manifest.json`: every file above with its sha256, and the platforms the bundle serves.
+
+A rerun downloads only what is missing. Not in a bundle yet: the model weights, OS packages, the control
+machine's own install (see the README's offline section).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from ascend_fleet import FILES
+from ascend_fleet.errors import FleetError
+from ascend_fleet.fleet import fleet_node_configs, load_inventory
+from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.package_index import PACKAGES_DIR, SIMPLE_DIR, file_sha256, write_simple_index
+from ascend_fleet.profile import PipBuild, Profile, load_profile
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform, pip_environment
+from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
+
+MANIFEST = "bundle-manifest.json"
+LOCKS_DIR = "locks"
+VENDOR_DIR = "files"
+DOWNLOAD_TIMEOUT = 3600  # seconds for one pip download of a lock's files (GBs for a vLLM stack)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One platform the bundle serves: a profile's stack for one arch and Python."""
+
+    profile: Profile
+    arch: str
+    config: NodeConfig  # a worker of this profile: its data names the site's locks and vendor mirror
+
+    @property
+    def platform(self) -> Platform:
+        return Platform(self.arch, self.profile.stack.python, DEFAULT_GLIBC)
+
+    def __str__(self) -> str:
+        return f"{self.profile.name} {self.arch} Python {self.profile.stack.python}"
+
+
+def targets(inventory: Path, arches: list[str] | None, override_data: dict | None = None) -> list[Target]:
+    """Each profile the inventory's workers run, on each arch asked for (default: every arch it lists)."""
+    found: dict[str, Target] = {}
+    for config in fleet_node_configs(load_inventory(inventory, override_data=override_data)):
+        if not config.is_worker:
+            continue
+        profile = load_profile(config.profile)
+        for arch in arches or profile.arch:
+            if arch not in profile.arch:
+                raise FleetError(f"bundle: --arch {arch}: profile {profile.name} lists {', '.join(profile.arch)}")
+            found.setdefault(f"{profile.name} {arch}", Target(profile, arch, config))
+    if not found:
+        raise FleetError(f"bundle: {inventory} has no worker (a host with npu_count): nothing to bundle")
+    return list(found.values())
+
+
+def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
+                 progress: Callable[[str], None] = print, override_data: dict | None = None) -> dict:
+    """Make (or complete) the bundle in out; returns its manifest. override_data: as pyinfra's --data."""
+    chosen = targets(inventory, arches, override_data)
+    for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    platforms = []
+    for target in chosen:
+        lock = bundle_lock(target, out, progress)
+        download_locked(target, out / LOCKS_DIR / lock, progress)
+        for build in builds_over_pins(target):
+            fetch_build(target, build, out / PACKAGES_DIR, progress)
+        copy_vendor_files(target, out / VENDOR_DIR, progress)
+        platforms.append({"profile": target.profile.name, "arch": target.arch,
+                          "python": target.profile.stack.python, "lock": f"{LOCKS_DIR}/{lock}"})
+    write_simple_index(out)
+    progress("hashing every file for the manifest")
+    manifest = {"platforms": platforms, "files": current_files(out)}
+    partial = out / f".{MANIFEST}.{os.getpid()}"
+    partial.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, out / MANIFEST)
+    size = sum((out / name).stat().st_size for name in manifest["files"])
+    progress(f"{out}: {len(manifest['files'])} files, {size / 1e6:.1f} MB, for {', '.join(map(str, chosen))}")
+    return manifest
+
+
+def bundle_lock(target: Target, out: Path, progress: Callable[[str], None]) -> str:
+    """The target's lock into out/locks/: the site's or the committed one, else made now."""
+    name = lock_path(target.profile.name, target.platform).name
+    found = node_lock(target.profile, target.arch, target.profile.stack.python, target.config.pip_locks_path)
+    if found is None:
+        progress(f"{target}: no lock yet, locking it (`ascend-fleet profile lock`)")
+        index = target.profile.pip.index_url or target.config.pip_index_url
+        indexes = [index, *target.profile.pip.extra_index_urls] if index else None
+        made = lock_profile(target.profile, target.platform, indexes, progress)
+        text = made.text
+    else:
+        text = found.text
+    (out / LOCKS_DIR / name).write_text(text)
+    return name
+
+
+def index_urls(target: Target) -> list[str]:
+    main = target.profile.pip.index_url or target.config.pip_index_url
+    if not main:
+        raise FleetError(f"bundle: profile {target.profile.name} names no index and its workers' data has no "
+                         "pip_index_url")
+    return [main, *target.profile.pip.extra_index_urls]
+
+
+def download_locked(target: Target, lock: Path, progress: Callable[[str], None]) -> None:
+    """Every file of the lock for the target's platform into packages/, each checked by pip against the
+    lock's sha256 (files already there are not fetched again)."""
+    urls = index_urls(target)
+    progress(f"{target}: downloading the files of {lock.name}")
+    platform = target.platform
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+            "--require-hashes", "-r", str(lock), "--dest", str(lock.parent.parent / PACKAGES_DIR),
+            "--implementation", "cp", "--python-version", platform.python, "--abi", platform.abi,
+            *(f"--platform={tag}" for tag in platform.platform_tags), "--index-url", urls[0],
+            *(option for url in urls[1:] for option in ("--extra-index-url", url))]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, env=pip_environment(dict(os.environ)),
+                                timeout=DOWNLOAD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise FleetError(f"bundle: {target}: pip download of {lock.name} took over {DOWNLOAD_TIMEOUT} s") from None
+    if result.returncode != 0:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")] or [result.stderr[-300:]]
+        raise FleetError(f"bundle: {target}: pip download of {lock.name} failed: {errors[0]}")
+
+
+def builds_over_pins(target: Target) -> list[PipBuild]:
+    """The builds the target's nodes install over pins (refused without a sha256, as a deploy refuses them)."""
+    steps = target.profile.node_steps(target.arch, lock=node_lock(target.profile, target.arch,
+                                                                  target.profile.stack.python,
+                                                                  target.config.pip_locks_path))
+    return [step for step in steps if isinstance(step, PipBuild)]
+
+
+def fetch_build(target: Target, build: PipBuild, packages: Path, progress: Callable[[str], None]) -> None:
+    """A build over a pin into packages/, from its URL or its index, checked against the profile's sha256."""
+    dest = packages / build.file
+    if dest.exists() and file_sha256(dest) == build.sha256:
+        return
+    if build.from_index:
+        page = f"{index_urls(target)[0].rstrip('/')}/{build.name}/"
+        url = next((line.split('href="', 1)[1].split('"', 1)[0] for line in requests.get(page, timeout=60).text
+                    .splitlines() if build.file in line and 'href="' in line), None)
+        if url is None:
+            raise FleetError(f"bundle: {target}: {page} does not list {build.file}")
+        url = requests.compat.urljoin(page, url)
+    else:
+        url = build.url
+    progress(f"{target}: fetching {build.file}")
+    download(url, dest, build.sha256)
+
+
+def download(url: str, dest: Path, sha256: str) -> None:
+    """url into dest, checked against sha256 before it takes dest's name."""
+    with tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", delete=False) as partial:
+        try:
+            with requests.get(url.split("#", 1)[0], stream=True, timeout=60) as answer:
+                answer.raise_for_status()
+                for block in answer.iter_content(1 << 20):
+                    partial.write(block)
+            partial.close()
+            if file_sha256(Path(partial.name)) != sha256:
+                raise FleetError(f"bundle: {url} is not the file its profile pins (sha256 differs from {sha256})")
+            os.replace(partial.name, dest)
+        finally:
+            Path(partial.name).unlink(missing_ok=True)
+
+
+def copy_vendor_files(target: Target, files: Path, progress: Callable[[str], None]) -> None:
+    """The stack's .run files into files/: from files/ here, else the workers' vendor_mirror_url; each must be
+    what the profile pins."""
+    for name in target.profile.vendor_files(target.arch).values():
+        sha256 = target.profile.sha256_of(name)  # refuses a file without one, naming it
+        dest = files / name
+        if dest.exists() and file_sha256(dest) == sha256:
+            continue
+        local = FILES / name
+        if local.exists():
+            if file_sha256(local) != sha256:
+                raise FleetError(f"bundle: {local.absolute()} is not the {name} profile {target.profile.name} pins "
+                                 f"(sha256 {sha256}); download it again")
+            shutil.copyfile(local, dest)
+            continue
+        mirror = target.config.vendor_mirror_url
+        if not mirror:
+            raise FleetError(f"bundle: {target}: {local.absolute()} is missing and the workers' data names no "
+                             "vendor_mirror_url; download it from Huawei into files/")
+        progress(f"{target}: fetching {name}")
+        download(f"{mirror.rstrip('/')}/{name}", dest, sha256)
+
+
+def current_files(out: Path) -> dict[str, str]:
+    """Every file the bundle carries, by its path in the bundle, with its sha256."""
+    return {path.relative_to(out).as_posix(): file_sha256(path)
+            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR)
+            for path in sorted((out / sub).rglob("*")) if path.is_file() and not path.name.startswith(".")}
+
+
+def verify_bundle(out: Path) -> list[str]:
+    """One line per file that is not as the manifest lists it: changed, missing, or not listed."""
+    try:
+        listed = json.loads((out / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise FleetError(f"bundle {out}: cannot read {MANIFEST} ({exc}); make it with `ascend-fleet bundle`") from None
+    found = current_files(out)
+    lines = [f"bundle {out}: {name} differs from the manifest (sha256 {found[name]}, listed {digest})"
+             for name, digest in listed.items() if name in found and found[name] != digest]
+    lines += [f"bundle {out}: {name} is missing" for name in listed if name not in found]
+    lines += [f"bundle {out}: {name} is not in the manifest" for name in found if name not in listed]
+    return lines
+
+
+def platforms_of(out: Path) -> list[dict]:
+    return json.loads((out / MANIFEST).read_text())["platforms"]
+
+
+def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | None:
+    """Why the bundle cannot serve a node of this profile, arch and Python, or None."""
+    served = platforms_of(out)
+    if any((p["profile"], p["arch"], p["python"]) == (profile, arch, python) for p in served):
+        return None
+    has = ", ".join(f"{p['profile']} {p['arch']} Python {p['python']}" for p in served) or "nothing"
+    return (f"bundle {out} has no {profile} for {arch} Python {python} (it has {has}); make it with "
+            f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch}` where the indexes answer")

@@ -1,0 +1,40 @@
+"""`ascend-fleet bundle INVENTORY --out DIR` and `ascend-fleet bundle verify DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ascend_fleet.bundle import build_bundle, verify_bundle
+
+console = Console(highlight=False, soft_wrap=True)
+progress_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def bundle(
+    inventory: Annotated[str, typer.Argument(
+        metavar="INVENTORY|verify", help="the inventory whose workers' stack to bundle, or `verify`")],
+    directory: Annotated[Optional[Path], typer.Argument(metavar="[DIR]", help="with verify: the bundle")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="the bundle's folder (made, or completed)")] = None,
+    arch: Annotated[Optional[list[str]], typer.Option(
+        "--arch", help="x86_64 or aarch64, repeatable (default: every arch each profile lists)")] = None,
+) -> int:
+    """Put what the inventory's workers install (each profile's lock and its files, the builds over pins, the
+    vendor .run files) in one folder with a manifest of every file's sha256, to carry into a site without
+    internet; `bundle verify DIR` checks every file against the manifest and names each that differs."""
+    if inventory == "verify":
+        if directory is None:
+            raise typer.BadParameter("give the bundle's folder: ascend-fleet bundle verify DIR")
+        problems = verify_bundle(directory)
+        for line in problems:
+            console.print(line, markup=False)
+        if not problems:
+            console.print(f"bundle {directory}: every file is as its manifest lists it", markup=False)
+        return 1 if problems else 0
+    if out is None or directory is not None:
+        raise typer.BadParameter("ascend-fleet bundle INVENTORY --out DIR")
+    build_bundle(Path(inventory), out, arch, lambda line: progress_console.print(line, markup=False))
+    return 0

@@ -1,0 +1,104 @@
+"""`ascend-fleet bundle` of the example site with the lab's profile, against a copy of the lab's mirror on
+loopback: the lock, its files and the vendor packages in one folder; `bundle verify` names a changed byte;
+a rerun fetches nothing again; a node arch the bundle lacks is refused in one line."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, verify_bundle
+from ascend_fleet.lab.publish import publish_python_packages, publish_vendor_files
+from ascend_fleet.package_index import write_simple_index
+from ascend_fleet.profile import load_profile
+
+pytestmark = pytest.mark.network  # the lab mirror's real wheels come from PyPI once (the wheelhouse cache)
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory) -> str:
+    """The lab's mirror for profile lab on x86_64 (stand-ins, real wheels, simulated .run files), on loopback."""
+    root = tmp_path_factory.mktemp("mirror")
+    profile = load_profile("lab")
+    publish_python_packages(profile, root / "packages", "x86_64", Console(quiet=True))
+    write_simple_index(root)
+    publish_vendor_files([profile], root / "files", "x86_64")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bundled(mirror, tmp_path_factory) -> tuple[Path, Path, dict]:
+    site = tmp_path_factory.mktemp("site")
+    shutil.copytree(PROJECT_ROOT / "inventories", site / "inventories")
+    shutil.copytree(PROJECT_ROOT / "group_data", site / "group_data")
+    data = {"profile": "lab", "pip_index_url": f"{mirror}/simple", "vendor_mirror_url": f"{mirror}/files"}
+    out = site / "bundle"
+    lines: list[str] = []
+    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lines.append, override_data=data)
+    return site, out, data
+
+
+def test_the_bundle_holds_the_lock_its_files_and_the_vendor_packages_with_a_manifest(bundled):
+    _, out, _ = bundled
+    assert verify_bundle(out) == []
+    listed = (out / MANIFEST).read_text()
+    assert '"lock": "locks/lab.x86_64-py3.11.txt"' in listed
+    lock = (out / "locks" / "lab.x86_64-py3.11.txt").read_text()
+    packages = {path.name for path in (out / "packages").iterdir()}
+    # Every file the lock pins is there (the stand-ins and the real wheels), and the builds over pins.
+    for line in lock.splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split(" ")[0].split("==")
+            assert any(p.startswith(f"{name.replace('-', '_')}-{version}-") for p in packages), line
+    assert any(p.startswith("torch_npu-2.9.0.post1+gitdc51c2d-") for p in packages)
+    profile = load_profile("lab")
+    assert set(profile.vendor_files("x86_64").values()) == {p.name for p in (out / "files").iterdir()}
+    assert (out / "simple" / "vllm-ascend" / "index.html").exists()
+
+
+def test_a_rerun_fetches_nothing_again(bundled):
+    site, out, data = bundled
+    before = {path: path.stat().st_mtime_ns for path in (out / "packages").iterdir()}
+    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lambda line: None, override_data=data)
+    assert {path: path.stat().st_mtime_ns for path in (out / "packages").iterdir()} == before
+    assert verify_bundle(out) == []
+
+
+def test_one_byte_changed_in_a_wheel_or_a_run_file_is_named_by_verify(bundled, tmp_path):
+    _, out, _ = bundled
+    copy = tmp_path / "bundle"
+    shutil.copytree(out, copy)
+    wheel = next(p for p in (copy / "packages").iterdir() if p.name.startswith("vllm_ascend-0.18.0-"))
+    run_file = next((copy / "files").iterdir())
+    for changed in (wheel, run_file):
+        data = bytearray(changed.read_bytes())
+        data[len(data) // 2] ^= 1
+        changed.write_bytes(bytes(data))
+    problems = verify_bundle(copy)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith(f"bundle {copy}: ") and "differs from the manifest" in problems[0]
+    assert {f"packages/{wheel.name}", f"files/{run_file.name}"} == {line.split(": ")[1].split(" ")[0]
+                                                                     for line in problems}
+
+
+def test_a_node_arch_the_bundle_lacks_is_refused_in_one_line(bundled):
+    _, out, _ = bundled
+    assert coverage_refusal(out, "lab", "x86_64", "3.11") is None
+    line = coverage_refusal(out, "lab", "aarch64", "3.11")
+    assert line == (f"bundle {out} has no lab for aarch64 Python 3.11 (it has lab x86_64 Python 3.11); make it "
+                    f"with `ascend-fleet bundle INVENTORY --out {out} --arch aarch64` where the indexes answer")
