@@ -317,6 +317,10 @@ class NodeConfig(_Strict):
                                           "installs from <profile>.<arch>-py<python>.txt there, else from the "
                                           "profile's committed lock, else step by step; relative to where "
                                           "pyinfra runs")
+    bundle_dir: OneLine | None = Field(None, description="a bundle (`ascend-fleet bundle`) on the control machine "
+                                       "this site installs from: preflight checks every file against its "
+                                       "manifest and that it serves the node's arch and Python, before any "
+                                       "change; its locks/ is the default pip_locks_dir")
     vendor_mirror_url: Url | None = None
     model_mirror_url: Url | None = Field(None, description="a mirror serving <url>/models/<org>/<name>/<revision>/: "
                                          "where an http model without a url of its own is fetched from")
@@ -373,7 +377,9 @@ class NodeConfig(_Strict):
 
     @property
     def pip_locks_path(self) -> Path | None:
-        return Path(self.pip_locks_dir) if self.pip_locks_dir else None
+        if self.pip_locks_dir:
+            return Path(self.pip_locks_dir)
+        return Path(self.bundle_dir) / "locks" if self.bundle_dir else None
 
     @model_validator(mode="before")
     @classmethod

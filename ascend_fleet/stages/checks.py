@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import time
 from functools import cache
+from pathlib import Path
 
 import requests
 from pyinfra import host, inventory
@@ -18,6 +19,7 @@ from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
 from pyinfra.facts.server import Command
 
 from ascend_fleet import FILES
+from ascend_fleet.bundle import coverage_refusal, verify_bundle
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.systemd import UnitState
@@ -194,6 +196,18 @@ def foreign_device_holders() -> str | None:
     return None
 
 
+def check_bundle(config: NodeConfig, profile: Profile, arch: str) -> None:
+    """The site's bundle is as its manifest lists it (checked once per run) and serves this node's arch and
+    Python: refused here, before any host changes."""
+    bundle = Path(config.bundle_dir)
+    problems = once_per_run(host.state, f"bundle {bundle}", lambda: verify_bundle(bundle))
+    if problems:
+        more = f" (and {len(problems) - 1} more: `ascend-fleet bundle verify {bundle}`)" if len(problems) > 1 else ""
+        raise FleetError(f"{host.name}: {problems[0]}{more}; make the bundle again where the indexes answer")
+    if refusal := coverage_refusal(bundle, profile.name, arch, profile.stack.python):
+        raise FleetError(f"{host.name}: {refusal}")
+
+
 def check_fleet_plan_once() -> None:
     """The capacity plan of the whole inventory, once per pyinfra run: an instance that cannot
     fit stops the run while pyinfra prepares it, before any host is touched."""
@@ -210,6 +224,8 @@ def preflight_stage() -> None:
     if config.is_worker:
         arch = host_arch()
         check_known_issues(profile, arch)
+        if config.bundle_dir:
+            check_bundle(config, profile, arch)
         check_vendor_files(profile, arch)
         # First: a node refused below, or one whose instance died since the last run, routes nothing new.
         served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",

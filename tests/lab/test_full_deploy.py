@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 import time
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ import requests
 from packaging.utils import canonicalize_name
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.bundle import MANIFEST
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
 from ascend_fleet.lab.mirror import locks_dir
@@ -40,7 +42,7 @@ from ascend_fleet.operations.python_stack import satisfies
 from ascend_fleet.profile import PipBuild, load_profile
 from ascend_fleet.profile_lock import node_lock
 from ascend_fleet.templating import render
-from tests.lab.conftest import INSTANCES, Lab
+from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 
 pytestmark = pytest.mark.lab
 
@@ -298,6 +300,38 @@ def test_every_worker_holds_the_same_python_files_and_they_are_the_labs_lock(lab
     builds = {step.name: step.version for step in profile.node_steps("x86_64") if isinstance(step, PipBuild)}
     assert versions == {**lock.pins, **builds, **{tool: versions[tool] for tool in VENV_TOOLS if tool in versions}}
     assert lab.run("worker1", f"cat {PIP_LOCK_DIR}/{lock.name}").stdout == lock.text
+
+
+def test_a_bundle_with_one_byte_changed_or_without_the_nodes_arch_stops_the_deploy_before_any_change(
+        lab, deployed, tmp_path):
+    """The site's bundle (`ascend-fleet bundle`, here of the lab's own fleet) is checked at preflight: one byte
+    changed in a wheel, or a bundle for another arch, stops the run while pyinfra prepares it."""
+    out = tmp_path / "bundle"
+    fleet = [str(BIN / "ascend-fleet"), "bundle"]
+    made = subprocess.run([*fleet, lab.inventory, "--out", str(out), "--arch", "x86_64"], env=lab.env, cwd=PROJECT,
+                          capture_output=True, text=True, timeout=1800)
+    assert made.returncode == 0, made.stdout + made.stderr
+    wheel = next(p for p in (out / "packages").iterdir() if p.name.startswith("vllm_ascend-0.18.0-"))
+    original = wheel.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 1
+    wheel.write_bytes(bytes(data))
+    verify = subprocess.run([*fleet, "verify", str(out)], capture_output=True, text=True)
+    assert verify.returncode == 1 and f"packages/{wheel.name} differs from the manifest" in verify.stdout
+    refused = lab.pyinfra("deploys/full.py", "--data", f"bundle_dir={out}", check=False)
+    assert refused.returncode != 0
+    assert re.search(rf"worker\d: bundle {re.escape(str(out))}: packages/{re.escape(wheel.name)} differs from the manifest",
+                     refused.stdout), refused.stdout[-3000:]
+    assert "Beginning operation run" not in refused.stdout  # no host was changed
+    wheel.write_bytes(original)
+    manifest = json.loads((out / MANIFEST).read_text())
+    (out / MANIFEST).write_text(json.dumps({**manifest, "platforms": [
+        {**platform, "arch": "aarch64"} for platform in manifest["platforms"]]}))
+    other_arch = lab.pyinfra("deploys/full.py", "--data", f"bundle_dir={out}", check=False)
+    assert other_arch.returncode != 0 and "Beginning operation run" not in other_arch.stdout
+    assert re.search(rf"worker\d: bundle {re.escape(str(out))} has no lab for x86_64 Python 3.11 \(it has lab aarch64 Python "
+                     r"3.11\); make it with `ascend-fleet bundle INVENTORY", other_arch.stdout), \
+        other_arch.stdout[-3000:]
 
 
 def test_raising_one_nodes_driver_upgrades_it_alone(lab, deployed):
