@@ -320,7 +320,8 @@ def test_a_bundle_with_one_byte_changed_or_without_the_nodes_arch_stops_the_depl
     assert verify.returncode == 1 and f"packages/{wheel.name} differs from the manifest" in verify.stdout
     refused = lab.pyinfra("deploys/full.py", "--data", f"bundle_dir={out}", check=False)
     assert refused.returncode != 0
-    assert re.search(rf"worker\d: bundle {re.escape(str(out))}: packages/{re.escape(wheel.name)} differs from the manifest",
+    bundle = re.escape(str(out))
+    assert re.search(rf"worker\d: bundle {bundle}: packages/{re.escape(wheel.name)} differs from the manifest",
                      refused.stdout), refused.stdout[-3000:]
     assert "Beginning operation run" not in refused.stdout  # no host was changed
     wheel.write_bytes(original)
@@ -329,7 +330,7 @@ def test_a_bundle_with_one_byte_changed_or_without_the_nodes_arch_stops_the_depl
         {**platform, "arch": "aarch64"} for platform in manifest["platforms"]]}))
     other_arch = lab.pyinfra("deploys/full.py", "--data", f"bundle_dir={out}", check=False)
     assert other_arch.returncode != 0 and "Beginning operation run" not in other_arch.stdout
-    assert re.search(rf"worker\d: bundle {re.escape(str(out))} has no lab for x86_64 Python 3.11 \(it has lab aarch64 Python "
+    assert re.search(rf"worker\d: bundle {bundle} has no lab for x86_64 Python 3.11 \(it has lab aarch64 Python "
                      r"3.11\); make it with `ascend-fleet bundle INVENTORY", other_arch.stdout), \
         other_arch.stdout[-3000:]
 
