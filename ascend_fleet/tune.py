@@ -22,6 +22,7 @@ Grid keys: the serving options of group data (`max_num_seqs`, `max_num_batched_t
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import pprint
@@ -422,7 +423,8 @@ def resumed(previous: dict | None, asked: list[Candidate], canary: str, instance
 def finish(record: TuneRecord, fleet: Fleet, result_dir: Path, as_json: bool) -> int:
     best = winner(record)
     png = result_dir / "tune.png"
-    if any(c.status == "done" for c in record.candidates):
+    drawn = importlib.util.find_spec("matplotlib") is not None  # optional: 167 MB for one PNG (extra `chart`)
+    if drawn and any(c.status == "done" for c in record.candidates):
         plot(record, png)
     snippet_file = result_dir / "winner.py"
     if best:
@@ -436,7 +438,8 @@ def finish(record: TuneRecord, fleet: Fleet, result_dir: Path, as_json: bool) ->
         if left:
             console.print(f"[yellow]{len(left)} candidates not run (budget): the same command with --resume runs them")
         if best:
-            console.print(f"winner: {best.label}; group data to apply: {snippet_file}; plot: {png}")
+            drawing = f"plot: {png}" if drawn else "no plot (pip install 'ascend-fleet[chart]' draws tune.png)"
+            console.print(f"winner: {best.label}; group data to apply: {snippet_file}; {drawing}")
         else:
             console.print("[bold red]no candidate met the SLO without failed requests[/]")
     return 0 if best else 1
