@@ -38,6 +38,7 @@ from ascend_fleet.lab.mirror import mirror_root
 from ascend_fleet.lab.shaping import limit_links
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
+from ascend_fleet.model_tree import publish_model
 from ascend_fleet.node_layout import PEER_SERVER_LOG
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 
@@ -114,7 +115,7 @@ def run_bench(nodes: int, size_gb: float, rate_mbit: float, shards: int, name: s
 
 def publish_bench_model(spec: LabSpec, size_gb: float, shards: int) -> None:
     # Imported here: numpy and tokenizers would slow every `ascend-fleet` command.
-    from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
+    from ascend_fleet.lab.sim.tinymodel import build_tiny_model
 
     size_mb = size_gb * 1024
     with tempfile.TemporaryDirectory(prefix="bench-weights-") as building:

@@ -32,6 +32,7 @@ from ascend_fleet.lab.base import NODE_GLIBC_MINOR, node_platforms
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
+from ascend_fleet.model_tree import publish_model
 from ascend_fleet.package_index import write_simple_index
 from ascend_fleet.profile import Profile, load_profile, profile_path
 from ascend_fleet.profile_check import Platform
@@ -226,5 +227,5 @@ def publish_tiny_model(models_dir: Path, console: Console) -> list[Path]:
                 building.rename(cached)
             except OSError:  # another lab up renamed its build in first
                 shutil.rmtree(building)
-        published.append(tinymodel.publish_model(cached, models_dir))
+        published.append(publish_model(cached, models_dir))
     return published

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ascend_fleet.lab.sim.tinymodel import build_tiny_model, publish_model
+from ascend_fleet.lab.sim.tinymodel import build_tiny_model
+from ascend_fleet.model_tree import publish_model
 from ascend_fleet.node_layout import MANIFEST_NAME, MARKER_NAME
 
 pytestmark = pytest.mark.lab

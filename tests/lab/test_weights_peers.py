@@ -20,9 +20,10 @@ import pytest
 from ascend_fleet.lab.lab import ssh_argv
 from ascend_fleet.lab.nodes import node_dir
 from ascend_fleet.lab.shaping import clear_links, limit_links
-from ascend_fleet.lab.sim.tinymodel import MANIFEST_NAME, build_tiny_model, publish_model
+from ascend_fleet.lab.sim.tinymodel import build_tiny_model
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.node_layout import PEER_SERVER_LOG
+from ascend_fleet.model_tree import publish_model
+from ascend_fleet.node_layout import MANIFEST_NAME, PEER_SERVER_LOG
 from tests.lab.conftest import BIN, PROJECT
 
 pytestmark = pytest.mark.lab

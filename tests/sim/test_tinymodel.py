@@ -13,15 +13,14 @@ from tokenizers import Tokenizer
 
 from ascend_fleet.lab.sim.tinymodel import (
     INDEX_NAME,
-    MANIFEST_NAME,
     QWEN_PRETOKENIZE_REGEX,
     TinyDims,
     build_tiny_model,
     build_tiny_qwen35_moe,
-    publish_model,
-    read_manifest,
-    sha256_file,
 )
+from ascend_fleet.model_tree import publish_model, read_manifest
+from ascend_fleet.node_layout import MANIFEST_NAME
+from ascend_fleet.package_index import file_sha256 as sha256_file
 
 # What HF Qwen3ForCausalLM (and vLLM's loader for it) expects for each decoder layer.
 QWEN3_LAYER_TENSORS = {

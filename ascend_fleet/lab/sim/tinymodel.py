@@ -18,17 +18,14 @@ unpadded model on the real tier and use padded ones to time staging.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.node_layout import MANIFEST_NAME
+from ascend_fleet.model_tree import weights_manifest, write_manifest
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 
 try:
@@ -313,34 +310,14 @@ def _write_shards(out: Path, shards: list[list[dict]], seed: int, quantized: fro
 # ---------------------------------------------------------------- manifest
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(BYTES_PER_MB), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _manifest(out: Path, file_names: list[str], model_id: str, revision: str, tokenizer: Tokenizer) -> dict:
-    files = {
-        name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
-        for name in sorted(file_names)
-    }
-    return {
-        "model_id": model_id,
-        "revision": revision,
-        "files": files,
-        # The verify stage encodes this text on the node (no special tokens added) and expects these ids.
-        "tokenizer_probe": {"text": PROBE_TEXT, "ids": tokenizer.encode(PROBE_TEXT).ids},
-    }
-
-
 def _write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def read_manifest(model_dir: Path) -> dict:
-    return json.loads((Path(model_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
+def _manifest(out: Path, file_names: list[str], model_id: str, revision: str, tokenizer: Tokenizer) -> dict:
+    # The verify stage encodes this text on the node (no special tokens added) and expects these ids.
+    return {**weights_manifest(out, model_id, revision, file_names),
+            "tokenizer_probe": {"text": PROBE_TEXT, "ids": tokenizer.encode(PROBE_TEXT).ids}}
 
 
 # ---------------------------------------------------------------- public API
@@ -395,7 +372,7 @@ def _write_repository(out: Path, name: str, revision: str, tokenizer: Tokenizer,
     # Only what this build wrote: a stale shard left in out_dir must not enter the manifest.
     shards = sorted(set(index["weight_map"].values()))
     written = ["tokenizer.json", *documents, *shards]
-    _write_json(out / MANIFEST_NAME, _manifest(out, written, name, revision, tokenizer))
+    write_manifest(out, _manifest(out, written, name, revision, tokenizer))
     return out
 
 
@@ -553,38 +530,3 @@ def build_tiny_qwen35_moe(out_dir: Path, *, name: str = QWEN35_MODEL_ID, revisio
                              _qwen35_config(dims, vocab_size, tokenizer), index,
                              {MODELSLIM_DESCRIPTION: description})
 
-
-def publish_model(model_dir: Path, mirror_models_dir: Path) -> Path:
-    """Copy a built model into the mirror's models tree and return where it landed.
-
-    mirror_models_dir is the directory the mirror serves as ``/models/``. A model
-    with id ``<org>/<name>`` at ``<revision>`` lands in
-    ``<mirror_models_dir>/<org>/<name>/<revision>/`` and is reached over HTTP as::
-
-        <mirror-url>/models/<org>/<name>/<revision>/ascend-fleet-manifest.json
-        <mirror-url>/models/<org>/<name>/<revision>/<file>   for every key of manifest["files"]
-
-    e.g. http://10.213.0.1:8080/models/lab/Qwen3-Tiny/v1/model-00001-of-00002.safetensors.
-    The weights stage fetches the manifest first, then each file it lists, and
-    checks size and sha256 against it. The revision directory appears whole: it
-    is filled beside its final place and renamed in, and an existing revision is
-    replaced only by a complete new copy.
-    """
-    manifest = read_manifest(model_dir)
-    org, _, repo = manifest["model_id"].partition("/")
-    if not org or not repo or "/" in repo:
-        raise ValueError(f"model id {manifest['model_id']!r} is not <org>/<name>")
-    target = Path(mirror_models_dir) / org / repo / manifest["revision"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    for file_name in [*manifest["files"], MANIFEST_NAME]:
-        shutil.copy2(Path(model_dir) / file_name, staging / file_name)
-    staging.chmod(0o755)  # mkdtemp makes it 0700; the mirror's HTTP server must read it
-    if target.exists():
-        retired = target.with_name(f".{target.name}.retired")
-        target.rename(retired)
-        staging.rename(target)
-        shutil.rmtree(retired)
-    else:
-        staging.rename(target)
-    return target
