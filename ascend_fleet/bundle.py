@@ -10,10 +10,13 @@ Made on a machine that reaches the indexes. For each profile the workers run and
   PEP 503 index (package_index.py): the site serves it, pip on the nodes reads it;
 - `files/`: the vendor .run files of the stack (files/ here, else the host data's `vendor_mirror_url`),
   each checked against the profile's sha256;
+- `models/<org>/<name>/<revision>/`: each model the workers serve with the manifest the weights stager
+  reads (model_tree.py): from its http mirror, checked against that manifest, or from `--model-dir` for
+  weights already on disk (a hub cannot be reached from where a bundle is made for an offline site);
 - `bundle-manifest.json`: every file above with its sha256, and the platforms the bundle serves.
 
-A rerun downloads only what is missing. Not in a bundle yet: the model weights, OS packages, the control
-machine's own install (see the README's offline section).
+A rerun downloads only what is missing. Not in a bundle yet: OS packages and the control machine's own
+install (see the README's offline section).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import requests
 from ascend_fleet import FILES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.hostdata import Model, NodeConfig
+from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
+from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.package_index import PACKAGES_DIR, SIMPLE_DIR, file_sha256, write_simple_index
 from ascend_fleet.profile import PipBuild, Profile, load_profile
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform, pip_environment
@@ -42,6 +47,7 @@ from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
 MANIFEST = "bundle-manifest.json"
 LOCKS_DIR = "locks"
 VENDOR_DIR = "files"
+MODELS_DIR = "models"
 DOWNLOAD_TIMEOUT = 3600  # seconds for one pip download of a lock's files (GBs for a vLLM stack)
 
 
@@ -61,27 +67,34 @@ class Target:
         return f"{self.profile.name} {self.arch} Python {self.profile.stack.python}"
 
 
-def targets(inventory: Path, arches: list[str] | None, override_data: dict | None = None) -> list[Target]:
-    """Each profile the inventory's workers run, on each arch asked for (default: every arch it lists)."""
+def worker_configs(inventory: Path, override_data: dict | None = None) -> list[NodeConfig]:
+    workers = [config for config in fleet_node_configs(load_inventory(inventory, override_data=override_data))
+               if config.is_worker]
+    if not workers:
+        raise FleetError(f"bundle: {inventory} has no worker (a host with npu_count): nothing to bundle")
+    return workers
+
+
+def targets(workers: list[NodeConfig], arches: list[str] | None) -> list[Target]:
+    """Each profile the workers run, on each arch asked for (default: every arch it lists)."""
     found: dict[str, Target] = {}
-    for config in fleet_node_configs(load_inventory(inventory, override_data=override_data)):
-        if not config.is_worker:
-            continue
+    for config in workers:
         profile = load_profile(config.profile)
         for arch in arches or profile.arch:
             if arch not in profile.arch:
                 raise FleetError(f"bundle: --arch {arch}: profile {profile.name} lists {', '.join(profile.arch)}")
             found.setdefault(f"{profile.name} {arch}", Target(profile, arch, config))
-    if not found:
-        raise FleetError(f"bundle: {inventory} has no worker (a host with npu_count): nothing to bundle")
     return list(found.values())
 
 
 def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
-                 progress: Callable[[str], None] = print, override_data: dict | None = None) -> dict:
-    """Make (or complete) the bundle in out; returns its manifest. override_data: as pyinfra's --data."""
-    chosen = targets(inventory, arches, override_data)
-    for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR):
+                 progress: Callable[[str], None] = print, override_data: dict | None = None,
+                 model_dirs: list[Path] = ()) -> dict:
+    """Make (or complete) the bundle in out; returns its manifest. override_data: as pyinfra's --data;
+    model_dirs: weights already on disk (each with its ascend-fleet manifest, or the fleet's one model)."""
+    workers = worker_configs(inventory, override_data)
+    chosen = targets(workers, arches)
+    for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR):
         (out / sub).mkdir(parents=True, exist_ok=True)
     platforms = []
     for target in chosen:
@@ -92,6 +105,7 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
         copy_vendor_files(target, out / VENDOR_DIR, progress)
         platforms.append({"profile": target.profile.name, "arch": target.arch,
                           "python": target.profile.stack.python, "lock": f"{LOCKS_DIR}/{lock}"})
+    bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
     progress("hashing every file for the manifest")
     manifest = {"platforms": platforms, "files": current_files(out)}
@@ -213,10 +227,68 @@ def copy_vendor_files(target: Target, files: Path, progress: Callable[[str], Non
         download(f"{mirror.rstrip('/')}/{name}", dest, sha256)
 
 
+def bundle_models(workers: list[NodeConfig], model_dirs: list[Path], models: Path,
+                  progress: Callable[[str], None]) -> None:
+    """Each model the workers serve into the models tree: from --model-dir, else from its http mirror."""
+    wanted = {(config.model.id, config.model.revision): config.model for config in workers if config.model}
+    on_disk = {}
+    for directory in model_dirs:
+        if (directory / MANIFEST_NAME).exists():
+            manifest = read_manifest(directory)
+            on_disk[(manifest["model_id"], manifest["revision"])] = directory
+        elif len(wanted) == 1:
+            on_disk[next(iter(wanted))] = directory
+        else:
+            raise FleetError(f"bundle: --model-dir {directory} has no {MANIFEST_NAME} and the fleet serves "
+                             f"{len(wanted)} models: say which with a manifest in it")
+    for key, model in sorted(wanted.items()):
+        target = models / key[0] / key[1]
+        if key in on_disk:
+            copy_model(on_disk[key], model, target, progress)
+        elif model.source == "http":
+            fetch_model(model, target, progress)
+        else:
+            raise FleetError(f"bundle: model {model.id}@{model.revision} comes from {model.source}, which a bundle "
+                             "does not fetch: download it, then give --model-dir with its files")
+
+
+def copy_model(directory: Path, model: Model, target: Path, progress: Callable[[str], None]) -> None:
+    """Weights on disk into the tree, with their manifest (made here when they have none), checked."""
+    given = (directory / MANIFEST_NAME).exists()
+    manifest = read_manifest(directory) if given else weights_manifest(directory, model.id, model.revision)
+    progress(f"model {model.id}@{model.revision}: {len(manifest['files'])} files from {directory}")
+    for name, entry in manifest["files"].items():
+        dest = target / name
+        if dest.exists() and file_sha256(dest) == entry["sha256"]:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(directory / name, dest)
+        if given and file_sha256(dest) != entry["sha256"]:
+            raise FleetError(f"bundle: {directory / name} is not the file its {MANIFEST_NAME} lists (sha256)")
+    write_manifest(target, manifest)
+
+
+def fetch_model(model: Model, target: Path, progress: Callable[[str], None]) -> None:
+    """A model from its http mirror: the manifest, then each file it lists, checked against it."""
+    base = f"{model.url.rstrip('/')}/models/{model.id}/{model.revision}"
+    answer = requests.get(f"{base}/{MANIFEST_NAME}", timeout=60)
+    if answer.status_code != 200:
+        raise FleetError(f"bundle: {base}/{MANIFEST_NAME} answered HTTP {answer.status_code}")
+    manifest = answer.json()
+    target.mkdir(parents=True, exist_ok=True)
+    missing = {name: entry for name, entry in manifest["files"].items()
+               if not (target / name).exists() or file_sha256(target / name) != entry["sha256"]}
+    progress(f"model {model.id}@{model.revision}: fetching {len(missing)} of {len(manifest['files'])} files")
+    for name, entry in missing.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        download(f"{base}/{name}", target / name, entry["sha256"])
+    write_manifest(target, manifest)
+
+
 def current_files(out: Path) -> dict[str, str]:
     """Every file the bundle carries, by its path in the bundle, with its sha256."""
     return {path.relative_to(out).as_posix(): file_sha256(path)
-            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR)
+            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR, MODELS_DIR)
             for path in sorted((out / sub).rglob("*")) if path.is_file() and not path.name.startswith(".")}
 
 

@@ -21,9 +21,12 @@ def bundle(
     out: Annotated[Optional[Path], typer.Option("--out", help="the bundle's folder (made, or completed)")] = None,
     arch: Annotated[Optional[list[str]], typer.Option(
         "--arch", help="x86_64 or aarch64, repeatable (default: every arch each profile lists)")] = None,
+    model_dir: Annotated[Optional[list[Path]], typer.Option(
+        "--model-dir", help="weights already on disk, repeatable: a folder with its ascend-fleet-manifest.json, "
+                            "or the fleet's one model's files (default: each http model from its mirror)")] = None,
 ) -> int:
     """Put what the inventory's workers install (each profile's lock and its files, the builds over pins, the
-    vendor .run files) in one folder with a manifest of every file's sha256, to carry into a site without
+    vendor .run files, the models they serve) in one folder with a manifest of every file's sha256, to carry into a site without
     internet; `bundle verify DIR` checks every file against the manifest and names each that differs."""
     if inventory == "verify":
         if directory is None:
@@ -36,5 +39,6 @@ def bundle(
         return 1 if problems else 0
     if out is None or directory is not None:
         raise typer.BadParameter("ascend-fleet bundle INVENTORY --out DIR")
-    build_bundle(Path(inventory), out, arch, lambda line: progress_console.print(line, markup=False))
+    build_bundle(Path(inventory), out, arch, lambda line: progress_console.print(line, markup=False),
+                 model_dirs=model_dir or [])
     return 0

@@ -15,8 +15,9 @@ from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, verify_bundle
-from ascend_fleet.lab.publish import publish_python_packages, publish_vendor_files
-from ascend_fleet.package_index import write_simple_index
+from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model, publish_vendor_files
+from ascend_fleet.model_tree import read_manifest
+from ascend_fleet.package_index import file_sha256, write_simple_index
 from ascend_fleet.profile import load_profile
 
 pytestmark = pytest.mark.network  # the lab mirror's real wheels come from PyPI once (the wheelhouse cache)
@@ -35,6 +36,7 @@ def mirror(tmp_path_factory) -> str:
     publish_python_packages(profile, root / "packages", "x86_64", Console(quiet=True))
     write_simple_index(root)
     publish_vendor_files([profile], root / "files", "x86_64")
+    publish_tiny_model(root / "models", Console(quiet=True))
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -46,7 +48,8 @@ def bundled(mirror, tmp_path_factory) -> tuple[Path, Path, dict]:
     site = tmp_path_factory.mktemp("site")
     shutil.copytree(PROJECT_ROOT / "inventories", site / "inventories")
     shutil.copytree(PROJECT_ROOT / "group_data", site / "group_data")
-    data = {"profile": "lab", "pip_index_url": f"{mirror}/simple", "vendor_mirror_url": f"{mirror}/files"}
+    data = {"profile": "lab", "pip_index_url": f"{mirror}/simple", "vendor_mirror_url": f"{mirror}/files",
+            "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"}, "model_mirror_url": mirror}
     out = site / "bundle"
     lines: list[str] = []
     build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lines.append, override_data=data)
@@ -69,6 +72,11 @@ def test_the_bundle_holds_the_lock_its_files_and_the_vendor_packages_with_a_mani
     profile = load_profile("lab")
     assert set(profile.vendor_files("x86_64").values()) == {p.name for p in (out / "files").iterdir()}
     assert (out / "simple" / "vllm-ascend" / "index.html").exists()
+    # The model the workers serve, as the weights stager reads it from a mirror: the same manifest, every file.
+    model = out / "models" / "lab" / "Qwen3-Tiny" / "v1"
+    manifest = read_manifest(model)
+    assert manifest["model_id"] == "lab/Qwen3-Tiny" and manifest["files"]
+    assert all(file_sha256(model / name) == entry["sha256"] for name, entry in manifest["files"].items())
 
 
 def test_a_rerun_fetches_nothing_again(bundled):
@@ -94,6 +102,22 @@ def test_one_byte_changed_in_a_wheel_or_a_run_file_is_named_by_verify(bundled, t
     assert problems[0].startswith(f"bundle {copy}: ") and "differs from the manifest" in problems[0]
     assert {f"packages/{wheel.name}", f"files/{run_file.name}"} == {line.split(": ")[1].split(" ")[0]
                                                                      for line in problems}
+
+
+def test_weights_already_on_disk_go_in_with_a_manifest_made_for_them(bundled, tmp_path):
+    site, _, data = bundled
+    weights = tmp_path / "weights"
+    (weights / "sub").mkdir(parents=True)
+    (weights / "config.json").write_text("{}")
+    (weights / "sub" / "model.safetensors").write_bytes(b"w" * 1000)
+    out = tmp_path / "bundle"
+    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lambda line: None, override_data=data,
+                 model_dirs=[weights])
+    manifest = read_manifest(out / "models" / "lab" / "Qwen3-Tiny" / "v1")
+    assert manifest == {"model_id": "lab/Qwen3-Tiny", "revision": "v1", "files": {
+        "config.json": {"size": 2, "sha256": file_sha256(weights / "config.json")},
+        "sub/model.safetensors": {"size": 1000, "sha256": file_sha256(weights / "sub" / "model.safetensors")}}}
+    assert verify_bundle(out) == []
 
 
 def test_a_node_arch_the_bundle_lacks_is_refused_in_one_line(bundled):
