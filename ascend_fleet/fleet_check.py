@@ -26,6 +26,7 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
+from ascend_fleet.bundle import verify_bundle
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import (
     MODELS_DIR,
@@ -65,6 +66,7 @@ def fleet_problems(inventory: Inventory, source: Path | None = None, model_confi
             roles = data_parallel_roles(group_members(inventory), configs)
             problems += plan_configs(configs, roles, ModelConfigs(model_config, models_dir), problems).errors()
             problems += vendor_file_problems(configs)
+            problems += bundle_problems(configs)
     return merge_hosts(problems, [host.name for host in inventory])
 
 
@@ -104,6 +106,22 @@ def inventory_file_problems(source: Path):
                 yield (f"{source}: host {name} is given data in {seen[name]} and in {group}; pyinfra would keep "
                        f"only the last; give its data once and list it by name elsewhere")
             seen.setdefault(name, group)
+
+
+def bundle_problems(configs: list[NodeConfig]) -> list[str]:
+    """Each file of a bundle the hosts name (bundle_dir) that is not as its manifest lists it, per host; each
+    bundle read once. Which arch and Python a node is, preflight asks the node, then checks the bundle has it."""
+    verified: dict[str, list[str]] = {}
+    problems = []
+    for config in configs:
+        if config.bundle_dir:
+            if config.bundle_dir not in verified:
+                try:
+                    verified[config.bundle_dir] = verify_bundle(Path(config.bundle_dir))
+                except FleetError as exc:
+                    verified[config.bundle_dir] = [str(exc)]
+            problems += [f"{config.host}: {line}" for line in verified[config.bundle_dir]]
+    return problems
 
 
 def vendor_file_problems(configs: list[NodeConfig]) -> list[str]:

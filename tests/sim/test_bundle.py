@@ -15,6 +15,7 @@ from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, verify_bundle
+from ascend_fleet.fleet_check import inventory_problems
 from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model, publish_vendor_files
 from ascend_fleet.model_tree import read_manifest
 from ascend_fleet.package_index import file_sha256, write_simple_index
@@ -87,21 +88,24 @@ def test_a_rerun_fetches_nothing_again(bundled):
     assert verify_bundle(out) == []
 
 
-def test_one_byte_changed_in_a_wheel_or_a_run_file_is_named_by_verify(bundled, tmp_path):
-    _, out, _ = bundled
+def test_one_byte_changed_in_a_wheel_or_a_run_file_is_named_by_verify_and_by_check(bundled, tmp_path):
+    site, out, data = bundled
     copy = tmp_path / "bundle"
     shutil.copytree(out, copy)
     wheel = next(p for p in (copy / "packages").iterdir() if p.name.startswith("vllm_ascend-0.18.0-"))
     run_file = next((copy / "files").iterdir())
     for changed in (wheel, run_file):
-        data = bytearray(changed.read_bytes())
-        data[len(data) // 2] ^= 1
-        changed.write_bytes(bytes(data))
+        content = bytearray(changed.read_bytes())
+        content[len(content) // 2] ^= 1
+        changed.write_bytes(bytes(content))
     problems = verify_bundle(copy)
     assert len(problems) == 2, problems
     assert problems[0].startswith(f"bundle {copy}: ") and "differs from the manifest" in problems[0]
     assert {f"packages/{wheel.name}", f"files/{run_file.name}"} == {line.split(": ")[1].split(" ")[0]
                                                                      for line in problems}
+    # `ascend-fleet check` (no connection) names it for the hosts whose data names the bundle.
+    checked = inventory_problems(site / "inventories" / "prod.py", site, {**data, "bundle_dir": str(copy)})
+    assert any(f"bundle {copy}: packages/{wheel.name} differs from the manifest" in line for line in checked), checked
 
 
 def test_weights_already_on_disk_go_in_with_a_manifest_made_for_them(bundled, tmp_path):
