@@ -392,6 +392,13 @@ class NodeConfig(_Strict):
             return {**data, "model": {**model, "url": mirror.rstrip("/")}}
         return data
 
+    @model_validator(mode="after")
+    def _a_bundle_is_served_by_the_site(self) -> NodeConfig:
+        if self.bundle_dir and not self.pip_index_url:
+            raise ValueError("bundle_dir needs pip_index_url: where the site serves the bundle's simple/ index "
+                             "(the nodes install every package from it)")
+        return self
+
     @field_validator("npu_env", mode="before")
     @classmethod
     def _numbers_are_strings(cls, env):

@@ -10,7 +10,7 @@ before any host is touched.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal, Protocol, Union
 from urllib.parse import quote
@@ -425,6 +425,14 @@ class PipBuild:
 
 # One step of a node's pip sequence, in the profile's order.
 NodeStep = PipStep | PipLocked | PipRemoval | PipBuild
+
+
+def from_one_index(steps: list[NodeStep]) -> list[NodeStep]:
+    """The steps with every package from the main index alone, builds over pins too: a site's copy of a
+    bundle holds every file, and the profile's other indexes and sources are out of its reach."""
+    return [step if isinstance(step, PipRemoval) else
+            replace(step, source="index", extra_index_urls=[]) if isinstance(step, PipBuild) else
+            replace(step, extra_index_urls=[]) for step in steps]
 
 
 # An operator's own profiles: profiles/<name>.yaml in the folder ascend-fleet or pyinfra runs from

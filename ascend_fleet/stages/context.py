@@ -28,7 +28,10 @@ def node_profile() -> Profile:
 
 
 def pip_index_url(profile: Profile) -> str:
-    """The index the serving stack installs from: the profile's, else this host's `pip_index_url`."""
+    """The index the serving stack installs from: the profile's, else this host's `pip_index_url`; with a
+    bundle (bundle_dir), the host's: where the site serves the bundle's index."""
+    if host.data.get("bundle_dir"):
+        return host.data.pip_index_url
     return profile.pip.index_url or host.data.pip_index_url
 
 

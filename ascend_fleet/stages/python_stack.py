@@ -10,7 +10,7 @@ from ascend_fleet.facts.ascend import PipCheck, VenvPython
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
-from ascend_fleet.profile import Profile
+from ascend_fleet.profile import Profile, from_one_index
 from ascend_fleet.profile_lock import node_lock
 from ascend_fleet.stages.context import (
     host_arch,
@@ -63,11 +63,13 @@ def python_stage() -> None:
     venv = profile.pip.venv
     pip.venv(name=f"Virtualenv {venv}", path=venv, python=python)
     arch = host_arch()
-    lock = node_lock(profile, arch, profile.stack.python, host_node_config(host).pip_locks_path)
-    stack = {"venv": venv, "steps": profile.node_steps(arch, lock=lock), "index_url": pip_index_url(profile)}
+    config = host_node_config(host)
+    steps = profile.node_steps(arch, lock=node_lock(profile, arch, profile.stack.python, config.pip_locks_path))
+    stack = {"venv": venv, "steps": from_one_index(steps) if config.bundle_dir else steps,
+             "index_url": pip_index_url(profile)}
     spread = spread_of_package(host.name, wheels_of(profile.name, arch))
     if spread:
-        peer_server(host_node_config(host))
+        peer_server(config)
         python_stack.pinned_seeded(name=f"Pinned serving stack on {spread.seeder} for the fleet",
                                    seeder=spread.seeder, peer_urls=spread.peer_urls, **stack)
     python_stack.pinned(name="Pinned serving stack", peer_urls=spread.peer_urls if spread else None, **stack)

@@ -339,3 +339,12 @@ def test_every_host_data_key_is_listed_under_an_unknown_one():
         config(max_len=4)
     listed = " ".join(str(caught.value).splitlines()[1:]).removeprefix("  keys: ").split(", ")
     assert [key.strip() for key in listed] == [key for key in NodeConfig.model_fields if key != "host"]
+
+
+def test_a_bundle_without_the_index_the_site_serves_it_at_is_refused_and_its_locks_are_the_default():
+    with pytest.raises(FleetError, match="worker1: data: bundle_dir needs pip_index_url: where the site serves"):
+        config(bundle_dir="bundle")
+    served = config(bundle_dir="bundle", pip_index_url="http://mirror.site:8070/simple")
+    assert str(served.pip_locks_path) == "bundle/locks"
+    assert str(config(bundle_dir="bundle", pip_index_url="http://m/simple", pip_locks_dir="mine").pip_locks_path) \
+        == "mine"

@@ -7,7 +7,15 @@ import re
 
 import pytest
 
-from ascend_fleet.profile import available_profiles, load_profile
+from ascend_fleet.profile import (
+    PipBuild,
+    PipLocked,
+    PipRemoval,
+    PipStep,
+    available_profiles,
+    from_one_index,
+    load_profile,
+)
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform
 from ascend_fleet.profile_lock import (
     LOCKS_DIR,
@@ -100,3 +108,13 @@ def test_a_fresh_lock_of_0_18_0_on_aarch64_is_accepted(tmp_path, monkeypatch):
     assert problems == 0 and "accepted" in lines[0], lines
     assert "vllm 0.18.0 has requirement opencv-python-headless>=4.13.0, but you have opencv-python-headless " \
            "4.11.0.86." in made.complaints
+
+
+def test_from_a_bundle_every_step_takes_the_one_index_the_site_serves_builds_included():
+    build = PipBuild("torch-npu", "2.9.0.post1+gitee7ba04", "torch_npu-2.9.0.post1+gitee7ba04-cp311-cp311-"
+                     "manylinux_2_28_aarch64.whl", "0" * 64, "https://obs.example/", ["https://extra/"])
+    steps = from_one_index([PipStep(["vllm==0.18.0"], ["https://extra/"]), PipRemoval(["triton"]),
+                            PipLocked("l.txt", "", {}, ["https://extra/"]), build])
+    assert steps[1] == PipRemoval(["triton"])
+    assert steps[3].from_index and steps[3].file == build.file and steps[3].sha256 == build.sha256
+    assert all(not step.extra_index_urls for step in steps if not isinstance(step, PipRemoval))
