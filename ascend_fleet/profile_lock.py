@@ -47,6 +47,7 @@ METADATA_READERS = 8  # metadata files fetched at once
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)")
 FROM_INDEX = re.compile(r"^\s+# from (?P<index>\S+)")
 DIGEST_LINE = "# profile digest: "
+GLIBC_IN_HEADER = re.compile(r"^# ascend-fleet profile lock .* --glibc (?P<glibc>2\.\d+)$", re.M)
 NEVER = 'python_version < "0"'  # a marker no node meets: an override that takes a package out
 
 
@@ -376,3 +377,15 @@ def node_lock(profile: Profile, arch: str, python: str, locks_dir: Path | None =
     _, pinned = read_lock(path)
     return PipLocked(name, path.read_text(), dict(pin.split("==", 1) for pin in pinned),
                      [*profile.pip.extra_index_urls])
+
+
+def glibc_problem(lock: PipLocked, node_glibc: str | None) -> str | None:
+    """Why the lock's wheels may not load on a node with this glibc (a lock for glibc 2.35 may pin
+    manylinux_2_35 wheels), or None."""
+    made_for = GLIBC_IN_HEADER.search(lock.text)
+    if made_for is None or node_glibc is None:
+        return None
+    if tuple(map(int, node_glibc.split("."))) < tuple(map(int, made_for["glibc"].split("."))):
+        return (f"{lock.name} was locked for glibc {made_for['glibc']} and this node has {node_glibc}: its wheels "
+                f"may not load here; lock it again with --glibc {node_glibc} (the oldest of the fleet's)")
+    return None

@@ -42,6 +42,7 @@ from ascend_fleet.per_run import once_per_run
 from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
 from ascend_fleet.profile import Profile
 from ascend_fleet.profile_check import Indexes
+from ascend_fleet.profile_lock import glibc_problem, node_lock
 from ascend_fleet.stack_platform import platform_problem
 from ascend_fleet.stages.context import host_arch, host_release, node_profile, pip_index_url, python_packages
 from ascend_fleet.stages.platform import npu_problem
@@ -240,6 +241,10 @@ def preflight_stage() -> None:
                  find_problem=lambda: platform_problem(profile, host_arch(), host.get_fact(Glibc),
                                                        pip_index_url(profile),
                                                        once_per_run(host.state, "pip indexes", Indexes)))
+    lock = node_lock(profile, host_arch(), profile.stack.python, config.pip_locks_path)
+    if lock:
+        gates.passed(name="The lock's wheels load here", description=f"{lock.name} was locked for this glibc or "
+                     "an older one", find_problem=lambda: glibc_problem(lock, host.get_fact(Glibc)))
     gates.passed(name="Local NVMe mounted, room for the weights",
                  description=f"{config.nvme_mount} mounted, room for {config.model.id}@{config.model.revision}",
                  find_problem=lambda: nvme_problem(config))

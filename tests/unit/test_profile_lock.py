@@ -21,9 +21,11 @@ from ascend_fleet.profile_lock import (
     LOCKS_DIR,
     Dist,
     complaint_overrides,
+    glibc_problem,
     lock_path,
     lock_profile,
     lock_verdicts,
+    node_lock,
     pip_check,
     read_lock,
 )
@@ -118,3 +120,11 @@ def test_from_a_bundle_every_step_takes_the_one_index_the_site_serves_builds_inc
     assert steps[1] == PipRemoval(["triton"])
     assert steps[3].from_index and steps[3].file == build.file and steps[3].sha256 == build.sha256
     assert all(not step.extra_index_urls for step in steps if not isinstance(step, PipRemoval))
+
+
+def test_a_lock_for_a_newer_glibc_than_the_nodes_is_refused_naming_the_option_that_fixes_it():
+    lock = node_lock(load_profile(LOCKED), "aarch64", "3.11")
+    assert glibc_problem(lock, "2.35") is None and glibc_problem(lock, "2.38") is None
+    assert glibc_problem(lock, "2.34") == (
+        "vllm-ascend-0.18.0.aarch64-py3.11.txt was locked for glibc 2.35 and this node has 2.34: its wheels may "
+        "not load here; lock it again with --glibc 2.34 (the oldest of the fleet's)")
