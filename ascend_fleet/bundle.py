@@ -15,12 +15,16 @@ Made on a machine that reaches the indexes. For each profile the workers run and
   weights already on disk (a hub cannot be reached from where a bundle is made for an offline site);
 - `bundle-manifest.json`: every file above with its sha256, and the platforms the bundle serves.
 
-A rerun downloads only what is missing. Not in a bundle yet: OS packages and the control machine's own
-install (see the README's offline section).
+- `control/`: the control machine's own install, ascend-fleet (a wheel of this checkout) and its
+  dependencies for this machine's platform: `pip install --no-index --find-links control/ ascend-fleet`
+  on a control machine inside the site;
+
+A rerun downloads only what is missing. Not in a bundle yet: OS packages (see the README's offline section).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import requests
 
-from ascend_fleet import FILES
+from ascend_fleet import FILES, PROJECT_ROOT
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.hostdata import Model, NodeConfig
@@ -48,6 +52,7 @@ MANIFEST = "bundle-manifest.json"
 LOCKS_DIR = "locks"
 VENDOR_DIR = "files"
 MODELS_DIR = "models"
+CONTROL_DIR = "control"
 DOWNLOAD_TIMEOUT = 3600  # seconds for one pip download of a lock's files (GBs for a vLLM stack)
 
 
@@ -94,8 +99,9 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     model_dirs: weights already on disk (each with its ascend-fleet manifest, or the fleet's one model)."""
     workers = worker_configs(inventory, override_data)
     chosen = targets(workers, arches)
-    for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR):
+    for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR):
         (out / sub).mkdir(parents=True, exist_ok=True)
+    bundle_control_install(out / CONTROL_DIR, progress)
     platforms = []
     for target in chosen:
         lock = bundle_lock(target, out, progress)
@@ -131,6 +137,25 @@ def bundle_lock(target: Target, out: Path, progress: Callable[[str], None]) -> s
         text = found.text
     (out / LOCKS_DIR / name).write_text(text)
     return name
+
+
+def bundle_control_install(control: Path, progress: Callable[[str], None]) -> None:
+    """ascend-fleet, built from this checkout, and the wheels of its dependencies (no extra: `tune`'s chart is
+    optional) for this machine's platform, into control/."""
+    if not (PROJECT_ROOT / "pyproject.toml").exists():
+        raise FleetError(f"bundle: {PROJECT_ROOT} is not an ascend-fleet checkout: the control machine's install "
+                         "is built from one")
+    progress("the control machine's install: ascend-fleet and its dependencies")
+    requirements = [line for line in importlib.metadata.requires("ascend-fleet") or [] if "extra ==" not in line]
+    for command, *arguments in (["wheel", "--no-deps", "--wheel-dir", str(control), str(PROJECT_ROOT)],
+                                ["download", "--only-binary", ":all:", "--dest", str(control), *requirements]):
+        result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", command,
+                                 *arguments], capture_output=True, text=True, env=pip_environment(dict(os.environ)),
+                                timeout=DOWNLOAD_TIMEOUT)
+        if result.returncode != 0:
+            errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+            raise FleetError(f"bundle: the control machine's install: `pip {command}` failed: "
+                             f"{(errors or [result.stderr[-300:]])[0]}")
 
 
 def index_urls(target: Target) -> list[str]:
@@ -288,7 +313,7 @@ def fetch_model(model: Model, target: Path, progress: Callable[[str], None]) -> 
 def current_files(out: Path) -> dict[str, str]:
     """Every file the bundle carries, by its path in the bundle, with its sha256."""
     return {path.relative_to(out).as_posix(): file_sha256(path)
-            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR, MODELS_DIR)
+            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR)
             for path in sorted((out / sub).rglob("*")) if path.is_file() and not path.name.startswith(".")}
 
 

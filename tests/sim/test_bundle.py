@@ -5,7 +5,10 @@ a rerun fetches nothing again; a node arch the bundle lacks is refused in one li
 from __future__ import annotations
 
 import functools
+import os
 import shutil
+import subprocess
+import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +23,7 @@ from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model
 from ascend_fleet.model_tree import read_manifest
 from ascend_fleet.package_index import file_sha256, write_simple_index
 from ascend_fleet.profile import load_profile
+from ascend_fleet.profile_check import pip_environment
 
 pytestmark = pytest.mark.network  # the lab mirror's real wheels come from PyPI once (the wheelhouse cache)
 
@@ -78,6 +82,19 @@ def test_the_bundle_holds_the_lock_its_files_and_the_vendor_packages_with_a_mani
     manifest = read_manifest(model)
     assert manifest["model_id"] == "lab/Qwen3-Tiny" and manifest["files"]
     assert all(file_sha256(model / name) == entry["sha256"] for name, entry in manifest["files"].items())
+
+
+def test_the_control_machines_install_goes_in_and_installs_without_an_index(bundled, tmp_path):
+    _, out, _ = bundled
+    venv = tmp_path / "control"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--find-links",
+                                str(out / "control"), "ascend-fleet"], capture_output=True, text=True,
+                               env=pip_environment(dict(os.environ)), timeout=600)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    version = subprocess.run([str(venv / "bin" / "ascend-fleet"), "--version"], capture_output=True, text=True)
+    assert version.stdout.startswith("ascend-fleet "), version.stderr
+    assert not any(p.name.startswith("matplotlib-") for p in (out / "control").iterdir())  # optional: not carried
 
 
 def test_a_rerun_fetches_nothing_again(bundled):
