@@ -317,6 +317,8 @@ class NodeConfig(_Strict):
                                           "installs from <profile>.<arch>-py<python>.txt there, else from the "
                                           "profile's committed lock, else step by step; relative to where "
                                           "pyinfra runs")
+    site_mirror_port: Port = Field(8070, description="group mirror: where its nginx serves the bundle to the "
+                                   "fleet (deploys/mirror.py)")
     bundle_dir: OneLine | None = Field(None, description="a bundle (`ascend-fleet bundle`) on the control machine "
                                        "this site installs from: preflight checks every file against its "
                                        "manifest and that it serves the node's arch and Python, before any "

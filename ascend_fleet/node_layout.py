@@ -57,6 +57,8 @@ NGINX_CONF_DIR = "/etc/nginx/conf.d"
 GATEWAY_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet.conf"
 NGINX_STATUS_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-status.conf"
 PEER_SERVER_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-weights.conf"
+SITE_MIRROR_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-site-mirror.conf"
+SITE_MIRROR_ROOT = "/var/lib/ascend-fleet-site-mirror"  # the site's bundle (bundle.py), served to the fleet
 PEER_SERVER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"  # every file peers fetched from the node
 NGINX_ERROR_LOG = "/var/log/nginx/error.log"
 

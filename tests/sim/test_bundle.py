@@ -7,13 +7,16 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
@@ -24,6 +27,7 @@ from ascend_fleet.model_tree import read_manifest
 from ascend_fleet.package_index import file_sha256, write_simple_index
 from ascend_fleet.profile import load_profile
 from ascend_fleet.profile_check import pip_environment
+from ascend_fleet.stages.mirror import render_site_mirror_config
 
 pytestmark = pytest.mark.network  # the lab mirror's real wheels come from PyPI once (the wheelhouse cache)
 
@@ -147,3 +151,40 @@ def test_a_node_arch_the_bundle_lacks_is_refused_in_one_line(bundled):
     line = coverage_refusal(out, "lab", "aarch64", "3.11")
     assert line == (f"bundle {out} has no lab for aarch64 Python 3.11 (it has lab x86_64 Python 3.11); make it "
                     f"with `ascend-fleet bundle INVENTORY --out {out} --arch aarch64` where the indexes answer")
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is installed by scripts/setup (the lab's mirror)")
+def test_the_site_mirrors_nginx_serves_the_bundle_as_pip_reads_it(bundled, tmp_path):
+    """What the mirror stage serves (its nginx config over the bundle): pip takes every file of the lock from
+    it, each checked against the lock's sha256, and nothing else answers."""
+    _, out, _ = bundled
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "site.conf").write_text(render_site_mirror_config(port, str(out)).replace(
+        f"listen {port};", f"listen 127.0.0.1:{port};"))
+    # Its workers as this user: pytest's folders are its own (on a node the bundle's files are world-readable).
+    user = "user root; " if os.geteuid() == 0 else ""
+    (tmp_path / "nginx.conf").write_text(f"{user}pid {tmp_path}/nginx.pid; error_log stderr; daemon off; events {{}}\n"
+                                         f"http {{ access_log off; include {tmp_path}/site.conf; }}\n")
+    nginx = subprocess.Popen(["nginx", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                             stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                if requests.get(f"{url}/simple/", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                                  "-r", str(out / "locks" / "lab.x86_64-py3.11.txt"), "--dest", str(tmp_path / "got"),
+                                  "--index-url", f"{url}/simple"], capture_output=True, text=True,
+                                 env=pip_environment(dict(os.environ)), timeout=600)
+        assert fetched.returncode == 0, fetched.stderr[-2000:]
+        assert requests.get(f"{url}/models/lab/Qwen3-Tiny/v1/ascend-fleet-manifest.json", timeout=5).ok
+        assert requests.get(f"{url}/{MANIFEST}", timeout=5).ok
+        assert requests.get(f"{url}/packages/", timeout=5).status_code == 403  # no listings but the index
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=30)
