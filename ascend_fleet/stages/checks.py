@@ -226,8 +226,9 @@ def preflight_stage() -> None:
         arch = host_arch()
         check_known_issues(profile, arch)
         if config.bundle_dir:
-            check_bundle(config, profile, arch)
-        check_vendor_files(profile, arch)
+            check_bundle(config, profile, arch)  # its files/ holds the vendor packages, as the profile pins them
+        else:
+            check_vendor_files(profile, arch)
         # First: a node refused below, or one whose instance died since the last run, routes nothing new.
         served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",
                                         why="found down", fleet_state_dir=config.fleet_state_dir,

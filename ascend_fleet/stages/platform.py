@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
 from ascend_fleet import FILES
+from ascend_fleet.bundle import VENDOR_DIR
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
@@ -30,7 +33,10 @@ def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
     if any(spreads.values()):
         peer_server(host_node_config(host))
     for name, spread in spreads.items():
-        if profile.packages.source == "mirror":
+        bundle_dir = host_node_config(host).bundle_dir
+        if bundle_dir:  # the site's bundle holds every package, checked against the profile when it was made
+            source = {"local_path": str(Path(bundle_dir) / VENDOR_DIR / name)}
+        elif profile.packages.source == "mirror":
             source = {"url": f"{host.data.vendor_mirror_url}/{name}"}
         else:
             source = {"local_path": str(FILES / name)}
