@@ -46,7 +46,7 @@ def check(
     if as_json:
         console.print_json(json.dumps({**result.as_dict(), "locks": locks}))
     else:
-        for line in [*result.lines(), *locks]:
+        for line in [*locks, *result.lines()]:  # each platform's summary last, as before
             console.print(line, markup=False)
     return 1 if result.problem_count or lock_problem_count else 0
 

@@ -347,20 +347,21 @@ def lock_problems(profile: Profile, platform: Platform, path: Path) -> list[str]
 
 def lock_verdicts(profile: Profile, platforms: list[Platform]) -> tuple[list[str], int]:
     """One line per platform on its committed lock, and how many of them are problems: a lock that is not
-    the profile's is one; a platform with no lock is not (a profile whose indexes do not answer cannot lock)."""
+    the profile's is one; a lock that is, or no lock, is a note (a profile whose indexes do not answer
+    cannot lock)."""
     lines, problems = [], 0
     for platform in platforms:
         path = lock_path(profile.name, platform)
         if not path.exists():
-            lines.append(f"{profile.name} {platform}: no lock ({path.name}); `ascend-fleet profile lock "
+            lines.append(f"{profile.name} {platform}: note: no lock ({path.name}); `ascend-fleet profile lock "
                          f"{profile.name} --arch {platform.arch} --python {platform.python}` writes one")
             continue
         found = lock_problems(profile, platform, path)
         problems += len(found)
         pinned = len(read_lock(path)[1])
         lines += [f"{profile.name} {platform}: lock {line}" for line in found] or \
-            [f"{profile.name} {platform}: lock {path.name} accepted: {pinned} packages, each hashed, made from "
-             "this profile, meeting every step's pins"]
+            [f"{profile.name} {platform}: note: lock {path.name} accepted: {pinned} packages, each hashed, made "
+             "from this profile, meeting every step's pins"]
     return lines, problems
 
 

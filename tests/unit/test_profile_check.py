@@ -306,6 +306,14 @@ def test_each_real_profile_resolves_on_pypi_but_for_what_it_takes_from_its_other
 
 
 @pytest.mark.network  # PyPI's index
+def test_the_committed_lock_of_0_18_0_on_aarch64_is_accepted_and_the_platforms_summary_stays_last(checked):
+    lines = checked["vllm-ascend-0.18.0"].stdout.splitlines()
+    assert ("vllm-ascend-0.18.0 aarch64 Python 3.11 glibc 2.35: note: lock vllm-ascend-0.18.0.aarch64-py3.11.txt "
+            "accepted: 193 packages, each hashed, made from this profile, meeting every step's pins") in lines
+    assert SUMMARY.match(lines[-1]) and ": note: " not in lines[-1]
+
+
+@pytest.mark.network  # PyPI's index
 def test_the_handbook_says_why_it_cannot_install(checked):
     run = checked["handbook"]
     assert run.returncode == 1
