@@ -34,6 +34,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
@@ -176,7 +177,10 @@ def download_locked(target: Target, lock: Path, progress: Callable[[str], None])
             "--require-hashes", "-r", str(lock), "--dest", str(lock.parent.parent / PACKAGES_DIR),
             "--implementation", "cp", "--python-version", platform.python, "--abi", platform.abi,
             *(f"--platform={tag}" for tag in platform.platform_tags), "--index-url", urls[0],
-            *(option for url in urls[1:] for option in ("--extra-index-url", url))]
+            *(option for url in urls[1:] for option in ("--extra-index-url", url)),
+            # pip ignores a plain-http index (a site's or the lab's mirror) unless its host is trusted.
+            *(option for url in urls if url.startswith("http://")
+              for option in ("--trusted-host", urlsplit(url).hostname or url))]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, env=pip_environment(dict(os.environ)),
                                 timeout=DOWNLOAD_TIMEOUT)
