@@ -46,7 +46,7 @@ from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manif
 from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.package_index import PACKAGES_DIR, SIMPLE_DIR, file_sha256, write_simple_index
 from ascend_fleet.profile import PipBuild, Profile, load_profile
-from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform, pip_environment
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, pip_environment
 from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
 
 MANIFEST = "bundle-manifest.json"
@@ -130,9 +130,7 @@ def bundle_lock(target: Target, out: Path, progress: Callable[[str], None]) -> s
     found = node_lock(target.profile, target.arch, target.profile.stack.python, target.config.pip_locks_path)
     if found is None:
         progress(f"{target}: no lock yet, locking it (`ascend-fleet profile lock`)")
-        index = target.profile.pip.index_url or target.config.pip_index_url
-        indexes = [index, *target.profile.pip.extra_index_urls] if index else None
-        made = lock_profile(target.profile, target.platform, indexes, progress)
+        made = lock_profile(target.profile, target.platform, index_urls(target), progress)
         text = made.text
     else:
         text = found.text
@@ -205,12 +203,11 @@ def fetch_build(target: Target, build: PipBuild, packages: Path, progress: Calla
     if dest.exists() and file_sha256(dest) == build.sha256:
         return
     if build.from_index:
-        page = f"{index_urls(target)[0].rstrip('/')}/{build.name}/"
-        url = next((line.split('href="', 1)[1].split('"', 1)[0] for line in requests.get(page, timeout=60).text
-                    .splitlines() if build.file in line and 'href="' in line), None)
-        if url is None:
-            raise FleetError(f"bundle: {target}: {page} does not list {build.file}")
-        url = requests.compat.urljoin(page, url)
+        index = index_urls(target)[0]
+        listed = next((f for f in Indexes().files(index, build.name) if f.filename == build.file), None)
+        if listed is None:
+            raise FleetError(f"bundle: {target}: {index} does not list {build.file}")
+        url = listed.url
     else:
         url = build.url
     progress(f"{target}: fetching {build.file}")
