@@ -15,11 +15,13 @@ Made on a machine that reaches the indexes. For each profile the workers run and
   weights already on disk (a hub cannot be reached from where a bundle is made for an offline site);
 - `bundle-manifest.json`: every file above with its sha256, and the platforms the bundle serves.
 
+- `os/<release>-<arch>/`: for each release `--os` names, the OS packages every stage installs, with their
+  dependencies, as a repository the nodes' apt reads (os_repository.py);
 - `control/`: the control machine's own install, ascend-fleet (a wheel of this checkout) and its
   dependencies for this machine's platform: `pip install --no-index --find-links control/ ascend-fleet`
   on a control machine inside the site;
 
-A rerun downloads only what is missing. Not in a bundle yet: OS packages (see the README's offline section).
+A rerun downloads only what is missing. Not in a bundle yet: dnf repositories (openEuler).
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.hostdata import Model, NodeConfig
 from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
 from ascend_fleet.node_layout import MANIFEST_NAME
+from ascend_fleet.node_os import NodeOs
+from ascend_fleet.os_repository import (
+    DEFAULT_ARCHIVES,
+    MIRROR_GROUP,
+    OS_DIR,
+    build_apt_repository,
+    fleet_packages,
+    repository_name,
+    served_release,
+)
 from ascend_fleet.package_index import PACKAGES_DIR, SIMPLE_DIR, file_sha256, write_simple_index
 from ascend_fleet.profile import PipBuild, Profile, load_profile
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, pip_environment
@@ -73,9 +85,8 @@ class Target:
         return f"{self.profile.name} {self.arch} Python {self.profile.stack.python}"
 
 
-def worker_configs(inventory: Path, override_data: dict | None = None) -> list[NodeConfig]:
-    workers = [config for config in fleet_node_configs(load_inventory(inventory, override_data=override_data))
-               if config.is_worker]
+def worker_configs(configs: list[NodeConfig], inventory: Path) -> list[NodeConfig]:
+    workers = [config for config in configs if config.is_worker]
     if not workers:
         raise FleetError(f"bundle: {inventory} has no worker (a host with npu_count): nothing to bundle")
     return workers
@@ -95,11 +106,16 @@ def targets(workers: list[NodeConfig], arches: list[str] | None) -> list[Target]
 
 def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
                  progress: Callable[[str], None] = print, override_data: dict | None = None,
-                 model_dirs: list[Path] = ()) -> dict:
+                 model_dirs: list[Path] = (), os_releases: list[str] = (), os_mirror: str | None = None) -> dict:
     """Make (or complete) the bundle in out; returns its manifest. override_data: as pyinfra's --data;
-    model_dirs: weights already on disk (each with its ascend-fleet manifest, or the fleet's one model)."""
-    workers = worker_configs(inventory, override_data)
+    model_dirs: weights already on disk (each with its ascend-fleet manifest, or the fleet's one model);
+    os_releases: the releases the nodes run ("Debian 12"), os_mirror: their archive (default: the
+    distribution's own)."""
+    inventory_data = load_inventory(inventory, override_data=override_data)
+    configs = fleet_node_configs(inventory_data)
+    workers = worker_configs(configs, inventory)
     chosen = targets(workers, arches)
+    releases = [served_release(name) for name in os_releases]
     for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR):
         (out / sub).mkdir(parents=True, exist_ok=True)
     bundle_control_install(out / CONTROL_DIR, progress)
@@ -114,14 +130,34 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
                           "python": target.profile.stack.python, "lock": f"{LOCKS_DIR}/{lock}"})
     bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
+    mirror_hosts = bool(inventory_data.groups.get(MIRROR_GROUP))
+    repositories = [bundle_os(known, arch, configs, mirror_hosts, os_mirror, out, progress)
+                    for known in releases for arch in dict.fromkeys(target.arch for target in chosen)]
     progress("hashing every file for the manifest")
-    manifest = {"platforms": platforms, "files": current_files(out)}
+    manifest = {"platforms": platforms, "os": repositories, "files": current_files(out)}
     partial = out / f".{MANIFEST}.{os.getpid()}"
     partial.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     os.replace(partial, out / MANIFEST)
     size = sum((out / name).stat().st_size for name in manifest["files"])
     progress(f"{out}: {len(manifest['files'])} files, {size / 1e6:.1f} MB, for {', '.join(map(str, chosen))}")
     return manifest
+
+
+def bundle_os(known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts: bool, os_mirror: str | None,
+              out: Path, progress: Callable[[str], None]) -> dict:
+    """The release's OS packages for every role of the fleet, on arch, as out/os/<release>-<arch>/."""
+    if known.package_manager != "apt":
+        raise FleetError(f"bundle: --os {known.name!r}: a bundle holds apt repositories only so far (not "
+                         f"{known.package_manager}); its nodes install from the site's own {known.package_manager} "
+                         "mirror without a bundle")
+    archive = os_mirror or DEFAULT_ARCHIVES.get(known.distribution)
+    if archive is None:
+        raise FleetError(f"bundle: --os {known.name!r}: give its archive with --os-mirror URL")
+    name = repository_name(known, arch)
+    build_apt_repository(out / OS_DIR / name, known, arch, archive.rstrip("/"),
+                         fleet_packages(known, configs, mirror_hosts), progress)
+    return {"distribution": known.distribution, "release": known.release, "arch": arch,
+            "repository": f"{OS_DIR}/{name}"}
 
 
 def bundle_lock(target: Target, out: Path, progress: Callable[[str], None]) -> str:
@@ -314,7 +350,7 @@ def fetch_model(model: Model, target: Path, progress: Callable[[str], None]) -> 
 def current_files(out: Path) -> dict[str, str]:
     """Every file the bundle carries, by its path in the bundle, with its sha256."""
     return {path.relative_to(out).as_posix(): file_sha256(path)
-            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR)
+            for sub in (LOCKS_DIR, PACKAGES_DIR, SIMPLE_DIR, VENDOR_DIR, MODELS_DIR, OS_DIR, CONTROL_DIR)
             for path in sorted((out / sub).rglob("*")) if path.is_file() and not path.name.startswith(".")}
 
 
@@ -336,6 +372,20 @@ def platforms_of(out: Path) -> list[dict]:
     return json.loads((out / MANIFEST).read_text())["platforms"]
 
 
+def os_coverage_refusal(out: Path, known: NodeOs, arch: str) -> str | None:
+    """Why the bundle has no OS packages for a node of this release and arch, or None."""
+    served = json.loads((out / MANIFEST).read_text()).get("os", [])
+    if any((r["distribution"], r["release"], r["arch"]) == (known.distribution, known.release, arch) for r in served):
+        return None
+    has = ", ".join(f"{r['distribution']} {r['release']} {r['arch']}" for r in served) or "none"
+    if known.package_manager != "apt":
+        return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}): a bundle holds apt "
+                "repositories only so far; deploy this node without bundle_dir, from the site's "
+                f"{known.package_manager} and pip mirrors")
+    return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with "
+            f"`ascend-fleet bundle INVENTORY --out {out} --os '{known.name}' --arch {arch}` where the archive answers")
+
+
 def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | None:
     """Why the bundle cannot serve a node of this profile, arch and Python, or None."""
     served = platforms_of(out)
@@ -344,3 +394,8 @@ def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | N
     has = ", ".join(f"{p['profile']} {p['arch']} Python {p['python']}" for p in served) or "nothing"
     return (f"bundle {out} has no {profile} for {arch} Python {python} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch}` where the indexes answer")
+
+
+def bundle_file_sha256(out: Path, name: str) -> str:
+    """A file's sha256 as the bundle's manifest lists it (the file was checked against it at preflight)."""
+    return json.loads((out / MANIFEST).read_text())["files"][name]

@@ -394,11 +394,16 @@ class NodeConfig(_Strict):
             return {**data, "model": {**model, "url": mirror.rstrip("/")}}
         return data
 
+    @property
+    def bundle_url(self) -> str | None:
+        """Where the site serves the bundle: pip_index_url without its /simple."""
+        return self.pip_index_url.rstrip("/").removesuffix("/simple") if self.bundle_dir else None
+
     @model_validator(mode="after")
     def _a_bundle_is_served_by_the_site(self) -> NodeConfig:
-        if self.bundle_dir and not self.pip_index_url:
-            raise ValueError("bundle_dir needs pip_index_url: where the site serves the bundle's simple/ index "
-                             "(the nodes install every package from it)")
+        if self.bundle_dir and not (self.pip_index_url or "").rstrip("/").endswith("/simple"):
+            raise ValueError("bundle_dir needs pip_index_url http://MIRROR:PORT/simple: where the site serves the "
+                             "bundle's simple/ index (the nodes install every package from that mirror)")
         return self
 
     @field_validator("npu_env", mode="before")

@@ -31,6 +31,7 @@ class NodeOs:
     distribution: str  # as pyinfra's LinuxDistribution fact names it (os-release NAME, shortened)
     release: str  # os-release VERSION_ID
     package_manager: str  # apt or dnf
+    codename: str | None  # os-release VERSION_CODENAME: the archive's suite (apt), else None
     system_python: str  # major.minor of the release's python3
     default_firewall: str | None  # the firewall daemon a fresh install runs, or None
     nftables: str | None
@@ -59,10 +60,10 @@ class NodeOs:
         return ["python3"]  # openEuler's python3 carries the venv module and ensurepip
 
 
-def _debian(distribution: str, release: str, python: str) -> NodeOs:
+def _debian(distribution: str, release: str, codename: str, python: str) -> NodeOs:
     """Debian and Ubuntu: the packages the tool was built and tested with (Debian 12)."""
     return NodeOs(
-        distribution=distribution, release=release, package_manager="apt", system_python=python,
+        distribution=distribution, release=release, package_manager="apt", codename=codename, system_python=python,
         default_firewall=None, nftables="nftables", nginx="nginx-light",
         nginx_default_site="/etc/nginx/sites-enabled/default",
         node_exporter=Service("prometheus-node-exporter", "prometheus-node-exporter"),
@@ -76,13 +77,13 @@ def _debian(distribution: str, release: str, python: str) -> NodeOs:
 
 
 SERVED = (
-    _debian("Debian", "11", "3.9"),
-    _debian("Debian", "12", "3.11"),
-    _debian("Debian", "13", "3.13"),
-    _debian("Ubuntu", "22.04", "3.10"),
-    _debian("Ubuntu", "24.04", "3.12"),
+    _debian("Debian", "11", "bullseye", "3.9"),
+    _debian("Debian", "12", "bookworm", "3.11"),
+    _debian("Debian", "13", "trixie", "3.13"),
+    _debian("Ubuntu", "22.04", "jammy", "3.10"),
+    _debian("Ubuntu", "24.04", "noble", "3.12"),
     NodeOs(
-        distribution="openEuler", release="24.03", package_manager="dnf", system_python="3.11",
+        distribution="openEuler", release="24.03", package_manager="dnf", codename=None, system_python="3.11",
         default_firewall="firewalld", nftables="nftables", nginx="nginx",
         nginx_default_site=None,  # its default server is in nginx.conf itself, on port 80
         node_exporter=Service("node_exporter", "node_exporter"), node_exporter_args_file=None,

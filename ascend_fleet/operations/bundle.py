@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
@@ -30,3 +32,28 @@ def served(bundle: Path, dest: str):
     for name in json.loads(manifest.read_text())["files"]:
         yield from files.put._inner(src=str(bundle / name), dest=f"{dest}/{name}", mode="0644")
     yield from files.put._inner(src=str(manifest), dest=f"{dest}/{MANIFEST}", mode="0644")
+
+
+@operation()
+def apt_repository(source: str, path: str):
+    """
+    The bundle's OS repository in the host's apt sources, its lists read when the source is new or changed
+    (a new bundle changes the Release digest the source carries). The lists are read from the source alone
+    (an offline site's other sources do not answer) before it goes in place, so a failed read leaves nothing
+    that a rerun would take for done.
+
+    + source: the sources.list lines (templates/bundle-apt-source.list.j2)
+    + path: where they go (node_layout.BUNDLE_APT_SOURCE)
+    """
+    if host.get_fact(Sha256File, path=path) == hashlib.sha256(source.encode()).hexdigest():
+        host.noop(f"{path} is the bundle's and its lists are read")
+        return
+    staged = f"{path}.new"
+    yield from files.put._inner(src=StringIO(source), dest=staged, mode="0644")
+    yield StringCommand("apt-get", "-q", "update", *only_source(staged))
+    yield StringCommand("mv", "-f", QuoteString(staged), QuoteString(path))
+
+
+def only_source(path: str) -> list[str]:
+    """apt options that read this sources file and no other."""
+    return [f"-oDir::Etc::sourcelist={path}", "-oDir::Etc::sourceparts=-", "-oAPT::Get::List-Cleanup=0"]

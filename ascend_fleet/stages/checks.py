@@ -19,7 +19,7 @@ from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
 from pyinfra.facts.server import Command
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle import coverage_refusal, verify_bundle
+from ascend_fleet.bundle import coverage_refusal, os_coverage_refusal, verify_bundle
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.systemd import UnitState
@@ -44,7 +44,14 @@ from ascend_fleet.profile import Profile
 from ascend_fleet.profile_check import Indexes
 from ascend_fleet.profile_lock import glibc_problem, node_lock
 from ascend_fleet.stack_platform import platform_problem
-from ascend_fleet.stages.context import host_arch, host_release, node_profile, pip_index_url, python_packages
+from ascend_fleet.stages.context import (
+    host_arch,
+    host_os,
+    host_release,
+    node_profile,
+    pip_index_url,
+    python_packages,
+)
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
 from ascend_fleet.stages.serving import instance_problem, still_serving
@@ -197,15 +204,19 @@ def foreign_device_holders() -> str | None:
     return None
 
 
-def check_bundle(config: NodeConfig, profile: Profile, arch: str) -> None:
-    """The site's bundle is as its manifest lists it (checked once per run) and serves this node's arch and
-    Python: refused here, before any host changes."""
+def check_bundle(config: NodeConfig, profile: Profile) -> None:
+    """The site's bundle is as its manifest lists it (checked once per run) and serves this node's release
+    and arch (its OS packages) and, on a worker, its Python: refused here, before any host changes."""
     bundle = Path(config.bundle_dir)
     problems = once_per_run(host.state, f"bundle {bundle}", lambda: verify_bundle(bundle))
     if problems:
         more = f" (and {len(problems) - 1} more: `ascend-fleet bundle verify {bundle}`)" if len(problems) > 1 else ""
         raise FleetError(f"{host.name}: {problems[0]}{more}; make the bundle again where the indexes answer")
-    if refusal := coverage_refusal(bundle, profile.name, arch, profile.stack.python):
+    arch = host_arch()
+    refusal = os_coverage_refusal(bundle, host_os(), arch)
+    if config.is_worker:
+        refusal = coverage_refusal(bundle, profile.name, arch, profile.stack.python) or refusal
+    if refusal:
         raise FleetError(f"{host.name}: {refusal}")
 
 
@@ -222,12 +233,12 @@ def preflight_stage() -> None:
     config = host_node_config(host)
     check_fleet_plan_once()
     check_release(profile, config)
+    if config.bundle_dir:
+        check_bundle(config, profile)  # its files/ holds the vendor packages, as the profile pins them
     if config.is_worker:
         arch = host_arch()
         check_known_issues(profile, arch)
-        if config.bundle_dir:
-            check_bundle(config, profile, arch)  # its files/ holds the vendor packages, as the profile pins them
-        else:
+        if not config.bundle_dir:
             check_vendor_files(profile, arch)
         # First: a node refused below, or one whose instance died since the last run, routes nothing new.
         served.instances_out_of_service(name="Instances down since the last run out of the gateway's record",

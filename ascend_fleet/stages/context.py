@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyinfra import host, inventory
 from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, dnf, files
 
+from ascend_fleet import TEMPLATES
+from ascend_fleet.bundle import bundle_file_sha256
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
 from ascend_fleet.node_os import NodeOs, node_os, not_served
+from ascend_fleet.operations import bundle
+from ascend_fleet.operations.bundle import only_source
+from ascend_fleet.os_repository import MIRROR_GROUP, OS_DIR, repository_name
 from ascend_fleet.per_run import fact_of_the_run, once_per_run
 from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.templating import render
 
 
 def node_profile() -> Profile:
@@ -66,8 +75,13 @@ def host_os() -> NodeOs:
 
 
 def os_packages(name: str, packages: list[str]) -> None:
-    """Install packages with the host's package manager (apt: no recommends, its lists at most an hour old)."""
-    if host_os().package_manager == "apt":
+    """Install packages with the host's package manager (apt: no recommends, its lists at most an hour old);
+    with a bundle (bundle_dir), from the bundle's repository alone."""
+    known = host_os()
+    if host_node_config(host).bundle_dir and known.package_manager == "apt":
+        apt.packages(name=name, packages=packages, no_recommends=True,
+                     extra_install_args=" ".join(bundle_apt_source(known)))
+    elif known.package_manager == "apt":
         # The run's first install on the host brings the lists up to date; the later ones would
         # read the same lists' age again (two round trips each).
         refreshed = once_per_run(host.state, "hosts whose apt lists are brought up to date", set)
@@ -76,6 +90,23 @@ def os_packages(name: str, packages: list[str]) -> None:
         apt.packages(name=name, packages=packages, no_recommends=True, update=first, cache_time=3600 if first else None)
     else:
         dnf.packages(name=name, packages=packages)
+
+
+def bundle_apt_source(known: NodeOs) -> list[str]:
+    """The bundle's repository for this host's release and arch as its apt source (once a run), and the
+    options that install from it alone. A host of group mirror reads its own copy of the bundle."""
+    config = host_node_config(host)
+
+    def put_in_place() -> list[str]:
+        name = repository_name(known, host_arch())
+        url = (f"file:{SITE_MIRROR_ROOT}/{OS_DIR}/{name}" if MIRROR_GROUP in host.groups
+               else f"{config.bundle_url}/{OS_DIR}/{name}")
+        release = bundle_file_sha256(Path(config.bundle_dir), f"{OS_DIR}/{name}/Release")
+        source = render(TEMPLATES / "bundle-apt-source.list.j2", url=url, release_sha256=release)
+        bundle.apt_repository(name="The bundle's OS packages as an apt source", source=source,
+                              path=BUNDLE_APT_SOURCE)
+        return only_source(BUNDLE_APT_SOURCE)
+    return once_per_run(host.state, ("bundle apt source", host.name), put_in_place)
 
 
 def nginx_installed() -> None:

@@ -20,10 +20,9 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import SITE_MIRROR_CONFIG, SITE_MIRROR_ROOT
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.config import checked_config
+from ascend_fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.stages.context import nginx_installed
 from ascend_fleet.templating import render
-
-MIRROR_GROUP = "mirror"
 
 
 def render_site_mirror_config(port: int, root: str = SITE_MIRROR_ROOT) -> str:
@@ -38,8 +37,9 @@ def mirror_stage() -> None:
     if not config.bundle_dir:
         raise FleetError(f"{host.name}: in group {MIRROR_GROUP} without bundle_dir: give it the bundle it serves "
                          "(`ascend-fleet bundle`), or take it out of the group")
-    nginx_installed()
+    # First the copy: with a bundle, this host's nginx comes from the copy's OS packages.
     bundle.served(name="The site's bundle", bundle=Path(config.bundle_dir), dest=SITE_MIRROR_ROOT)
+    nginx_installed()
     checked_config(name="Site mirror config (nginx -t, then reload)", dest=SITE_MIRROR_CONFIG,
                    content=render_site_mirror_config(config.site_mirror_port), check="nginx -t", service="nginx",
                    what="site mirror config")

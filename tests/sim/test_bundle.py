@@ -1,6 +1,7 @@
 """`ascend-fleet bundle` of the example site with the lab's profile, against a copy of the lab's mirror on
-loopback: the lock, its files and the vendor packages in one folder; `bundle verify` names a changed byte;
-a rerun fetches nothing again; a node arch the bundle lacks is refused in one line."""
+loopback: the lock, its files, the vendor packages and Debian 12's OS packages (from Debian's archive) in one
+folder; `bundle verify` names a changed byte; a rerun fetches nothing again; a node arch or release the
+bundle lacks is refused in one line; the site mirror's nginx serves it to pip and to apt."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import requests
 from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, verify_bundle
+from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, os_coverage_refusal, verify_bundle
 from ascend_fleet.fleet_check import inventory_problems
 from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model, publish_vendor_files
 from ascend_fleet.model_tree import read_manifest
+from ascend_fleet.node_os import node_os
+from ascend_fleet.os_repository import DEB_ARCH
 from ascend_fleet.package_index import file_sha256, write_simple_index
 from ascend_fleet.profile import load_profile
 from ascend_fleet.profile_check import pip_environment
@@ -61,8 +64,31 @@ def bundled(mirror, tmp_path_factory) -> tuple[Path, Path, dict]:
             "model": {"id": "lab/Qwen3-Tiny", "revision": "v1", "source": "http"}, "model_mirror_url": mirror}
     out = site / "bundle"
     lines: list[str] = []
-    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lines.append, override_data=data)
+    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lines.append, override_data=data,
+                 os_releases=["Debian 12"])
     return site, out, data
+
+
+def apt_fetches(source: str, packages: list[str], state: Path) -> subprocess.CompletedProcess:
+    """A node's apt with nothing installed and this source alone: download packages with every dependency."""
+    (state / "lists" / "partial").mkdir(parents=True)
+    (state / "archives" / "partial").mkdir(parents=True)
+    (state / "status").touch()
+    (state / "sources.list").write_text(f"deb [trusted=yes] {source} ./\n")
+    options = [f"-oDir::State::Lists={state / 'lists'}", f"-oDir::State::status={state / 'status'}",
+               f"-oDir::Cache={state}", f"-oDir::Cache::archives={state / 'archives'}",
+               f"-oDir::Etc::sourcelist={state / 'sources.list'}", "-oDir::Etc::sourceparts=-",
+               f"-oAPT::Architecture={DEB_ARCH['x86_64']}", "-oDebug::NoLocking=1"]
+    updated = subprocess.run(["apt-get", "-q", *options, "update"], capture_output=True, text=True, timeout=300)
+    if updated.returncode:
+        return updated
+    return subprocess.run(["apt-get", "-q", "-y", *options, "install", "--download-only", "--no-install-recommends",
+                           *packages], capture_output=True, text=True, timeout=300)
+
+
+# What a worker and a gateway of the example site install on Debian 12 (node_os.py's names).
+DEBIAN_FLEET_PACKAGES = ["nginx-light", "nftables", "prometheus-node-exporter", "dkms", "gcc", "make", "pciutils",
+                         "net-tools", "python3.11", "python3.11-venv", "prometheus", "prometheus-nginx-exporter"]
 
 
 def test_the_bundle_holds_the_lock_its_files_and_the_vendor_packages_with_a_manifest(bundled):
@@ -101,11 +127,23 @@ def test_the_control_machines_install_goes_in_and_installs_without_an_index(bund
     assert not any(p.name.startswith("matplotlib-") for p in (out / "control").iterdir())  # optional: not carried
 
 
+def test_the_os_packages_of_every_role_install_from_the_bundle_alone(bundled, tmp_path):
+    """apt with the bundle's repository as its only source and nothing installed finds every package a
+    Debian 12 worker and gateway install, and every dependency of theirs."""
+    _, out, _ = bundled
+    fetched = apt_fetches(f"file:{out}/os/debian-12-x86_64", DEBIAN_FLEET_PACKAGES, tmp_path)
+    assert fetched.returncode == 0, fetched.stdout[-1500:] + fetched.stderr[-1500:]
+    assert {p.name for p in (tmp_path / "archives").glob("*.deb")} <= {
+        p.name for p in (out / "os" / "debian-12-x86_64").glob("*.deb")}
+
+
 def test_a_rerun_fetches_nothing_again(bundled):
     site, out, data = bundled
-    before = {path: path.stat().st_mtime_ns for path in (out / "packages").iterdir()}
-    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lambda line: None, override_data=data)
-    assert {path: path.stat().st_mtime_ns for path in (out / "packages").iterdir()} == before
+    carried = [*(out / "packages").iterdir(), *(out / "os" / "debian-12-x86_64").glob("*.deb")]
+    before = {path: path.stat().st_mtime_ns for path in carried}
+    build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lambda line: None, override_data=data,
+                 os_releases=["Debian 12"])
+    assert {path: path.stat().st_mtime_ns for path in carried} == before
     assert verify_bundle(out) == []
 
 
@@ -151,6 +189,13 @@ def test_a_node_arch_the_bundle_lacks_is_refused_in_one_line(bundled):
     line = coverage_refusal(out, "lab", "aarch64", "3.11")
     assert line == (f"bundle {out} has no lab for aarch64 Python 3.11 (it has lab x86_64 Python 3.11); make it "
                     f"with `ascend-fleet bundle INVENTORY --out {out} --arch aarch64` where the indexes answer")
+    assert os_coverage_refusal(out, node_os("Debian", "12"), "x86_64") is None
+    assert os_coverage_refusal(out, node_os("Debian", "13"), "x86_64") == (
+        f"bundle {out} has no OS packages for Debian 13 x86_64 (it has Debian 12 x86_64); make it with "
+        f"`ascend-fleet bundle INVENTORY --out {out} --os 'Debian 13' --arch x86_64` where the archive answers")
+    assert os_coverage_refusal(out, node_os("openEuler", "24.03"), "x86_64").endswith(
+        "a bundle holds apt repositories only so far; deploy this node without bundle_dir, from the site's dnf "
+        "and pip mirrors")
 
 
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is installed by scripts/setup (the lab's mirror)")
@@ -185,6 +230,8 @@ def test_the_site_mirrors_nginx_serves_the_bundle_as_pip_reads_it(bundled, tmp_p
         assert requests.get(f"{url}/models/lab/Qwen3-Tiny/v1/ascend-fleet-manifest.json", timeout=5).ok
         assert requests.get(f"{url}/{MANIFEST}", timeout=5).ok
         assert requests.get(f"{url}/packages/", timeout=5).status_code == 403  # no listings but the index
+        apt = apt_fetches(f"{url}/os/debian-12-x86_64", ["nginx-light", "nftables"], tmp_path / "apt")
+        assert apt.returncode == 0, apt.stdout[-1500:] + apt.stderr[-1500:]
     finally:
         nginx.terminate()
         nginx.wait(timeout=30)

@@ -342,9 +342,11 @@ def test_every_host_data_key_is_listed_under_an_unknown_one():
 
 
 def test_a_bundle_without_the_index_the_site_serves_it_at_is_refused_and_its_locks_are_the_default():
-    with pytest.raises(FleetError, match="worker1: data: bundle_dir needs pip_index_url: where the site serves"):
-        config(bundle_dir="bundle")
-    served = config(bundle_dir="bundle", pip_index_url="http://mirror.site:8070/simple")
+    for index in ({}, {"pip_index_url": "http://mirror.site:8070/pypi"}):
+        with pytest.raises(FleetError, match="worker1: data: bundle_dir needs pip_index_url http://MIRROR:PORT/simple"):
+            config(bundle_dir="bundle", **index)
+    served = config(bundle_dir="bundle", pip_index_url="http://mirror.site:8070/simple/")
     assert str(served.pip_locks_path) == "bundle/locks"
+    assert served.bundle_url == "http://mirror.site:8070"
     assert str(config(bundle_dir="bundle", pip_index_url="http://m/simple", pip_locks_dir="mine").pip_locks_path) \
         == "mine"

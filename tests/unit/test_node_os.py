@@ -4,18 +4,21 @@ preflight refuses, in one line, a release some stage of the node cannot serve.""
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.facts.server import Command, LinuxDistribution
+from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
 from ascend_fleet import stages
+from ascend_fleet.bundle import MANIFEST
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.node_layout import unit_file
+from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT, unit_file
 from ascend_fleet.node_os import node_os
 from ascend_fleet.operations import placed, units
+from ascend_fleet.os_repository import fleet_packages
 from ascend_fleet.profile import load_profile
 from ascend_fleet.stages import checks, context, firewall, monitoring, platform
 from tests.fakehost import FakeHost, commands, fact, on
@@ -42,8 +45,10 @@ def role(worker=True, gateway=False, instance_firewall=True) -> SimpleNamespace:
 class Recorder:
     """Every operation a stage calls, as (operation, its arguments), instead of running it."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, bundle_dir: str | None = None):
         self.calls: list[tuple[str, dict]] = []
+        monkeypatch.setattr(context, "host_node_config",
+                            lambda _host: SimpleNamespace(bundle_dir=bundle_dir, bundle_url="http://gateway:8070"))
         for module, names in ((context.apt, ["packages"]), (context.dnf, ["packages"]),
                               (context.files, ["put", "directory", "link", "file"]),
                               (monitoring.systemd, ["service", "daemon_reload"]),
@@ -196,3 +201,37 @@ def test_firewalld_left_running_with_the_instance_firewall_off_is_refused():
     assert refusal.startswith("firewalld runs and rejects the fleet's ports, and instance_firewall is false")
     with on(node(OPENEULER, firewalld="inactive")):
         assert checks.release_refusal(load_profile("lab"), role(instance_firewall=False)) is None
+
+
+def test_with_a_bundle_every_package_a_debian_worker_installs_comes_from_the_bundles_repository_alone(
+        monkeypatch, tmp_path):
+    """The bundle's repository (os_repository.fleet_packages) holds each package the stages install, and
+    with bundle_dir apt reads that repository alone: a site's other sources do not answer offline."""
+    bundle_dir = tmp_path / "bundle"
+    bundle_dir.mkdir()
+    release = "ab" * 32
+    (bundle_dir / MANIFEST).write_text(json.dumps({"files": {"os/debian-12-x86_64/Release": release}}))
+    recorder = Recorder(monkeypatch, bundle_dir=str(bundle_dir))
+    sources = []
+    monkeypatch.setattr(context.bundle, "apt_repository", lambda **arguments: sources.append(arguments))
+    for groups, url in (([], "http://gateway:8070/os/debian-12-x86_64"),
+                        (["mirror"], f"file:{SITE_MIRROR_ROOT}/os/debian-12-x86_64")):
+        recorder.calls.clear()
+        sources.clear()
+        fake = node(DEBIAN, firewalld="inactive", load="not-found")
+        fake.facts.update({Command: "no", Arch: "x86_64"})
+        fake.groups = groups
+        run_firewall_stage(monkeypatch, fake)
+        with on(fake):
+            platform.install_prerequisites()
+            monitoring.npu_exporter("15s")
+            context.nginx_installed()
+            context.os_packages("python3.11 with venv", context.python_packages(load_profile("lab"), context.host_os()))
+        assert [source["source"].splitlines()[-1] for source in sources] == [f"deb [trusted=yes] {url} ./"]
+        assert release in sources[0]["source"]
+        apt_calls = [arguments for label, arguments in recorder.calls if label == "apt.packages"]
+        assert {(call.get("update"), call["extra_install_args"]) for call in apt_calls} == {
+            (None, f"-oDir::Etc::sourcelist={BUNDLE_APT_SOURCE} -oDir::Etc::sourceparts=- -oAPT::Get::List-Cleanup=0")}
+    worker = SimpleNamespace(is_worker=True, profile="lab", gateway=None)
+    installed = {name for _, packages in recorder.installs() for name in packages}
+    assert installed and installed <= set(fleet_packages(node_os("Debian", "12"), [worker], mirror_hosts=False))
