@@ -42,7 +42,7 @@ import requests
 
 from ascend_fleet import FILES, PROJECT_ROOT
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import fleet_node_configs, load_inventory
+from ascend_fleet.fleet import BUNDLE_MODELS_DIR, fleet_node_configs, load_inventory
 from ascend_fleet.hostdata import Model, NodeConfig
 from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
 from ascend_fleet.node_layout import MANIFEST_NAME
@@ -64,7 +64,7 @@ from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
 MANIFEST = "bundle-manifest.json"
 LOCKS_DIR = "locks"
 VENDOR_DIR = "files"
-MODELS_DIR = "models"
+MODELS_DIR = BUNDLE_MODELS_DIR
 CONTROL_DIR = "control"
 DOWNLOAD_TIMEOUT = 3600  # seconds for one pip download of a lock's files (GBs for a vLLM stack)
 

@@ -67,6 +67,7 @@ def model_support() -> dict[str, ModelSupport]:
 # A control-machine copy of model configs, laid out as the mirror publishes models:
 # <org>/<name>/<revision>/config.json.
 MODELS_DIR = FILES / "models"
+BUNDLE_MODELS_DIR = "models"  # where a bundle (bundle.py) carries each model, as <org>/<name>/<revision>/
 HTTP_TIMEOUT_SECONDS = 10
 
 
@@ -240,6 +241,10 @@ class ModelConfigs:
         staged = self.models_dir / model.id / model.revision / "config.json"
         if staged.is_file():
             return read_model_config(staged), read_modelslim_description(staged)
+        # A site's bundle carries the model: its mirror may not serve yet (the first deploy starts it).
+        carried = Path(config.bundle_dir or "") / BUNDLE_MODELS_DIR / model.id / model.revision / "config.json"
+        if config.bundle_dir and carried.is_file():
+            return read_model_config(carried), read_modelslim_description(carried)
         if model.url:
             base = f"{model.url}/models/{model.id}/{model.revision}"
             return (_fetch_json(f"{base}/config.json", config.host),

@@ -35,11 +35,15 @@ def up_command(
     bastion: Annotated[bool, typer.Option(
         "--bastion", help="a site behind a jump host: a bastion node, the only way from here to the other nodes",
     )] = False,
+    offline_bundle: Annotated[Optional[Path], typer.Option(
+        "--offline-bundle", help="a site without internet: the nodes reach nothing on this machine, the mirror "
+                                 "included, and the gateway serves this bundle (`ascend-fleet bundle`) to them")] = None,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
     """Bring up N workers and a gateway, each a booted Debian with systemd and sshd."""
     spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=lab_dir,
-                         profiles=profiles or list(DEFAULT_PROFILES), bastion=bastion)
+                         profiles=profiles or list(DEFAULT_PROFILES), bastion=bastion,
+                         offline_bundle=offline_bundle.resolve() if offline_bundle else None)
     started = time.monotonic()
     lab.up(spec, console)
     console.print(f"lab up: {len(spec.nodes)} nodes in {time.monotonic() - started:.1f}s")

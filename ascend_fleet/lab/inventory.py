@@ -12,7 +12,7 @@ from ascend_fleet.lab.state import LabState
 
 def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
     """SSH settings (the lab's key, its own known_hosts, strict checking), the node's hardware,
-    the lab mirror's URLs (pip index, vendor files, models) and, for a worker, its NPUs' address plan
+    the lab mirror's URLs (pip index, vendor files, models; an offline lab's: its gateway's bundle) and, for a worker, its NPUs' address plan
     on the lab's parameter plane (gateway and net-detect target: the host's address there).
     On a bastion lab, the ssh config that reaches the node through the bastion: it matches the node's
     address, which stays ssh_hostname because the fleet reaches the node by it too (the gateway's
@@ -26,6 +26,12 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
                 "npu_gateway": spec.npu_host_address, "npu_netdetect": spec.npu_host_address,
                 # Where the hosts of a multi-node instance reach each other: the lab bridge.
                 "serving_address": node.address}
+    if spec.offline_bundle:
+        # A site without internet: everything from its bundle, which the gateway serves (group mirror).
+        mirror_url = spec.site_mirror_url
+        sources = {"bundle_dir": str(spec.offline_bundle)}
+    else:
+        sources = {"pip_locks_dir": str(locks_dir(lab_dir))}
     return {
         "ssh_hostname": node.address,
         "ssh_user": "root",
@@ -38,8 +44,8 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
         "nvme_mount": hardware.nvme.mount if hardware.nvme else None,
         "model_mirror_url": mirror_url,
         "pip_index_url": f"{mirror_url}/simple",
-        "pip_locks_dir": str(locks_dir(lab_dir)),
         "vendor_mirror_url": f"{mirror_url}/files",
+        **sources,
         # Each lab keeps its rollout state apart: several labs share inventories/lab.py.
         "fleet_state_dir": str(fleet_state_dir(lab_dir)),
         **plan,

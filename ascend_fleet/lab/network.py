@@ -48,7 +48,7 @@ def firewall_rules(spec: LabSpec) -> str:
     """The lab's nft table: what the nodes reach on the host; behind a bastion, what the host reaches."""
     jump_host = spec.jump_host
     return render(TEMPLATES / "lab" / "firewall.nft.j2", table=firewall_table(spec), bridge=spec.bridge,
-                  npu_bridge=spec.npu_bridge, mirror_port=spec.mirror_port,
+                  npu_bridge=spec.npu_bridge, mirror_port=None if spec.offline_bundle else spec.mirror_port,
                   bastion=jump_host.address if jump_host else None, gateway=spec.gateway.address,
                   gateway_port=GATEWAY_SERVING_PORT)
 

@@ -18,13 +18,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ascend_fleet.errors import FleetError
+from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.lab.flavours import DEFAULT_OS, OsName
+from ascend_fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.planner import ModelShape
 from ascend_fleet.profile import available_profiles, load_profile
 
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
 CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))
 GATEWAY = "gateway"
+# Where an offline lab's gateway serves its bundle: the site mirror's port when the data does not say.
+SITE_MIRROR_PORT = NodeConfig.model_fields["site_mirror_port"].default
 # A bastion lab's jump host (`lab up --bastion`): the only node the control machine reaches over SSH.
 BASTION = "bastion"
 # The gateway's serving port (group_data/gateway.py's listen_port): on a bastion lab the one port of the
@@ -164,7 +168,15 @@ class LabSpec(_Strict):
     bastion: bool = Field(False, description="a site behind a jump host: a `bastion` node, and no way from the "
                                              "host to the other nodes but through it (and to the gateway's "
                                              "serving port)")
+    offline_bundle: Path | None = Field(None, description="a site without internet: the nodes reach nothing on "
+                                        "the host (the lab mirror included) and the gateway, in group mirror, "
+                                        "serves this bundle (`ascend-fleet bundle`), from which they install all")
     nodes: list[NodeSpec]
+
+    @property
+    def site_mirror_url(self) -> str:
+        """Where an offline lab's gateway serves its bundle (site_mirror_port's default)."""
+        return f"http://{self.gateway.address}:{SITE_MIRROR_PORT}"
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -269,7 +281,7 @@ class LabSpec(_Strict):
         nodes = [
             NodeSpec(
                 name=GATEWAY, role="gateway", index=0, address=str(network.network_address + 2),
-                groups=[GATEWAY],
+                groups=[GATEWAY, MIRROR_GROUP] if settings.get("offline_bundle") else [GATEWAY],
                 hardware=_node_hardware(hardware_file, GATEWAY, {**gateway_defaults, **hardware.defaults},
                                         hardware.nodes.get(GATEWAY, {})),
             )

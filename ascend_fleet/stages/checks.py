@@ -24,10 +24,11 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
-from ascend_fleet.fleet import check_fleet, model_support
+from ascend_fleet.fleet import BUNDLE_MODELS_DIR, check_fleet, model_support
 from ascend_fleet.fleet_check import vendor_file_problem
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.model_tree import read_manifest
 from ascend_fleet.node_layout import (
     GATEWAY_API_KEY_FILE,
     INSTANCE_UNIT_PREFIX,
@@ -138,9 +139,20 @@ def mirror_model_bytes(url: str, model_id: str, revision: str) -> int:
                          "check the mirror and model.url") from None
 
 
+def model_bytes(config: NodeConfig) -> int:
+    """The model revision's total size: from the site's bundle (its mirror serves only once the mirror stage
+    ran), else from the HTTP mirror's manifest."""
+    model = config.model
+    if config.bundle_dir:
+        carried = Path(config.bundle_dir) / BUNDLE_MODELS_DIR / model.id / model.revision
+        return sum(entry["size"] for entry in read_manifest(carried)["files"].values())
+    return mirror_model_bytes(model.url, model.id, model.revision)
+
+
 def nvme_problem(config: NodeConfig) -> str | None:
     """The NVMe is mounted and, unless this revision is staged already, has room for it plus a margin.
-    The size is known here for an HTTP mirror; a hub's manifest is read by the node, which checks again."""
+    The size is known here for an HTTP mirror or a bundle; a hub's manifest is read by the node, which
+    checks again."""
     mount, model = config.nvme_mount, config.model
     target = host.get_fact(Command, command=f"findmnt -n -o TARGET --target {shlex.quote(mount)} 2>/dev/null "
                                             "|| echo none")
@@ -150,7 +162,7 @@ def nvme_problem(config: NodeConfig) -> str | None:
                                                 revision=model.revision):
         return None
     try:
-        needed = mirror_model_bytes(model.url, model.id, model.revision) + DEFAULT_MIN_FREE_MARGIN_BYTES
+        needed = model_bytes(config) + DEFAULT_MIN_FREE_MARGIN_BYTES
     except FleetError as exc:
         return str(exc)
     free = host.get_fact(FilesystemSpace, path=mount)["free_bytes"]

@@ -285,29 +285,36 @@ INSTALLED_FILES = ("import hashlib, importlib.metadata as m; [print(d.metadata['
                    "hashlib.sha256(d.read_text('RECORD').encode()).hexdigest()) for d in m.distributions()]")
 
 
-def test_every_worker_holds_the_same_python_files_and_they_are_the_labs_lock(lab, deployed):
-    """The lab locked its profile against its mirror at lab up; each worker installed exactly that lock."""
+def assert_the_workers_hold_exactly_the_lock(lab, workers: list[str], locks: Path) -> None:
+    """Every worker holds the same distributions with the same RECORDs, and they are profile lab's lock in
+    locks (the builds over pins and the venv's own tools besides)."""
     profile = load_profile("lab")
-    lock = node_lock(profile, "x86_64", profile.stack.python, locks_dir(lab.lab_dir))
-    assert lock is not None, "the lab did not lock profile lab"
+    lock = node_lock(profile, "x86_64", profile.stack.python, locks)
+    assert lock is not None, f"no lock of profile lab in {locks}"
     venv = profile.pip.venv
     held = {}
-    for worker in WORKERS:
+    for worker in workers:
         lines = lab.run(worker, f"cd / && {venv}/bin/python -c {shlex.quote(INSTALLED_FILES)}").stdout.split("\n")
         held[worker] = {canonicalize_name(name): (version, digest)
                         for name, version, digest in (line.split() for line in lines if line)}
-    assert held["worker1"] == held["worker2"] == held["worker3"]
-    versions = {name: version for name, (version, _) in held["worker1"].items()}
+    assert all(held[worker] == held[workers[0]] for worker in workers)
+    versions = {name: version for name, (version, _) in held[workers[0]].items()}
     builds = {step.name: step.version for step in profile.node_steps("x86_64") if isinstance(step, PipBuild)}
     assert versions == {**lock.pins, **builds, **{tool: versions[tool] for tool in VENV_TOOLS if tool in versions}}
-    assert lab.run("worker1", f"cat {PIP_LOCK_DIR}/{lock.name}").stdout == lock.text
+    assert lab.run(workers[0], f"cat {PIP_LOCK_DIR}/{lock.name}").stdout == lock.text
+
+
+def test_every_worker_holds_the_same_python_files_and_they_are_the_labs_lock(lab, deployed):
+    """The lab locked its profile against its mirror at lab up; each worker installed exactly that lock."""
+    assert_the_workers_hold_exactly_the_lock(lab, list(WORKERS), locks_dir(lab.lab_dir))
 
 
 @pytest.fixture(scope="module")
 def lab_bundle(lab, deployed, tmp_path_factory) -> Path:
-    """`ascend-fleet bundle` of the lab's own fleet, made from its mirror."""
+    """`ascend-fleet bundle` of the lab's own fleet, made from its mirror (Debian's archive through its proxy)."""
     out = tmp_path_factory.mktemp("lab-bundle") / "bundle"
-    made = subprocess.run([str(BIN / "ascend-fleet"), "bundle", lab.inventory, "--out", str(out), "--arch", "x86_64"],
+    made = subprocess.run([str(BIN / "ascend-fleet"), "bundle", lab.inventory, "--out", str(out), "--arch", "x86_64",
+                           "--os", "Debian 12", "--os-mirror", f"{lab.mirror_url}/debian"],
                           env=lab.env, cwd=PROJECT, capture_output=True, text=True, timeout=1800)
     assert made.returncode == 0, made.stdout + made.stderr
     return out

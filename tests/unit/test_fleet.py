@@ -161,6 +161,16 @@ def test_plan_finds_a_staged_config_in_the_local_models_tree(tmp_path):
     assert plan.verdict == "fits"
 
 
+def test_with_a_bundle_the_plan_reads_the_config_the_bundle_carries_not_a_mirror_that_may_not_serve_yet(tmp_path):
+    bundle = tmp_path / "bundle"
+    revision = bundle.joinpath("models", *PROD_MODEL[0].split("/"), PROD_MODEL[1])
+    revision.mkdir(parents=True)
+    (revision / "config.json").write_text((QWEN35_27B / "config.json").read_text())
+    inventory = load_inventory(PROJECT_ROOT / "inventories" / "prod.py", cwd=PROJECT_ROOT, override_data={
+        "bundle_dir": str(bundle), "pip_index_url": "http://127.0.0.1:9/simple", "model_mirror_url": "http://127.0.0.1:9"})
+    assert plan_fleet(inventory, models_dir=tmp_path / "none").verdict == "fits"
+
+
 def test_plan_without_any_config_says_where_to_put_one(tmp_path):
     with pytest.raises(FleetError, match=r"^npu-01.example.internal: model Eco-Tech/Qwen3.5-27B-w8a8-mtp@master: "
                                          r"no config.json to plan with; pass --model-config, or put it at "):
