@@ -16,12 +16,12 @@ Made on a machine that reaches the indexes. For each profile the workers run and
 - `bundle-manifest.json`: every file above with its sha256, and the platforms the bundle serves.
 
 - `os/<release>-<arch>/`: for each release `--os` names, the OS packages every stage installs, with their
-  dependencies, as a repository the nodes' apt reads (os_repository.py);
+  dependencies, as a repository the nodes' apt or dnf reads (os_repository.py);
 - `control/`: the control machine's own install, ascend-fleet (a wheel of this checkout) and its
   dependencies for this machine's platform: `pip install --no-index --find-links control/ ascend-fleet`
   on a control machine inside the site;
 
-A rerun downloads only what is missing. Not in a bundle yet: dnf repositories (openEuler).
+A rerun downloads only what is missing.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,7 @@ from ascend_fleet.os_repository import (
     MIRROR_GROUP,
     OS_DIR,
     build_apt_repository,
+    build_dnf_repository,
     fleet_packages,
     repository_name,
     served_release,
@@ -106,16 +108,17 @@ def targets(workers: list[NodeConfig], arches: list[str] | None) -> list[Target]
 
 def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
                  progress: Callable[[str], None] = print, override_data: dict | None = None,
-                 model_dirs: list[Path] = (), os_releases: list[str] = (), os_mirror: str | None = None) -> dict:
+                 model_dirs: list[Path] = (), os_releases: list[str] = ()) -> dict:
     """Make (or complete) the bundle in out; returns its manifest. override_data: as pyinfra's --data;
     model_dirs: weights already on disk (each with its ascend-fleet manifest, or the fleet's one model);
-    os_releases: the releases the nodes run ("Debian 12"), os_mirror: their archive (default: the
-    distribution's own)."""
+    os_releases: the releases the nodes run, "Debian 12" or "Debian 12=ARCHIVE_URL" (default: the
+    distribution's own archive)."""
     inventory_data = load_inventory(inventory, override_data=override_data)
     configs = fleet_node_configs(inventory_data)
     workers = worker_configs(configs, inventory)
     chosen = targets(workers, arches)
-    releases = [served_release(name) for name in os_releases]
+    releases = [(served_release(name.strip()), archive.strip() or None)
+                for name, _, archive in (release.partition("=") for release in os_releases)]
     for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR):
         (out / sub).mkdir(parents=True, exist_ok=True)
     bundle_control_install(out / CONTROL_DIR, progress)
@@ -131,8 +134,8 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
     mirror_hosts = bool(inventory_data.groups.get(MIRROR_GROUP))
-    repositories = [bundle_os(known, arch, configs, mirror_hosts, os_mirror, out, progress)
-                    for known in releases for arch in dict.fromkeys(target.arch for target in chosen)]
+    repositories = [bundle_os(known, arch, configs, mirror_hosts, archive, out, progress)
+                    for known, archive in releases for arch in dict.fromkeys(target.arch for target in chosen)]
     progress("hashing every file for the manifest")
     manifest = {"platforms": platforms, "os": repositories, "files": current_files(out)}
     partial = out / f".{MANIFEST}.{os.getpid()}"
@@ -143,19 +146,17 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     return manifest
 
 
-def bundle_os(known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts: bool, os_mirror: str | None,
+def bundle_os(known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts: bool, archive: str | None,
               out: Path, progress: Callable[[str], None]) -> dict:
-    """The release's OS packages for every role of the fleet, on arch, as out/os/<release>-<arch>/."""
-    if known.package_manager != "apt":
-        raise FleetError(f"bundle: --os {known.name!r}: a bundle holds apt repositories only so far (not "
-                         f"{known.package_manager}); its nodes install from the site's own {known.package_manager} "
-                         "mirror without a bundle")
-    archive = os_mirror or DEFAULT_ARCHIVES.get(known.distribution)
-    if archive is None:
-        raise FleetError(f"bundle: --os {known.name!r}: give its archive with --os-mirror URL")
+    """The release's OS packages for every role of the fleet, on arch, as out/os/<release>-<arch>/, from
+    archive (default: the distribution's own)."""
+    archive = (archive or DEFAULT_ARCHIVES.get(known.distribution, "")).format(release=known.release).rstrip("/")
+    if not re.fullmatch(r"(https?|file)://\S+", archive):
+        raise FleetError(f"bundle: --os '{known.name}={archive}': give the release's archive as an http(s) or file "
+                         "URL after the =")
     name = repository_name(known, arch)
-    build_apt_repository(out / OS_DIR / name, known, arch, archive.rstrip("/"),
-                         fleet_packages(known, configs, mirror_hosts), progress)
+    build = build_apt_repository if known.package_manager == "apt" else build_dnf_repository
+    build(out / OS_DIR / name, known, arch, archive, fleet_packages(known, configs, mirror_hosts), progress)
     return {"distribution": known.distribution, "release": known.release, "arch": arch,
             "repository": f"{OS_DIR}/{name}"}
 
@@ -378,10 +379,6 @@ def os_coverage_refusal(out: Path, known: NodeOs, arch: str) -> str | None:
     if any((r["distribution"], r["release"], r["arch"]) == (known.distribution, known.release, arch) for r in served):
         return None
     has = ", ".join(f"{r['distribution']} {r['release']} {r['arch']}" for r in served) or "none"
-    if known.package_manager != "apt":
-        return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}): a bundle holds apt "
-                "repositories only so far; deploy this node without bundle_dir, from the site's "
-                f"{known.package_manager} and pip mirrors")
     return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --os '{known.name}' --arch {arch}` where the archive answers")
 

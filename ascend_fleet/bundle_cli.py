@@ -25,10 +25,9 @@ def bundle(
         "--model-dir", help="weights already on disk, repeatable: a folder with its ascend-fleet-manifest.json, "
                             "or the fleet's one model's files (default: each http model from its mirror)")] = None,
     os_release: Annotated[Optional[list[str]], typer.Option(
-        "--os", help="a release the site's nodes run, repeatable, e.g. 'Debian 12': its OS packages for every "
-                     "role, as an apt repository the nodes install from")] = None,
-    os_mirror: Annotated[Optional[str], typer.Option(
-        "--os-mirror", help="that release's archive (default: Debian's, http://deb.debian.org/debian)")] = None,
+        "--os", help="a release the site's nodes run, repeatable: 'Debian 12' or 'Debian 12=ARCHIVE_URL' (default "
+                     "archives: http://deb.debian.org/debian, https://repo.openeuler.org/openEuler-24.03-LTS): its "
+                     "OS packages for every role, as a repository the nodes' apt or dnf installs from")] = None,
 ) -> int:
     """Put what the inventory's hosts install (each profile's lock and its files, the builds over pins, the
     vendor .run files, the models they serve, the OS packages of each --os release) in one folder with a
@@ -46,5 +45,5 @@ def bundle(
     if out is None or directory is not None:
         raise typer.BadParameter("ascend-fleet bundle INVENTORY --out DIR")
     build_bundle(Path(inventory), out, arch, lambda line: progress_console.print(line, markup=False),
-                 model_dirs=model_dir or [], os_releases=os_release or [], os_mirror=os_mirror)
+                 model_dirs=model_dir or [], os_releases=os_release or [])
     return 0

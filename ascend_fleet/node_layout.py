@@ -60,6 +60,8 @@ PEER_SERVER_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-weights.conf"
 SITE_MIRROR_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-site-mirror.conf"
 SITE_MIRROR_ROOT = "/var/lib/ascend-fleet-site-mirror"  # the site's bundle (bundle.py), served to the fleet
 BUNDLE_APT_SOURCE = "/etc/apt/sources.list.d/ascend-fleet-bundle.list"  # the bundle's OS packages (os_repository.py)
+BUNDLE_DNF_REPO_ID = "ascend-fleet-bundle"
+BUNDLE_DNF_REPO = f"/etc/yum.repos.d/{BUNDLE_DNF_REPO_ID}.repo"  # the same on a dnf node
 PEER_SERVER_LOG = "/var/log/nginx/ascend-fleet-weights.access.log"  # every file peers fetched from the node
 NGINX_ERROR_LOG = "/var/log/nginx/error.log"
 

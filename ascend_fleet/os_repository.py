@@ -6,7 +6,9 @@ release's archive as the only source, an empty dpkg status so that every depende
 control machine has), then indexed by apt-ftparchive as a flat repository the nodes read as
 `deb [trusted=yes] URL/os/<name> ./`. trusted=yes because a subset of the archive carries no archive
 signature: the bundle's manifest, checked before any deploy, vouches for every file instead.
-dnf (openEuler): not built yet; preflight refuses such a node with a bundle, before any change.
+dnf (openEuler): downloaded by the control machine's dnf (`dnf download --resolve --alldeps` into an empty
+install root, the release's repositories as the only ones), indexed by createrepo_c; the nodes read it as a
+repository of their own (gpgcheck=0 for the same reason as trusted=yes).
 """
 
 from __future__ import annotations
@@ -15,20 +17,28 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
+from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.node_os import SERVED, NodeOs
+from ascend_fleet.node_os import SERVED, NodeOs, role_gaps
 from ascend_fleet.profile import load_profile
+from ascend_fleet.templating import render
 
 OS_DIR = "os"
 # The group whose hosts serve the bundle (stages/mirror.py): they read their own copy of it from disk.
 MIRROR_GROUP = "mirror"
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-# Where the archives are when --os-mirror does not say (the distributions' own redirectors).
-DEFAULT_ARCHIVES = {"Debian": "http://deb.debian.org/debian"}
-APT_TIMEOUT = 3600  # seconds for one release's packages (hundreds of MB)
+# Where the archives are when --os does not say (RELEASE=URL) (the distributions' own). openEuler's is the release's
+# root on repo.openeuler.org, under which openEuler.repo's baseurls lie.
+DEFAULT_ARCHIVES = {"Debian": "http://deb.debian.org/debian",
+                    "openEuler": "https://repo.openeuler.org/openEuler-{release}-LTS"}
+# openEuler.repo's binary repositories below the release's root (docs/sim-fidelity.md, "openEuler lab node").
+OPENEULER_REPOSITORIES = {"OS": "OS/{arch}", "everything": "everything/{arch}", "EPOL": "EPOL/main/{arch}",
+                          "update": "update/{arch}"}
+TOOL_TIMEOUT = 3600  # seconds for one step of a release's packages (hundreds of MB)
 
 
 def repository_name(known: NodeOs, arch: str) -> str:
@@ -46,65 +56,92 @@ def served_release(name: str) -> NodeOs:
 
 
 def fleet_packages(known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool) -> list[str]:
-    """What the stages install on this release for these hosts' roles (node_os.py names each package)."""
-    names: list[str] = [known.nginx] if mirror_hosts else []
+    """What the stages install on this release for these hosts' roles (node_os.py names each package; a
+    role the release lacks a package for is refused at preflight, node_os.role_gaps, and left out here)."""
+    names: list[str | None] = [known.nginx] if mirror_hosts else []
     for config in configs:
+        if role_gaps(known, config.is_worker, config.is_gateway):
+            continue
         if config.is_worker:
             profile = load_profile(config.profile)
             python = known.python_packages(profile.stack.python) or profile.pip.python_packages.get(known.name, [])
-            names += [known.nginx, known.nftables, known.node_exporter.package, *known.driver_prerequisites,
-                      *python, *profile.pip.system_packages.get(known.package_manager, [])]
-        if config.gateway:
-            names += [known.nginx, known.prometheus.package, known.nginx_exporter.package]
-    return sorted(set(names))
+            names += [known.nginx, known.nftables, known.node_exporter and known.node_exporter.package,
+                      *(known.driver_prerequisites or ()), *python,
+                      *profile.pip.system_packages.get(known.package_manager, [])]
+        if config.is_gateway:
+            names += [known.nginx, known.prometheus and known.prometheus.package,
+                      known.nginx_exporter and known.nginx_exporter.package]
+    return sorted({name for name in names if name})
 
 
-def archive_sources(known: NodeOs, archive: str, arch: str) -> list[str]:
-    """The release's suites in a sources.list (Debian keeps security updates in a sibling archive)."""
-    components = "main universe" if known.distribution == "Ubuntu" else "main"
+def archive_sources(known: NodeOs, archive: str, arch: str) -> str:
+    """The release's suites as a sources.list (Debian keeps security updates in a sibling archive)."""
     security = f"{archive}-security" if known.distribution == "Debian" else archive
-    option = f"[arch={DEB_ARCH[arch]}]"
-    return [f"deb {option} {archive} {known.codename} {components}",
-            f"deb {option} {archive} {known.codename}-updates {components}",
-            f"deb {option} {security} {known.codename}-security {components}"]
+    suites = [(archive, known.codename), (archive, f"{known.codename}-updates"),
+              (security, f"{known.codename}-security")]
+    return render(TEMPLATES / "bundle-release-apt.list.j2", suites=suites, arch=DEB_ARCH[arch],
+                  components="main universe" if known.distribution == "Ubuntu" else "main")
 
 
 def build_apt_repository(dest: Path, known: NodeOs, arch: str, archive: str, packages: list[str],
                          progress: Callable[[str], None]) -> None:
     """packages and their dependencies for this release and arch into dest, with its Packages and Release.
     A rerun downloads only what dest lacks."""
-    if shutil.which("apt-get") is None or shutil.which("apt-ftparchive") is None:
-        raise FleetError(f"bundle: OS packages for {known.name} need apt-get and apt-ftparchive on this machine "
-                         "(Debian/Ubuntu: apt install apt-utils)")
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ascend-fleet-apt-") as state:
-        work = Path(state)
+    with _work_for(dest, known, ("apt-get", "apt-ftparchive"), "Debian/Ubuntu: apt install apt-utils") as work:
         (work / "lists" / "partial").mkdir(parents=True)
         (dest / "partial").mkdir(exist_ok=True)
         (work / "status").touch()
-        (work / "sources.list").write_text("\n".join(archive_sources(known, archive, arch)) + "\n")
+        (work / "sources.list").write_text(archive_sources(known, archive, arch))
         options = [f"-oDir::State::Lists={work / 'lists'}", f"-oDir::State::status={work / 'status'}",
                    f"-oDir::Cache={work}", f"-oDir::Cache::archives={dest}",
                    f"-oDir::Etc::sourcelist={work / 'sources.list'}", "-oDir::Etc::sourceparts=-",
                    f"-oAPT::Architecture={DEB_ARCH[arch]}", f"-oAPT::Architectures::={DEB_ARCH[arch]}",
                    "-oDebug::NoLocking=1", "-oAPT::Install-Recommends=0"]
         progress(f"OS packages for {known.name} {arch}: {len(packages)} and their dependencies from {archive}")
-        _apt(["apt-get", "-q", *options, "update"], known, archive)
-        _apt(["apt-get", "-q", "-y", *options, "install", "--download-only", *packages], known, archive)
+        _run_tool(["apt-get", "-q", *options, "update"], known, archive)
+        _run_tool(["apt-get", "-q", "-y", *options, "install", "--download-only", *packages], known, archive)
     shutil.rmtree(dest / "partial", ignore_errors=True)
     (dest / "lock").unlink(missing_ok=True)
-    for index, argv in (("Packages", ["apt-ftparchive", "packages", "."]),
-                        ("Release", ["apt-ftparchive", "release", "."])):
+    for index in ("Packages", "Release"):
         (dest / index).unlink(missing_ok=True)
-        result = subprocess.run(argv, cwd=dest, capture_output=True, text=True, check=False)
-        if result.returncode:
-            raise FleetError(f"bundle: {' '.join(argv)} in {dest} failed: {result.stderr.strip()}")
-        (dest / index).write_text(result.stdout)
+        (dest / index).write_text(_run_tool(["apt-ftparchive", index.lower(), "."], known, archive, cwd=dest))
 
 
-def _apt(argv: list[str], known: NodeOs, archive: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=APT_TIMEOUT, check=False)
+def build_dnf_repository(dest: Path, known: NodeOs, arch: str, archive: str, packages: list[str],
+                         progress: Callable[[str], None]) -> None:
+    """packages and their dependencies for this release and arch into dest, with its repodata.
+    A rerun downloads only what dest lacks."""
+    with _work_for(dest, known, ("dnf", "createrepo_c"),
+                   "Debian: apt install dnf dnf-plugins-core createrepo-c; dnf needs its download plugin") as work:
+        (work / "repos").mkdir()
+        (work / "repos" / "release.repo").write_text(render(
+            TEMPLATES / "bundle-release-dnf.repo.j2",
+            repositories=[(name, f"{archive}/{path.format(arch=arch)}")
+                          for name, path in OPENEULER_REPOSITORIES.items()]))
+        progress(f"OS packages for {known.name} {arch}: {len(packages)} and their dependencies from {archive}")
+        _run_tool(["dnf", "-q", "-y", f"--installroot={work / 'root'}", f"--releasever={known.release}",
+                   f"--forcearch={arch}", f"--setopt=reposdir={work / 'repos'}", f"--setopt=cachedir={work / 'cache'}",
+                   "--setopt=install_weak_deps=False", "download", "--resolve", "--alldeps",
+                   f"--destdir={dest}", *packages], known, archive)
+    _run_tool(["createrepo_c", "--quiet", str(dest)], known, archive)
+
+
+@contextmanager
+def _work_for(dest: Path, known: NodeOs, tools: tuple[str, ...], install: str):
+    """A scratch folder for the package manager's own state, once its tools are found here."""
+    if any(shutil.which(tool) is None for tool in tools):
+        raise FleetError(f"bundle: OS packages for {known.name} need {' and '.join(tools)} on this machine ({install})")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"ascend-fleet-{tools[0]}-") as work:
+        yield Path(work)
+
+
+def _run_tool(argv: list[str], known: NodeOs, archive: str, cwd: Path | None = None) -> str:
+    """The tool's output; its failure in one line."""
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False)
     if result.returncode:
-        lines = [line for line in result.stderr.splitlines() if line.startswith("E:")] or result.stderr.splitlines()
+        lines = ([line for line in result.stderr.splitlines() if line.startswith(("E:", "Error"))]
+                 or result.stderr.splitlines() or result.stdout.splitlines())
         raise FleetError(f"bundle: OS packages for {known.name} from {archive}: {' '.join(lines[-2:])}; give "
-                         "the release's archive with --os-mirror URL")
+                         "the release's archive as --os 'RELEASE=URL'")
+    return result.stdout

@@ -174,9 +174,11 @@ def preinstalled_rpms() -> list[Path]:
 
 
 def repository(arch: str) -> Path:
-    """The stand-in repository for arch (RPMs and createrepo_c's repodata), built once."""
-    repo = RPM_CACHE / f"{RELEASE}-{arch}-{_key(STANDINS)}"
-    _built(STANDINS, RPM_ARCH[arch], repo)
+    """The stand-in repository for arch (RPMs and createrepo_c's repodata), built once. It holds the
+    preinstalled packages too, as openEuler's OS repository does (a bundle of a node's packages takes
+    python3 from it)."""
+    repo = RPM_CACHE / f"{RELEASE}-{arch}-{_key(STANDINS + PREINSTALLED)}"
+    _built(STANDINS, RPM_ARCH[arch], repo, also=preinstalled_rpms())
     return repo
 
 
@@ -196,8 +198,8 @@ def _key(standins: tuple[StandIn, ...]) -> str:
     return hashlib.sha256(json.dumps([BUILDER, *(asdict(s) for s in standins)]).encode()).hexdigest()[:12]
 
 
-def _built(standins: tuple[StandIn, ...], arch: str, repo: Path) -> list[Path]:
-    """repo/Packages/*.rpm for standins (and repo/repodata), built under a lock if missing."""
+def _built(standins: tuple[StandIn, ...], arch: str, repo: Path, also: list[Path] = ()) -> list[Path]:
+    """repo/Packages/*.rpm for standins and the RPMs also (and repo/repodata), built under a lock if missing."""
     packages = repo / "Packages"
     done = repo / ".complete"
     if not done.exists():
@@ -210,6 +212,8 @@ def _built(standins: tuple[StandIn, ...], arch: str, repo: Path) -> list[Path]:
                 with tempfile.TemporaryDirectory(prefix="rpmbuild-", dir=repo.parent) as work:
                     for standin in standins:
                         _build(standin, arch, Path(work), packages)
+                for rpm in also:
+                    shutil.copy2(rpm, packages / rpm.name)
                 run(["createrepo_c", "--quiet", str(repo)], what=f"createrepo_c {repo}")
                 done.touch()
     return sorted(packages.glob("*.rpm"))

@@ -10,6 +10,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
+from pyinfra.facts.rpm import RpmPackages
 from pyinfra.operations import files
 
 from ascend_fleet.bundle import MANIFEST
@@ -57,3 +58,22 @@ def apt_repository(source: str, path: str):
 def only_source(path: str) -> list[str]:
     """apt options that read this sources file and no other."""
     return [f"-oDir::Etc::sourcelist={path}", "-oDir::Etc::sourceparts=-", "-oAPT::Get::List-Cleanup=0"]
+
+
+@operation()
+def dnf_packages(packages: list[str], repository: str):
+    """
+    Install packages with dnf from one repository alone (the bundle's), asking the host's other repositories
+    nothing: on a site without internet they do not answer, and dnf waits on each (pyinfra's dnf.packages
+    asks every repository what provides each package first).
+
+    + packages: the package names
+    + repository: the id of the repository they come from
+    """
+    installed = host.get_fact(RpmPackages)
+    missing = [package for package in packages if package not in installed]
+    if not missing:
+        host.noop(f"{', '.join(packages)} installed")
+        return
+    yield StringCommand("dnf", "install", "-y", QuoteString("--disablerepo=*"), f"--enablerepo={repository}",
+                        *map(QuoteString, missing))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, inventory
@@ -14,7 +15,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.multi_node import DataParallelRole
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
+from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, BUNDLE_DNF_REPO_ID, SITE_MIRROR_ROOT
 from ascend_fleet.node_os import NodeOs, node_os, not_served
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.bundle import only_source
@@ -78,9 +79,13 @@ def os_packages(name: str, packages: list[str]) -> None:
     """Install packages with the host's package manager (apt: no recommends, its lists at most an hour old);
     with a bundle (bundle_dir), from the bundle's repository alone."""
     known = host_os()
-    if host_node_config(host).bundle_dir and known.package_manager == "apt":
+    from_bundle = bool(host_node_config(host).bundle_dir)
+    if from_bundle and known.package_manager == "apt":
         apt.packages(name=name, packages=packages, no_recommends=True,
-                     extra_install_args=" ".join(bundle_apt_source(known)))
+                     extra_install_args=" ".join(bundle_source(known)))
+    elif from_bundle:
+        bundle_source(known)
+        bundle.dnf_packages(name=name, packages=packages, repository=BUNDLE_DNF_REPO_ID)
     elif known.package_manager == "apt":
         # The run's first install on the host brings the lists up to date; the later ones would
         # read the same lists' age again (two round trips each).
@@ -92,21 +97,28 @@ def os_packages(name: str, packages: list[str]) -> None:
         dnf.packages(name=name, packages=packages)
 
 
-def bundle_apt_source(known: NodeOs) -> list[str]:
-    """The bundle's repository for this host's release and arch as its apt source (once a run), and the
-    options that install from it alone. A host of group mirror reads its own copy of the bundle."""
+def bundle_source(known: NodeOs) -> list[str]:
+    """The bundle's repository for this host's release and arch as a source of its package manager (once a
+    run), and apt's options that install from it alone. A host of group mirror reads its own copy."""
     config = host_node_config(host)
 
     def put_in_place() -> list[str]:
         name = repository_name(known, host_arch())
-        url = (f"file:{SITE_MIRROR_ROOT}/{OS_DIR}/{name}" if MIRROR_GROUP in host.groups
+        url = (f"file://{SITE_MIRROR_ROOT}/{OS_DIR}/{name}" if MIRROR_GROUP in host.groups
                else f"{config.bundle_url}/{OS_DIR}/{name}")
-        release = bundle_file_sha256(Path(config.bundle_dir), f"{OS_DIR}/{name}/Release")
+        bundle_dir = Path(config.bundle_dir)
+        if known.package_manager == "dnf":
+            repomd = bundle_file_sha256(bundle_dir, f"{OS_DIR}/{name}/repodata/repomd.xml")
+            source = render(TEMPLATES / "bundle-dnf.repo.j2", name=BUNDLE_DNF_REPO_ID, url=url, repomd_sha256=repomd)
+            files.put(name="The bundle's OS packages as a dnf repository", src=StringIO(source),
+                      dest=BUNDLE_DNF_REPO, mode="0644")
+            return []
+        release = bundle_file_sha256(bundle_dir, f"{OS_DIR}/{name}/Release")
         source = render(TEMPLATES / "bundle-apt-source.list.j2", url=url, release_sha256=release)
         bundle.apt_repository(name="The bundle's OS packages as an apt source", source=source,
                               path=BUNDLE_APT_SOURCE)
         return only_source(BUNDLE_APT_SOURCE)
-    return once_per_run(host.state, ("bundle apt source", host.name), put_in_place)
+    return once_per_run(host.state, ("bundle package source", host.name), put_in_place)
 
 
 def nginx_installed() -> None:

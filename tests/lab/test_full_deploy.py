@@ -314,7 +314,7 @@ def lab_bundle(lab, deployed, tmp_path_factory) -> Path:
     """`ascend-fleet bundle` of the lab's own fleet, made from its mirror (Debian's archive through its proxy)."""
     out = tmp_path_factory.mktemp("lab-bundle") / "bundle"
     made = subprocess.run([str(BIN / "ascend-fleet"), "bundle", lab.inventory, "--out", str(out), "--arch", "x86_64",
-                           "--os", "Debian 12", "--os-mirror", f"{lab.mirror_url}/debian"],
+                           "--os", f"Debian 12={lab.mirror_url}/debian"],
                           env=lab.env, cwd=PROJECT, capture_output=True, text=True, timeout=1800)
     assert made.returncode == 0, made.stdout + made.stderr
     return out

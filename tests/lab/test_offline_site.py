@@ -1,6 +1,7 @@
 """An air-gapped site, rehearsed (issue 32): a bundle made once from the session lab's mirror (its index, its
-vendor files, its model, its proxy of Debian's archive), then a fresh lab of its own (subnet N+5,
-`lab up --offline-bundle`) whose nodes reach nothing on the host, the mirror included, and a deploy whose
+vendor files, its model, its proxy of Debian's archive) and the lab's openEuler repositories, then a fresh
+lab of its own (subnet N+5, `lab up --offline-bundle`; worker2 on openEuler) whose nodes reach nothing on
+the host, the mirror included, and a deploy whose
 environment's HTTP goes to a proxy that does not answer. The gateway (group mirror) serves the bundle; every
 package, .run file and weight comes from it. Then a rerun changes nothing."""
 
@@ -13,14 +14,16 @@ import sys
 import pytest
 import requests
 
+from ascend_fleet.lab import rpmrepo
 from ascend_fleet.lab.spec import SITE_MIRROR_PORT
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE
+from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO
 from tests.lab.conftest import BIN, PROJECT, brought_up, module_lab
-from tests.lab.test_full_deploy import assert_the_workers_hold_exactly_the_lock, totals
+from tests.lab.test_full_deploy import assert_the_workers_hold_exactly_the_lock, changed_operations, totals
 
 pytestmark = pytest.mark.lab
 
 PUBLIC_INDEX = "https://pypi.org/simple/"
+OPENEULER = "worker2"
 # The deploy's environment: its HTTP(S) goes to a port nothing listens on, but to the lab's own nodes.
 NO_ROUTE = "http://127.0.0.1:9"
 
@@ -33,18 +36,27 @@ def offline_environment(lab) -> dict:
 
 @pytest.fixture(scope="module")
 def bundle(lab, tmp_path_factory):
-    """`ascend-fleet bundle` of the session lab's fleet, with Debian 12's OS packages, made once."""
-    out = tmp_path_factory.mktemp("offline") / "bundle"
+    """`ascend-fleet bundle` of the session lab's fleet, made once: with Debian 12's OS packages (Debian's
+    archive through the session lab's proxy) and openEuler 24.03's (the lab's openEuler repositories, here
+    in a folder: a file URL)."""
+    made_in = tmp_path_factory.mktemp("offline")
+    rpmrepo.publish(made_in, os.uname().machine)
+    out = made_in / "bundle"
     made = subprocess.run([str(BIN / "ascend-fleet"), "bundle", lab.inventory, "--out", str(out), "--arch", "x86_64",
-                           "--os", "Debian 12", "--os-mirror", f"{lab.mirror_url}/debian"],
+                           "--os", f"Debian 12={lab.mirror_url}/debian",
+                           "--os", f"openEuler 24.03=file://{made_in}/openeuler/{rpmrepo.RELEASE}"],
                           env=lab.env, cwd=PROJECT, capture_output=True, text=True, timeout=1800)
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     return out
 
 
 @pytest.fixture(scope="module")
-def offline(bundle):
-    yield from brought_up(module_lab("offline", "o", 5), 2, "--offline-bundle", str(bundle))
+def offline(bundle, tmp_path_factory):
+    """Two workers: worker1 on Debian 12, worker2 on the lab's openEuler 24.03 (dnf, firewalld)."""
+    hardware = tmp_path_factory.mktemp("offline-lab") / "hardware.yaml"
+    hardware.write_text(f"nodes:\n  {OPENEULER}: {{os: openeuler-24.03}}\n")
+    yield from brought_up(module_lab("offline", "o", 5), 2, "--offline-bundle", str(bundle),
+                          "--hardware", str(hardware))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +73,7 @@ def deployed(offline):
 
 
 def test_no_index_answers_the_nodes_or_the_deploys_environment(offline, lab):
-    for node in ("gateway", "worker1"):
+    for node in ("gateway", "worker1", OPENEULER):
         for url in (f"{offline.mirror_url}/simple/", f"{lab.mirror_url}/simple/", PUBLIC_INDEX):
             tried = offline.run(node, f"curl -sS --max-time 5 -o /dev/null {url}", check=False)
             assert tried.returncode != 0, (node, url, tried.stdout)
@@ -79,6 +91,9 @@ def test_no_index_answers_the_nodes_or_the_deploys_environment(offline, lab):
 def test_the_fleet_installs_from_the_bundle_its_gateway_serves_and_serves(offline, deployed):
     gateway = next(n for n in offline.status()["nodes"] if n["name"] == "gateway")["address"]
     assert "deb [trusted=yes] http://" in offline.run("worker1", f"cat {BUNDLE_APT_SOURCE}").stdout
+    installed = offline.run(OPENEULER, f"cat {BUNDLE_DNF_REPO}; rpm -q nginx node_exporter nftables").stdout
+    assert f"baseurl=http://{gateway}:{SITE_MIRROR_PORT}/os/openeuler-24.03-x86_64" in installed, installed
+    assert "not installed" not in installed, installed
     served = offline.run("worker1", f"curl -fsS --max-time 5 http://{gateway}:{SITE_MIRROR_PORT}/simple/vllm/")
     assert "vllm-" in served.stdout
     for _ in range(4):
@@ -93,4 +108,4 @@ def test_every_worker_holds_the_same_python_files_and_they_are_the_bundles_lock(
 
 def test_a_rerun_changes_nothing(deployed):
     again = totals(deployed["again"])
-    assert again["changed"] == 0 and again["errors"] == 0, (again, deployed["again"][-4000:])
+    assert again["changed"] == 0 and again["errors"] == 0, (again, changed_operations(deployed["again"]))

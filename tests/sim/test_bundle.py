@@ -15,6 +15,7 @@ import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -23,10 +24,11 @@ from rich.console import Console
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, os_coverage_refusal, verify_bundle
 from ascend_fleet.fleet_check import inventory_problems
+from ascend_fleet.lab import rpmrepo
 from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model, publish_vendor_files
 from ascend_fleet.model_tree import read_manifest
 from ascend_fleet.node_os import node_os
-from ascend_fleet.os_repository import DEB_ARCH
+from ascend_fleet.os_repository import DEB_ARCH, fleet_packages
 from ascend_fleet.package_index import file_sha256, write_simple_index
 from ascend_fleet.profile import load_profile
 from ascend_fleet.profile_check import pip_environment
@@ -49,6 +51,7 @@ def mirror(tmp_path_factory) -> str:
     write_simple_index(root)
     publish_vendor_files([profile], root / "files", "x86_64")
     publish_tiny_model(root / "models", Console(quiet=True))
+    rpmrepo.publish(root, "x86_64")  # openEuler's repositories of the lab, its stand-in RPMs in OS/
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -65,7 +68,7 @@ def bundled(mirror, tmp_path_factory) -> tuple[Path, Path, dict]:
     out = site / "bundle"
     lines: list[str] = []
     build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lines.append, override_data=data,
-                 os_releases=["Debian 12"])
+                 os_releases=["Debian 12", f"openEuler 24.03={mirror}/openeuler/{rpmrepo.RELEASE}"])
     return site, out, data
 
 
@@ -137,12 +140,30 @@ def test_the_os_packages_of_every_role_install_from_the_bundle_alone(bundled, tm
         p.name for p in (out / "os" / "debian-12-x86_64").glob("*.deb")}
 
 
+def test_an_openeuler_workers_os_packages_install_from_the_bundles_dnf_repository_alone(bundled, tmp_path):
+    """dnf with the bundle's repository as its only one and nothing installed resolves every package an
+    openEuler 24.03 worker installs (the lab's stand-ins: docs/sim-fidelity.md, "openEuler lab node")."""
+    _, out, _ = bundled
+    known = node_os("openEuler", "24.03")
+    (tmp_path / "repos").mkdir()
+    (tmp_path / "repos" / "bundle.repo").write_text(
+        f"[bundle]\nname=bundle\nbaseurl=file://{out}/os/openeuler-24.03-x86_64\nenabled=1\ngpgcheck=0\n")
+    fetched = subprocess.run(["dnf", "-q", "-y", f"--installroot={tmp_path / 'root'}", "--releasever=24.03",
+                              f"--setopt=reposdir={tmp_path / 'repos'}", f"--setopt=cachedir={tmp_path / 'cache'}",
+                              "download", "--resolve", "--alldeps", f"--destdir={tmp_path / 'got'}",
+                              *fleet_packages(known, [SimpleNamespace(is_worker=True, profile="lab", is_gateway=False)],
+                                              mirror_hosts=False)],
+                             capture_output=True, text=True, timeout=300)
+    assert fetched.returncode == 0, fetched.stdout[-1500:] + fetched.stderr[-1500:]
+    assert {p.name for p in (tmp_path / "got").glob("*.rpm")} >= {"nginx-1.24.0-10.oe2403.x86_64.rpm"}
+
+
 def test_a_rerun_fetches_nothing_again(bundled):
     site, out, data = bundled
     carried = [*(out / "packages").iterdir(), *(out / "os" / "debian-12-x86_64").glob("*.deb")]
     before = {path: path.stat().st_mtime_ns for path in carried}
     build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lambda line: None, override_data=data,
-                 os_releases=["Debian 12"])
+                 os_releases=["Debian 12", f"openEuler 24.03={data['model_mirror_url']}/openeuler/{rpmrepo.RELEASE}"])
     assert {path: path.stat().st_mtime_ns for path in carried} == before
     assert verify_bundle(out) == []
 
@@ -191,11 +212,10 @@ def test_a_node_arch_the_bundle_lacks_is_refused_in_one_line(bundled):
                     f"with `ascend-fleet bundle INVENTORY --out {out} --arch aarch64` where the indexes answer")
     assert os_coverage_refusal(out, node_os("Debian", "12"), "x86_64") is None
     assert os_coverage_refusal(out, node_os("Debian", "13"), "x86_64") == (
-        f"bundle {out} has no OS packages for Debian 13 x86_64 (it has Debian 12 x86_64); make it with "
-        f"`ascend-fleet bundle INVENTORY --out {out} --os 'Debian 13' --arch x86_64` where the archive answers")
-    assert os_coverage_refusal(out, node_os("openEuler", "24.03"), "x86_64").endswith(
-        "a bundle holds apt repositories only so far; deploy this node without bundle_dir, from the site's dnf "
-        "and pip mirrors")
+        f"bundle {out} has no OS packages for Debian 13 x86_64 (it has Debian 12 x86_64, openEuler 24.03 x86_64); "
+        f"make it with `ascend-fleet bundle INVENTORY --out {out} --os 'Debian 13' --arch x86_64` where the archive "
+        "answers")
+    assert os_coverage_refusal(out, node_os("openEuler", "24.03"), "x86_64") is None
 
 
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is installed by scripts/setup (the lab's mirror)")

@@ -15,7 +15,7 @@ from ascend_fleet import stages
 from ascend_fleet.bundle import MANIFEST
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT, unit_file
+from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, SITE_MIRROR_ROOT, unit_file
 from ascend_fleet.node_os import node_os
 from ascend_fleet.operations import placed, units
 from ascend_fleet.os_repository import fleet_packages
@@ -54,6 +54,7 @@ class Recorder:
                               (monitoring.systemd, ["service", "daemon_reload"]),
                               (platform.server, ["group"]), (platform.accounts, ["user"]), (units, ["masked"]),
                               (firewall, ["nft_table", "nft_table_absent"]), (firewall.gates, ["stage_begins"]),
+                              (context.bundle, ["dnf_packages"]),
                               (placed, ["file"])):
             for name in names:
                 monkeypatch.setattr(module, name, self.recorder(f"{module.__name__.split('.')[-1]}.{name}"))
@@ -215,7 +216,7 @@ def test_with_a_bundle_every_package_a_debian_worker_installs_comes_from_the_bun
     sources = []
     monkeypatch.setattr(context.bundle, "apt_repository", lambda **arguments: sources.append(arguments))
     for groups, url in (([], "http://gateway:8070/os/debian-12-x86_64"),
-                        (["mirror"], f"file:{SITE_MIRROR_ROOT}/os/debian-12-x86_64")):
+                        (["mirror"], f"file://{SITE_MIRROR_ROOT}/os/debian-12-x86_64")):
         recorder.calls.clear()
         sources.clear()
         fake = node(DEBIAN, firewalld="inactive", load="not-found")
@@ -232,6 +233,33 @@ def test_with_a_bundle_every_package_a_debian_worker_installs_comes_from_the_bun
         apt_calls = [arguments for label, arguments in recorder.calls if label == "apt.packages"]
         assert {(call.get("update"), call["extra_install_args"]) for call in apt_calls} == {
             (None, f"-oDir::Etc::sourcelist={BUNDLE_APT_SOURCE} -oDir::Etc::sourceparts=- -oAPT::Get::List-Cleanup=0")}
-    worker = SimpleNamespace(is_worker=True, profile="lab", gateway=None)
+    worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False)
     installed = {name for _, packages in recorder.installs() for name in packages}
     assert installed and installed <= set(fleet_packages(node_os("Debian", "12"), [worker], mirror_hosts=False))
+
+
+def test_with_a_bundle_an_openeuler_worker_installs_from_the_bundles_dnf_repository_alone(monkeypatch, tmp_path):
+    bundle_dir = tmp_path / "bundle"
+    bundle_dir.mkdir()
+    repomd = "cd" * 32
+    (bundle_dir / MANIFEST).write_text(json.dumps({"files": {"os/openeuler-24.03-x86_64/repodata/repomd.xml": repomd}}))
+    recorder = Recorder(monkeypatch, bundle_dir=str(bundle_dir))
+    fake = node(OPENEULER)
+    fake.facts[Arch] = "x86_64"
+    fake.groups = []
+    run_firewall_stage(monkeypatch, fake)
+    with on(fake):
+        platform.install_prerequisites()
+        monitoring.npu_exporter("15s")
+        context.nginx_installed()
+    repos = [arguments for label, arguments in recorder.calls if label == "files.put"]
+    assert [repo["dest"] for repo in repos] == [BUNDLE_DNF_REPO]
+    text = repos[0]["src"].getvalue()
+    assert "baseurl=http://gateway:8070/os/openeuler-24.03-x86_64\n" in text and repomd in text, text
+    # Not pyinfra's dnf.packages, which asks every repository of the node what provides each package.
+    assert not any(label == "dnf.packages" for label, _ in recorder.calls)
+    dnf_calls = [arguments for label, arguments in recorder.calls if label == "bundle.dnf_packages"]
+    assert len(dnf_calls) == 4 and {call["repository"] for call in dnf_calls} == {"ascend-fleet-bundle"}
+    worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False)
+    installed = {name for _, packages in recorder.installs() for name in packages}
+    assert installed <= set(fleet_packages(node_os("openEuler", "24.03"), [worker], mirror_hosts=False))

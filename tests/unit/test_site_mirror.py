@@ -3,12 +3,15 @@ other gets every file, the manifest last (a copy with the manifest is complete).
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+from pyinfra.api import StringCommand
 from pyinfra.facts.files import Sha256File
+from pyinfra.facts.rpm import RpmPackages
 
 from ascend_fleet.bundle import MANIFEST
-from ascend_fleet.node_layout import SITE_MIRROR_ROOT
+from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
 from ascend_fleet.operations import bundle
 from ascend_fleet.package_index import file_sha256
 from tests.fakehost import FakeHost, commands, fact, new_file, uploads
@@ -42,3 +45,24 @@ def test_any_other_copy_gets_every_file_and_the_manifest_last(tmp_path):
     put = uploads(steps)
     assert list(put) == [f"{SITE_MIRROR_ROOT}/{name}" for name in names]
     assert put[f"{SITE_MIRROR_ROOT}/files/x.run"] == b"x"
+
+
+def test_dnf_installs_only_what_is_missing_from_the_bundles_repository_alone():
+    fake = FakeHost({RpmPackages: {"nginx": ["1.24.0-10.oe2403"]}})
+    steps = commands(bundle.dnf_packages, fake, packages=["nginx", "nftables"], repository="ascend-fleet-bundle")
+    assert list(map(str, steps)) == ["dnf install -y '--disablerepo=*' --enablerepo=ascend-fleet-bundle nftables"]
+    assert commands(bundle.dnf_packages, fake, packages=["nginx"], repository="ascend-fleet-bundle") == []
+    assert fake.noops == ["nginx installed"]
+
+
+def test_the_bundles_apt_source_is_read_alone_before_it_goes_in_place_and_not_again_when_it_is_there():
+    source = "deb [trusted=yes] http://gateway:8070/os/debian-12-x86_64 ./\n"
+    path = BUNDLE_APT_SOURCE
+    there = FakeHost({fact(Sha256File, path=path): hashlib.sha256(source.encode()).hexdigest()})
+    assert commands(bundle.apt_repository, there, source=source, path=path) == []
+    steps = commands(bundle.apt_repository, FakeHost({fact(Sha256File, path=path): None, **new_file(f"{path}.new")}),
+                     source=source, path=path)
+    assert list(uploads(steps)) == [f"{path}.new"]
+    assert [str(step) for step in steps if isinstance(step, StringCommand)][-2:] == [
+        f"apt-get -q update -oDir::Etc::sourcelist={path}.new -oDir::Etc::sourceparts=- -oAPT::Get::List-Cleanup=0",
+        f"mv -f {path}.new {path}"]
