@@ -237,7 +237,7 @@ def builds_over_pins(target: Target) -> list[PipBuild]:
 def fetch_build(target: Target, build: PipBuild, packages: Path, progress: Callable[[str], None]) -> None:
     """A build over a pin into packages/, from its URL or its index, checked against the profile's sha256."""
     dest = packages / build.file
-    if dest.exists() and file_sha256(dest) == build.sha256:
+    if holds(dest, build.sha256):
         return
     if build.from_index:
         index = index_urls(target)[0]
@@ -249,6 +249,11 @@ def fetch_build(target: Target, build: PipBuild, packages: Path, progress: Calla
         url = build.url
     progress(f"{target}: fetching {build.file}")
     download(url, dest, build.sha256)
+
+
+def holds(path: Path, sha256: str) -> bool:
+    """The bundle has this file as it should be (a rerun fetches and copies nothing it holds)."""
+    return path.exists() and file_sha256(path) == sha256
 
 
 def download(url: str, dest: Path, sha256: str) -> None:
@@ -273,7 +278,7 @@ def copy_vendor_files(target: Target, files: Path, progress: Callable[[str], Non
     for name in target.profile.vendor_files(target.arch).values():
         sha256 = target.profile.sha256_of(name)  # refuses a file without one, naming it
         dest = files / name
-        if dest.exists() and file_sha256(dest) == sha256:
+        if holds(dest, sha256):
             continue
         local = FILES / name
         if local.exists():
@@ -322,7 +327,7 @@ def copy_model(directory: Path, model: Model, target: Path, progress: Callable[[
     progress(f"model {model.id}@{model.revision}: {len(manifest['files'])} files from {directory}")
     for name, entry in manifest["files"].items():
         dest = target / name
-        if dest.exists() and file_sha256(dest) == entry["sha256"]:
+        if holds(dest, entry["sha256"]):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(directory / name, dest)
@@ -340,7 +345,7 @@ def fetch_model(model: Model, target: Path, progress: Callable[[str], None]) -> 
     manifest = answer.json()
     target.mkdir(parents=True, exist_ok=True)
     missing = {name: entry for name, entry in manifest["files"].items()
-               if not (target / name).exists() or file_sha256(target / name) != entry["sha256"]}
+               if not holds(target / name, entry["sha256"])}
     progress(f"model {model.id}@{model.revision}: fetching {len(missing)} of {len(manifest['files'])} files")
     for name, entry in missing.items():
         (target / name).parent.mkdir(parents=True, exist_ok=True)
