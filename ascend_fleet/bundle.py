@@ -42,8 +42,9 @@ from urllib.parse import urlsplit
 import requests
 
 from ascend_fleet import FILES, PROJECT_ROOT
+from ascend_fleet.bundle_layout import CONTROL_DIR, LOCKS_DIR, MANIFEST, MODELS_DIR, OS_DIR, VENDOR_DIR
 from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import BUNDLE_MODELS_DIR, fleet_node_configs, load_inventory
+from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.hostdata import Model, NodeConfig
 from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
 from ascend_fleet.node_layout import MANIFEST_NAME
@@ -51,7 +52,6 @@ from ascend_fleet.node_os import NodeOs
 from ascend_fleet.os_repository import (
     DEFAULT_ARCHIVES,
     MIRROR_GROUP,
-    OS_DIR,
     build_apt_repository,
     build_dnf_repository,
     fleet_packages,
@@ -63,11 +63,6 @@ from ascend_fleet.profile import PipBuild, Profile, load_profile
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, pip_environment
 from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
 
-MANIFEST = "bundle-manifest.json"
-LOCKS_DIR = "locks"
-VENDOR_DIR = "files"
-MODELS_DIR = BUNDLE_MODELS_DIR
-CONTROL_DIR = "control"
 DOWNLOAD_TIMEOUT = 3600  # seconds for one pip download of a lock's files (GBs for a vLLM stack)
 
 
@@ -396,8 +391,3 @@ def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | N
     has = ", ".join(f"{p['profile']} {p['arch']} Python {p['python']}" for p in served) or "nothing"
     return (f"bundle {out} has no {profile} for {arch} Python {python} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch}` where the indexes answer")
-
-
-def bundle_file_sha256(out: Path, name: str) -> str:
-    """A file's sha256 as the bundle's manifest lists it (the file was checked against it at preflight)."""
-    return json.loads((out / MANIFEST).read_text())["files"][name]

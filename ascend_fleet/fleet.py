@@ -23,6 +23,7 @@ from pyinfra.api.exceptions import NoGroupError
 from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
+from ascend_fleet.bundle_layout import model_dir
 from ascend_fleet.errors import FleetError
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
@@ -67,7 +68,6 @@ def model_support() -> dict[str, ModelSupport]:
 # A control-machine copy of model configs, laid out as the mirror publishes models:
 # <org>/<name>/<revision>/config.json.
 MODELS_DIR = FILES / "models"
-BUNDLE_MODELS_DIR = "models"  # where a bundle (bundle.py) carries each model, as <org>/<name>/<revision>/
 HTTP_TIMEOUT_SECONDS = 10
 
 
@@ -242,7 +242,7 @@ class ModelConfigs:
         if staged.is_file():
             return read_model_config(staged), read_modelslim_description(staged)
         # A site's bundle carries the model: its mirror may not serve yet (the first deploy starts it).
-        carried = Path(config.bundle_dir or "") / BUNDLE_MODELS_DIR / model.id / model.revision / "config.json"
+        carried = model_dir(Path(config.bundle_dir or ""), model.id, model.revision) / "config.json"
         if config.bundle_dir and carried.is_file():
             return read_model_config(carried), read_modelslim_description(carried)
         if model.url:

@@ -27,7 +27,6 @@ from ascend_fleet.node_os import SERVED, NodeOs, role_gaps
 from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 
-OS_DIR = "os"
 # The group whose hosts serve the bundle (stages/mirror.py): they read their own copy of it from disk.
 MIRROR_GROUP = "mirror"
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}

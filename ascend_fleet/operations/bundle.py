@@ -13,7 +13,7 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.operations import files
 
-from ascend_fleet.bundle import MANIFEST
+from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.package_index import file_sha256
 
 

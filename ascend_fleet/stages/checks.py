@@ -20,11 +20,12 @@ from pyinfra.facts.server import Command
 
 from ascend_fleet import FILES
 from ascend_fleet.bundle import coverage_refusal, os_coverage_refusal, verify_bundle
+from ascend_fleet.bundle_layout import model_dir
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
-from ascend_fleet.fleet import BUNDLE_MODELS_DIR, check_fleet, model_support
+from ascend_fleet.fleet import check_fleet, model_support
 from ascend_fleet.fleet_check import vendor_file_problem
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
@@ -144,8 +145,8 @@ def model_bytes(config: NodeConfig) -> int:
     ran), else from the HTTP mirror's manifest."""
     model = config.model
     if config.bundle_dir:
-        carried = Path(config.bundle_dir) / BUNDLE_MODELS_DIR / model.id / model.revision
-        return sum(entry["size"] for entry in read_manifest(carried)["files"].values())
+        carried = read_manifest(model_dir(Path(config.bundle_dir), model.id, model.revision))
+        return sum(entry["size"] for entry in carried["files"].values())
     return mirror_model_bytes(model.url, model.id, model.revision)
 
 

@@ -10,7 +10,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, dnf, files
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.bundle import bundle_file_sha256
+from ascend_fleet.bundle_layout import OS_DIR, listed_sha256
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
@@ -19,7 +19,7 @@ from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, BUNDLE_
 from ascend_fleet.node_os import NodeOs, node_os, not_served
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.bundle import only_source
-from ascend_fleet.os_repository import MIRROR_GROUP, OS_DIR, repository_name
+from ascend_fleet.os_repository import MIRROR_GROUP, repository_name
 from ascend_fleet.per_run import fact_of_the_run, once_per_run
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.templating import render
@@ -108,12 +108,12 @@ def bundle_source(known: NodeOs) -> list[str]:
                else f"{config.bundle_url}/{OS_DIR}/{name}")
         bundle_dir = Path(config.bundle_dir)
         if known.package_manager == "dnf":
-            repomd = bundle_file_sha256(bundle_dir, f"{OS_DIR}/{name}/repodata/repomd.xml")
+            repomd = listed_sha256(bundle_dir, f"{OS_DIR}/{name}/repodata/repomd.xml")
             source = render(TEMPLATES / "bundle-dnf.repo.j2", name=BUNDLE_DNF_REPO_ID, url=url, repomd_sha256=repomd)
             files.put(name="The bundle's OS packages as a dnf repository", src=StringIO(source),
                       dest=BUNDLE_DNF_REPO, mode="0644")
             return []
-        release = bundle_file_sha256(bundle_dir, f"{OS_DIR}/{name}/Release")
+        release = listed_sha256(bundle_dir, f"{OS_DIR}/{name}/Release")
         source = render(TEMPLATES / "bundle-apt-source.list.j2", url=url, release_sha256=release)
         bundle.apt_repository(name="The bundle's OS packages as an apt source", source=source,
                               path=BUNDLE_APT_SOURCE)

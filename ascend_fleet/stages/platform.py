@@ -10,7 +10,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle import VENDOR_DIR
+from ascend_fleet.bundle_layout import VENDOR_DIR
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig

@@ -23,7 +23,7 @@ import requests
 from packaging.utils import canonicalize_name
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.bundle import MANIFEST
+from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
 from ascend_fleet.lab.inventory import lab_groups
 from ascend_fleet.lab.mirror import locks_dir

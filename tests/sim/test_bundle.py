@@ -22,7 +22,8 @@ import requests
 from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.bundle import MANIFEST, build_bundle, coverage_refusal, os_coverage_refusal, verify_bundle
+from ascend_fleet.bundle import build_bundle, coverage_refusal, os_coverage_refusal, verify_bundle
+from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.fleet_check import inventory_problems
 from ascend_fleet.lab import rpmrepo
 from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model, publish_vendor_files

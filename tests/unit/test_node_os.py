@@ -12,7 +12,7 @@ import pytest
 from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
 from ascend_fleet import stages
-from ascend_fleet.bundle import MANIFEST
+from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, SITE_MIRROR_ROOT, unit_file

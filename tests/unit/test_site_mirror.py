@@ -10,7 +10,7 @@ from pyinfra.api import StringCommand
 from pyinfra.facts.files import Sha256File
 from pyinfra.facts.rpm import RpmPackages
 
-from ascend_fleet.bundle import MANIFEST
+from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
 from ascend_fleet.operations import bundle
 from ascend_fleet.package_index import file_sha256
