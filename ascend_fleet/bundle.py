@@ -45,7 +45,7 @@ from ascend_fleet import FILES, PROJECT_ROOT
 from ascend_fleet.bundle_layout import CONTROL_DIR, LOCKS_DIR, MANIFEST, MODELS_DIR, OS_DIR, VENDOR_DIR
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
-from ascend_fleet.hostdata import Model, NodeConfig
+from ascend_fleet.hostdata import URL, Model, NodeConfig
 from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
 from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.node_os import NodeOs
@@ -63,6 +63,9 @@ from ascend_fleet.profile import PipBuild, Profile, load_profile
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, pip_environment
 from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
 
+# An archive the package manager reads: http(s) as host data's URLs allow it (no blank, quote, $ or `: dnf
+# expands $ in a baseurl), or a folder here (file://).
+ARCHIVE_URL = re.compile("(?:https?|file)" + URL.pattern.removeprefix("https?"))
 DOWNLOAD_TIMEOUT = 3600  # seconds for one pip download of a lock's files (GBs for a vLLM stack)
 
 
@@ -146,9 +149,9 @@ def bundle_os(known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts:
     """The release's OS packages for every role of the fleet, on arch, as out/os/<release>-<arch>/, from
     archive (default: the distribution's own)."""
     archive = (archive or DEFAULT_ARCHIVES.get(known.distribution, "")).format(release=known.release).rstrip("/")
-    if not re.fullmatch(r"(https?|file)://\S+", archive):
-        raise FleetError(f"bundle: --os '{known.name}={archive}': give the release's archive as an http(s) or file "
-                         "URL after the =")
+    if not ARCHIVE_URL.fullmatch(archive):
+        raise FleetError(f"bundle: --os '{known.name}': archive {archive!r} is not an http(s) or file URL without "
+                         "blanks, quotes, $ or `; give the release's archive after the =")
     name = repository_name(known, arch)
     build = build_apt_repository if known.package_manager == "apt" else build_dnf_repository
     build(out / OS_DIR / name, known, arch, archive, fleet_packages(known, configs, mirror_hosts), progress)

@@ -242,9 +242,10 @@ class ModelConfigs:
         if staged.is_file():
             return read_model_config(staged), read_modelslim_description(staged)
         # A site's bundle carries the model: its mirror may not serve yet (the first deploy starts it).
-        carried = model_dir(Path(config.bundle_dir or ""), model.id, model.revision) / "config.json"
-        if config.bundle_dir and carried.is_file():
-            return read_model_config(carried), read_modelslim_description(carried)
+        if config.bundle_dir:
+            carried = model_dir(Path(config.bundle_dir), model.id, model.revision) / "config.json"
+            if carried.is_file():
+                return read_model_config(carried), read_modelslim_description(carried)
         if model.url:
             base = f"{model.url}/models/{model.id}/{model.revision}"
             return (_fetch_json(f"{base}/config.json", config.host),

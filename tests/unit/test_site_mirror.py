@@ -6,12 +6,16 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 from pyinfra.api import StringCommand
 from pyinfra.facts.files import Sha256File
 from pyinfra.facts.rpm import RpmPackages
 
-from ascend_fleet.bundle_layout import MANIFEST
+from ascend_fleet.bundle import bundle_os
+from ascend_fleet.bundle_layout import MANIFEST, listed_sha256
+from ascend_fleet.errors import FleetError
 from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
+from ascend_fleet.node_os import node_os
 from ascend_fleet.operations import bundle
 from ascend_fleet.package_index import file_sha256
 from tests.fakehost import FakeHost, commands, fact, new_file, uploads
@@ -66,3 +70,23 @@ def test_the_bundles_apt_source_is_read_alone_before_it_goes_in_place_and_not_ag
     assert [str(step) for step in steps if isinstance(step, StringCommand)][-2:] == [
         f"apt-get -q update -oDir::Etc::sourcelist={path}.new -oDir::Etc::sourceparts=- -oAPT::Get::List-Cleanup=0",
         f"mv -f {path}.new {path}"]
+
+
+@pytest.mark.parametrize("archive", ["http://mirror/debian\ndeb http://evil/ ./", "http://mirror/de bian",
+                                     "http://mirror/$basearch", 'http://mirror/"debian', "http://mirror/a'b",
+                                     "ftp://mirror/debian"])
+def test_an_archive_url_a_sources_file_or_a_dnf_repository_would_read_otherwise_is_refused_before_any_download(
+        archive, tmp_path):
+    with pytest.raises(FleetError) as refused:
+        bundle_os(node_os("Debian", "12"), "x86_64", [], False, archive, tmp_path, print)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("bundle: --os 'Debian 12': archive ") and line.endswith(
+        "is not an http(s) or file URL without blanks, quotes, $ or `; give the release's archive after the =")
+    assert not (tmp_path / "os").exists()
+
+
+@pytest.mark.parametrize("digest", ["ab" * 32 + "\ndeb http://evil/ ./", "%s;'\" x", "AB" * 32])
+def test_a_manifest_digest_that_is_not_a_sha256_never_reaches_a_package_source(digest, tmp_path):
+    (tmp_path / MANIFEST).write_text(json.dumps({"files": {"os/debian-12-x86_64/Release": digest}}))
+    with pytest.raises(FleetError, match=f"^bundle {tmp_path}: {MANIFEST} lists os/debian-12-x86_64/Release with "):
+        listed_sha256(tmp_path, "os/debian-12-x86_64/Release")
