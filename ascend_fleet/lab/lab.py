@@ -83,7 +83,8 @@ def up(spec: LabSpec, console: Console) -> LabState:
                 return existing
             raise FleetError(f"lab up: a different lab is up in {spec.lab_dir}; a running lab only grows (more "
                              "--nodes, everything else as it was brought up): `ascend-fleet lab down` first")
-        console.print(f"a previous lab in {spec.lab_dir} did not finish cleanly: removing its leftovers")
+        console.print(f"a previous lab in {spec.lab_dir} did not finish cleanly ({stopped_processes(existing)}): "
+                      "removing its leftovers")
         down(spec.lab_dir)
     check_can_run(spec)
     state = LabState(spec.lab_dir, spec.model_dump(mode="json"), [])
@@ -326,6 +327,15 @@ def node_processes(state: LabState) -> dict[str, dict]:
     """Each node's supervisor entry, by node name."""
     return {entry["role"].removeprefix("node "): entry for entry in state.find("process")
             if entry["role"].startswith("node ")}
+
+
+def stopped_processes(state: LabState) -> str:
+    """Which of the lab's processes are gone, each with the last words of its log: read before
+    `lab down` removes the lab's directory, logs and all."""
+    return "; ".join(
+        f"{entry['role']} stopped, its log ends: {processes.last_words(Path(entry['log'])) if 'log' in entry else '-'}"
+        for entry in state.find("process")
+        if not (entry.get("pid") and processes.is_ours(entry["pid"], entry["marker"]))) or "none stopped"
 
 
 def all_running(state: LabState) -> bool:

@@ -46,7 +46,7 @@ def start_mirror(state: LabState, spec: LabSpec) -> None:
                              root=root, apt_cache_dir=apt_cache, listen_address=spec.host_address,
                              port=spec.mirror_port, debian_upstream=spec.debian_upstream))
     run(["nginx", "-t", "-q", "-c", str(config)], what="checking the mirror's nginx config")
-    entry = state.record("process", role="mirror", marker=str(config), pid=None)
+    entry = state.record("process", role="mirror", marker=str(config), pid=None, log=str(run_dir / "nginx.out"))
     entry["pid"] = processes.spawn(["nginx", "-c", str(config)], run_dir / "nginx.out")
     state.save()
     _wait_for_port(spec.host_address, spec.mirror_port, entry["pid"], str(config))

@@ -213,7 +213,7 @@ def start_lxcfs(state: LabState, spec: LabSpec, console: Console) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     mountpoint.mkdir(parents=True, exist_ok=True)
     state.record("mount", path=str(mountpoint))
-    entry = state.record("process", role="lxcfs", marker=str(mountpoint), pid=None)
+    entry = state.record("process", role="lxcfs", marker=str(mountpoint), pid=None, log=str(logs / "lxcfs.log"))
     for attempt in (1, 2):
         # Its own pidfile: lxcfs locks the default one, which would allow one lab per machine.
         entry["pid"] = processes.spawn(["lxcfs", "--foreground", f"--pidfile={logs / 'lxcfs.pid'}", str(mountpoint)],
@@ -255,7 +255,7 @@ def start_node(state: LabState, spec: LabSpec, node: NodeSpec) -> None:
     # Recorded before the supervisor, so `lab down` removes them after its processes are gone.
     state.record("cgroups", node=node.name, paths=[str(path) for path in cgroups.node_cgroups(spec.name, node.name)])
     entry = state.record("process", role=f"node {node.name}", marker=str(home), pid=None,
-                         child_pidfile=str(home / "nspawn.pid"))
+                         child_pidfile=str(home / "nspawn.pid"), log=str(home / "console.log"))
     spawn_supervisor(state, entry, home)
 
 
