@@ -28,6 +28,7 @@ from pyinfra.context import ctx_state
 from ascend_fleet import FILES
 from ascend_fleet.bundle import verify_bundle
 from ascend_fleet.errors import FleetError
+from ascend_fleet.firewall import ssh_lockout_problems
 from ascend_fleet.fleet import (
     MODELS_DIR,
     ModelConfigs,
@@ -67,6 +68,7 @@ def fleet_problems(inventory: Inventory, source: Path | None = None, model_confi
             problems += plan_configs(configs, roles, ModelConfigs(model_config, models_dir), problems).errors()
             problems += vendor_file_problems(configs)
             problems += bundle_problems(configs)
+            problems += ssh_lockout_problems(inventory)
     return merge_hosts(problems, [host.name for host in inventory])
 
 

@@ -376,6 +376,14 @@ class NodeConfig(_Strict):
         default_factory=list, description="addresses, networks (CIDR) or names resolved on the control machine "
         "that may reach the instance ports besides the gateway hosts, e.g. a gateway's address on the serving "
         "network or an outside Prometheus")
+    monitoring_allowed_sources: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="addresses, networks (CIDR) or names resolved on the control machine "
+        "that may reach node_exporter, and on gateways Prometheus and the nginx exporter, besides the monitoring "
+        "hosts (the gateways), e.g. an outside Grafana or the operator's network")
+    sshd_allowed_sources: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="addresses, networks (CIDR) or names resolved on the control machine: "
+        "the only ones the firewall lets reach the host's SSH (ssh_port); empty: SSH is left as it is. The check "
+        "refuses a list that leaves out this machine's own address, where it can tell")
 
     @property
     def pip_locks_path(self) -> Path | None:

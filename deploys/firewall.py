@@ -1,4 +1,4 @@
-"""Instance firewall: each worker's vLLM ports open to the gateway and monitoring only."""
+"""Firewall: each worker's and gateway's ports open to those that need them only (ascend_fleet/firewall.py)."""
 
 from ascend_fleet.stages.firewall import firewall_stage
 

@@ -48,6 +48,8 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
         **sources,
         # Each lab keeps its rollout state apart: several labs share inventories/lab.py.
         "fleet_state_dir": str(fleet_state_dir(lab_dir)),
+        # The lab host is the operator's machine: it reads Prometheus and the exporters, as a site's would.
+        "monitoring_allowed_sources": [spec.host_address],
         **plan,
     }
 

@@ -75,10 +75,9 @@ def recorder(monkeypatch):
 
 
 def run_firewall_stage(monkeypatch, fake: FakeHost) -> None:
-    config = SimpleNamespace(is_worker=True, instance_firewall=True, model=SimpleNamespace(peer_port=8090))
+    config = SimpleNamespace(is_worker=True, is_gateway=False, instance_firewall=True)
     monkeypatch.setattr(firewall, "host_node_config", lambda _host: config)
-    for name in ("instance_ports", "instance_sources", "peer_sources"):
-        monkeypatch.setattr(firewall, name, lambda *_args: [])
+    monkeypatch.setattr(firewall, "host_openings", lambda *_args: [])
     monkeypatch.setattr(firewall, "firewall_rules", lambda *_args: SimpleNamespace(text="", comment="c"))
     with on(fake):
         firewall.firewall_stage.__wrapped__()
