@@ -1,0 +1,110 @@
+"""Every worker's and gateway's firewall on the session lab, checked with real connections between
+nodes (bash's /dev/tcp over SSH on the node that connects): from a worker, the gateway's Prometheus
+and nginx exporter, another worker's node_exporter and its VLLM_PORT and HCCL ports are refused; the
+gateway (the monitoring host) reaches a worker's node_exporter, and the lab host (the operator's
+machine, in monitoring_allowed_sources) Prometheus. sshd_allowed_sources closes a gateway's SSH to
+all but the networks it names, and a list that would leave out this machine is refused before
+pyinfra connects. The module leaves the fleet deployed as the lab's data says."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import pytest
+
+from ascend_fleet.lab.state import LabState
+from ascend_fleet.node_layout import FIREWALL_UNIT, instance_env_file
+from ascend_fleet.planner import HCCL_PORT_COUNT, VLLM_PORT_SPAN
+from ascend_fleet.stages.monitoring import NGINX_EXPORTER_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
+from tests.lab.conftest import Lab
+from tests.lab.test_full_deploy import totals
+from tests.lab.test_secrets import address, connect_from_here
+
+pytestmark = pytest.mark.lab
+
+# What `timeout 5 bash -c 'exec 3<>/dev/tcp/ADDRESS/PORT'` exits with.
+OUTCOMES = {0: "open", 1: "refused", 124: "dropped"}
+
+
+@pytest.fixture(scope="module")
+def fleet(lab: Lab) -> Lab:
+    lab.pyinfra("deploys/full.py", timeout=3600)
+    return lab
+
+
+def connect(lab: Lab, node: str, to: str, port: int) -> str:
+    """Whether `node` opens a TCP connection to `to` (a node's name or an address) on `port`."""
+    target = "127.0.0.1" if to == node else address(lab, to) if to in lab.nodes else to
+    result = lab.run(node, f"timeout 5 bash -c 'exec 3<>/dev/tcp/{target}/{port}'", check=False)
+    return OUTCOMES.get(result.returncode, f"exit {result.returncode}: {result.stderr.strip()}")
+
+
+def engine_ports(lab: Lab, worker: str) -> dict[str, int]:
+    """The last port of vllm-0's VLLM_PORT range and of its HCCL range, from its deployed environment."""
+    env = dict(line.split("=", 1) for line in lab.run(worker, f"cat {instance_env_file('vllm-0')}").stdout.split()
+               if "=" in line)
+    return {"VLLM_PORT": int(env["VLLM_PORT"]) + VLLM_PORT_SPAN - 1,
+            "HCCL": int(env["HCCL_IF_BASE_PORT"]) + HCCL_PORT_COUNT - 1}
+
+
+@contextmanager
+def listening(lab: Lab, node: str, port: int):
+    """A listener on every address of `node` on `port` while the block runs: the one there (the lab's
+    simulated HCCL listens on its range), else one of ours."""
+    if lab.run(node, f"ss -ltnH 'sport = :{port}'").stdout.strip():
+        yield
+        return
+    pid = lab.run(node, f"setsid timeout 120 python3 -m http.server {port} --bind 0.0.0.0 </dev/null >/dev/null 2>&1 "
+                        f"& echo $!; for i in $(seq 50); do ss -ltnH 'sport = :{port}' | grep -q . && exit 0; "
+                        "sleep 0.1; done; exit 1").stdout.strip()
+    try:
+        yield
+    finally:
+        lab.run(node, f"kill {pid}")
+
+
+def test_a_worker_reaches_neither_the_gateways_monitoring_nor_another_workers_exporter_or_engine_ports(fleet):
+    lab = fleet
+    for port in (PROMETHEUS_PORT, NGINX_EXPORTER_PORT):
+        assert connect(lab, "gateway", "gateway", port) == "open", port  # it listens
+        assert connect(lab, "worker1", "gateway", port) == "refused", port
+        assert connect_from_here(address(lab, "gateway"), port) == "open", port  # monitoring_allowed_sources
+    assert connect(lab, "worker2", "worker2", NODE_EXPORTER_PORT) == "open"
+    assert connect(lab, "worker1", "worker2", NODE_EXPORTER_PORT) == "refused"
+    for name, port in engine_ports(lab, "worker2").items():
+        with listening(lab, "worker2", port):
+            assert connect(lab, "worker2", "worker2", port) == "open", name
+            assert connect(lab, "worker1", "worker2", port) == "refused", name
+            assert connect(lab, "gateway", "worker2", port) == "refused", name
+
+
+def test_the_monitoring_host_reaches_every_workers_node_exporter_and_the_rules_load_at_boot(fleet):
+    lab = fleet
+    for worker in lab.workers:
+        assert connect(lab, "gateway", worker, NODE_EXPORTER_PORT) == "open", worker
+    for node in lab.nodes:
+        assert lab.run(node, f"systemctl is-enabled {FIREWALL_UNIT}").stdout.strip() == "enabled", node
+        assert "ascend-fleet rules sha256:" in lab.run(node, "nft list table inet ascend_fleet").stdout, node
+
+
+def test_sshd_allowed_sources_close_a_gateways_ssh_to_all_but_them_and_never_to_this_machine(fleet):
+    lab = fleet
+    here = LabState.require(lab.lab_dir).spec.host_address  # where this machine's connections come from
+    refused = lab.pyinfra("--limit", "gateway", "--data", f"sshd_allowed_sources={json.dumps(['10.9.9.9'])}",
+                          "deploys/firewall.py", check=False)
+    assert refused.returncode != 0
+    assert (f"gateway: sshd_allowed_sources: ['10.9.9.9'] leaves out {here}, the address this machine connects to "
+            "the host from") in refused.stdout, refused.stdout[-3000:]
+    assert connect(lab, "worker1", "gateway", 22) == "open"  # nothing changed
+    try:
+        lab.pyinfra("--limit", "gateway", "--data", f"sshd_allowed_sources={json.dumps([here])}",
+                    "deploys/firewall.py")
+        assert connect(lab, "worker1", "gateway", 22) == "refused"
+        assert connect(lab, "gateway", "worker1", 22) == "open"  # a worker's SSH is as it was
+        assert connect_from_here(address(lab, "gateway"), 22) == "open"
+    finally:
+        lab.pyinfra("--limit", "gateway", "deploys/firewall.py")
+    assert connect(lab, "worker1", "gateway", 22) == "open"
+    again = lab.pyinfra("deploys/firewall.py").stdout
+    assert totals(again)["changed"] == 0, again[-3000:]
