@@ -68,7 +68,7 @@ def fleet_packages(known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool)
                       *(known.driver_prerequisites or ()), *python,
                       *profile.pip.system_packages.get(known.package_manager, [])]
         if config.is_gateway:
-            names += [known.nginx, known.prometheus and known.prometheus.package,
+            names += [known.nginx, known.nftables, known.prometheus and known.prometheus.package,
                       known.nginx_exporter and known.nginx_exporter.package]
     return sorted({name for name in names if name})
 
