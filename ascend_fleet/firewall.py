@@ -91,10 +91,15 @@ def resolve(name: str) -> list[str]:
     return [info[4][0].split("%", 1)[0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)]
 
 
+def gateway_hosts(inventory: Iterable) -> list:
+    """The hosts whose nginx sends requests to the instances (and whose keepalived moves the virtual address)."""
+    return [member for member in inventory if host_node_config(member).is_gateway]
+
+
 def monitoring_hosts(inventory: Iterable) -> list:
     """The hosts that run Prometheus and scrape every exporter and instance: the gateway hosts
     (stages/monitoring.py). The one place that says who they are."""
-    return [member for member in inventory if host_node_config(member).is_gateway]
+    return gateway_hosts(inventory)
 
 
 def instance_sources(config: NodeConfig, inventory: Iterable) -> list[Network]:
@@ -102,7 +107,7 @@ def instance_sources(config: NodeConfig, inventory: Iterable) -> list[Network]:
     host (Prometheus) and the data's instance_allowed_sources. None at all is refused: the instances
     would answer nobody."""
     inventory = list(inventory)  # every host, also those a --limit leaves out
-    found = (addresses([member for member in inventory if host_node_config(member).is_gateway], config.host, "gateway")
+    found = (addresses(gateway_hosts(inventory), config.host, "gateway")
              + addresses(monitoring_hosts(inventory), config.host, "monitoring host")  # by_family merges repeats
              + sources(config.instance_allowed_sources, config.host, "instance_allowed_sources"))
     if not found:
@@ -228,7 +233,7 @@ def host_openings(host, inventory, monitored: Iterable[int]) -> list[Opening]:
                   opening("peer", [config.model.peer_port], peer_sources(config, inventory))]
     found.append(opening("monitoring", monitored, monitoring_sources(config, inventory)))
     if config.is_gateway:
-        others = [member for member in inventory if host_node_config(member).is_gateway and member.name != host.name]
+        others = [member for member in gateway_hosts(inventory) if member.name != host.name]
         found.append(Opening("vrrp", (), tuple(addresses(others, config.host, "gateway")), protocol=VRRP))
     if config.sshd_allowed_sources:
         found.append(opening("ssh", [ssh_port(host)],
