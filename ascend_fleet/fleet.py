@@ -25,6 +25,7 @@ from pyinfra.context import ctx_state
 from ascend_fleet import FILES
 from ascend_fleet.bundle_layout import model_dir
 from ascend_fleet.errors import FleetError
+from ascend_fleet.gateway import virtual_address_problems
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole, data_parallel_problems, data_parallel_roles
@@ -279,7 +280,7 @@ def fleet_node_configs(inventory: Inventory) -> list[NodeConfig]:
 def fleet_data_problems(inventory: Inventory, configs: list[NodeConfig]):
     """One line per way the hosts' data cannot work together: multi-node instances, a worker that no
     rollout wave includes (a multi-node instance's member goes with its head), the NPU network, two
-    hosts with one serving address."""
+    hosts with one serving address, gateways that disagree on their virtual address."""
     groups = group_members(inventory)
     data_parallel = list(data_parallel_problems(groups, configs))
     yield from data_parallel
@@ -299,6 +300,7 @@ def fleet_data_problems(inventory: Inventory, configs: list[NodeConfig]):
             if owner != config.host:
                 yield (f"{config.host}: serving_address: {config.serving_address} is {owner}'s too; expected each "
                        "host's own address on the serving network")
+    yield from virtual_address_problems(inventory, configs)
 
 
 def group_members(inventory: Inventory) -> dict[str, list[str]]:

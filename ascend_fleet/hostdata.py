@@ -14,7 +14,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -261,6 +261,29 @@ class Gateway(_Strict):
     upstream_name: Identifier = "vllm_backend"
 
 
+# A network interface name as the kernel allows it (IFNAMSIZ 16 with its NUL; no '/', blank or ':').
+InterfaceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]
+
+
+def _centiseconds(seconds: float) -> float:
+    if round(seconds, 2) != seconds:
+        raise ValueError(f"{seconds}: keepalived counts the advert interval in hundredths of a second")
+    return seconds
+
+
+class VirtualAddress(_Strict):
+    """One address over every gateway, held by one gateway at a time and moved to a healthy one by
+    keepalived (VRRP version 3, unicast between the gateways; gateway.py says why)."""
+
+    address: IPv4Interface = Field(description="the address clients use, with its prefix, e.g. 10.0.0.100/24")
+    interface: InterfaceName = Field(description="the gateways' interface on the clients' network, which gets it")
+    router_id: int = Field(51, ge=1, le=255, description="virtual_router_id: unique among the VRRP routers of "
+                                                         "that network")
+    advert_seconds: Annotated[float, AfterValidator(_centiseconds)] = Field(
+        0.5, ge=0.01, le=40.95, description="how often the holder says it is alive; a peer takes over after 3 "
+                                            "of them go unheard")
+
+
 # A Prometheus duration, e.g. 30s, 5m, 1h.
 Duration = Annotated[str, Field(pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$")]
 
@@ -310,6 +333,10 @@ class NodeConfig(_Strict):
         "one-line values")
     service_user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
     gateway: Gateway | None = None
+    gateway_vip: VirtualAddress | None = Field(None, description="gateway hosts: one address over all of them "
+                                               "(keepalived); the same on every gateway")
+    gateway_vrrp_priority: int = Field(100, ge=1, le=254, description="gateway hosts: which takes the virtual "
+                                       "address first (higher); a gateway that returns does not take it back")
     monitoring: Monitoring = Field(default_factory=Monitoring, description="used on gateway hosts")
     pip_index_url: Url | None = None
     pip_locks_dir: OneLine | None = Field(None, description="a folder on the control machine with locks "

@@ -56,6 +56,8 @@ NPU_METRICS_UNIT = "ascend-fleet-npu-metrics"  # a .service and a .timer
 NGINX_CONF_DIR = "/etc/nginx/conf.d"
 GATEWAY_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet.conf"
 NGINX_STATUS_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-status.conf"
+# The gateways' virtual address: where Debian's keepalived unit reads its config (ConditionFileNotEmpty).
+KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"
 PEER_SERVER_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-weights.conf"
 SITE_MIRROR_CONFIG = f"{NGINX_CONF_DIR}/ascend-fleet-site-mirror.conf"
 SITE_MIRROR_ROOT = "/var/lib/ascend-fleet-site-mirror"  # the site's bundle (bundle.py), served to the fleet

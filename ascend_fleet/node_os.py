@@ -14,6 +14,8 @@ from dataclasses import dataclass
 # What a role of the fleet installs; a release that has no known package for one cannot take the role.
 WORKER_NEEDS = ("nftables", "nginx", "node_exporter", "driver_prerequisites")
 GATEWAY_NEEDS = ("nginx", "prometheus", "prometheus_args_file", "nginx_exporter", "nginx_exporter_args_file")
+# What a gateway carrying the fleet's virtual address installs besides (gateway.py).
+VIRTUAL_ADDRESS_NEEDS = ("virtual_address_packages",)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class NodeOs:
     prometheus_args_file: str | None
     nginx_exporter: Service | None
     nginx_exporter_args_file: str | None
+    # keepalived (its unit of the same name, /etc/keepalived/keepalived.conf) and curl for its nginx check
+    virtual_address_packages: tuple[str, ...] | None
     driver_prerequisites: tuple[str, ...] | None
     kernel_headers: str | None  # the running kernel's headers package, {kernel} = `uname -r`, or None
 
@@ -71,6 +75,7 @@ def _debian(distribution: str, release: str, codename: str, python: str) -> Node
         prometheus=Service("prometheus", "prometheus"), prometheus_args_file="/etc/default/prometheus",
         nginx_exporter=Service("prometheus-nginx-exporter", "prometheus-nginx-exporter"),
         nginx_exporter_args_file="/etc/default/prometheus-nginx-exporter",
+        virtual_address_packages=("keepalived", "curl"),
         driver_prerequisites=("dkms", "gcc", "make", "pciutils", "net-tools"),
         kernel_headers="linux-headers-{kernel}",
     )
@@ -89,6 +94,7 @@ SERVED = (
         node_exporter=Service("node_exporter", "node_exporter"), node_exporter_args_file=None,
         prometheus=Service("prometheus2", "prometheus"), prometheus_args_file=None,
         nginx_exporter=None, nginx_exporter_args_file=None,
+        virtual_address_packages=None,  # no source here says how openEuler packages keepalived
         driver_prerequisites=("dkms", "gcc", "make", "kernel-devel", "kernel-headers", "pciutils", "net-tools"),
         kernel_headers=None,  # kernel-devel and kernel-headers are among the prerequisites
     ),
@@ -110,7 +116,8 @@ def not_served(distribution: str, release: str) -> str:
             "reinstall the node with a served release")
 
 
-def role_gaps(known: NodeOs, worker: bool, gateway: bool) -> list[str]:
+def role_gaps(known: NodeOs, worker: bool, gateway: bool, virtual_address: bool = False) -> list[str]:
     """What the release lacks (no known package) for the roles the node takes."""
-    needs = (WORKER_NEEDS if worker else ()) + (GATEWAY_NEEDS if gateway else ())
+    needs = ((WORKER_NEEDS if worker else ()) + (GATEWAY_NEEDS if gateway else ())
+             + (VIRTUAL_ADDRESS_NEEDS if gateway and virtual_address else ()))
     return [need for need in dict.fromkeys(needs) if getattr(known, need) is None]

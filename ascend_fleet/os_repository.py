@@ -59,7 +59,7 @@ def fleet_packages(known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool)
     role the release lacks a package for is refused at preflight, node_os.role_gaps, and left out here)."""
     names: list[str | None] = [known.nginx] if mirror_hosts else []
     for config in configs:
-        if role_gaps(known, config.is_worker, config.is_gateway):
+        if role_gaps(known, config.is_worker, config.is_gateway, config.gateway_vip is not None):
             continue
         if config.is_worker:
             profile = load_profile(config.profile)
@@ -69,7 +69,8 @@ def fleet_packages(known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool)
                       *profile.pip.system_packages.get(known.package_manager, [])]
         if config.is_gateway:
             names += [known.nginx, known.nftables, known.prometheus and known.prometheus.package,
-                      known.nginx_exporter and known.nginx_exporter.package]
+                      known.nginx_exporter and known.nginx_exporter.package,
+                      *((known.virtual_address_packages or ()) if config.gateway_vip else ())]
     return sorted({name for name in names if name})
 
 

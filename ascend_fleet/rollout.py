@@ -54,6 +54,7 @@ from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
 from ascend_fleet.fleetstate import BLUE, GATEWAY_FILE, FleetState, backend_key, other_colour
+from ascend_fleet.gateway import client_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.multi_node import data_parallel_roles
@@ -168,7 +169,21 @@ class Fleet:
                       if any(host.name in self.workers for host in hosts))
 
     def gateway_urls(self) -> list[str]:
-        return [f"http://{self.addresses[host]}:{self.configs[host].gateway.listen_port}" for host in self.gateways]
+        """Each gateway's own URL, then the virtual address's when the data gives one: each must serve."""
+        own = [f"http://{self.addresses[host]}:{self.configs[host].gateway.listen_port}" for host in self.gateways]
+        return list(dict.fromkeys([*own, self.client_url()]))
+
+    def unreachable_gateways(self) -> str | None:
+        """One line naming each gateway this machine cannot reach over SSH now, or None."""
+        facts = read_fleet_facts({name: (self.inventory.get_host(name).data.dict(), {}) for name in self.gateways})
+        down = [f"{name}: {facts[name].error}" for name in self.gateways if facts[name].error]
+        return ("; ".join(down) + "; every gateway takes each drain: bring it back (or take it out of the "
+                "inventory)") if down else None
+
+    def client_url(self) -> str:
+        """Where clients reach the fleet: the gateways' virtual address, else the first gateway."""
+        first = self.gateways[0]
+        return client_url(self.configs[first], self.addresses[first])
 
     def waves(self, names: list[str] | None) -> list[tuple[str, list[str]]]:
         """(wave, workers) in rollout order: the given groups, else the data's rollout_waves, else
@@ -459,9 +474,12 @@ class Runner:
         return f"{pyinfra_failure(output, hosts)} (log: {log})"
 
     def set_gateway(self, drained: set[str], label: str) -> str | None:
-        """Apply the drained set with the gateway deploy (nginx -t, then reload). It is recorded, and pushed
-        to the fleet's records, once the gateway has it: a deploy that failed (nginx -t refused it, the
-        gateway did not answer) leaves the record as it was, as the gateway kept its config."""
+        """Apply the drained set with the gateway deploy (nginx -t, then reload) on every gateway. It is
+        recorded, and pushed to the fleet's records, once the gateways have it: a deploy that failed (nginx -t
+        refused it, a gateway did not answer) leaves the record as it was, as the gateways kept their config.
+        Every gateway must answer first: a drain that reached some would leave them routing differently."""
+        if (problem := self.fleet.unreachable_gateways()) is not None:
+            return problem
         state, lease = self.fleet.state, fleetlease.held()
         before = state.drained()
         with lease.withheld(GATEWAY_FILE) if lease else nullcontext():

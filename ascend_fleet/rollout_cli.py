@@ -323,7 +323,7 @@ def load(
     once with a line saying what was sent (exit 130).
     """
     fleet = Fleet(inventory, {})
-    generator = LoadGenerator(fleet.gateway_urls()[0], fleet.model_name, concurrency, max_tokens, duration,
+    generator = LoadGenerator(fleet.client_url(), fleet.model_name, concurrency, max_tokens, duration,
                               max_requests, give_up_after or None)
     previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
     try:

@@ -36,10 +36,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
+from ascend_fleet.facts.gateway import AddressHeld
 from ascend_fleet.facts.hccn import NpuNicHealth
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.fleet import fleet_roles, limited_hosts, load_inventory
+from ascend_fleet.gateway import KEEPALIVED_SERVICE
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
@@ -101,6 +103,7 @@ class HostStatus:
     npu_smi_error: str | None = None
     services: dict[str, dict[str, str]] = field(default_factory=dict)  # gateway: nginx and prometheus units
     routes: list[dict] | None = None  # gateway: its upstream servers; None until its config is read
+    holds_vip: bool | None = None  # gateway with gateway_vip: whether the virtual address is on it now
     instances: list[InstanceStatus] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -162,9 +165,12 @@ def worker_queries(config: NodeConfig, profile: Profile, role: DataParallelRole 
     return queries
 
 
-def gateway_queries() -> dict[str, FactQuery]:
-    return {"gateway_config": FactQuery(FileContents, {"path": GATEWAY_CONFIG}),
-            **{f"service:{name}": FactQuery(UnitState, {"unit": f"{name}.service"}) for name in GATEWAY_SERVICES}}
+def gateway_queries(config: NodeConfig) -> dict[str, FactQuery]:
+    services = (*GATEWAY_SERVICES, KEEPALIVED_SERVICE) if config.gateway_vip else GATEWAY_SERVICES
+    vip = {"holds_vip": FactQuery(AddressHeld, {"address": str(config.gateway_vip.address.ip)})
+           } if config.gateway_vip else {}
+    return {"gateway_config": FactQuery(FileContents, {"path": GATEWAY_CONFIG}), **vip,
+            **{f"service:{name}": FactQuery(UnitState, {"unit": f"{name}.service"}) for name in services}}
 
 
 # What the facts mean.
@@ -327,6 +333,9 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
         status.problems += deep_verify_problems(values.get("weights"))
     if config.is_gateway:
         status.services = {name: values.get(f"service:{name}") or {} for name in GATEWAY_SERVICES}
+        if config.gateway_vip:
+            status.services[KEEPALIVED_SERVICE] = values.get(f"service:{KEEPALIVED_SERVICE}") or {}
+            status.holds_vip = values.get("holds_vip")
         for name, unit in status.services.items():
             problem = unit_problem(unit, f"{name}.service")
             # Prometheus belongs to the monitoring stage: absent is not a fault of the gateway.
@@ -359,13 +368,14 @@ def read_status(inventory: Inventory, configs: list[NodeConfig], on_read: Callab
         if config.is_worker:
             queries |= worker_queries(config, profiles[config.profile], roles.get(config.host))
         if config.is_gateway:
-            queries |= gateway_queries()
+            queries |= gateway_queries(config)
         plans[config.host] = (hosts[config.host].data.dict(), queries)
     facts = read_fleet_facts(plans, on_read, parallel)
     statuses = [host_status(config, profiles[config.profile], facts[config.host], roles.get(config.host))
                 for config in configs]
     join_members(statuses, roles)
     gateways = [status for status, config in zip(statuses, configs) if config.is_gateway]
+    judge_gateways(gateways, next((config.gateway_vip for config in configs if config.is_gateway), None))
     for status, config in zip(statuses, configs):
         address = hosts[config.host].data.get("ssh_hostname") or config.host
         for instance in status.instances:
@@ -377,6 +387,37 @@ def read_status(inventory: Inventory, configs: list[NodeConfig], on_read: Callab
             elif instance.routed == "drained":
                 instance.warnings.append("drained at the gateway")
     return FleetStatus(statuses, read_at, time.monotonic() - started)
+
+
+def judge_gateways(gateways: list[HostStatus], vip) -> None:
+    """What the gateways say together: a gateway whose routes differ from the first's (clients get a
+    different fleet depending on where they land), and a virtual address on no gateway or on two."""
+    read = [gateway for gateway in gateways if gateway.routes is not None]
+    for gateway in read[1:]:
+        if gateway.routed != read[0].routed:
+            gateway.problems.append(f"routes differ from {read[0].host}'s ({describe_difference(gateway, read[0])}); "
+                                    "rerun deploys/gateway.py on every gateway")
+    if vip is None:
+        return
+    holders = [gateway.host for gateway in gateways if gateway.holds_vip]
+    if not holders:
+        for gateway in gateways:
+            if gateway.error is None:
+                gateway.problems.append(f"no gateway read holds the virtual address {vip.address.ip}: clients may "
+                                        "reach nothing; see journalctl -u keepalived")
+    elif len(holders) > 1:
+        for gateway in gateways:
+            if gateway.holds_vip:
+                gateway.problems.append(f"{' and '.join(holders)} both hold the virtual address {vip.address.ip}: "
+                                        "they do not hear each other's VRRP (firewall, router id, interface)")
+
+
+def describe_difference(gateway: HostStatus, first: HostStatus) -> str:
+    """The first backend the two gateways route differently, as `address:port up|down|absent` on each."""
+    def state(status: HostStatus, key: tuple[str, int]) -> str:
+        return {None: "absent", True: "down", False: "up"}[status.routed.get(key)]
+    key = next(key for key in sorted({*gateway.routed, *first.routed}) if gateway.routed.get(key) != first.routed.get(key))
+    return f"{key[0]}:{key[1]} {state(gateway, key)} here, {state(first, key)} there"
 
 
 def join_members(statuses: list[HostStatus], roles: dict[str, DataParallelRole]) -> None:
@@ -446,6 +487,8 @@ def render_table(status: FleetStatus) -> Table:
             continue
         if "gateway" in host.role:
             services = ", ".join(f"{name} {_service_state(unit)}" for name, unit in host.services.items())
+            if host.holds_vip:
+                services += ", holds the virtual address"
             table.add_row(host.host, "gateway", *[""] * 7, services, "", "", "", "", "", "",
                           "; ".join(host.problems) or f"{len(host.routes or [])} backends",
                           style="bold red" if host.problems else None)

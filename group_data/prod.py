@@ -55,3 +55,8 @@ serving = {
     "tool_call_parser": "qwen3_coder",
     "reasoning_parser": "qwen3",
 }
+
+# One address over both gateways, which keepalived keeps on a healthy one (README, "Gateways"): the
+# address clients use. Give an address of the gateways' network that no host has, and their interface
+# on it. Each gateway's own address (ssh_hostname, or its name resolved here) is where VRRP goes.
+gateway_vip = {"address": "10.20.0.100/24", "interface": "eth0"}

@@ -38,11 +38,14 @@ def up_command(
     offline_bundle: Annotated[Optional[Path], typer.Option(
         "--offline-bundle", help="a site without internet: the nodes reach nothing on this machine, the mirror "
                                  "included, and the gateway serves this bundle (`ascend-fleet bundle`) to them")] = None,
+    gateways: Annotated[int, typer.Option(
+        "--gateways", help="gateway nodes; with 2 or more the inventory gives them a virtual address (keepalived) "
+                           "on the lab bridge")] = 1,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
     """Bring up N workers and a gateway, each a booted Debian with systemd and sshd."""
     spec = LabSpec.build(nodes, hardware, name=name, subnet=subnet, lab_dir=lab_dir,
-                         profiles=profiles or list(DEFAULT_PROFILES), bastion=bastion,
+                         profiles=profiles or list(DEFAULT_PROFILES), bastion=bastion, gateways=gateways,
                          offline_bundle=offline_bundle.resolve() if offline_bundle else None)
     started = time.monotonic()
     lab.up(spec, console)
@@ -73,6 +76,22 @@ def reset_command(
         lab.reset(lab_dir, node, keep_nvme)
     console.print(f"lab reset: {node} is a fresh OS again{' (NVMe kept)' if keep_nvme else ' with an empty NVMe'}, "
                   f"booted in {time.monotonic() - started:.1f}s")
+
+
+@lab_app.command("power-off")
+def power_off_command(node: Annotated[str, typer.Argument(help="the node, e.g. gateway")],
+                      lab_dir: LabDir = DEFAULT_LAB_DIR) -> None:
+    """Cut a node's power: its link goes down at once and it stays down until `lab power-on`."""
+    lab.power_off(lab_dir, node)
+    console.print(f"lab: {node} is off")
+
+
+@lab_app.command("power-on")
+def power_on_command(node: Annotated[str, typer.Argument(help="the node, e.g. gateway")],
+                     lab_dir: LabDir = DEFAULT_LAB_DIR) -> None:
+    """Give a node `lab power-off` took down its power back: it boots."""
+    lab.power_on(lab_dir, node)
+    console.print(f"lab: {node} is booting")
 
 
 @lab_app.command("status")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ascend_fleet.lab.lab import fleet_state_dir, ssh_config_file, ssh_dir
 from ascend_fleet.lab.mirror import locks_dir
+from ascend_fleet.lab.network import NODE_INTERFACE
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
 
@@ -26,6 +27,11 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
                 "npu_gateway": spec.npu_host_address, "npu_netdetect": spec.npu_host_address,
                 # Where the hosts of a multi-node instance reach each other: the lab bridge.
                 "serving_address": node.address}
+    if node.role == "gateway" and spec.gateway_vip:
+        # One address over the gateways, on the lab bridge (each node's eth0).
+        plan = {"gateway_vip": {"address": spec.gateway_vip, "interface": NODE_INTERFACE},
+                # The first gateway takes it first; nopreempt keeps it wherever it moves.
+                "gateway_vrrp_priority": 150 if node.index == 0 else 100}
     if spec.offline_bundle:
         # A site without internet: everything from its bundle, which the gateway serves (group mirror).
         mirror_url = spec.site_mirror_url

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
@@ -210,6 +211,35 @@ def reset(lab_dir: Path, name: str, keep_nvme: bool) -> None:
     spawn_supervisor(state, entry, home)
     wait_for_ssh(spec, node)
     write_known_hosts(spec)  # its new host key
+
+
+def power_off(lab_dir: Path, name: str) -> None:
+    """The node loses power: its link goes down first, so nothing it does from then on reaches anyone
+    (no goodbye, as keepalived's on a clean stop), then its systemd reboots at once (SIGRTMIN+15) and
+    the node stays down (hold) until power_on."""
+    state = LabState.require(lab_dir)
+    spec, home = state.spec, node_dir(lab_dir, name)
+    node = spec.node(name)
+    (home / "hold").touch()
+    run(["ip", "link", "set", spec.host_veth(node), "down"], what=f"cutting {name}'s link")
+    nspawn = int((home / "nspawn.pid").read_text())
+    children = Path(f"/proc/{nspawn}/task/{nspawn}/children")
+    for init in children.read_text().split() if children.exists() else []:
+        with suppress(ProcessLookupError):
+            os.kill(int(init), signal.SIGRTMIN + 15)
+
+
+def power_on(lab_dir: Path, name: str) -> None:
+    """Power comes back to a node power_off took down: it boots without the addresses it added while it ran
+    (its namespace outlives it, a machine's memory does not), its link up."""
+    state = LabState.require(lab_dir)
+    spec, home = state.spec, node_dir(lab_dir, name)
+    node = spec.node(name)
+    netns = ["ip", "-n", spec.netns(node)]
+    run([*netns, "addr", "flush", "dev", network.NODE_INTERFACE], what=f"clearing {name}'s addresses")
+    run([*netns, "addr", "add", f"{node.address}/{spec.network.prefixlen}", "dev", network.NODE_INTERFACE])
+    run(["ip", "link", "set", spec.host_veth(node), "up"], what=f"restoring {name}'s link")
+    (home / "hold").unlink(missing_ok=True)
 
 
 def ssh_dir(lab_dir: Path) -> Path:

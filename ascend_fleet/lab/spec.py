@@ -27,6 +27,7 @@ from ascend_fleet.profile import available_profiles, load_profile
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
 CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))
 GATEWAY = "gateway"
+MAX_GATEWAYS = 4
 # Where an offline lab's gateway serves its bundle: the site mirror's port when the data does not say.
 SITE_MIRROR_PORT = NodeConfig.model_fields["site_mirror_port"].default
 # A bastion lab's jump host (`lab up --bastion`): the only node the control machine reaches over SSH.
@@ -171,7 +172,17 @@ class LabSpec(_Strict):
     offline_bundle: Path | None = Field(None, description="a site without internet: the nodes reach nothing on "
                                         "the host (the lab mirror included) and the gateway, in group mirror, "
                                         "serves this bundle (`ascend-fleet bundle`), from which they install all")
+    gateways: int = Field(1, ge=1, le=MAX_GATEWAYS, description="gateway nodes; with 2 or more they share a "
+                                                              "virtual address (keepalived)")
     nodes: list[NodeSpec]
+
+    @property
+    def gateway_vip(self) -> str | None:
+        """The gateways' virtual address (with the subnet's prefix) when there are two or more: the subnet's
+        last host address, which no node takes."""
+        if self.gateways < 2:
+            return None
+        return f"{self.network.broadcast_address - 1}/{self.network.prefixlen}"
 
     @property
     def site_mirror_url(self) -> str:
@@ -236,7 +247,8 @@ class LabSpec(_Strict):
 
     def host_veth(self, node: NodeSpec) -> str:
         """The host end of a node's link (interface names are at most 15 characters)."""
-        return f"af-{self.name}-{'b' if node.role == BASTION else node.index}"
+        suffix = {BASTION: "b", "gateway": f"g{node.index}" if node.index else "0"}.get(node.role, node.index)
+        return f"af-{self.name}-{suffix}"
 
     @property
     def workers(self) -> list[NodeSpec]:
@@ -286,6 +298,11 @@ class LabSpec(_Strict):
                                         hardware.nodes.get(GATEWAY, {})),
             )
         ]
+        # More gateways after the bastion's address (workers start at .11).
+        for i in range(2, settings.get("gateways", 1) + 1):
+            nodes.append(NodeSpec(name=f"{GATEWAY}{i}", role="gateway", index=i - 1,
+                                  address=str(network.network_address + 2 + i), groups=[GATEWAY],  # .4, .5, ...
+                                  hardware=NodeHardware(npus=0, nvme=None)))
         if settings.get("bastion"):
             # A jump host with sshd alone: no NPUs, no disk, in no group of the fleet.
             nodes.append(NodeSpec(name=BASTION, role="bastion", index=0, address=str(network.network_address + 3),

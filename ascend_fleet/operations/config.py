@@ -35,6 +35,8 @@ def checked_config(dest: str, content: str, check: str, service: str, what: str)
            f"if ! out=$({check} 2>&1); then "
            f"  if [ -f {previous} ]; then mv {previous} {target}; else rm -f {target}; fi; "
            f"  echo \"new {what} rejected by {check}, the previous one keeps serving: "
-           f"$(printf '%s\\n' \"$out\" | grep -m1 -i -E 'emerg|failed|error')\" >&2; exit 1; fi; "
+           # The checker's first error line, else its first line (keepalived: "Unknown keyword ...").
+           f"$(printf '%s\\n' \"$out\" | grep -m1 -i -E 'emerg|failed|error' || printf '%s\\n' \"$out\" | head -n1)"
+           f"\" >&2; exit 1; fi; "
            f"rm -f {previous}; "
            f"if systemctl is-active --quiet {unit}; then systemctl reload {unit}; else systemctl start {unit}; fi")

@@ -82,10 +82,12 @@ def release_refusal(profile: Profile, config: NodeConfig) -> str | None:
     known = node_os(distribution, release)
     if known is None:
         return not_served(distribution, release)
-    gaps = role_gaps(known, config.is_worker, config.is_gateway)
+    virtual_address = config.gateway_vip is not None
+    gaps = role_gaps(known, config.is_worker, config.is_gateway, virtual_address)
     if gaps:
-        roles = " and ".join(role for role, takes in (("worker", config.is_worker), ("gateway", config.is_gateway))
-                             if takes)
+        roles = " and ".join(role for role, takes in (
+            ("worker", config.is_worker), ("gateway", config.is_gateway and not virtual_address),
+            ("gateway with gateway_vip", config.is_gateway and virtual_address)) if takes)
         return (f"{known.name} has no known {', '.join(gaps)}, which the {roles} role needs (docs/sim-fidelity.md, "
                 "openEuler node data); give the role to a node of another release")
     if not config.is_worker:

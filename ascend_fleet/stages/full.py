@@ -13,6 +13,7 @@ from ascend_fleet.stages.npu_network import npu_network_stage
 from ascend_fleet.stages.platform import cann_stage, driver_stage
 from ascend_fleet.stages.python_stack import python_stage
 from ascend_fleet.stages.serving import gateway_stage, serve_stage, weights_stage
+from ascend_fleet.stages.virtual_address import virtual_address_stage
 
 
 def full_deploy() -> None:
@@ -27,5 +28,6 @@ def full_deploy() -> None:
     weights_stage()
     serve_stage()
     gateway_stage()
+    virtual_address_stage()  # after nginx serves: keepalived's check asks it
     monitoring_stage()
     verify_stage()

@@ -39,7 +39,7 @@ def node(distribution: dict, firewalld: str = "active", load: str = "loaded") ->
 
 
 def role(worker=True, gateway=False, instance_firewall=True) -> SimpleNamespace:
-    return SimpleNamespace(is_worker=worker, is_gateway=gateway, instance_firewall=instance_firewall)
+    return SimpleNamespace(is_worker=worker, is_gateway=gateway, instance_firewall=instance_firewall, gateway_vip=None)
 
 
 class Recorder:
@@ -75,7 +75,7 @@ def recorder(monkeypatch):
 
 
 def run_firewall_stage(monkeypatch, fake: FakeHost) -> None:
-    config = SimpleNamespace(is_worker=True, is_gateway=False, instance_firewall=True)
+    config = SimpleNamespace(is_worker=True, is_gateway=False, instance_firewall=True, gateway_vip=None)
     monkeypatch.setattr(firewall, "host_node_config", lambda _host: config)
     monkeypatch.setattr(firewall, "host_openings", lambda *_args: [])
     monkeypatch.setattr(firewall, "firewall_rules", lambda *_args: SimpleNamespace(text="", comment="c"))
@@ -232,7 +232,7 @@ def test_with_a_bundle_every_package_a_debian_worker_installs_comes_from_the_bun
         apt_calls = [arguments for label, arguments in recorder.calls if label == "apt.packages"]
         assert {(call.get("update"), call["extra_install_args"]) for call in apt_calls} == {
             (None, f"-oDir::Etc::sourcelist={BUNDLE_APT_SOURCE} -oDir::Etc::sourceparts=- -oAPT::Get::List-Cleanup=0")}
-    worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False)
+    worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False, gateway_vip=None)
     installed = {name for _, packages in recorder.installs() for name in packages}
     assert installed and installed <= set(fleet_packages(node_os("Debian", "12"), [worker], mirror_hosts=False))
 
@@ -259,6 +259,6 @@ def test_with_a_bundle_an_openeuler_worker_installs_from_the_bundles_dnf_reposit
     assert not any(label == "dnf.packages" for label, _ in recorder.calls)
     dnf_calls = [arguments for label, arguments in recorder.calls if label == "bundle.dnf_packages"]
     assert len(dnf_calls) == 4 and {call["repository"] for call in dnf_calls} == {"ascend-fleet-bundle"}
-    worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False)
+    worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False, gateway_vip=None)
     installed = {name for _, packages in recorder.installs() for name in packages}
     assert installed <= set(fleet_packages(node_os("openEuler", "24.03"), [worker], mirror_hosts=False))

@@ -23,6 +23,7 @@ from ascend_fleet.fleetlease import FleetLease
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.rollout import GATEWAY_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
 from ascend_fleet.rollout_cli import rollout_app
+from ascend_fleet.remote import HostFacts
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
@@ -43,6 +44,7 @@ class Nodes:
     def __init__(self):
         self.failing_gates: set[str] = set()  # instances whose /health answers 503
         self.gateway_fails = False
+        self.unreachable: set[str] = set()  # hosts that do not answer SSH
         self.runs: list[tuple[str, list[str], set[str]]] = []
 
     def pyinfra(self, runner: Runner, deploy: str, hosts: list[str], data: dict, label: str) -> str | None:
@@ -59,6 +61,10 @@ class Nodes:
         return {b.key: {ask: {"status": 503, "body": ""} if ask == "health" and b.key in self.failing_gates
                         else healthy[ask] for ask in asks} for b in backends}
 
+    def read_fleet_facts(self, hosts: dict, *_args) -> dict[str, HostFacts]:
+        return {host: HostFacts(host, error=f"cannot connect over SSH to {host}:22: timed out")
+                if host in self.unreachable else HostFacts(host) for host in hosts}
+
     def deploys(self) -> list[tuple[str, list[str]]]:
         return [(deploy, hosts) for deploy, hosts, _ in self.runs if deploy != GATEWAY_DEPLOY]
 
@@ -73,6 +79,7 @@ def nodes(monkeypatch):
     fake = Nodes()
     monkeypatch.setattr(Runner, "pyinfra", lambda runner, *args: fake.pyinfra(runner, *args))
     monkeypatch.setattr(rollout, "instance_answers", fake.instance_answers)
+    monkeypatch.setattr(rollout, "read_fleet_facts", fake.read_fleet_facts)
     monkeypatch.setattr(rollout, "gateway_answer", lambda url, model: {"status": 200, "body": CHAT_ANSWER})
     monkeypatch.setattr(rollout, "GATE_SETTLE_SECONDS", 0)
     monkeypatch.setattr(rollout, "retried", lambda check, seconds=0: check())
@@ -111,6 +118,18 @@ def test_a_failing_gate_stops_the_rollout_with_its_wave_drained_and_the_next_unt
     assert nodes.deploys() == [("deploys/serve.py", [CANARY]), ("deploys/serve.py", [W2, W3])]
     assert fleet.state.drained() == nodes.gateway_drained() == WAVE1
     assert fleet.state.rollout() == record.model_dump()  # what --resume reads back
+
+
+def test_a_gateway_that_does_not_answer_stops_the_rollout_before_any_drain_or_deploy(nodes, state_dir):
+    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    record = plan_rollout(fleet, "deploys/serve.py", None, None)
+    nodes.unreachable = {"gw-02.example.internal"}
+    assert not Runner(fleet, record, lambda *_: None, 0).run()
+    assert [(s.name, s.status) for s in record.steps][0] == ("canary", "failed")
+    assert record.steps[0].detail == (
+        "gateway: gw-02.example.internal: cannot connect over SSH to gw-02.example.internal:22: timed out; every "
+        "gateway takes each drain: bring it back (or take it out of the inventory)")
+    assert nodes.runs == [] and fleet.state.drained() == set()  # no gateway was told anything, nothing restarted
 
 
 def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, state_dir):
