@@ -23,6 +23,7 @@ from ascend_fleet.facts.hccn import HCCN_TOOL
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from tests.lab.conftest import PROJECT, Lab
+from tests.lab.test_firewalls import connect, engine_ports, listening
 from tests.lab.test_full_deploy import planned_host_data, totals
 
 pytestmark = pytest.mark.lab
@@ -113,6 +114,15 @@ def test_the_heads_engine_ports_are_the_ones_the_plan_reserves(lab, deployed):
         assert len(ports & set(range(vllm_port, vllm_port + 5))) == 2, ports  # internal and DP master
         assert ports and ports <= reserved_ports(lab, head) and 29500 not in ports, (ports, reserved_ports(lab, head))
         assert 13389 in reserved_ports(lab, head)
+
+
+def test_the_heads_hccl_ports_answer_the_hosts_of_its_instance_only(lab, deployed):
+    """The firewall (ascend_fleet/firewall.py): the head's HCCL range answers its member, not the other
+    instance's hosts."""
+    port = engine_ports(lab, "worker1")["HCCL"]
+    with listening(lab, "worker1", port):
+        assert connect(lab, "worker2", "worker1", port) == "open"
+        assert connect(lab, "worker3", "worker1", port) == "refused"
 
 
 def test_a_serving_nic_without_the_serving_address_stops_preflight_in_one_line(lab, deployed):
