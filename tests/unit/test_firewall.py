@@ -18,6 +18,7 @@ from ascend_fleet import firewall
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleet_check import fleet_problems
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.stages.monitoring import NGINX_EXPORTER_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
 
@@ -241,6 +242,13 @@ def test_a_list_that_would_cut_this_machine_off_ssh_is_refused_before_connecting
                                                    ssh_config_file="site.ssh_config"))) == []
     assert list(firewall.ssh_lockout_problems(load(monkeypatch, sshd_allowed_sources=["10.60.0.1"],
                                                    instance_firewall=False))) == []
+
+
+def test_every_deploys_check_before_connecting_names_it(monkeypatch, resolver):
+    monkeypatch.setattr(firewall, "connects_from", lambda address: "10.50.0.9")
+    problems = fleet_problems(load(monkeypatch, sshd_allowed_sources=["10.60.0.1"]))
+    assert any(line.startswith(f"{GATEWAY}: sshd_allowed_sources: ['10.60.0.1'] leaves out 10.50.0.9")
+               for line in problems), problems
 
 
 def test_this_machines_source_address_is_its_routes():
