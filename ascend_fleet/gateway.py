@@ -23,22 +23,19 @@ from collections.abc import Iterable
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
-from ascend_fleet.firewall import host_address, resolve
-from ascend_fleet.host_config import host_node_config
+from ascend_fleet.firewall import gateway_hosts, host_address, resolve
 from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.node_layout import KEEPALIVED_NOTIFY_PROGRAM, TEXTFILE_DIR, VIRTUAL_ADDRESS_TEXTFILE
 from ascend_fleet.templating import render
 
 KEEPALIVED_SERVICE = "keepalived"
+# Written by keepalived's notify program on each gateway, read by node_exporter (node_layout's textfile).
+HOLDS_VIP_METRIC = "ascend_fleet_gateway_holds_vip"
 # The first line of the config the stage writes: only a config that starts so is ever removed.
 WRITTEN_BY = "# Written by ascend-fleet"
 # Where keepalived's track script asks nginx: any HTTP answer counts (an instance's 401 or a
 # drained fleet's 502 is still nginx answering).
 NGINX_CHECK_TIMEOUT_SECONDS = 1
-
-
-def gateway_hosts(inventory: Iterable) -> list:
-    """The inventory's gateway hosts, in inventory order (also those a --limit leaves out)."""
-    return [member for member in inventory if host_node_config(member).is_gateway]
 
 
 def vrrp_address(member, host: str) -> str:
@@ -66,8 +63,14 @@ def keepalived_config(config: NodeConfig, inventory: Iterable) -> str:
     source = next(vrrp_address(member, config.host) for member in gateways if member.name == config.host)
     peers = [vrrp_address(member, config.host) for member in gateways if member.name != config.host]
     return render(TEMPLATES / "keepalived.conf.j2", host=config.host, vip=config.gateway_vip,
-                  priority=config.gateway_vrrp_priority, source=source, peers=peers,
+                  priority=config.gateway_vrrp_priority, source=source, peers=peers, notify=KEEPALIVED_NOTIFY_PROGRAM,
                   listen_port=config.gateway.listen_port, check_timeout=NGINX_CHECK_TIMEOUT_SECONDS)
+
+
+def notify_program(config: NodeConfig) -> str:
+    """The program keepalived runs on each state change: it writes whether this gateway holds the address."""
+    return render(TEMPLATES / "keepalived-notify.sh.j2", textfile_dir=TEXTFILE_DIR, textfile=VIRTUAL_ADDRESS_TEXTFILE,
+                  metric=HOLDS_VIP_METRIC, address=config.gateway_vip.address.ip)
 
 
 def client_url(config: NodeConfig, address: str) -> str:

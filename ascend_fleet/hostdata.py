@@ -374,10 +374,10 @@ class NodeConfig(_Strict):
                                       "restages it and restarts the instances; e.g. --data weights_deep_verify=true")
     reboot_timeout: int = Field(900, gt=0, description="seconds the driver stage waits for a node to answer "
                                 "SSH again after its reboot before it reports the node as not back")
-    instance_firewall: bool = Field(True, description="workers: nftables lets only the gateway hosts, "
-                                    "instance_allowed_sources and loopback reach the instance ports, and only "
-                                    "workers the weights peer port (ascend_fleet/firewall.py); false where the "
-                                    "site's own firewall does it")
+    instance_firewall: bool = Field(True, description="workers and gateways: an nftables table of the fleet's "
+                                    "own lets only those who need them reach the instance, engine, peer, "
+                                    "exporter, Prometheus and VRRP ports (ascend_fleet/firewall.py says who); "
+                                    "false where the site's own firewall does it")
     data_parallel: DataParallel | None = Field(None, description="the host serves one instance with the other "
                                                "hosts of a group (a model bigger than a node); group data")
     serving_address: IPv4Address | None = Field(None, description="host data: the host's address on the network "

@@ -32,6 +32,7 @@ INSTANCE_HELPER = f"{PROGRAM_DIR}/ascend-fleet-instance"
 WEIGHTS_STAGER = f"{PROGRAM_DIR}/stage_weights.pyz"  # the stager package as one archive
 WHEELS_HELPER = f"{PROGRAM_DIR}/peer_wheels.py"
 NPU_METRICS_PROGRAM = f"{PROGRAM_DIR}/npu-metrics"
+KEEPALIVED_NOTIFY_PROGRAM = f"{PROGRAM_DIR}/keepalived-notify"  # gateways: who holds the virtual address
 
 SYSTEMD_STATE_ROOT = "/var/lib"  # what a unit's StateDirectory= is relative to
 SERVICE_HOME = f"{SYSTEMD_STATE_ROOT}/ascend-fleet"  # the service user's home; each instance's below it
@@ -73,6 +74,7 @@ PROMETHEUS_RULES_FILE = f"{PROMETHEUS_DIR}/ascend-fleet.rules.yml"
 PROMETHEUS_FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"  # <job>.json: the targets of each scrape job
 # The packages' names, units and the files holding the daemons' command lines differ by release: node_os.py.
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile collector reads the NPU metrics here
+VIRTUAL_ADDRESS_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_vip.prom"
 
 
 def unit_file(unit: str) -> str:

@@ -27,5 +27,9 @@ class AddressHeld(FactBase[bool]):
         return StringCommand("ip -o -4 addr show to", QuoteString(f"{address}/32"))
 
     @override
+    def default(self) -> bool:  # no line printed: the address is not here
+        return False
+
+    @override
     def process(self, output) -> bool:
         return any(line.strip() for line in output)

@@ -28,6 +28,6 @@ def full_deploy() -> None:
     weights_stage()
     serve_stage()
     gateway_stage()
-    virtual_address_stage()  # after nginx serves: keepalived's check asks it
     monitoring_stage()
+    virtual_address_stage()  # once nginx serves (keepalived's check asks it) and node_exporter reads its textfile
     verify_stage()

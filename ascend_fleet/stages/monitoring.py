@@ -1,4 +1,5 @@
-"""Stage: monitoring. Prometheus on the gateway group; on every worker, node_exporter with NPU health.
+"""Stage: monitoring. Prometheus on the gateway group; on every worker, node_exporter with NPU health; on the
+gateways of a virtual address, node_exporter with whether each holds it (keepalived's notify program).
 
 Workers: the release's node_exporter (node_os.py names it), and a timer that writes what npu-smi says into
 its textfile directory (node/npu_metrics.py explains why a timer). Gateways:
@@ -48,12 +49,13 @@ PROMETHEUS_PORT = 9090
 PROMETHEUS_READY_SECONDS = 60
 # Not Debian's default job names ("node" scrapes localhost:9100): the first start, on that default
 # config, leaves series behind that would read as a down exporter of ours.
-SCRAPE_JOBS = ("vllm", "npu_node", "nginx")
+SCRAPE_JOBS = ("vllm", "npu_node", "nginx", "gateway_node")
 
 
 def scrape_targets() -> dict[str, list[dict]]:
     """file_sd target groups per job, from every host of the inventory (also those a --limit leaves
-    out): each vLLM instance, each worker's node_exporter, each gateway's nginx exporter."""
+    out): each vLLM instance, each worker's node_exporter, each gateway's nginx exporter, and the
+    node_exporter of each gateway of a virtual address."""
     jobs: dict[str, list[dict]] = {job: [] for job in SCRAPE_JOBS}
     for member in inventory:
         config = host_node_config(member)  # the instances of the colour it serves with
@@ -66,6 +68,9 @@ def scrape_targets() -> dict[str, list[dict]]:
             jobs["npu_node"].append({"targets": [f"{address}:{NODE_EXPORTER_PORT}"], "labels": {"host": member.name}})
         if config.is_gateway:
             jobs["nginx"].append({"targets": [f"{address}:{NGINX_EXPORTER_PORT}"], "labels": {"host": member.name}})
+        if config.is_gateway and config.gateway_vip:  # whether it holds the virtual address
+            jobs["gateway_node"].append({"targets": [f"{address}:{NODE_EXPORTER_PORT}"],
+                                         "labels": {"host": member.name}})
     return jobs
 
 
@@ -82,13 +87,18 @@ def node_exporter_command(known: NodeOs):
                        content=render(MONITORING_TEMPLATES / "node-exporter-command.conf.j2", **settings))
 
 
-def npu_exporter(interval: str) -> None:
-    """node_exporter, and the NPU metrics timer feeding its textfile collector every `interval`."""
+def node_exporter() -> None:
+    """node_exporter, reading its textfile directory."""
     known = host_os()
     os_packages("node_exporter", [known.node_exporter.package])
     command = node_exporter_command(known)
     systemd.service(name="node_exporter running", service=known.node_exporter.unit, running=True, enabled=True,
                     restarted=command.will_change, daemon_reload=command.will_change)
+
+
+def npu_exporter(interval: str) -> None:
+    """node_exporter, and the NPU metrics timer feeding its textfile collector every `interval`."""
+    node_exporter()
     script = placed.file(name="NPU metrics script", content=Path(npu_metrics.__file__).read_text(),
                          dest=NPU_METRICS_PROGRAM, mode="755")
     units = [
@@ -158,5 +168,7 @@ def monitoring_stage() -> None:
     config = host_node_config(host)
     if config.is_worker:
         npu_exporter(config.monitoring.npu_metrics_interval)
+    if config.is_gateway and config.gateway_vip and not config.is_worker:
+        node_exporter()  # keepalived's notify program says there whether the gateway holds the address
     if config.is_gateway:
         prometheus_server(config)

@@ -139,6 +139,31 @@ def test_an_unhealthy_npu_fires_with_its_host_and_npu(tmp_path):
     }])
 
 
+def test_the_virtual_address_moving_fires_on_its_new_holder_and_two_holders_are_critical(tmp_path):
+    def holds(host: str, values: str) -> dict:
+        return {"series": f'ascend_fleet_gateway_holds_vip{{job="gateway_node",host="{host}",address="10.0.0.100"}}',
+                "values": values}
+
+    def gateway_alert(name: str, eval_time: str, fires: bool, **labels) -> dict:
+        return {"eval_time": eval_time, "alertname": name, "exp_alerts": [{"exp_labels": labels}] if fires else []}
+
+    moved = {"severity": "warning", "job": "gateway_node", "host": "gw-02", "address": "10.0.0.100"}
+    run_rule_tests(tmp_path, [{
+        # gw-01 holds it, then is gone (powered off: its scrape fails, its series go stale); gw-02 takes it at 2m.
+        "interval": "15s",
+        "input_series": [holds("gw-01", "1x7 stale"), holds("gw-02", "0x7 1x40")],
+        "alert_rule_test": [gateway_alert("VirtualAddressMoved", "1m", False),
+                            gateway_alert("VirtualAddressMoved", "3m", True, **moved),
+                            gateway_alert("VirtualAddressMoved", "12m", False),
+                            gateway_alert("VirtualAddressNotHeldOnce", "3m", False)],
+    }, {
+        "interval": "15s",
+        "input_series": [holds("gw-01", "1x20"), holds("gw-02", "0x4 1x16")],
+        "alert_rule_test": [gateway_alert("VirtualAddressNotHeldOnce", "3m", True, severity="critical",
+                                          address="10.0.0.100")],
+    }])
+
+
 def dashboard_queries() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]

@@ -21,9 +21,9 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.fleetlease import FleetLease
 from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.remote import HostFacts
 from ascend_fleet.rollout import GATEWAY_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
 from ascend_fleet.rollout_cli import rollout_app
-from ascend_fleet.remote import HostFacts
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
