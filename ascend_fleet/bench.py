@@ -37,7 +37,7 @@ from rich.table import Table
 from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
-from ascend_fleet.gateway import client_url
+from ascend_fleet.gateway import address_holders, client_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node import stage_weights
@@ -190,12 +190,16 @@ def bench_target(inventory_path: Path, inventory: Inventory, gateway_name: str |
         raise FleetError(f"{inventory_path}: no worker hosts; nothing to benchmark")
     gateway = gateways[0]
     address = hosts[gateway.host].data.get("ssh_hostname") or gateway.host
-    # Through the virtual address, as clients come, unless one gateway was asked for.
-    url = client_url(gateway, address) if gateway_name is None else f"http://{address}:{gateway.gateway.listen_port}"
+    url = f"http://{address}:{gateway.gateway.listen_port}"
+    name = gateway.host
+    if gateway_name is None and gateway.gateway_vip:  # through the virtual address, as clients come
+        url = client_url(gateway, address)
+        holders = address_holders([hosts[config.host] for config in gateways])
+        name = f"{' and '.join(holders) or 'no gateway reached'} (virtual address)"
     first = workers[0]
     served = {(c.profile, f"{c.model.id}@{c.model.revision}") for c in workers}
     mixed = sorted(f"{p} {m}" for p, m in served - {(first.profile, f"{first.model.id}@{first.model.revision}")})
-    return Target(str(inventory_path), gateway.host, url, first,
+    return Target(str(inventory_path), name, url, first,
                   sum(len(c.instances) for c in workers), mixed)
 
 

@@ -23,9 +23,12 @@ from collections.abc import Iterable
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.gateway import AddressHeld
 from ascend_fleet.firewall import gateway_hosts, host_address, resolve
+from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import KEEPALIVED_NOTIFY_PROGRAM, TEXTFILE_DIR, VIRTUAL_ADDRESS_TEXTFILE
+from ascend_fleet.remote import FactQuery, read_fleet_facts
 from ascend_fleet.templating import render
 
 KEEPALIVED_SERVICE = "keepalived"
@@ -71,6 +74,15 @@ def notify_program(config: NodeConfig) -> str:
     """The program keepalived runs on each state change: it writes whether this gateway holds the address."""
     return render(TEMPLATES / "keepalived-notify.sh.j2", textfile_dir=TEXTFILE_DIR, textfile=VIRTUAL_ADDRESS_TEXTFILE,
                   metric=HOLDS_VIP_METRIC, address=config.gateway_vip.address.ip)
+
+
+def address_holders(gateways: list) -> list[str]:
+    """Which of these gateway hosts (pyinfra hosts, of one virtual address) hold it now, asked on each
+    over SSH at once; one that cannot be read counts as not holding it."""
+    address = str(host_node_config(gateways[0]).gateway_vip.address.ip)
+    query = {"holds": FactQuery(AddressHeld, {"address": address})}
+    facts = read_fleet_facts({member.name: (member.data.dict(), query) for member in gateways})
+    return [member.name for member in gateways if facts[member.name].facts.get("holds")]
 
 
 def client_url(config: NodeConfig, address: str) -> str:

@@ -54,7 +54,7 @@ from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
 from ascend_fleet.fleetstate import BLUE, GATEWAY_FILE, FleetState, backend_key, other_colour
-from ascend_fleet.gateway import client_url
+from ascend_fleet.gateway import address_holders, client_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.multi_node import data_parallel_roles
@@ -184,6 +184,13 @@ class Fleet:
         """Where clients reach the fleet: the gateways' virtual address, else the first gateway."""
         first = self.gateways[0]
         return client_url(self.configs[first], self.addresses[first])
+
+    def client_url_described(self) -> str:
+        """client_url, and for a virtual address which gateway holds it now."""
+        if self.configs[self.gateways[0]].gateway_vip is None:
+            return self.client_url()
+        holders = address_holders([self.inventory.get_host(name) for name in self.gateways])
+        return f"{self.client_url()} (the virtual address, held by {' and '.join(holders) or 'no gateway reached'})"
 
     def waves(self, names: list[str] | None) -> list[tuple[str, list[str]]]:
         """(wave, workers) in rollout order: the given groups, else the data's rollout_waves, else

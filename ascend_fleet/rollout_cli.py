@@ -325,17 +325,18 @@ def load(
     fleet = Fleet(inventory, {})
     generator = LoadGenerator(fleet.client_url(), fleet.model_name, concurrency, max_tokens, duration,
                               max_requests, give_up_after or None)
+    where = fleet.client_url_described()
     previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
     try:
-        with progress_console.status(f"{concurrency} clients through {generator.url}"):
+        with progress_console.status(f"{concurrency} clients through {where}"):
             report = generator.start().wait()
     finally:
         signal.signal(signal.SIGINT, previous)
     result = report.summary()
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({**result, "through": where}, indent=2))
     elif not (generator.interrupted or generator.gave_up):
-        table = Table(title=f"load through {report.url}", show_header=False)
+        table = Table(title=f"load through {where}", show_header=False)
         for key, value in result.items():
             table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
         console.print(table)

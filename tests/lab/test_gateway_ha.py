@@ -139,6 +139,8 @@ def test_the_first_gateway_takes_the_address_and_status_says_which(lab, vip):
     assert holders(lab, vip) == ["gateway"]
     assert status_of_gateways(lab) == {"gateway": True, "gateway2": False}
     assert holds_as_watched(lab, "gateway2") == {"gateway": "1", "gateway2": "0"}
+    load = json.loads(lab.cli("load", lab.inventory, "--requests", "4", "--concurrency", "2", "--json").stdout)
+    assert load["through"] == f"http://{vip}:80 (the virtual address, held by gateway)" and load["errors"] == 0
 
 
 def test_the_holder_powered_off_under_load_fails_only_what_was_in_flight_and_its_return_takes_nothing(lab, vip):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import PROJECT_ROOT
+from ascend_fleet import PROJECT_ROOT, gateway
+from ascend_fleet.bench import bench_target
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.fleet_check import fleet_problems
@@ -18,6 +19,7 @@ from ascend_fleet.gateway import client_url, keepalived_config
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig, node_config
 from ascend_fleet.node_os import node_os, role_gaps
+from ascend_fleet.remote import HostFacts
 from ascend_fleet.status import HostStatus, judge_gateways
 
 GATEWAYS = ('gateway = [("gw-01.example.internal", {**_ssh, "ssh_hostname": "10.20.0.11"}), '
@@ -153,3 +155,15 @@ def test_status_names_a_split_or_a_missing_holder_and_gateways_that_route_differ
     judge_gateways(drained, None)
     assert drained[1].problems == ["routes differ from gw-01's (10.0.0.11:8000 down here, up there); rerun "
                                    "deploys/gateway.py on every gateway"]
+
+
+def test_bench_goes_through_the_virtual_address_and_names_the_gateway_that_holds_it(site, monkeypatch):
+    inventory = inventory_of(site)
+    held = {"gw-01.example.internal": False, "gw-02.example.internal": True}
+    monkeypatch.setattr(gateway, "read_fleet_facts", lambda hosts: {
+        name: HostFacts(name, {"holds": held[name]}) for name in hosts})
+    target = bench_target(site / "inventories/prod.py", inventory, None)
+    assert (target.gateway, target.base_url) == ("gw-02.example.internal (virtual address)", "http://10.20.0.100:80")
+    # One gateway asked for: that one, by its own address.
+    target = bench_target(site / "inventories/prod.py", inventory, "gw-01.example.internal")
+    assert (target.gateway, target.base_url) == ("gw-01.example.internal", "http://10.20.0.11:80")
