@@ -79,6 +79,21 @@ def test_a_worker_reaches_neither_the_gateways_monitoring_nor_another_workers_ex
             assert connect(lab, "gateway", "worker2", port) == "refused", name
 
 
+def test_a_workers_own_connections_from_a_port_of_its_engine_ranges_get_their_answers(fleet):
+    """The rules judge who opens a connection, not the answers to the node's own: the kernel may give an
+    outgoing connection (apt, pip, a weights download) a local port of an engine range that nothing
+    listens on (before the deploy reserves them, or one vLLM does not take), and the answer comes back
+    to that port. The VLLM_PORT range has such ports; the lab's HCCL listens on its whole range."""
+    lab = fleet
+    mirror = LabState.require(lab.lab_dir).spec.mirror_url
+    last = engine_ports(lab, "worker1")["VLLM_PORT"]
+    free = lab.run("worker1", f"for p in $(seq {last} -1 {last - VLLM_PORT_SPAN + 1}); do ss -tanH \"sport = :$p\" "
+                              "| grep -q . || { echo $p; exit 0; }; done; exit 1").stdout.strip()
+    answer = lab.run("worker1", f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 --local-port {free} "
+                                f"{mirror}/simple/", check=False)
+    assert answer.stdout == "200", (free, answer.returncode, answer.stdout, answer.stderr)
+
+
 def test_the_monitoring_host_reaches_every_workers_node_exporter_and_the_rules_load_at_boot(fleet):
     lab = fleet
     for worker in lab.workers:
