@@ -32,7 +32,7 @@ needs_bench_venv = pytest.mark.skipif(not bench_venv_ready(BENCH_VENV), reason=f
 # may lie far above the end of a deploy's output.
 TEST_LOGS = Path(os.environ.get("ASCEND_FLEET_TEST_LOGS", PROJECT / "test-logs"))
 FAILURE_TAIL = 6000
-# Each test process's labs use subnets 10.213.N.0/24 to N+7 and lab directories test-N*.
+# Each test process's labs use subnets 10.213.N.0/24 to N+8 and lab directories test-N*.
 TEST_NETS = range(200, 250, 10)
 TEST_NET_LOCKS = Path("/run/lock")
 HELD_LOCKS: list = []  # open for as long as this process runs: its claim

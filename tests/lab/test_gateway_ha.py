@@ -39,8 +39,8 @@ FIGURES: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def lab():
-    """Two gateways and one worker, of their own (subnet N+2), up anew."""
-    yield from brought_up(module_lab("ha", "h", 2), 1, "--gateways", "2")
+    """Two gateways and one worker, of their own (subnet N+8; test_mirror.py takes N+2), up anew."""
+    yield from brought_up(module_lab("ha", "h", 8), 1, "--gateways", "2")
 
 
 @pytest.fixture(scope="module")
