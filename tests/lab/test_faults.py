@@ -98,11 +98,12 @@ def interrupted(lab: Lab, marker: str, *args: str) -> subprocess.CompletedProces
     return subprocess.CompletedProcess(process.args, process.returncode, output)
 
 
-def node_watcher(lab: Lab, node: str, pattern: str, action: str) -> str:
-    """Start a watcher on the node that waits (up to 120 s) for a process whose command line
-    matches pattern, then runs action with $p set to its pid; returns the watcher's pid."""
-    # "[x]yz" matches xyz but not the watcher's own command line, which spells the pattern.
-    script = (f"for i in $(seq 2400); do p=$(pgrep -f -o -- '[{pattern[0]}]{pattern[1:]}') && break; sleep 0.05; done; "
+def node_watcher(lab: Lab, node: str, start: str, action: str) -> str:
+    """Start a watcher on the node that waits (up to 120 s) for a process whose command line starts
+    with `start` (a regular expression), then runs action with $p set to its pid; returns the watcher's
+    pid. Anchored: a command that only mentions the program (the shell that runs it, a fetch of the same
+    file) is not it, and may be gone before the action reaches it."""
+    script = (f"for i in $(seq 2400); do p=$(pgrep -f -o -- {shlex.quote('^' + start)}) && break; sleep 0.05; done; "
               f"[ -n \"$p\" ] && {{ {action}; }}")
     return lab.run(node, f"setsid sh -c {shlex.quote(script)} >/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
 
@@ -249,7 +250,9 @@ def test_a_vendor_mirror_that_is_down_stops_the_fetch_with_one_line(lab, serving
 
 
 def test_ssh_dropped_during_a_cann_install_then_a_rerun_converges(lab, serving):
-    watcher = node_watcher(lab, "worker1", f"{PACKAGE_DIR}/{PREVIOUS_TOOLKIT}", KILL_SSH_SESSION)
+    # The installer under its time limit (operations/vendor.installer_command); the fetch of the same file
+    # and the shell around both name it too (the watcher once took the fetch, gone before it acted).
+    watcher = node_watcher(lab, "worker1", f"timeout [0-9]+ {PACKAGE_DIR}/{PREVIOUS_TOOLKIT}", KILL_SSH_SESSION)
     try:
         result = lab.pyinfra("deploys/cann.py", "--limit", "worker1", "--data", "profile=lab-previous", check=False)
     finally:

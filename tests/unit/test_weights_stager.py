@@ -24,6 +24,7 @@ from ascend_fleet.lab.sim.tinymodel import build_tiny_model
 from ascend_fleet.model_tree import publish_model
 from ascend_fleet.node import stage_weights as sw
 from ascend_fleet.node.stage_weights import spread as spread_module
+from ascend_fleet.node.stage_weights.main import SESSION_GONE_EXIT
 
 SHA = "a" * 64
 
@@ -838,3 +839,26 @@ def test_a_copy_still_arriving_is_followed_only_when_it_holds_more_than_this_nod
     spread.busy.clear()
     spread.receiving[second] = {}
     assert spread.next_task() == (name, None)  # the origin (no seeder here), not worker2: each would wait on the other
+
+
+@pytest.mark.parametrize("reader", ["pipe", "socket"])
+def test_a_stager_whose_ssh_session_dropped_exits_at_once_and_lets_the_rerun_have_the_lock(reader):
+    """sshd's end of a session's output goes away with the session: a stager still fetching then exits
+    within a second instead of holding its revision's lock (the rerun would stop at it)."""
+    program = ("import threading, time; from ascend_fleet.node.stage_weights.main import end_with_the_session; "
+               "threading.Thread(target=end_with_the_session, daemon=True).start(); time.sleep(60)")
+    if reader == "pipe":
+        stager = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
+        time.sleep(1)
+        assert stager.poll() is None  # read: it goes on
+        stager.stdout.close()
+    else:
+        ours, theirs = socket.socketpair()
+        stager = subprocess.Popen([sys.executable, "-c", program], stdout=theirs)
+        theirs.close()
+        time.sleep(1)
+        assert stager.poll() is None
+        ours.close()
+    started = time.monotonic()
+    assert stager.wait(timeout=10) == SESSION_GONE_EXIT
+    assert time.monotonic() - started < 2

@@ -6,8 +6,10 @@ import argparse
 import fcntl
 import json
 import os
+import select
 import shutil
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -315,9 +317,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+# How often a stager looks whether its output still has a reader, and how it exits when not.
+SESSION_POLL_MILLISECONDS = 500
+SESSION_GONE_EXIT = 75
+
+
+def end_with_the_session() -> None:
+    """Exit once nobody reads this stager's output: the SSH session that ran it dropped. Left running, it
+    would hold the revision's lock, and the rerun after the drop would find it taken and stop; what it
+    fetched stays in the partial directory for that rerun to resume. A pipe whose reader is gone polls as
+    POLLERR, a socket as POLLHUP; both come whatever events are asked for."""
+    output = select.poll()
+    output.register(sys.stdout.fileno(), 0)
+    while not output.poll(SESSION_POLL_MILLISECONDS):
+        pass
+    os._exit(SESSION_GONE_EXIT)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     job = Job(args.host, args.model_id, args.revision, args.model_dir)
+    threading.Thread(target=end_with_the_session, daemon=True, name="session").start()
     try:
         model_path_parts(job.model_id, job.revision)
         if args.deep_verify:
