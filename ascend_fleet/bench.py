@@ -37,7 +37,7 @@ from rich.table import Table
 from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
-from ascend_fleet.gateway import address_holders, client_url
+from ascend_fleet.gateway import address_holders, client_url, gateway_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node import stage_weights
@@ -190,12 +190,10 @@ def bench_target(inventory_path: Path, inventory: Inventory, gateway_name: str |
         raise FleetError(f"{inventory_path}: no worker hosts; nothing to benchmark")
     gateway = gateways[0]
     address = hosts[gateway.host].data.get("ssh_hostname") or gateway.host
-    url = f"http://{address}:{gateway.gateway.listen_port}"
-    name = gateway.host
+    url, name = gateway_url(gateway, address), gateway.host
     if gateway_name is None and gateway.gateway_vip:  # through the virtual address, as clients come
         url = client_url(gateway, address)
-        holders = address_holders([hosts[config.host] for config in gateways])
-        name = f"{' and '.join(holders) or 'no gateway reached'} (virtual address)"
+        name = f"{address_holders([hosts[config.host] for config in gateways])} (virtual address)"
     first = workers[0]
     served = {(c.profile, f"{c.model.id}@{c.model.revision}") for c in workers}
     mixed = sorted(f"{p} {m}" for p, m in served - {(first.profile, f"{first.model.id}@{first.model.revision}")})
@@ -403,7 +401,9 @@ def bench(
                                                    "mean_itl_ms=40")] = DEFAULT_SLO,
     compare: Annotated[Optional[Path], typer.Option("--compare", help="a previous result JSON to compare with")] = None,
     result_dir: Annotated[Path, typer.Option("--result-dir", help="where the result JSON is written")] = Path("bench-results"),
-    gateway: Annotated[Optional[str], typer.Option("--gateway", help="the gateway host to go through (default: the gateways' virtual address, else the first)")] = None,
+    gateway: Annotated[Optional[str], typer.Option(
+        "--gateway", help="the gateway host to go through (default: the gateways' virtual address, else the first)",
+    )] = None,
     instance: Annotated[Optional[str], typer.Option("--instance", help="HOST/INSTANCE: benchmark that instance directly "
                                                                        "(an SSH tunnel to its node), not the gateway")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="a tokenizer directory or hub id (default: "

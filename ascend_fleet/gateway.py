@@ -76,19 +76,25 @@ def notify_program(config: NodeConfig) -> str:
                   metric=HOLDS_VIP_METRIC, address=config.gateway_vip.address.ip)
 
 
-def address_holders(gateways: list) -> list[str]:
+def address_holders(gateways: list) -> str:
     """Which of these gateway hosts (pyinfra hosts, of one virtual address) hold it now, asked on each
-    over SSH at once; one that cannot be read counts as not holding it."""
+    over SSH at once, as words ("gw-02"); one that cannot be read counts as not holding it."""
     address = str(host_node_config(gateways[0]).gateway_vip.address.ip)
     query = {"holds": FactQuery(AddressHeld, {"address": address})}
     facts = read_fleet_facts({member.name: (member.data.dict(), query) for member in gateways})
-    return [member.name for member in gateways if facts[member.name].facts.get("holds")]
+    return " and ".join(member.name for member in gateways if facts[member.name].facts.get("holds")) \
+        or "no gateway reached"
+
+
+def gateway_url(config: NodeConfig, address: str) -> str:
+    """This gateway's own URL (the gateway reached at address)."""
+    return f"http://{address}:{config.gateway.listen_port}"
 
 
 def client_url(config: NodeConfig, address: str) -> str:
     """Where clients reach the fleet through this gateway (reached at address): the virtual address when
     the data gives one."""
-    return f"http://{config.gateway_vip.address.ip if config.gateway_vip else address}:{config.gateway.listen_port}"
+    return gateway_url(config, str(config.gateway_vip.address.ip) if config.gateway_vip else address)
 
 
 def virtual_address_problems(inventory: Iterable, configs: list[NodeConfig]):

@@ -54,7 +54,7 @@ from ascend_fleet.credentials import api_headers
 from ascend_fleet.errors import FleetError, describe_validation
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
 from ascend_fleet.fleetstate import BLUE, GATEWAY_FILE, FleetState, backend_key, other_colour
-from ascend_fleet.gateway import address_holders, client_url
+from ascend_fleet.gateway import address_holders, client_url, gateway_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.multi_node import data_parallel_roles
@@ -170,7 +170,7 @@ class Fleet:
 
     def gateway_urls(self) -> list[str]:
         """Each gateway's own URL, then the virtual address's when the data gives one: each must serve."""
-        own = [f"http://{self.addresses[host]}:{self.configs[host].gateway.listen_port}" for host in self.gateways]
+        own = [gateway_url(self.configs[host], self.addresses[host]) for host in self.gateways]
         return list(dict.fromkeys([*own, self.client_url()]))
 
     def unreachable_gateways(self) -> str | None:
@@ -190,7 +190,7 @@ class Fleet:
         if self.configs[self.gateways[0]].gateway_vip is None:
             return self.client_url()
         holders = address_holders([self.inventory.get_host(name) for name in self.gateways])
-        return f"{self.client_url()} (the virtual address, held by {' and '.join(holders) or 'no gateway reached'})"
+        return f"{self.client_url()} (the virtual address, held by {holders})"
 
     def waves(self, names: list[str] | None) -> list[tuple[str, list[str]]]:
         """(wave, workers) in rollout order: the given groups, else the data's rollout_waves, else

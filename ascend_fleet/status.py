@@ -165,12 +165,17 @@ def worker_queries(config: NodeConfig, profile: Profile, role: DataParallelRole 
     return queries
 
 
+def gateway_services(config: NodeConfig) -> tuple[str, ...]:
+    """The units a gateway runs: nginx, Prometheus, and keepalived where it carries the virtual address."""
+    return (*GATEWAY_SERVICES, KEEPALIVED_SERVICE) if config.gateway_vip else GATEWAY_SERVICES
+
+
 def gateway_queries(config: NodeConfig) -> dict[str, FactQuery]:
-    services = (*GATEWAY_SERVICES, KEEPALIVED_SERVICE) if config.gateway_vip else GATEWAY_SERVICES
     vip = {"holds_vip": FactQuery(AddressHeld, {"address": str(config.gateway_vip.address.ip)})
            } if config.gateway_vip else {}
     return {"gateway_config": FactQuery(FileContents, {"path": GATEWAY_CONFIG}), **vip,
-            **{f"service:{name}": FactQuery(UnitState, {"unit": f"{name}.service"}) for name in services}}
+            **{f"service:{name}": FactQuery(UnitState, {"unit": f"{name}.service"})
+               for name in gateway_services(config)}}
 
 
 # What the facts mean.
@@ -332,10 +337,8 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
         status.problems += npu_network_problems(config, values.get("npu_network"))
         status.problems += deep_verify_problems(values.get("weights"))
     if config.is_gateway:
-        status.services = {name: values.get(f"service:{name}") or {} for name in GATEWAY_SERVICES}
-        if config.gateway_vip:
-            status.services[KEEPALIVED_SERVICE] = values.get(f"service:{KEEPALIVED_SERVICE}") or {}
-            status.holds_vip = values.get("holds_vip")
+        status.services = {name: values.get(f"service:{name}") or {} for name in gateway_services(config)}
+        status.holds_vip = values.get("holds_vip") if config.gateway_vip else None
         for name, unit in status.services.items():
             problem = unit_problem(unit, f"{name}.service")
             # Prometheus belongs to the monitoring stage: absent is not a fault of the gateway.
@@ -416,7 +419,8 @@ def describe_difference(gateway: HostStatus, first: HostStatus) -> str:
     """The first backend the two gateways route differently, as `address:port up|down|absent` on each."""
     def state(status: HostStatus, key: tuple[str, int]) -> str:
         return {None: "absent", True: "down", False: "up"}[status.routed.get(key)]
-    key = next(key for key in sorted({*gateway.routed, *first.routed}) if gateway.routed.get(key) != first.routed.get(key))
+    key = next(key for key in sorted({*gateway.routed, *first.routed})
+               if gateway.routed.get(key) != first.routed.get(key))
     return f"{key[0]}:{key[1]} {state(gateway, key)} here, {state(first, key)} there"
 
 

@@ -222,11 +222,9 @@ def power_off(lab_dir: Path, name: str) -> None:
     node = spec.node(name)
     (home / "hold").touch()
     run(["ip", "link", "set", spec.host_veth(node), "down"], what=f"cutting {name}'s link")
-    nspawn = int((home / "nspawn.pid").read_text())
-    children = Path(f"/proc/{nspawn}/task/{nspawn}/children")
-    for init in children.read_text().split() if children.exists() else []:
+    for init in processes.children(int((home / "nspawn.pid").read_text())):
         with suppress(ProcessLookupError):
-            os.kill(int(init), signal.SIGRTMIN + 15)
+            os.kill(init, signal.SIGRTMIN + 15)
 
 
 def power_on(lab_dir: Path, name: str) -> None:

@@ -22,6 +22,14 @@ def spawn(argv: list[str], log: Path) -> int:
     return process.pid
 
 
+def children(pid: int) -> list[int]:
+    """The PIDs of pid's children (for systemd-nspawn: the container's init), none once it is gone."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
 def last_words(log: Path, lines: int = 3) -> str:
     """The last lines a process wrote to its log, on one line: an error that names a log quotes
     it, because `lab up` removes the lab's directory (its logs too) when it fails."""

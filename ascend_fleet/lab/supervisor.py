@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ascend_fleet.lab.cgroups import join
 from ascend_fleet.lab.network import forget_npu_settings
+from ascend_fleet.lab.processes import children
 
 REBOOT_EXIT_CODE = 133
 SHUTDOWN_GRACE_SECONDS = 30
@@ -85,9 +86,8 @@ class Supervisor:
 
     def kill_container(self) -> None:
         """SIGKILL the container's init (ending its whole PID namespace), then nspawn."""
-        children = Path(f"/proc/{self.nspawn.pid}/task/{self.nspawn.pid}/children")
-        for pid in children.read_text().split() if children.exists() else []:
-            subprocess.run(["kill", "-KILL", pid], check=False)
+        for pid in children(self.nspawn.pid):
+            subprocess.run(["kill", "-KILL", str(pid)], check=False)
         self.nspawn.kill()
 
     def hold_while_asked(self) -> None:
