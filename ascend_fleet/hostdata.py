@@ -254,11 +254,41 @@ class InstancePorts(_Strict):
     vllm: VllmPort = 51000
 
 
+# An HTTP header name as clients send it (RFC 9110 token characters nginx maps to a $http_ variable).
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")]
+
+
+class Routing(_Strict):
+    """How a gateway picks the instance for each request (routes.py says what each does)."""
+
+    policy: Literal["least_conn", "session_affinity", "cache_aware"] = Field(
+        "least_conn", description="least_conn: the instance with the fewest requests; session_affinity: nginx "
+        "hashes session_header consistently, so a session's turns meet the KV cache of its history; cache_aware: "
+        "the vLLM project's vllm-router on each gateway sends a request where its prefix is cached")
+    session_header: HeaderName = Field("X-Session-Id", description="session_affinity: the request header that "
+                                       "names a session; requests without it are spread as by least_conn")
+    router_port: Port = Field(30080, description="cache_aware: where vllm-router listens, on the gateway's "
+                                                 "loopback only, behind nginx")
+
+
+class Isolation(_Strict):
+    """Each gateway's route watcher (node/route_watch.py): when an instance leaves routing and when it comes
+    back, decided on the gateway itself, so it holds with no control machine."""
+
+    interval_seconds: float = Field(1.0, ge=0.2, le=30, description="how often every instance is checked")
+    health_timeout_seconds: float = Field(1.5, gt=0, le=30, description="a /health that does not answer "
+                                          "within this fails the check (a hung engine)")
+    fails: int = Field(2, ge=1, le=100, description="failed checks in a row before the instance leaves routing")
+    passes: int = Field(3, ge=1, le=100, description="passed checks in a row before it comes back")
+
+
 class Gateway(_Strict):
     """Nginx in front of every instance; present only in the data of gateway hosts."""
 
     listen_port: Port = 80
     upstream_name: Identifier = "vllm_backend"
+    routing: Routing = Field(default_factory=Routing)
+    isolation: Isolation = Field(default_factory=Isolation)
 
 
 # A network interface name as the kernel allows it (IFNAMSIZ 16 with its NUL; no '/', blank or ':').
@@ -295,8 +325,11 @@ class Monitoring(_Strict):
     evaluation_interval: Duration = "15s"
     retention: Duration = "15d"
     instance_down_for: Duration = Field("1m", description="an instance's /metrics unanswered this long")
-    npu_metrics_interval: Duration = Field("15s", description="how often each worker's timer reads npu-smi into "
-                                                              "node_exporter's textfile")
+    npu_metrics_interval: Duration = Field("5s", description="how often each worker's timer reads npu-smi into "
+                                                              "node_exporter's textfile; the gateways' route "
+                                                              "watchers read it there, so an instance on an NPU "
+                                                              "gone Alarm leaves routing within about this long "
+                                                              "plus gateway.isolation's fails checks")
     slo_for: Duration = Field("5m", description="KV cache, TTFT and ITL above their limits this long")
     kv_cache_usage_above: float = Field(0.9, gt=0, le=1)
     ttft_p99_above_seconds: float = Field(2.0, gt=0)

@@ -33,6 +33,11 @@ WEIGHTS_STAGER = f"{PROGRAM_DIR}/stage_weights.pyz"  # the stager package as one
 WHEELS_HELPER = f"{PROGRAM_DIR}/peer_wheels.py"
 NPU_METRICS_PROGRAM = f"{PROGRAM_DIR}/npu-metrics"
 KEEPALIVED_NOTIFY_PROGRAM = f"{PROGRAM_DIR}/keepalived-notify"  # gateways: who holds the virtual address
+ROUTE_WATCH_PROGRAM = f"{PROGRAM_DIR}/route_watch.py"  # gateways: instances out of routing and back
+ROUTES_FILE = f"{CONFIG_DIR}/routes.json"  # gateways: what the route watcher works from (routes.py)
+ROUTE_WATCH_STATE = "/run/ascend-fleet/routes-state.json"  # gateways: who the watcher took out, why, since when
+ROUTE_WATCH_LOCK = "/run/lock/ascend-fleet-routes.lock"  # the watcher's cycle or the stage's apply, one at a time
+ROUTE_WATCH_UNIT = "ascend-fleet-route-watch.service"
 
 SYSTEMD_STATE_ROOT = "/var/lib"  # what a unit's StateDirectory= is relative to
 SERVICE_HOME = f"{SYSTEMD_STATE_ROOT}/ascend-fleet"  # the service user's home; each instance's below it
@@ -75,6 +80,7 @@ PROMETHEUS_FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"  # <job>.json: the targets 
 # The packages' names, units and the files holding the daemons' command lines differ by release: node_os.py.
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile collector reads the NPU metrics here
 VIRTUAL_ADDRESS_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_vip.prom"
+ROUTE_WATCH_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_routes.prom"  # gateways: who is out of routing
 
 
 def unit_file(unit: str) -> str:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 # What a role of the fleet installs; a release that has no known package for one cannot take the role.
 WORKER_NEEDS = ("nftables", "nginx", "node_exporter", "driver_prerequisites")
-GATEWAY_NEEDS = ("nginx", "prometheus", "prometheus_args_file", "nginx_exporter", "nginx_exporter_args_file")
+GATEWAY_NEEDS = ("nginx", "prometheus", "prometheus_args_file", "nginx_exporter", "nginx_exporter_args_file",
+                 "node_exporter", "gateway_python")
 # What a gateway carrying the fleet's virtual address installs besides (gateway.py).
 VIRTUAL_ADDRESS_NEEDS = ("virtual_address_packages",)
 
@@ -48,6 +49,7 @@ class NodeOs:
     nginx_exporter_args_file: str | None
     # keepalived (its unit of the same name, /etc/keepalived/keepalived.conf) and curl for its nginx check
     virtual_address_packages: tuple[str, ...] | None
+    gateway_python: str | None  # the system python3 the gateway's route watcher runs with (node/route_watch.py)
     driver_prerequisites: tuple[str, ...] | None
     kernel_headers: str | None  # the running kernel's headers package, {kernel} = `uname -r`, or None
 
@@ -76,6 +78,7 @@ def _debian(distribution: str, release: str, codename: str, python: str) -> Node
         nginx_exporter=Service("prometheus-nginx-exporter", "prometheus-nginx-exporter"),
         nginx_exporter_args_file="/etc/default/prometheus-nginx-exporter",
         virtual_address_packages=("keepalived", "curl"),
+        gateway_python="python3",
         driver_prerequisites=("dkms", "gcc", "make", "pciutils", "net-tools"),
         kernel_headers="linux-headers-{kernel}",
     )
@@ -95,6 +98,7 @@ SERVED = (
         prometheus=Service("prometheus2", "prometheus"), prometheus_args_file=None,
         nginx_exporter=None, nginx_exporter_args_file=None,
         virtual_address_packages=None,  # no source here says how openEuler packages keepalived
+        gateway_python="python3",  # the release's system Python (system_python above)
         driver_prerequisites=("dkms", "gcc", "make", "kernel-devel", "kernel-headers", "pciutils", "net-tools"),
         kernel_headers=None,  # kernel-devel and kernel-headers are among the prerequisites
     ),

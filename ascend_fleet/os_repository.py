@@ -69,7 +69,8 @@ def fleet_packages(known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool)
                       *profile.pip.system_packages.get(known.package_manager, [])]
         if config.is_gateway:
             names += [known.nginx, known.nftables, known.prometheus and known.prometheus.package,
-                      known.nginx_exporter and known.nginx_exporter.package,
+                      known.nginx_exporter and known.nginx_exporter.package, known.gateway_python,
+                      known.node_exporter and known.node_exporter.package,
                       *((known.virtual_address_packages or ()) if config.gateway_vip else ())]
     return sorted({name for name in names if name})
 

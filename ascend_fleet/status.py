@@ -4,7 +4,8 @@ Each host is read over SSH at the same time as the others (ascend_fleet/remote.p
 the deploy's own facts: driver, firmware, CANN and the serving venv's packages against
 the host's profile, npu-smi, each instance's unit, /health, /v1/models and /metrics
 (asked on the node, so a firewall between this machine and the workers does not matter),
-and each gateway's nginx config, which says whether it routes to an instance.
+and each gateway's routes file and its route watcher's state, which say whether it routes to an
+instance (drained, or taken out by the watcher) whatever the routing policy.
 A host that cannot be read is a red row; nothing here raises for a node's state.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +25,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import crossplane
 import typer
 from pyinfra.api import Inventory
 from pyinfra.facts.files import FileContents
@@ -41,12 +40,13 @@ from ascend_fleet.facts.hccn import NpuNicHealth
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.fleet import fleet_roles, limited_hosts, load_inventory
+from ascend_fleet.fleetstate import backend_key
 from ascend_fleet.gateway import KEEPALIVED_SERVICE
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.node.stage_weights import deep_verify_of
-from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
+from ascend_fleet.node_layout import ROUTE_WATCH_STATE, ROUTES_FILE, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import MAX_PARALLEL_HOSTS, FactQuery, HostFacts, read_fleet_facts
@@ -81,7 +81,8 @@ class InstanceStatus:
     model: str | None = None
     revision: str | None = None
     metrics: dict | None = None
-    routed: str = "unknown"  # "yes", "drained", "absent" (by every gateway), "unknown" (no gateway read),
+    routed: str = "unknown"  # "yes", "drained", "isolated" (a gateway's route watcher took it out), "absent"
+    # (by every gateway), "unknown" (no gateway read),
     # "via head" (a multi-node instance's headless member: the gateway reaches it through its head)
     multi_node: str | None = None  # "head of G" or "rank R of G (head H)"
     members: list[dict] = field(default_factory=list)  # a head's: each member host's unit and problems
@@ -102,7 +103,8 @@ class HostStatus:
     versions: dict[str, Version] = field(default_factory=dict)
     npu_smi_error: str | None = None
     services: dict[str, dict[str, str]] = field(default_factory=dict)  # gateway: nginx and prometheus units
-    routes: list[dict] | None = None  # gateway: its upstream servers; None until its config is read
+    routes: list[dict] | None = None  # gateway: its backends [{"key", "drained"}]; None until its routes are read
+    isolated: dict[str, dict] = field(default_factory=dict)  # gateway: {key: {"reason", "since"}} out of routing
     holds_vip: bool | None = None  # gateway with gateway_vip: whether the virtual address is on it now
     instances: list[InstanceStatus] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -112,14 +114,10 @@ class HostStatus:
         return not self.problems and self.error is None and all(i.ok for i in self.instances)
 
     @cached_property
-    def routed(self) -> dict[tuple[str, int], bool]:
-        """A gateway's routes by (address, port): whether one of its server lines marks it down. Looked up
-        once per instance of the fleet: a list would cost the fleet's size squared."""
-        by_backend: dict[tuple[str, int], bool] = {}
-        for route in self.routes or ():
-            key = (route["address"], route["port"])
-            by_backend[key] = by_backend.get(key, False) or route["down"]
-        return by_backend
+    def routed(self) -> dict[str, bool]:
+        """A gateway's routes by host/instance: whether it is drained. Looked up once per instance of the
+        fleet: a list would cost the fleet's size squared."""
+        return {route["key"]: route["drained"] for route in self.routes or ()}
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -173,7 +171,8 @@ def gateway_services(config: NodeConfig) -> tuple[str, ...]:
 def gateway_queries(config: NodeConfig) -> dict[str, FactQuery]:
     vip = {"holds_vip": FactQuery(AddressHeld, {"address": str(config.gateway_vip.address.ip)})
            } if config.gateway_vip else {}
-    return {"gateway_config": FactQuery(FileContents, {"path": GATEWAY_CONFIG}), **vip,
+    return {"routes": FactQuery(FileContents, {"path": ROUTES_FILE}),
+            "route_state": FactQuery(FileContents, {"path": ROUTE_WATCH_STATE}), **vip,
             **{f"service:{name}": FactQuery(UnitState, {"unit": f"{name}.service"})
                for name in gateway_services(config)}}
 
@@ -280,38 +279,41 @@ def instance_status(config: NodeConfig, instance: Instance, facts: dict[str, Any
     return status
 
 
-def gateway_routes(config_lines: list[str] | None) -> list[dict] | None:
-    """The gateway's upstream servers, [{"address": "10.0.0.2", "port": 8000, "down": False}], from
-    its nginx config (crossplane's parser); None when the config file is missing."""
-    if config_lines is None:
+def gateway_routes(routes_lines: list[str] | None) -> list[dict] | None:
+    """The gateway's backends, [{"key": "worker1/vllm-0", "drained": False}], from its routes file
+    (routes.py); None when the file is missing or unreadable."""
+    try:
+        document = json.loads("\n".join(routes_lines)) if routes_lines is not None else None
+    except ValueError:
         return None
-    with tempfile.NamedTemporaryFile("w", suffix=".conf") as copy:
-        copy.write("\n".join(config_lines) + "\n")
-        copy.flush()
-        # A conf.d file is a fragment of the http block: no context or argument checks.
-        parsed = crossplane.parse(copy.name, single=True, check_ctx=False, check_args=False)
-    routes = []
-    for directive in parsed["config"][0]["parsed"] if parsed["config"] else ():
-        if directive["directive"] != "upstream":
-            continue
-        for server in directive.get("block", []):
-            if server["directive"] == "server":
-                address, _, port = server["args"][0].rpartition(":")
-                routes.append({"address": address, "port": int(port) if port.isdigit() else 80,
-                               "down": "down" in server["args"][1:]})
-    return routes
+    return [{"key": b["key"], "drained": b["drained"]} for b in document["backends"]] if document else None
 
 
-def routing(instance_address: str, port: int, gateways: list[HostStatus]) -> str:
-    """yes: every gateway read routes to it; drained: one marks it down; absent: one lacks it."""
+def clock_time(epoch: float | None) -> str:
+    """When, as the gateway's clock said it: HH:MM:SS UTC."""
+    return datetime.fromtimestamp(epoch or 0, timezone.utc).strftime("%H:%M:%S UTC")
+
+
+def isolated_backends(state_lines: list[str] | None) -> dict[str, dict]:
+    """{host/instance: {"reason", "since"}} the gateway's route watcher has out of routing now."""
+    try:
+        return json.loads("\n".join(state_lines)).get("isolated", {}) if state_lines else {}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def routing(key: str, gateways: list[HostStatus]) -> str:
+    """yes: every gateway read routes to it; drained: one has it drained; isolated: one's route watcher
+    took it out; absent: one lacks it."""
     read = [gw for gw in gateways if gw.routes is not None]
     if not read:
         return "unknown"
     states = []
     for gateway in read:
-        down = gateway.routed.get((instance_address, port))
-        states.append("absent" if down is None else "drained" if down else "yes")
-    for state in ("absent", "drained"):
+        drained = gateway.routed.get(key)
+        states.append("absent" if drained is None else "drained" if drained else
+                      "isolated" if key in gateway.isolated else "yes")
+    for state in ("absent", "drained", "isolated"):
         if state in states:
             return state
     return "yes"
@@ -344,9 +346,10 @@ def host_status(config: NodeConfig, profile: Profile, facts: HostFacts,
             # Prometheus belongs to the monitoring stage: absent is not a fault of the gateway.
             if problem and not (name == "prometheus" and unit.get("LoadState") == "not-found"):
                 status.problems.append(f"{name}: {problem}")
-        status.routes = gateway_routes(values.get("gateway_config"))
+        status.routes = gateway_routes(values.get("routes"))
+        status.isolated = isolated_backends(values.get("route_state"))
         if status.routes is None:
-            status.problems.append(f"no {GATEWAY_CONFIG}: the gateway stage has not run")
+            status.problems.append(f"no {ROUTES_FILE}: the gateway stage has not run")
     return status
 
 
@@ -380,15 +383,19 @@ def read_status(inventory: Inventory, configs: list[NodeConfig], on_read: Callab
     gateways = [status for status, config in zip(statuses, configs) if config.is_gateway]
     judge_gateways(gateways, next((config.gateway_vip for config in configs if config.is_gateway), None))
     for status, config in zip(statuses, configs):
-        address = hosts[config.host].data.get("ssh_hostname") or config.host
         for instance in status.instances:
             if instance.routed == "via head":
                 continue
-            instance.routed = routing(address, instance.port, gateways)
+            key = backend_key(config.host, instance.name)
+            instance.routed = routing(key, gateways)
             if instance.routed == "absent":
                 instance.warnings.append("the gateway does not route to it (absent from its upstream)")
             elif instance.routed == "drained":
                 instance.warnings.append("drained at the gateway")
+            elif instance.routed == "isolated":
+                instance.problems += [f"out of routing on {gateway.host} since {clock_time(out['since'])}: "
+                                      f"{out['reason']}" for gateway in gateways
+                                      if (out := gateway.isolated.get(key))]
     return FleetStatus(statuses, read_at, time.monotonic() - started)
 
 
@@ -416,12 +423,12 @@ def judge_gateways(gateways: list[HostStatus], vip) -> None:
 
 
 def describe_difference(gateway: HostStatus, first: HostStatus) -> str:
-    """The first backend the two gateways route differently, as `address:port up|down|absent` on each."""
-    def state(status: HostStatus, key: tuple[str, int]) -> str:
-        return {None: "absent", True: "down", False: "up"}[status.routed.get(key)]
+    """The first backend the two gateways route differently, as `host/instance routed|drained|absent` on each."""
+    def state(status: HostStatus, key: str) -> str:
+        return {None: "absent", True: "drained", False: "routed"}[status.routed.get(key)]
     key = next(key for key in sorted({*gateway.routed, *first.routed})
                if gateway.routed.get(key) != first.routed.get(key))
-    return f"{key[0]}:{key[1]} {state(gateway, key)} here, {state(first, key)} there"
+    return f"{key} {state(gateway, key)} here, {state(first, key)} there"
 
 
 def join_members(statuses: list[HostStatus], roles: dict[str, DataParallelRole]) -> None:

@@ -130,10 +130,11 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProces
 
 
 def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
-    """Render the gateway config for every instance of the fleet and have nginx check it; then read it as
-    `status` does and find every instance in it. Both times."""
-    from ascend_fleet.hostdata import Gateway
-    from ascend_fleet.stages.serving import render_gateway_config
+    """Write the gateway's routes for every instance of the fleet and have nginx check its config; then read
+    the routes file as `status` does and find every instance in it. Both times."""
+    from ascend_fleet.hostdata import node_config
+    from ascend_fleet.node.route_watch import Routes, nginx_text
+    from ascend_fleet.routes import routes_document
     from ascend_fleet.status import HostStatus, gateway_routes, routing
 
     with socket.socket() as sock:  # nginx -t binds what the config listens on
@@ -141,8 +142,11 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
         port = sock.getsockname()[1]
     started = time.monotonic()
     backends = [{"host": f"npu-{w:04d}", "instance": f"vllm-{i}", "address": f"10.{w // 250}.{w % 250}.11",
-                 "port": 8000 + i, "drained": w % 10 == 0} for w in range(workers) for i in range(INSTANCES_PER_WORKER)]
-    site = render_gateway_config(backends, Gateway(listen_port=port), fail_timeout=10)
+                 "port": 8000 + i, "npus": [i], "drained": w % 10 == 0}
+                for w in range(workers) for i in range(INSTANCES_PER_WORKER)]
+    config = node_config({"profile": "lab", "gateway": {"listen_port": port}}, "gw-01")
+    routes_file = json.dumps(routes_document(config, backends), indent=1)
+    site = nginx_text(Routes(json.loads(routes_file)), set())
     (scratch / "site.conf").write_text(site)
     (scratch / "nginx.conf").write_text(f"pid {scratch}/nginx.pid; error_log stderr; events {{}}\n"
                                         f"http {{ access_log off; include {scratch}/site.conf; }}\n")
@@ -158,8 +162,8 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     repeats = max(1, 1000 // workers)
     started = time.monotonic()
     for _ in range(repeats):
-        gateway = HostStatus("gw-01", "gateway", "lab", routes=gateway_routes(site.splitlines()))
-        routed = [routing(backend["address"], backend["port"], [gateway]) for backend in backends]
+        gateway = HostStatus("gw-01", "gateway", "lab", routes=gateway_routes(routes_file.splitlines()))
+        routed = [routing(f"{backend['host']}/{backend['instance']}", [gateway]) for backend in backends]
     read = (time.monotonic() - started) / repeats
     if routed != ["drained" if backend["drained"] else "yes" for backend in backends]:
         raise SystemExit(f"status read the gateway of {len(backends)} instances wrong")

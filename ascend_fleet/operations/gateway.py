@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import shlex
 from collections.abc import Callable
+from io import StringIO
 
+from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
 
 from ascend_fleet.operations.config import checked_config
 
@@ -21,3 +27,29 @@ def nginx_config(dest: str, content: str | Callable[[], str]):
     text = content() if callable(content) else content
     yield from checked_config._inner(dest=dest, content=text, check="nginx -t", service="nginx",
                                      what="gateway config")
+
+
+@operation()
+def routes_applied(dest: str, program: str, content: str | Callable[[], str]):
+    """
+    Put the gateway's routes file in place and route by it at once, through the route watcher's own
+    `apply` (nginx -t, then a reload; those the watcher took out stay out). A routes file the gateway
+    refuses is swapped back out, so the old routing keeps serving.
+
+    + dest: the routes file (node_layout.ROUTES_FILE; routes.py writes it)
+    + program: the route watcher on the gateway (node/route_watch.py)
+    + content: its full text, or a function that makes it when the operation runs (so it sees what the
+      run's serve stage recorded)
+    """
+    text = content() if callable(content) else content
+    if host.get_fact(Sha256File, path=dest) == hashlib.sha256(text.encode()).hexdigest():
+        host.noop(f"{dest} is current")
+        return
+    staged, backup = f"{dest}.new", f"{dest}.previous"
+    yield from files.put._inner(src=StringIO(text), dest=staged, mode="644")
+    target, previous = shlex.quote(dest), shlex.quote(backup)
+    yield (f"if [ -f {target} ]; then cp -p {target} {previous}; else rm -f {previous}; fi; "
+           f"mv {shlex.quote(staged)} {target}; "
+           f"if ! python3 {shlex.quote(program)} apply {target}; then "
+           f"  if [ -f {previous} ]; then mv {previous} {target}; else rm -f {target}; fi; exit 1; fi; "
+           f"rm -f {previous}")

@@ -45,9 +45,14 @@ def pip_index_url(profile: Profile) -> str:
     return profile.pip.index_url or host.data.pip_index_url
 
 
+def data_parallel_roles() -> dict[str, DataParallelRole]:
+    """Each multi-node instance member's part (multi_node.py): worked out once per run."""
+    return once_per_run(host.state, "data parallel roles", lambda: fleet_roles(inventory))
+
+
 def data_parallel_role(host_name: str) -> DataParallelRole | None:
-    """The host's part in a multi-node instance (multi_node.py), or None: worked out once per run."""
-    return once_per_run(host.state, "data parallel roles", lambda: fleet_roles(inventory)).get(host_name)
+    """The host's part in a multi-node instance, or None."""
+    return data_parallel_roles().get(host_name)
 
 
 def runs_npus() -> bool:

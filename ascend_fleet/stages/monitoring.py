@@ -1,5 +1,6 @@
 """Stage: monitoring. Prometheus on the gateway group; on every worker, node_exporter with NPU health; on the
-gateways of a virtual address, node_exporter with whether each holds it (keepalived's notify program).
+gateways, node_exporter with who the route watcher took out of routing and, with a virtual address, whether
+each holds it (keepalived's notify program).
 
 Workers: the release's node_exporter (node_os.py names it), and a timer that writes what npu-smi says into
 its textfile directory (node/npu_metrics.py explains why a timer). Gateways:
@@ -38,11 +39,11 @@ from ascend_fleet.node_os import NodeOs
 from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
+from ascend_fleet.routes import NODE_EXPORTER_PORT
 from ascend_fleet.stages.context import host_os, os_packages
 from ascend_fleet.templating import render
 
 MONITORING_TEMPLATES = TEMPLATES / "monitoring"
-NODE_EXPORTER_PORT = 9100
 NGINX_EXPORTER_PORT = 9113
 NGINX_STATUS_PORT = 8080  # loopback only; the exporter's default scrape URI
 PROMETHEUS_PORT = 9090
@@ -55,7 +56,7 @@ SCRAPE_JOBS = ("vllm", "npu_node", "nginx", "gateway_node")
 def scrape_targets() -> dict[str, list[dict]]:
     """file_sd target groups per job, from every host of the inventory (also those a --limit leaves
     out): each vLLM instance, each worker's node_exporter, each gateway's nginx exporter, and the
-    node_exporter of each gateway of a virtual address."""
+    node_exporter of each gateway."""
     jobs: dict[str, list[dict]] = {job: [] for job in SCRAPE_JOBS}
     for member in inventory:
         config = host_node_config(member)  # the instances of the colour it serves with
@@ -68,7 +69,7 @@ def scrape_targets() -> dict[str, list[dict]]:
             jobs["npu_node"].append({"targets": [f"{address}:{NODE_EXPORTER_PORT}"], "labels": {"host": member.name}})
         if config.is_gateway:
             jobs["nginx"].append({"targets": [f"{address}:{NGINX_EXPORTER_PORT}"], "labels": {"host": member.name}})
-        if config.is_gateway and config.gateway_vip:  # whether it holds the virtual address
+        if config.is_gateway:  # who its route watcher took out of routing; whether it holds the virtual address
             jobs["gateway_node"].append({"targets": [f"{address}:{NODE_EXPORTER_PORT}"],
                                          "labels": {"host": member.name}})
     return jobs
@@ -168,7 +169,9 @@ def monitoring_stage() -> None:
     config = host_node_config(host)
     if config.is_worker:
         npu_exporter(config.monitoring.npu_metrics_interval)
-    if config.is_gateway and config.gateway_vip and not config.is_worker:
-        node_exporter()  # keepalived's notify program says there whether the gateway holds the address
+    if config.is_gateway and not config.is_worker:
+        # The route watcher says there who is out of routing, keepalived's notify program whether the
+        # gateway holds the virtual address.
+        node_exporter()
     if config.is_gateway:
         prometheus_server(config)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
@@ -15,17 +17,21 @@ from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_token
 from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import Gateway, Instance, NodeConfig
+from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.node import route_watch
 from ascend_fleet.node_layout import (
     GATEWAY_API_KEY_FILE,
-    GATEWAY_CONFIG,
     HUB_TOKENS_FILE,
     INSTANCE_ENV_DIR,
     INSTANCE_HELPER,
     MARKER_NAME,
+    ROUTE_WATCH_PROGRAM,
+    ROUTE_WATCH_UNIT,
+    ROUTES_FILE,
     SERVICE_ENV_FILE,
     SERVICE_HOME,
+    TEXTFILE_DIR,
     instance_env_file,
     instance_home,
     instance_state_directory,
@@ -38,7 +44,15 @@ from ascend_fleet.per_run import once_per_run
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import data_parallel_role, nginx_installed, node_profile
+from ascend_fleet.routes import fleet_backends, routes_document
+from ascend_fleet.stages.context import (
+    data_parallel_role,
+    data_parallel_roles,
+    host_os,
+    nginx_installed,
+    node_profile,
+    os_packages,
+)
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.templating import render
@@ -48,16 +62,6 @@ from ascend_fleet.vllm_cli import vllm_args
 START_TIMEOUT_SECONDS = 1800
 STOP_TIMEOUT_SECONDS = 120
 START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
-GATEWAY_UPSTREAM = {"max_fails": 2, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
-# The upstream's shared zone holds every server's state: measured with Debian's nginx 1.22.1, `nginx -t`
-# needs about 0.77 KB a server over a 12 KB base (256k holds 319; 4000 need 3092k). Sized at twice that,
-# for longer names and names that resolve to several addresses (a peer each), never below nginx's usual 256k.
-UPSTREAM_ZONE_MIN_KB, UPSTREAM_ZONE_KB_PER_SERVER, UPSTREAM_ZONE_BASE_KB = 256, 2, 64
-
-
-def upstream_zone_kb(servers: int) -> int:
-    return max(UPSTREAM_ZONE_MIN_KB, UPSTREAM_ZONE_BASE_KB + UPSTREAM_ZONE_KB_PER_SERVER * servers)
-
 
 def instance_problem(config: NodeConfig, instance: Instance) -> str | None:
     """An instance's gate, asked on its node: the one judgement of probes.judge_instance. A headless
@@ -263,37 +267,10 @@ def retire_instances(config: NodeConfig) -> None:
         systemd.daemon_reload(name=f"Units without {name}")
 
 
-def fleet_backends(state: FleetState) -> list[dict]:
-    """Every instance of every worker in the inventory that has served (fleetstate.py), as the
-    gateway addresses it; those drained (host/instance) are kept out of rotation. Each worker's
-    instances are those of the colour it serves with (host_node_config)."""
-    drained, served = state.drained(), state.served()
-    backends = []
-    for worker in inventory:  # every host, also those a --limit leaves out
-        config = host_node_config(worker)
-        role = data_parallel_role(worker.name)
-        if not config.is_worker or (role and not role.is_head):  # a headless member serves no HTTP
-            continue
-        address = worker.data.get("ssh_hostname") or worker.name
-        backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,
-                      "drained": backend_key(worker.name, i.name) in drained}
-                     for i in config.instances if counts_as_served(served, worker.name, i.name)]
-    return backends
-
-
-def gateway_config(config: NodeConfig) -> str:
-    """The gateway's nginx config over the instances that have served, as the fleet state has them now."""
-    return render_gateway_config(fleet_backends(FleetState(config.fleet_state_dir)), config.gateway,
-                                 config.gateway_fail_timeout)
-
-
-def render_gateway_config(backends: list[dict], gateway: Gateway, fail_timeout: int) -> str:
-    """The gateway's nginx config over these backends (as fleet_backends gives them)."""
-    return render(TEMPLATES / "nginx-gateway.conf.j2", upstream=gateway.upstream_name,
-                  listen_port=gateway.listen_port, backends=backends, zone_kb=upstream_zone_kb(len(backends)),
-                  # Every server once: a request is not answered 502 while one instance can take it.
-                  next_upstream_tries=sum(not backend["drained"] for backend in backends),
-                  fail_timeout=fail_timeout, **GATEWAY_UPSTREAM)
+def routes_text(config: NodeConfig) -> str:
+    """The gateway's routes file (routes.py) over the instances that have served, as the fleet state has them now."""
+    backends = fleet_backends(inventory, data_parallel_roles(), FleetState(config.fleet_state_dir))
+    return json.dumps(routes_document(config, backends), indent=1) + "\n"
 
 
 @deploy("Gateway")
@@ -304,9 +281,20 @@ def gateway_stage() -> None:
     if not config.is_gateway:
         return
     nginx_installed()
+    known = host_os()
+    os_packages("Python for the route watcher", [known.gateway_python])
+    files.directory(name="node_exporter's textfile directory", path=TEXTFILE_DIR, mode="755")
+    program = placed.file(name="Route watcher program", content=Path(route_watch.__file__).read_text(),
+                          dest=ROUTE_WATCH_PROGRAM, mode="755")
     # Made when the operation runs: the instances this run's serve stage found serving, and no others.
-    gateway.nginx_config(name="Gateway config (nginx -t, then reload)", dest=GATEWAY_CONFIG,
-                         content=lambda: gateway_config(config))
+    gateway.routes_applied(name="Routes (nginx -t, then reload)", dest=ROUTES_FILE, program=ROUTE_WATCH_PROGRAM,
+                           content=lambda: routes_text(config))
+    unit = placed.file(name=f"Unit {ROUTE_WATCH_UNIT}", dest=unit_file(ROUTE_WATCH_UNIT), mode="644",
+                       content=render(TEMPLATES / "route-watch.service.j2", program=ROUTE_WATCH_PROGRAM,
+                                      routes=ROUTES_FILE))
+    changed = program.will_change or unit.will_change
+    systemd.service(name="Route watcher running", service=ROUTE_WATCH_UNIT, running=True, enabled=True,
+                    restarted=changed, daemon_reload=changed)
     key = api_key()
     private.private_file(name="API key for the gateway checks (root only)", dest=GATEWAY_API_KEY_FILE,
                          content=env_lines({API_KEY_NAME: key}) if key else None)

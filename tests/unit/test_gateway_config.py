@@ -3,6 +3,7 @@ before any has served. nginx itself checks each config (`nginx -t`)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 
 from ascend_fleet.fleetstate import FleetState, counts_as_served
 from ascend_fleet.hostdata import Gateway
-from ascend_fleet.stages.serving import render_gateway_config
+from ascend_fleet.routes import render_gateway_config
 
 
 def gateway(backends: list[dict]) -> str:
@@ -29,10 +30,10 @@ def nginx_accepts(site: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 # A fleet of 1000 workers of 4 instances each (nginx 1.22.1 holds 319 servers in a 256k zone).
 FLEET_OF_4000 = [{"host": f"npu-{w:04d}", "instance": f"vllm-{i}", "address": f"10.{w // 250}.{w % 250}.11",
-                  "port": 8000 + i, "drained": False} for w in range(1000) for i in range(4)]
-BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
-            {"host": "w1", "instance": "vllm-1", "address": "10.0.0.11", "port": 8001, "drained": False},
-            {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]
+                  "port": 8000 + i, "npus": [i], "drained": False} for w in range(1000) for i in range(4)]
+BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "npus": [0], "drained": False},
+            {"host": "w1", "instance": "vllm-1", "address": "10.0.0.11", "port": 8001, "npus": [1], "drained": False},
+            {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "npus": [0], "drained": True}]
 
 
 def test_every_routed_instance_is_tried_before_a_client_sees_an_error():
@@ -74,13 +75,16 @@ def test_the_served_record_is_per_worker_and_a_worker_without_one_is_unknown(tmp
 
 def test_status_reads_every_instance_of_a_gateway_of_4000():
     """The status (and the rollout's view) of a fleet of 1000 workers: each instance found in the gateway's own
-    config as the product renders it, drained or routed."""
+    routes file as the product writes it, drained or routed."""
+    from ascend_fleet.hostdata import node_config
+    from ascend_fleet.routes import routes_document
     from ascend_fleet.status import HostStatus, gateway_routes, routing
 
     backends = [{**backend, "drained": n % 10 == 0} for n, backend in enumerate(FLEET_OF_4000)]
-    routes = gateway_routes(gateway(backends).splitlines())
+    config = node_config({"profile": "lab", "gateway": {}}, "gw")
+    routes = gateway_routes(json.dumps(routes_document(config, backends), indent=1).splitlines())
     read = HostStatus("gw", "gateway", "lab", routes=routes)
     assert len(routes) == 4000
-    assert [routing(b["address"], b["port"], [read]) for b in backends] == [
+    assert [routing(f"{b['host']}/{b['instance']}", [read]) for b in backends] == [
         "drained" if b["drained"] else "yes" for b in backends]
-    assert routing("10.9.9.9", 8000, [read]) == "absent"
+    assert routing("npu-9999/vllm-0", [read]) == "absent"

@@ -134,7 +134,7 @@ def test_clients_go_to_the_virtual_address_when_there_is_one(site):
 
 def gateway_status(host: str, holds: bool | None, down: bool = False, error: str | None = None) -> HostStatus:
     return HostStatus(host, "gateway", "p", error=error, holds_vip=holds,
-                      routes=None if error else [{"address": "10.0.0.11", "port": 8000, "down": down}])
+                      routes=None if error else [{"key": "w1/vllm-0", "drained": down}])
 
 
 def test_status_names_a_split_or_a_missing_holder_and_gateways_that_route_differently(site):
@@ -153,7 +153,7 @@ def test_status_names_a_split_or_a_missing_holder_and_gateways_that_route_differ
     assert none[0].problems == [] and "no gateway read holds the virtual address 10.20.0.100" in none[1].problems[0]
     drained = [gateway_status("gw-01", True), gateway_status("gw-02", False, down=True)]
     judge_gateways(drained, None)
-    assert drained[1].problems == ["routes differ from gw-01's (10.0.0.11:8000 down here, up there); rerun "
+    assert drained[1].problems == ["routes differ from gw-01's (w1/vllm-0 drained here, routed there); rerun "
                                    "deploys/gateway.py on every gateway"]
 
 

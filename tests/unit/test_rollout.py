@@ -145,7 +145,7 @@ def test_load_report_counts_errors_and_p99_of_the_successful():
 
 def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_first():
     from ascend_fleet.hostdata import Gateway
-    from ascend_fleet.stages.serving import render_gateway_config
+    from ascend_fleet.routes import render_gateway_config
 
     backends = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
                 {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]

@@ -15,7 +15,15 @@ from ascend_fleet.node_layout import NGINX_CONF_DIR
 from ascend_fleet.probes import fact_key
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
-from ascend_fleet.status import FleetStatus, gateway_routes, host_status, render_problems, routing, worker_queries
+from ascend_fleet.status import (
+    FleetStatus,
+    gateway_routes,
+    host_status,
+    isolated_backends,
+    render_problems,
+    routing,
+    worker_queries,
+)
 from ascend_fleet.vllm_metrics import histogram_quantile, parse_metrics
 
 NEW_NAMES = """\
@@ -100,26 +108,18 @@ def test_npu_metrics_file_says_what_npu_smi_said():
     assert down == {"ascend_npu_smi_up": 0}
 
 
-GATEWAY_CONF = """\
-upstream vllm_backend {
-    least_conn;
-    zone vllm_backend 256k;
-    server 10.0.0.2:8000 max_fails=2 fail_timeout=10s;  # worker1/vllm-0
-    server 10.0.0.2:8001 max_fails=2 fail_timeout=10s down;  # worker1/vllm-1
-    keepalive 64;
-}
-server {
-    listen 80;
-    location /v1/ { proxy_pass http://vllm_backend; }
-}
-"""
+ROUTES = json.dumps({"backends": [
+    {"key": "worker1/vllm-0", "url": "http://10.0.0.2:8000", "npus": [0], "drained": False},
+    {"key": "worker1/vllm-1", "url": "http://10.0.0.2:8001", "npus": [1], "drained": True}]}, indent=1)
+ROUTE_STATE = json.dumps({"isolated": {"worker1/vllm-0": {"reason": "NPU 0 Alarm", "since": 0}}})
 
 
-def test_gateway_routes_come_from_its_nginx_config():
-    routes = gateway_routes(GATEWAY_CONF.splitlines())
-    assert routes == [{"address": "10.0.0.2", "port": 8000, "down": False},
-                      {"address": "10.0.0.2", "port": 8001, "down": True}]
-    assert gateway_routes(None) is None
+def test_gateway_routes_come_from_its_routes_file_and_the_route_watchers_state():
+    routes = gateway_routes(ROUTES.splitlines())
+    assert routes == [{"key": "worker1/vllm-0", "drained": False}, {"key": "worker1/vllm-1", "drained": True}]
+    assert gateway_routes(None) is None and gateway_routes(["{not json"]) is None
+    assert isolated_backends(ROUTE_STATE.splitlines()) == {"worker1/vllm-0": {"reason": "NPU 0 Alarm", "since": 0}}
+    assert isolated_backends(None) == {}
 
 
 WORKER_DATA = {"profile": "lab", "chip": "910B3", "npu_count": 2, "nvme_mount": "/mnt/nvme",
@@ -218,11 +218,14 @@ def test_an_unreachable_host_is_a_red_row_per_instance():
 
 def test_routing_needs_every_gateway_to_route():
     from ascend_fleet.status import HostStatus
-    gateway = HostStatus("gw", "gateway", "lab", routes=gateway_routes(GATEWAY_CONF.splitlines()))
-    assert routing("10.0.0.2", 8000, [gateway]) == "yes"
-    assert routing("10.0.0.2", 8001, [gateway]) == "drained"
-    assert routing("10.0.0.3", 8000, [gateway]) == "absent"
-    assert routing("10.0.0.2", 8000, [HostStatus("gw", "gateway", "lab", error="down")]) == "unknown"
+    gateway = HostStatus("gw", "gateway", "lab", routes=gateway_routes(ROUTES.splitlines()))
+    assert routing("worker1/vllm-0", [gateway]) == "yes"
+    assert routing("worker1/vllm-1", [gateway]) == "drained"
+    assert routing("worker2/vllm-0", [gateway]) == "absent"
+    assert routing("worker1/vllm-0", [HostStatus("gw", "gateway", "lab", error="down")]) == "unknown"
+    watching = HostStatus("gw2", "gateway", "lab", routes=gateway_routes(ROUTES.splitlines()),
+                          isolated=isolated_backends(ROUTE_STATE.splitlines()))
+    assert routing("worker1/vllm-0", [gateway, watching]) == "isolated"  # one gateway took it out
 
 
 def test_a_multi_node_instance_is_one_row_group_its_head_red_naming_the_member_that_is_down():
