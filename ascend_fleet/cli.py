@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rollout": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "swap-model": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
     "load": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
+    "drain": ("ascend_fleet.drain_cli", "drain_app", "merged"),
+    "undrain": ("ascend_fleet.drain_cli", "drain_app", "merged"),
     "profile": ("ascend_fleet.profile_cli", "profile_app", "group"),
     "bundle": ("ascend_fleet.bundle_cli", "bundle", "command"),
     "status": ("ascend_fleet.status", "status", "command"),

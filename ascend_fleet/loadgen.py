@@ -1,5 +1,10 @@
 """A bounded load generator: streaming chat completions through the gateway at a fixed concurrency.
 
+With `turns` above 1 each client holds conversations: a session opens on a document of its own
+(several KV blocks long), then asks `turns` questions, each request resending the whole history with
+the answers so far, as a chat client does; its requests carry the session's id in `session_header`
+(the gateway's session_affinity hashes it). A session whose request failed starts over.
+
 Every request's outcome is recorded (status, error, latency, time to first token), so a
 rollout or a model swap can be judged by what clients saw: how many requests, how many
 failed, and the p99 latency. A request counts as failed unless it answers 200, streams at
@@ -28,6 +33,10 @@ from ascend_fleet.credentials import api_headers
 CONNECT_TIMEOUT_SECONDS = 5
 READ_TIMEOUT_SECONDS = 120
 PROMPTS = ("Say hello.", "Name three colours.", "Count to five.", "What is an NPU?")
+# A session's opening document: words picked by its id, so sessions share no prefix but their own.
+DOCUMENT_WORDS = ("npu", "kernel", "cluster", "gateway", "token", "cache", "model", "weights", "latency", "batch",
+                  "prefill", "decode", "router", "session", "driver", "firmware", "ascend", "serving", "queue", "node")
+DOCUMENT_WORD_COUNT = 300
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 2.0
 WAIT_POLL_SECONDS = 0.1  # how often wait() looks whether the clients ended or interrupt() came
@@ -42,6 +51,14 @@ class RequestResult:
     ttft: float | None
     ok: bool
     error: str | None = None
+    turn: int = 1  # its place in its session (1: the opening)
+
+
+def session_document(session: str) -> str:
+    """The opening message of a session: a document only this session carries, then a question."""
+    seed = sum(session.encode())
+    words = [DOCUMENT_WORDS[(seed * 7 + i * (seed % 13 + 3)) % len(DOCUMENT_WORDS)] for i in range(DOCUMENT_WORD_COUNT)]
+    return f"Session {session}. Read this log and answer my questions about it:\n{' '.join(words)}\nFirst, say hello."
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -75,7 +92,7 @@ class LoadReport:
             "url": self.url, "concurrency": self.concurrency, "duration_s": round(self.duration, 1),
             "requests": self.count, "errors": len(self.failures),
             "p50_latency_s": rounded(percentile(latencies, 0.5)), "p99_latency_s": rounded(percentile(latencies, 0.99)),
-            "p99_ttft_s": rounded(percentile(ttfts, 0.99)),
+            "p50_ttft_s": rounded(percentile(ttfts, 0.5)), "p99_ttft_s": rounded(percentile(ttfts, 0.99)),
             "first_errors": [f"{r.started:.1f}s: {r.error}" for r in self.failures[:5]],
         }
 
@@ -101,20 +118,21 @@ def request_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
-def stream_chat(url: str, model: str, prompt: str, max_tokens: int, origin: float,
-                read_timeout: float = READ_TIMEOUT_SECONDS) -> RequestResult:
-    """One streaming chat completion, read to its end; silence for read_timeout seconds fails it."""
+def stream_chat(url: str, model: str, prompt: str | list[dict], max_tokens: int, origin: float,
+                read_timeout: float = READ_TIMEOUT_SECONDS, headers: dict | None = None) -> tuple[RequestResult, str]:
+    """One streaming chat completion of a prompt (or a conversation's messages), read to its end, and the
+    text it answered; silence for read_timeout seconds fails it."""
     started = time.monotonic()
-    ttft = None
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "stream": True}
+    ttft, text = None, []
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True}
     try:
         with requests.post(f"{url}/v1/chat/completions", json=body, stream=True,
                            timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
-                           headers={"Connection": "close", **api_headers()}) as response:
+                           headers={"Connection": "close", **api_headers(), **(headers or {})}) as response:
             if response.status_code != 200:
                 error = f"HTTP {response.status_code}: {' '.join(response.text.split())[:160]}"
-                return RequestResult(started - origin, time.monotonic() - started, None, False, error)
+                return RequestResult(started - origin, time.monotonic() - started, None, False, error), ""
             done, chunks = False, 0
             for line in response.iter_lines(decode_unicode=True):
                 if not line.startswith("data: "):
@@ -126,14 +144,15 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, origin: floa
                 delta = json.loads(payload)["choices"]
                 if delta and delta[0].get("delta", {}).get("content"):
                     chunks += 1
+                    text.append(delta[0]["delta"]["content"])
                     ttft = ttft if ttft is not None else time.monotonic() - started
             latency = time.monotonic() - started
             if not done or chunks == 0:
                 error = "stream ended before [DONE]" if not done else "stream carried no content"
-                return RequestResult(started - origin, latency, ttft, False, error)
-            return RequestResult(started - origin, latency, ttft, True)
+                return RequestResult(started - origin, latency, ttft, False, error), ""
+            return RequestResult(started - origin, latency, ttft, True), "".join(text)
     except (requests.RequestException, ValueError, KeyError) as exc:
-        return RequestResult(started - origin, time.monotonic() - started, ttft, False, request_error(exc))
+        return RequestResult(started - origin, time.monotonic() - started, ttft, False, request_error(exc)), ""
 
 
 class LoadGenerator:
@@ -141,9 +160,11 @@ class LoadGenerator:
     max_requests, or (give_up_after) that many seconds without a request that succeeded."""
 
     def __init__(self, url: str, model: str, concurrency: int = 4, max_tokens: int = 16,
-                 duration: float | None = None, max_requests: int | None = None, give_up_after: float | None = None):
+                 duration: float | None = None, max_requests: int | None = None, give_up_after: float | None = None,
+                 turns: int = 1, session_header: str = "X-Session-Id", label: str = "s"):
         self.url, self.model, self.concurrency, self.max_tokens = url.rstrip("/"), model, concurrency, max_tokens
         self.duration, self.max_requests, self.give_up_after = duration, max_requests, give_up_after
+        self.turns, self.session_header, self.label = turns, session_header, label
         self.gave_up = False  # stopped by give_up_after
         self.interrupted = False  # interrupt(): requests in flight left unfinished
         self._results: list[RequestResult] = []
@@ -173,11 +194,26 @@ class LoadGenerator:
                 self._stop.set()
 
     def _client(self, index: int) -> None:
-        n, failures = index, 0
+        n, failures, sessions = index, 0, 0
+        messages, headers, turn = [], {}, 0
         while self._claim():
-            result = stream_chat(self.url, self.model, PROMPTS[n % len(PROMPTS)], self.max_tokens, self._origin)
+            if self.turns == 1:
+                prompt = PROMPTS[n % len(PROMPTS)]
+            else:
+                if turn == 0:  # a new session
+                    session = f"{self.label}-{index}-{sessions}"
+                    sessions += 1
+                    messages, headers = [{"role": "user", "content": session_document(session)}], \
+                        {self.session_header: session}
+                prompt = messages
+            result, answer = stream_chat(self.url, self.model, prompt, self.max_tokens, self._origin, headers=headers)
             n += 1
-            self._record(result)
+            turn += 1
+            self._record(RequestResult(**{**asdict(result), "turn": turn}))
+            if self.turns > 1:
+                messages = [*messages, {"role": "assistant", "content": answer},
+                            {"role": "user", "content": PROMPTS[turn % len(PROMPTS)]}]
+                turn = 0 if turn >= self.turns or not result.ok else turn
             failures = 0 if result.ok else failures + 1
             if failures:
                 left = math.inf if self.duration is None else self.duration - (time.monotonic() - self._origin)

@@ -163,6 +163,22 @@ class Fleet:
     def all_backends(self) -> list[Backend]:
         return [backend for host in self.workers for backend in self.backends(host)]
 
+    def named_backends(self, target: str) -> list[Backend]:
+        """The instances an operator names as HOST (all it serves) or HOST/INSTANCE, refused in one line
+        when the inventory has no such instance or the host serves none itself (a multi-node member)."""
+        host, _, name = target.partition("/")
+        if host not in self.configs or not self.configs[host].is_worker:
+            raise FleetError(f"{target}: no worker {host!r} in {self.inventory_path}; workers: "
+                             f"{', '.join(self.workers[:8])}{' ...' if len(self.workers) > 8 else ''}")
+        if self.head_of(host) != host:
+            raise FleetError(f"{target}: {host} is a member of a multi-node instance; name its head, "
+                             f"{self.head_of(host)}, which serves it")
+        backends = self.backends(host, [name] if name else None)
+        if not backends:
+            names = ", ".join(i.name for i in self.configs[host].instances)
+            raise FleetError(f"{target}: {host} has no instance {name!r}; its instances: {names}")
+        return backends
+
     def worker_groups(self) -> list[str]:
         """The inventory's groups that hold a worker, by name."""
         return sorted(name for name, hosts in self.inventory.groups.items()

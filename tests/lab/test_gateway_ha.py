@@ -115,7 +115,7 @@ class PacedLoad:
         return time.monotonic() - self.origin
 
     def one(self) -> None:
-        self.results.append(stream_chat(self.url, MODEL, "Say hello", 16, self.origin, READ_TIMEOUT_SECONDS))
+        self.results.append(stream_chat(self.url, MODEL, "Say hello", 16, self.origin, READ_TIMEOUT_SECONDS)[0])
 
     def pace(self) -> None:
         while not self.stopped.is_set():

@@ -78,3 +78,47 @@ def test_ctrl_c_stops_the_load_at_once_with_a_line_saying_what_it_sent(tmp_path,
         assert lines[0].endswith("; 4 in flight not counted") and " 0 requests " in lines[0], lines[0]
     else:
         assert " failed (last: HTTP 503: " in lines[0], lines[0]
+
+
+def test_multi_turn_sessions_resend_their_history_under_one_session_id():
+    """Each request of a session carries the whole conversation so far and the session's header; the next
+    session starts over on a document of its own."""
+    import http.server
+    import threading
+
+    from ascend_fleet.loadgen import LoadGenerator
+
+    seen = []
+
+    class Chat(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.headers.get("X-Chat"), body["messages"]))
+            chunk = json.dumps({"choices": [{"delta": {"content": f"answer {len(seen)}"}}]})
+            payload = f"data: {chunk}\n\ndata: [DONE]\n\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        report = LoadGenerator(f"http://127.0.0.1:{server.server_address[1]}", "m", concurrency=1, max_requests=5,
+                               turns=3, session_header="X-Chat", label="t").start().wait()
+    finally:
+        server.shutdown()
+    assert report.count == 5 and not report.failures
+    assert [r.turn for r in report.results] == [1, 2, 3, 1, 2]
+    sessions = [session for session, _ in seen]
+    assert sessions[:3] == ["t-0-0"] * 3 and sessions[3:] == ["t-0-1"] * 2
+    first, second, third = (messages for _, messages in seen[:3])
+    assert len(first) == 1 and first[0]["content"].startswith("Session t-0-0.")
+    assert second[:2] == [*first, {"role": "assistant", "content": "answer 1"}] and len(second) == 3
+    assert third[:4] == [*second, {"role": "assistant", "content": "answer 2"}]
+    assert seen[3][1][0]["content"].startswith("Session t-0-1.")  # a document of its own
+    assert seen[3][1][0]["content"] != first[0]["content"]

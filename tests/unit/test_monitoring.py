@@ -164,6 +164,29 @@ def test_the_virtual_address_moving_fires_on_its_new_holder_and_two_holders_are_
     }])
 
 
+def test_an_instance_out_of_routing_fires_while_it_is_out_and_a_stopped_watcher_fires(tmp_path):
+    def isolated(host: str, values: str) -> dict:
+        return {"series": f'ascend_fleet_route_isolated{{job="gateway_node",host="{host}",backend="w2/vllm-1"}}',
+                "values": values}
+
+    def gateway_alert(name: str, eval_time: str, fires: bool, **labels) -> dict:
+        return {"eval_time": eval_time, "alertname": name, "exp_alerts": [{"exp_labels": labels}] if fires else []}
+
+    # gw-01's watcher takes w2/vllm-1 out at 1m and puts it back at 3m; gw-02's a little later.
+    run_rule_tests(tmp_path, [{
+        "interval": "15s",
+        "input_series": [isolated("gw-01", "0x3 1x8 0x20"), isolated("gw-02", "0x4 1x8 0x20"),
+                         {"series": 'ascend_fleet_route_watch_checked_seconds{job="gateway_node",host="gw-01"}',
+                          "values": "0+15x8 120x20"}],
+        "alert_rule_test": [gateway_alert("InstanceOutOfRouting", "30s", False),
+                            gateway_alert("InstanceOutOfRouting", "2m", True, severity="warning", backend="w2/vllm-1"),
+                            gateway_alert("InstanceOutOfRouting", "4m", False),
+                            gateway_alert("RouteWatcherStopped", "2m", False),
+                            gateway_alert("RouteWatcherStopped", "4m", True, severity="critical", job="gateway_node",
+                                          host="gw-01")],
+    }])
+
+
 def dashboard_queries() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
