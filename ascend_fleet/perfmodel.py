@@ -1,5 +1,5 @@
 """Performance model of one vLLM engine on Ascend NPUs: how long an engine step takes, and what a
-load of requests meets (continuous batching, chunked prefill, queueing, preemption).
+load of requests meets (continuous batching, chunked prefill, queueing, preemption, prefix caching).
 
 Standard library only: it is copied into the lab's simulated vLLM beside planner.py, whose engine
 paces its tokens with it (scaled in time); the calibration test and `plan --predict` run it here as
@@ -17,11 +17,12 @@ One step (vLLM V1: one forward pass over every token the scheduler picked), per 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from . import planner  # beside this file in ascend_fleet and in the simulated vLLM
@@ -134,9 +135,13 @@ class Request:
     arrival: float = 0.0
     computed: int = 0  # tokens whose KV is in the cache
     generated: int = 0
-    blocks: int = 0
     preemptions: int = 0
     token_times: list[float] = field(default_factory=list)
+    # vLLM's request.block_hashes: one per full block of its tokens (prompt, then output), each chained
+    # from the one before; without them the prefix cache neither finds nor keeps its blocks
+    block_hashes: tuple[Hashable, ...] = ()
+    block_ids: list[int] = field(default_factory=list)  # its KV blocks, in token order
+    cached_blocks: int = 0  # how many of them, from the first, are in the prefix cache (num_cached_block)
 
     @property
     def known_tokens(self) -> int:
@@ -149,30 +154,54 @@ class Request:
 
 @dataclass(frozen=True)
 class SchedulerLimits:
-    """The serving options that bound a step: --max-num-seqs, --max-num-batched-tokens, the KV cache."""
+    """The serving options that bound a step: --max-num-seqs, --max-num-batched-tokens, the KV cache,
+    and whether it keeps a prefix cache (--enable-prefix-caching)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_cache_tokens: int
     block_size: int = 128
+    enable_prefix_caching: bool = False
 
     @property
     def blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
 
 
+@dataclass
+class PrefixCacheStats:
+    """vLLM's PrefixCacheStats (v1/metrics/stats.py) as its Prometheus counters count them: prompt tokens
+    looked up and tokens found cached, by requests never preempted."""
+
+    queries: int = 0
+    hits: int = 0
+
+
 class Scheduler:
     """vLLM V1's scheduler loop (v1/core/sched/scheduler.py) over a block pool: running requests first,
     each its next tokens within the token budget; a request that cannot get blocks preempts the
     newest running one (its KV freed, recomputed later); waiting requests join while no preemption
-    happened this step, max_num_seqs allows and their first chunk's blocks are free."""
+    happened this step, max_num_seqs allows and their first chunk's blocks are free.
+
+    With prefix caching, the pool is vLLM's BlockPool (v1/core/block_pool.py): a full block is cached
+    under its hash as soon as it is allocated; a joining request starts from the longest chain of cached
+    blocks its hashes find (their tokens are not computed again); freed blocks keep their KV in the
+    free queue, in the order they were freed, until allocation takes them from its head."""
 
     def __init__(self, limits: SchedulerLimits):
         self.limits = limits
-        self.free_blocks = limits.blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(limits.blocks))  # head: reused first
+        self.ref_counts = [0] * limits.blocks
+        self.block_hash: dict[int, Hashable] = {}  # cached block -> its hash
+        self.cached: dict[Hashable, dict[int, None]] = {}  # hash -> the blocks holding it (cached_block_hash_to_block)
+        self.prefix_cache = PrefixCacheStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self.free_queue)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -180,6 +209,11 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
+
+    def take_prefix_cache_stats(self) -> PrefixCacheStats:
+        """The lookups since the last call (KVCacheManager.make_prefix_cache_stats), counting afresh."""
+        stats, self.prefix_cache = self.prefix_cache, PrefixCacheStats()
+        return stats
 
     def abort(self, request: Request) -> None:
         """Drop a request wherever it is (a client gone), freeing its blocks."""
@@ -189,17 +223,73 @@ class Scheduler:
             self.waiting.remove(request)
         self._free(request)
 
-    def _allocate(self, request: Request, tokens: int) -> bool:
-        need = math.ceil(tokens / self.limits.block_size) - request.blocks
-        if need > self.free_blocks:
+    def _cache_hit(self, request: Request) -> list[int]:
+        """KVCacheManager.get_computed_blocks: the cached blocks of the request's longest cached prefix,
+        short of its last token, whose logits must be computed. vLLM counts every lookup, also one
+        whose request then finds no free blocks and is looked up again next step."""
+        if not self.limits.enable_prefix_caching:
+            return []
+        hit = []
+        for block_hash in itertools.islice(request.block_hashes, (request.known_tokens - 1) // self.limits.block_size):
+            holders = self.cached.get(block_hash)
+            if not holders:
+                break  # a chain: no later block can be cached either
+            hit.append(next(iter(holders)))
+        if not request.preemptions:  # a resumed request's lookups are counted apart, not exported
+            self.prefix_cache.queries += request.known_tokens
+            self.prefix_cache.hits += len(hit) * self.limits.block_size
+        return hit
+
+    def _allocate(self, request: Request, tokens: int, hit: Sequence[int] = ()) -> bool:
+        """KVCacheManager.allocate_slots: blocks for the first `tokens` of the request's context, `hit`
+        (cached blocks it starts from) taken first; a hit block idle in the free queue leaves it, so it
+        counts against the free ones. Then its blocks full of known tokens join the prefix cache."""
+        need = max(math.ceil(tokens / self.limits.block_size) - len(request.block_ids) - len(hit), 0)
+        idle_hits = sum(1 for block in hit if not self.ref_counts[block]) if hit else 0
+        if need + idle_hits > len(self.free_queue):
             return False
-        self.free_blocks -= max(need, 0)
-        request.blocks += max(need, 0)
+        for block in hit:  # BlockPool.touch
+            if not self.ref_counts[block]:
+                del self.free_queue[block]
+            self.ref_counts[block] += 1
+        request.block_ids.extend(hit)
+        request.cached_blocks += len(hit)
+        for _ in range(need):  # BlockPool.get_new_blocks: from the head, evicting what it cached
+            block, _ = self.free_queue.popitem(last=False)
+            self._evict(block)
+            self.ref_counts[block] = 1
+            request.block_ids.append(block)
+        if self.limits.enable_prefix_caching:
+            self._cache_full_blocks(request, min(tokens, request.known_tokens))
         return True
 
+    def _cache_full_blocks(self, request: Request, tokens: int) -> None:
+        """BlockPool.cache_full_blocks: each block the first `tokens` fill, under its hash."""
+        full = min(tokens // self.limits.block_size, len(request.block_hashes))
+        for index in range(request.cached_blocks, full):
+            block, block_hash = request.block_ids[index], request.block_hashes[index]
+            self.block_hash[block] = block_hash
+            self.cached.setdefault(block_hash, {})[block] = None
+        request.cached_blocks = max(request.cached_blocks, full)
+
+    def _evict(self, block: int) -> None:
+        """BlockPool._maybe_evict_cached_block: a block taken for new tokens loses what it cached."""
+        block_hash = self.block_hash.pop(block, None)
+        if block_hash is not None:
+            holders = self.cached[block_hash]
+            del holders[block]
+            if not holders:
+                del self.cached[block_hash]
+
     def _free(self, request: Request) -> None:
-        self.free_blocks += request.blocks
-        request.blocks = 0
+        """SingleTypeKVCacheManager.free: last block first, so a request's tail is evicted before the
+        prefix it may share; a block no request holds goes to the free queue's tail (BlockPool.free_blocks)."""
+        for block in reversed(request.block_ids):
+            self.ref_counts[block] -= 1
+            if not self.ref_counts[block]:
+                self.free_queue[block] = None
+        request.block_ids = []
+        request.cached_blocks = 0
 
     def _preempt(self, request: Request) -> None:
         self._free(request)
@@ -230,9 +320,12 @@ class Scheduler:
             break
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             request = self.waiting[0]
-            tokens = min(request.known_tokens - request.computed, budget)
-            if not self._allocate(request, request.computed + tokens):
+            hit = self._cache_hit(request)
+            computed = len(hit) * self.limits.block_size
+            tokens = min(request.known_tokens - computed, budget)
+            if not self._allocate(request, computed + tokens, hit):
                 break
+            request.computed = computed  # the cached prefix is not prefilled again
             self.waiting.popleft()
             self.running.append(request)
             scheduled.append((request, tokens))
