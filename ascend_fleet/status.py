@@ -46,14 +46,14 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.node.stage_weights import deep_verify_of
-from ascend_fleet.node_layout import ROUTE_WATCH_STATE, ROUTES_FILE, instance_env_file, instance_unit
+from ascend_fleet.node_layout import ROUTE_WATCH_STATE, ROUTE_WATCH_UNIT, ROUTES_FILE, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
 from ascend_fleet.profile import Profile, load_profile
 from ascend_fleet.remote import MAX_PARALLEL_HOSTS, FactQuery, HostFacts, read_fleet_facts
 
 HTTP_TIMEOUT_SECONDS = 5
 VERSIONS = ("driver", "firmware", "cann", "torch_npu", "vllm_ascend")
-GATEWAY_SERVICES = ("nginx", "prometheus")
+GATEWAY_SERVICES = ("nginx", "prometheus", ROUTE_WATCH_UNIT.removesuffix(".service"))
 # Off a terminal, how often a long read says how far it got (a log shows it is not stuck).
 PROGRESS_SECONDS = 5
 
@@ -164,7 +164,8 @@ def worker_queries(config: NodeConfig, profile: Profile, role: DataParallelRole 
 
 
 def gateway_services(config: NodeConfig) -> tuple[str, ...]:
-    """The units a gateway runs: nginx, Prometheus, and keepalived where it carries the virtual address."""
+    """The units a gateway runs: nginx, Prometheus, its route watcher, and keepalived where it carries the
+    virtual address."""
     return (*GATEWAY_SERVICES, KEEPALIVED_SERVICE) if config.gateway_vip else GATEWAY_SERVICES
 
 
