@@ -134,6 +134,20 @@ def running_requests(metrics_answer: dict) -> int:
         return 0
 
 
+def prefix_cache_counts(metrics_answer: dict) -> tuple[float, float] | None:
+    """(prompt tokens looked up, tokens found) in an instance's prefix cache since it started, from its
+    /metrics answer; None when it does not answer or does not report them (an older vLLM)."""
+    if metrics_answer["status"] != 200:
+        return None
+    try:
+        metrics = parse_metrics(metrics_answer["body"] + "\n")
+    except ValueError:
+        return None
+    if metrics.prefix_cache_queries is None:
+        return None
+    return metrics.prefix_cache_queries, metrics.prefix_cache_hits or 0.0
+
+
 def gateway_chat(model_name: str) -> dict:
     """The chat completion asked through a gateway."""
     return {"model": model_name, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 4}

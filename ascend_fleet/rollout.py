@@ -71,6 +71,7 @@ from ascend_fleet.probes import (
     instance_queries,
     judge_gateway,
     judge_instance,
+    prefix_cache_counts,
     running_requests,
 )
 from ascend_fleet.profile import load_profile
@@ -365,6 +366,14 @@ def instance_answers(fleet: Fleet, backends: list[Backend], asks: tuple[str, ...
     unanswered = {host: {"status": 0, "body": facts.error or ""} for host, facts in read.items()}
     return {b.key: {ask: read[b.host].facts.get(fact_key(ask, b.instance)) or unanswered[b.host] for ask in asks}
             for b in backends}
+
+
+def prefix_cache_totals(fleet: Fleet) -> tuple[float, float] | None:
+    """(tokens looked up, tokens found) in the prefix caches of every instance the gateway routes to, since
+    each started; None when none reports them."""
+    answers = instance_answers(fleet, fleet.all_backends(), (METRICS,))
+    read = [counts for answer in answers.values() if (counts := prefix_cache_counts(answer[METRICS]))]
+    return (sum(q for q, _ in read), sum(h for _, h in read)) if read else None
 
 
 def failing_gates(fleet: Fleet, backends: list[Backend], model_paths: dict[str, str | None] | None = None,

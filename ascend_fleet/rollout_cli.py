@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -39,6 +41,7 @@ from ascend_fleet.rollout import (
     plan_blue_green,
     plan_rollout,
     plan_swap,
+    prefix_cache_totals,
     recorded,
     rollback_record,
     served_path,
@@ -315,24 +318,34 @@ def load(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per answer")] = 16,
     give_up_after: Annotated[float, typer.Option(
         "--give-up-after", min=0, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
+    turns: Annotated[int, typer.Option(
+        "--turns", min=1, help="multi-turn sessions of this many requests, each resending the history so far "
+                               "under the session's header (the gateway's routing.session_header)")] = 1,
     as_json: AsJson = False,
 ) -> int:
-    """Streaming chat completions through the gateway at a fixed concurrency: requests, errors, p99.
+    """Streaming chat completions through the gateway at a fixed concurrency: requests, errors, p50/p99, and
+    the instances' prefix-cache hit rate over the load (read from their /metrics before and after).
 
     A client whose request failed waits before its next (0.1 s, doubling to 2 s); Ctrl-C stops at
     once with a line saying what was sent (exit 130).
     """
     fleet = Fleet(inventory, {})
+    header = fleet.configs[fleet.gateways[0]].gateway.routing.session_header
     generator = LoadGenerator(fleet.client_url(), fleet.model_name, concurrency, max_tokens, duration,
-                              max_requests, give_up_after or None)
+                              max_requests, give_up_after or None, turns=turns, session_header=header,
+                              label=f"load-{os.getpid()}-{int(time.time())}")
     where = fleet.client_url_described()
+    before = prefix_cache_totals(fleet)
     previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
     try:
         with progress_console.status(f"{concurrency} clients through {where}"):
             report = generator.start().wait()
     finally:
         signal.signal(signal.SIGINT, previous)
-    result = report.summary()
+    after = prefix_cache_totals(fleet) if before else None
+    looked_up = after[0] - before[0] if after else 0
+    result = {**report.summary(),
+              "prefix_cache_hit_rate": round((after[1] - before[1]) / looked_up, 4) if looked_up > 0 else None}
     if as_json:
         print(json.dumps({**result, "through": where}, indent=2))
     elif not (generator.interrupted or generator.gave_up):
