@@ -4,6 +4,10 @@ vLLM renamed two metrics (field notes, section 3): vllm:gpu_cache_usage_perc bec
 vllm:kv_cache_usage_perc and vllm:time_per_output_token_seconds became
 vllm:inter_token_latency_seconds. A fleet mid-upgrade serves both, so each reading
 takes the first name an instance exposes.
+
+The prefix cache's counters (vllm:prefix_cache_queries and vllm:prefix_cache_hits, in tokens, since the
+instance started) give its hit rate: hits over queries, or their increases over a window. vLLM exposes
+them whether prefix caching is on or off (off, they stay 0); an instance without them reads None.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ WAITING = ("vllm:num_requests_waiting",)
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 TTFT = ("vllm:time_to_first_token_seconds",)
 INTER_TOKEN_LATENCY = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+# counters, exposed as NAME_total: the parser names their family NAME, which holds the _total samples only
+PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries",)
+PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits",)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,8 @@ class InstanceMetrics:
     kv_cache_usage: float | None  # 0..1
     ttft: Percentiles
     inter_token_latency: Percentiles
+    prefix_cache_queries: float | None = None  # prompt tokens looked up in the prefix cache, all engines
+    prefix_cache_hits: float | None = None  # of those, tokens found cached
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +69,8 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 
 
 def parse_metrics(text: str) -> InstanceMetrics:
-    """The instance's figures from its /metrics text: requests summed over engines, KV cache use the fullest one's."""
+    """The instance's figures from its /metrics text: requests and prefix cache counters summed over engines,
+    KV cache use the fullest one's."""
     families = {family.name: family for family in text_string_to_metric_families(text)}
 
     def first(names: tuple[str, ...]):
@@ -81,4 +91,5 @@ def parse_metrics(text: str) -> InstanceMetrics:
         return Percentiles(histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets))
 
     return InstanceMetrics(running=gauge(RUNNING), waiting=gauge(WAITING), kv_cache_usage=gauge(KV_CACHE_USAGE, max),
-                           ttft=percentiles(TTFT), inter_token_latency=percentiles(INTER_TOKEN_LATENCY))
+                           ttft=percentiles(TTFT), inter_token_latency=percentiles(INTER_TOKEN_LATENCY),
+                           prefix_cache_queries=gauge(PREFIX_CACHE_QUERIES), prefix_cache_hits=gauge(PREFIX_CACHE_HITS))
