@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.lab.processes import children
 from ascend_fleet.lab.sim.tinymodel import build_tiny_qwen35_moe
 from ascend_fleet.lab.sim.wheels import build_standin_wheels
 from tests.sim.test_sim_server import QWEN35_RECIPE, QWEN35_STACK, SimServer, free_port, make_node_root
@@ -89,6 +91,11 @@ def pair(dp, tmp_path):
     started.kill_all()
 
 
+def title(pid: int) -> str:
+    """A process's title as ps shows it (setproctitle writes it over argv)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+
+
 def refuses(server: SimServer) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=2):
@@ -157,7 +164,25 @@ def test_a_member_killed_mid_serving_makes_the_heads_next_request_fail_and_the_h
     assert json.loads(reply.read())["error"] == {"message": DEAD, "type": "InternalServerError",
                                                   "param": None, "code": 500}
     assert head.process.wait(timeout=BOUND) == 0  # the API server exits 0, as real vLLM's does
-    assert "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client." in head.output()
+    # the head's engine fails its collective and sends ENGINE_CORE_DEAD before it exits: the client's process
+    # monitor, finding the engine dead already, says nothing
+    output = head.output()
+    assert "EngineCore encountered a fatal error." in output and "AsyncLLM output_handler failed." in output
+    assert "died unexpectedly" not in output
+
+
+def test_a_members_engine_core_killed_ends_the_member_and_the_heads_next_request_fails(pair):
+    head, member = pair.serving()
+    assert head.health_statuses()[-1] == 200
+    assert [title(pid) for pid in children(head.process.pid)] == ["VLLM::EngineCore_DP0"]
+    cores = children(member.process.pid)
+    assert [title(pid) for pid in cores] == ["VLLM::EngineCore_DP1"]
+    os.kill(cores[0], signal.SIGKILL)
+    # CoreEngineProcManager.join_first returns: run_headless shuts down and returns
+    assert member.process.wait(timeout=BOUND) == 0
+    assert member.output().rstrip().endswith("Shutting down.")
+    assert completion(head).status == 500
+    assert head.process.wait(timeout=BOUND) == 0
 
 
 def test_the_head_has_no_startup_deadline_for_remote_engines(pair):

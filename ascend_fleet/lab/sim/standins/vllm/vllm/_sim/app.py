@@ -3,6 +3,7 @@
 import asyncio
 import hashlib
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -20,6 +21,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vllm._sim.engine import Engine, EngineDeadError, RequestError
 
+log = logging.getLogger("vllm")
+
 
 @dataclass
 class ServingState:
@@ -33,10 +36,18 @@ class ServingState:
     # vLLM makes a tool parser only with --enable-auto-tool-choice (its name then from --tool-call-parser)
     tool_parser: str | None = None
     load_task: asyncio.Task | None = field(default=None, repr=False)  # held so the task is not garbage-collected
+    # launcher.py terminate_if_errored: the API server stops once its engine is dead (server.py sets it)
+    terminate_if_errored: Callable[[], None] = field(default=lambda: None, repr=False)
 
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+    @property
+    def release(self) -> tuple[int, int]:
+        """0.18.0rc1 -> (0, 18): what the engine-error answers below depend on."""
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
 
 
 class StreamOptions(BaseModel):
@@ -105,6 +116,7 @@ class CompletionShape:
 
     object_name = "text_completion"
     id_prefix = "cmpl"
+    generator_name = "completion"  # as the serving class's error log names its stream generator
 
     def first_chunks(self) -> list[dict]:
         return []
@@ -121,6 +133,7 @@ class ChatShape:
 
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
+    generator_name = "chat completion"
 
     def first_chunks(self) -> list[dict]:
         return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
@@ -161,7 +174,15 @@ class Job:
         }
 
 
-async def stream_job(engine: Engine, job: Job, include_usage: bool) -> AsyncIterator[str]:
+def stream_error(err: EngineDeadError, release: tuple[int, int]) -> dict:
+    """The event vLLM's stream generators send for an error: 0.18.0 passes the exception to
+    create_streaming_error_response, which makes it a 500; 0.11.0 and 0.13.0 pass str(e), which takes the
+    function's defaults, BadRequestError and 400 (serving_chat.py, serving_completion.py)."""
+    kind, code = ("InternalServerError", 500) if release >= (0, 18) else ("BadRequestError", 400)
+    return {"error": {"message": str(err), "type": kind, "param": None, "code": code}}
+
+
+async def stream_job(engine: Engine, job: Job, include_usage: bool, release: tuple[int, int]) -> AsyncIterator[str]:
     """OpenAI server-sent events: content chunks, the usage chunk when asked for, then [DONE]."""
     for choice in job.shape.first_chunks():
         yield sse(job.body([choice], chunk=True))
@@ -171,8 +192,9 @@ async def stream_job(engine: Engine, job: Job, include_usage: bool) -> AsyncIter
             produced += 1
             yield sse(job.body([job.shape.chunk_choice(event.text, event.finish_reason)], chunk=True))
     except EngineDeadError as err:
-        # vLLM's streaming generators send the error as the next event, then [DONE]
-        yield sse({"error": {"message": str(err), "type": "InternalServerError", "param": None, "code": 500}})
+        # the 200 is sent: the error is the next event, then [DONE]; the server's watchdog stops it later
+        log.error("Error in %s stream generator.", job.shape.generator_name)
+        yield sse(stream_error(err, release))
         yield sse("[DONE]")
         return
     if include_usage:
@@ -244,16 +266,27 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_request: Request, exc: EngineDeadError):
-        """vLLM's engine_error_handler: 500 with the EngineDeadError message (the server then exits)."""
-        return error_response(500, "InternalServerError", str(exc))
+        """terminate_if_errored, then 500: 0.18.0's engine_error_handler (openai/server_utils.py) answers with
+        the error's message; 0.11.0's and 0.13.0's runtime_exception_handler (launcher.py) with no body."""
+        state.terminate_if_errored()
+        if state.release >= (0, 18):
+            return error_response(500, "InternalServerError", str(exc))
+        return Response(status_code=500)
 
     def refusal(model: str | None) -> JSONResponse | None:
         """503 while loading, 404 for a model this server does not serve."""
         if not state.ready:
             return error_response(503, "ServiceUnavailableError", "The model is still loading.")
-        engine.check_alive()
         if model is not None and model not in state.served_model_names:
             return error_response(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+        return None
+
+    def generation_refusal(model: str | None) -> JSONResponse | None:
+        """refusal, then the serving classes' check of the engine (`if engine_client.errored: raise dead_error`,
+        after the model's): EngineDeadError, before a stream's 200 is sent."""
+        if (refused := refusal(model)) is not None:
+            return refused
+        engine.check_alive()
         return None
 
     async def answer(job: Job, request: GenerationRequest):
@@ -262,11 +295,14 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
         engine.check_length(len(job.prompt_ids), job.max_tokens)
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return StreamingResponse(stream_job(engine, job, include_usage), media_type="text/event-stream")
+            return StreamingResponse(stream_job(engine, job, include_usage, state.release),
+                                     media_type="text/event-stream")
         return JSONResponse(await complete_job(engine, job))
 
     @app.get("/health")
     async def health():
+        """200 once loaded; 503 once the engine is dead (check_health raises EngineDeadError), until the server
+        stops (serve/instrumentator/health.py in 0.18.0, api_server.py in 0.11.0)."""
         return Response(status_code=200 if state.ready and not engine.dead else 503)
 
     @app.get("/version")
@@ -291,7 +327,7 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest):
-        if (refused := refusal(request.model)) is not None:
+        if (refused := generation_refusal(request.model)) is not None:
             return refused
         prompt_ids = completion_prompt_ids(engine, request.prompt)
         job = Job(CompletionShape(), state.model_name, prompt_ids, request.max_tokens or 16, request.ignore_eos)
@@ -299,7 +335,7 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatRequest):
-        if (refused := refusal(request.model)) is not None:
+        if (refused := generation_refusal(request.model)) is not None:
             return refused
         if request.tool_choice == "auto" and state.tool_parser is None:
             # render_chat_request (vllm/entrypoints/serve/render/serving.py); the simulated model calls no tools

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from vllm._sim import perfmodel
@@ -134,7 +134,6 @@ class Engine:
         self.vocabulary = codec.generation_vocabulary()
         self.dead = False
         self.peer_lost: str | None = None  # a DP peer whose connection closed: the next collective fails
-        self.on_dead: Callable[[], None] | None = None
 
     def lose_peer(self, reason: str) -> None:
         """A remote DP engine left. Real vLLM has no heartbeat: its engines notice at their next
@@ -150,18 +149,22 @@ class Engine:
         if self.dead:
             raise EngineDeadError()
 
-    def die(self) -> None:
-        """The engine core's fatal error and the API server's reaction to it (engine_dead, then exit)."""
+    def die(self, *cause: str) -> None:
+        """The engine core is gone: the ERROR lines that say why, then its client's (AsyncLLM's output handler
+        fails with EngineDeadError), and every request in flight fails with that error. Without `cause`, the
+        engine's own fatal error at a DP collective whose peer left: it sends ENGINE_CORE_DEAD before it exits, so
+        the client's process monitor, finding engine_dead set, says nothing (core.py _send_engine_dead,
+        core_client.py monitor_engine_cores). The API server's exit is its own (server.py, app.py)."""
         if self.dead:
             return
         self.dead = True
         log = logging.getLogger("vllm")
-        log.error("EngineCore encountered a fatal error.")
-        log.error("(simulated) the data parallel group's collective failed: %s", self.peer_lost)
-        log.error("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+        for line in cause or ("EngineCore encountered a fatal error.",
+                              f"(simulated) the data parallel group's collective failed: {self.peer_lost}"):
+            log.error("%s", line)
+        log.error("AsyncLLM output_handler failed.")
+        log.error("vllm.v1.engine.exceptions.EngineDeadError: %s", EngineDeadError())
         self.steps.fail_all(EngineDeadError())
-        if self.on_dead is not None:
-            self.on_dead()
 
     def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
         """vLLM's 400 for a request longer than --max-model-len."""

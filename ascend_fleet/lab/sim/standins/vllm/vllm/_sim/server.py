@@ -9,9 +9,10 @@ HCCL_IF_BASE_PORT, HCCL_IF_IP, VLLM_PORT, VLLM_HOST_IP, ASCEND_TOOLKIT_HOME):
     VLLM_SIM_LOAD_SECONDS_PER_GIB       load time per GiB of safetensors shards (default 2.0)
     VLLM_SIM_ITL_SECONDS                time per engine step without the performance model (default 0.02)
     VLLM_SIM_PREFILL_SECONDS_PER_TOKEN  and per prefilled token in it (default 0.0002); performance.py
+    VLLM_SIM_WATCHDOG_SECONDS           tests only: the API server's engine watchdog period (real: 5 s)
     ASCEND_SIM_ROOT                     tests only: a directory standing in for "/" (see runtime.py)
 
-Data parallelism across nodes (a head and --headless members): dp.py.
+Data parallelism across nodes (a head and --headless members): dp.py. The engine-core processes: engine_core.py.
 """
 
 import asyncio
@@ -40,6 +41,7 @@ from vllm._sim.dp import (
     master_port_candidates,
 )
 from vllm._sim.engine import Capacity, Engine, StepLoop
+from vllm._sim.engine_core import EngineCores, core_names
 from vllm._sim.errors import StartupError
 from vllm._sim.metrics import ServerMetrics
 from vllm._sim.model import ModelDir, open_model_dir
@@ -72,6 +74,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 # changes it is not known here (docs/sim-fidelity.md).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 ASCEND_QUANTIZATION = "ascend"  # vllm-ascend's method for msModelSlim weights
+WATCHDOG_SECONDS = 5.0  # launcher.py watchdog_loop: VLLM_WATCHDOG_TIME_S
 
 
 def configure_logging() -> None:
@@ -314,32 +317,68 @@ class Instance:
         advertise_hbm(self.claims, self.npus, self.plan.budget_bytes_per_npu // planner.MIB)
         self.state.ready = True
 
+    def engine_cores(self, on_death) -> EngineCores:
+        """This node's engine-core processes, one per local engine."""
+        return EngineCores(core_names(self.dp.local_ranks, self.dp.size > 1, self.state.release), on_death)
+
     async def serve(self) -> None:
-        spans_nodes = self.dp.spans_nodes
-        sock = api_socket(self.args.host, self.args.port, listen=not spans_nodes)
-        self.claims.sockets.append(sock)
-        load = self.load
-        if spans_nodes:
-            await self.wait_for_engines()
-            load = no_load
-        log.info("Starting vLLM API server 0 on http://%s:%d", self.args.host or "0.0.0.0", self.args.port)
-        config = uvicorn.Config(
-            create_app(self.state, load, api_keys(self.args)),
-            log_level=self.args.uvicorn_log_level,
-            access_log=not self.args.disable_uvicorn_access_log,
-            timeout_keep_alive=5,
-        )
-        server = uvicorn.Server(config)
+        """Start the engine cores, then serve until SIGTERM or until the engine dies (then exit 0, as
+        launcher.py's terminate_if_errored stops uvicorn); an engine core lost before serving fails the start."""
+        loop = asyncio.get_running_loop()
+        serving = False
+        start_failed = loop.create_future()
 
-        def shut_down() -> None:
-            # launcher.py terminate_if_errored: the engine is dead, uvicorn exits (status 0)
-            server.should_exit = True
+        def engine_core_died(name: str, returncode: int) -> None:
+            if serving:  # the client's engine monitor thread
+                self.state.engine.die(f"Engine core proc {name} died unexpectedly, shutting down client.")
+            else:  # utils.py wait_for_engine_startup: a local core process exited
+                start_failed.set_result("RuntimeError: Engine core initialization failed. See root cause above. "
+                                        f"Failed core proc(s): {{'{name}': {returncode}}}")
 
-        self.state.engine.on_dead = shut_down
-        await server.serve(sockets=[sock])
+        cores = self.engine_cores(engine_core_died)
+        cores.start()
+        try:
+            spans_nodes = self.dp.spans_nodes
+            sock = api_socket(self.args.host, self.args.port, listen=not spans_nodes)
+            self.claims.sockets.append(sock)
 
-    async def wait_for_engines(self) -> None:
-        """The DP head: its engines' handshake socket at A:P, then every rank in before serving."""
+            async def load() -> None:
+                nonlocal serving
+                await self.load()
+                serving = True
+
+            if spans_nodes:
+                await self.wait_for_engines(start_failed)
+                serving = True
+                load = no_load
+            log.info("Starting vLLM API server 0 on http://%s:%d", self.args.host or "0.0.0.0", self.args.port)
+            config = uvicorn.Config(
+                create_app(self.state, load, api_keys(self.args)),
+                log_level=self.args.uvicorn_log_level,
+                access_log=not self.args.disable_uvicorn_access_log,
+                timeout_keep_alive=5,
+            )
+            server = uvicorn.Server(config)
+
+            def terminate_if_errored() -> None:
+                if self.state.engine.dead:
+                    server.should_exit = True
+
+            self.state.terminate_if_errored = terminate_if_errored
+            start_failed.add_done_callback(lambda _: setattr(server, "should_exit", True))
+            watchdog = asyncio.ensure_future(watch_engine(terminate_if_errored))
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                watchdog.cancel()
+            if start_failed.done():
+                raise StartupError(start_failed.result())
+        finally:
+            cores.stop()
+
+    async def wait_for_engines(self, start_failed: asyncio.Future) -> None:
+        """The DP head: its engines' handshake socket at A:P, then every rank in before serving; a local
+        engine core lost meanwhile (`start_failed`) stops the start."""
         engines = RemoteEngines(self.dp, log, self.state.engine.lose_peer)
         await engines.bind()
         self.remote_engines = engines
@@ -349,7 +388,9 @@ class Instance:
         # setup_server's SIGTERM handler interrupts start-up
         loop.add_signal_handler(signal.SIGTERM, waiting.cancel)
         try:
-            await waiting
+            await asyncio.wait({waiting, start_failed}, return_when=asyncio.FIRST_COMPLETED)
+            if not start_failed.done():
+                await waiting
         except asyncio.CancelledError:
             engines.close()
             raise Interrupted() from None
@@ -359,6 +400,10 @@ class Instance:
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
             signal.signal(signal.SIGTERM, lambda *_: None)  # as run() set it, for uvicorn's re-raise
+        if start_failed.done():
+            waiting.cancel()
+            engines.close()
+            raise StartupError(start_failed.result())
 
     async def run_member(self) -> int:
         """A --headless member (serve.py run_headless): its engines join the head; no API server."""
@@ -371,27 +416,32 @@ class Instance:
         stopped = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stopped.set)
         loop.add_signal_handler(signal.SIGINT, stopped.set)
-        joining = asyncio.ensure_future(join_head(self.dp, self.load))
-        stop = asyncio.ensure_future(stopped.wait())
-        await asyncio.wait({joining, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if joining.done() and joining.exception() is None:
-            connection = joining.result()
-            # joined: run until stopped. A head that goes away is not noticed (no heartbeat in vLLM:
-            # the member's engine idles until its next collective, which only the head starts).
-            await stop
-            connection.close()
-        elif joining.done():
-            err = joining.exception()
-            if not isinstance(err, HandshakeTimeout):
-                raise err
-            log.error("EngineCore failed to start.")
-            log.error("RuntimeError: Did not receive response from front-end process within 5 minutes")
-        else:
-            joining.cancel()
+        # CoreEngineProcManager.join_first: an engine process that dies ends the launcher's wait as a signal does
+        cores = self.engine_cores(lambda _name, _returncode: stopped.set())
+        cores.start()
+        try:
+            joining = asyncio.ensure_future(join_head(self.dp, self.load))
+            stop = asyncio.ensure_future(stopped.wait())
+            await asyncio.wait({joining, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if joining.done() and joining.exception() is None:
+                connection = joining.result()
+                # joined: run until stopped. A head that goes away is not noticed (no heartbeat in vLLM:
+                # the member's engine idles until its next collective, which only the head starts).
+                await stop
+                connection.close()
+            elif joining.done():
+                err = joining.exception()
+                if not isinstance(err, HandshakeTimeout):
+                    raise err
+                log.error("EngineCore failed to start.")
+                log.error("RuntimeError: Did not receive response from front-end process within 5 minutes")
+            else:
+                joining.cancel()
+        finally:
+            cores.stop()
         # run_headless: whatever ended the engines, the launcher shuts down and returns (exit 0)
         log.info("Shutting down.")
         return 0
-
 
     async def run_external_rank(self) -> int:
         """A start rank above 0 without --headless, as the api_server module starts a member whatever
@@ -417,6 +467,15 @@ class Instance:
 
 async def no_load() -> None:
     """The DP head loads before it serves: nothing is left for the app's start-up."""
+
+
+async def watch_engine(terminate_if_errored) -> None:
+    """launcher.py watchdog_loop: every 5 s, stop the server if the engine is dead (a stream's error
+    reaches no exception handler, so nothing else would)."""
+    period = float(os.environ.get("VLLM_SIM_WATCHDOG_SECONDS", WATCHDOG_SECONDS))
+    while True:
+        await asyncio.sleep(period)
+        terminate_if_errored()
 
 
 class Interrupted(Exception):
