@@ -209,16 +209,55 @@ def test_a_killed_server_takes_its_engine_core_with_it(start):
         time.sleep(0.05)
 
 
+def rewrite_hardware(root: Path, **changes) -> None:
+    """The lab's way to change a node's simulated NPUs while it runs (tests/lab: rewrite_hardware)."""
+    hardware = root / "etc/ascend-lab/hardware.json"
+    hardware.write_text(json.dumps({**json.loads(hardware.read_text()), **changes}))
+
+
 def test_an_npu_alarm_alone_leaves_the_engine_serving(start, tmp_path):
     """What an npu-smi health Alarm does to a serving engine is not known (docs/sim-fidelity.md): the lab
     changes nothing in serving, and the product must isolate such an instance itself."""
     root = node_root(tmp_path / "alarm")
     server = start(root=root)
     server.health_statuses()
-    hardware = root / "etc/ascend-lab/hardware.json"
-    data = json.loads(hardware.read_text())
-    hardware.write_text(json.dumps({**data, "npu_health": ["Alarm", "Critical", "OK", "OK"]}))
+    rewrite_hardware(root, npu_health=["Alarm", "Critical", "OK", "OK"])
     reply = server.post("/v1/completions", {"prompt": "still there", "max_tokens": 4})
     assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 4
     assert server.get("/health")[0] == 200
     assert server.stop() == 0
+
+
+def test_an_npu_runtime_error_fails_the_next_step_as_the_engine_cores_own_fatal_error(start, tmp_path):
+    root = node_root(tmp_path / "faulty")
+    server = start(env=NO_WATCHDOG, root=root)
+    server.health_statuses()
+    stream = server.post("/v1/completions", STREAM)
+    assert stream.readline().startswith(b"data: ")
+    rewrite_hardware(root, npu_runtime_errors={"1": 507035})
+    events = sse_events(stream)
+    assert json.loads(events[-2])["error"]["message"] == DEAD and events[-1] == "[DONE]"
+    assert server.get("/health")[0] == 503
+    assert server.post("/v1/completions", STREAM).status == 500
+    assert exit_status(server) == 0
+    log = server.output()
+    # TP 2: the executor wraps the worker's error; the engine's ENGINE_CORE_DEAD leaves the monitor silent
+    assert "EngineCore encountered a fatal error." in log
+    assert ("RuntimeError: Worker failed with error 'ACL stream synchronize failed, error code:507035', "
+            "please check the stack trace above for the root cause") in log
+    assert "died unexpectedly" not in log
+
+
+def test_an_npu_runtime_error_waits_for_a_step_on_one_of_the_instances_npus(start, tmp_path):
+    root = node_root(tmp_path / "idle")
+    server = start(env=NO_WATCHDOG, root=root)
+    server.health_statuses()
+    rewrite_hardware(root, npu_runtime_errors={"3": 507035})  # not one of this instance's NPUs (0, 1)
+    assert server.post("/v1/completions", {"prompt": "hi", "max_tokens": 4}).status == 200
+    rewrite_hardware(root, npu_runtime_errors={"0": 507015})
+    time.sleep(0.5)
+    assert server.get("/health")[0] == 200  # idle: no step has run on it yet
+    reply = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 100, "ignore_eos": True})
+    assert reply.status == 500 and json.loads(reply.read())["error"]["message"] == DEAD
+    assert exit_status(server) == 0
+    assert "error code:507015" in server.output()

@@ -7,17 +7,25 @@ comm with prctl(PR_SET_NAME), which the kernel cuts to 15 characters (`VLLM::Eng
 processes' sentinels in a thread (core_client.py, MPClient.start_engine_core_monitor) and so learns of a death at once.
 
 The child here only sleeps: the simulated engine itself runs in the API server's process (engine.py).
+
+An NPU's runtime error mid-serving (the lab writes it in the hardware file, `npu_runtime_errors`: NPU id -> ACL
+error code) fails the engine's next step as vllm-ascend users report it (ACL stream synchronize failed, then the
+engine core's fatal error and EngineDeadError: vllm-ascend issues 2349, 2763, 5661).
 """
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 TITLE_PREFIX = "VLLM"  # VLLM_PROCESS_NAME_PREFIX's default (vllm/envs.py)
+NPU_RUNTIME_ERRORS = "npu_runtime_errors"  # the lab's hardware file: {"<NPU id>": <ACL error code>}
+FAULT_POLL_SECONDS = 0.2  # how soon a busy engine reads a fault the lab wrote
 
 # What a child runs, read from its standard input so that its command line is the title alone. It ignores SIGTERM
 # and SIGINT: systemd's stop signals every process of the unit at once, and the API server, which drains its
@@ -98,3 +106,28 @@ class EngineCores:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def npu_runtime_error(hardware_file: Path, npus: list[int]) -> tuple[int, int] | None:
+    """The first of `npus` the lab's hardware file gives a runtime error, with its code."""
+    try:
+        errors = json.loads(hardware_file.read_text()).get(NPU_RUNTIME_ERRORS, {})
+    except (FileNotFoundError, json.JSONDecodeError):  # being rewritten: read it next time
+        return None
+    return next(((npu, int(errors[str(npu)])) for npu in npus if str(npu) in errors), None)
+
+
+async def fail_on_npu_runtime_error(hardware_file: Path, npus: list[int], engine, workers: int) -> None:
+    """Fail the engine at its first step after one of its NPUs got a runtime error: the model runner's stream
+    synchronize raises, the engine core logs its fatal error and sends ENGINE_CORE_DEAD (so the client's monitor
+    says nothing of the process). With more than one worker, the executor's collective_rpc wraps the worker's
+    error (vllm-ascend issue 2763; multiproc_executor.py get_response). An idle engine runs no step: what an
+    idle engine does with a faulty NPU is not known, and nothing happens here until a request runs."""
+    while not engine.dead:
+        await asyncio.sleep(FAULT_POLL_SECONDS)
+        if not engine.steps.busy or (fault := npu_runtime_error(hardware_file, npus)) is None:
+            continue
+        error = f"ACL stream synchronize failed, error code:{fault[1]}"
+        if workers > 1:
+            error = f"Worker failed with error '{error}', please check the stack trace above for the root cause"
+        engine.die("EngineCore encountered a fatal error.", f"RuntimeError: {error}")

@@ -41,7 +41,7 @@ from vllm._sim.dp import (
     master_port_candidates,
 )
 from vllm._sim.engine import Capacity, Engine, StepLoop
-from vllm._sim.engine_core import EngineCores, core_names
+from vllm._sim.engine_core import EngineCores, core_names, fail_on_npu_runtime_error
 from vllm._sim.errors import StartupError
 from vllm._sim.metrics import ServerMetrics
 from vllm._sim.model import ModelDir, open_model_dir
@@ -367,10 +367,14 @@ class Instance:
             self.state.terminate_if_errored = terminate_if_errored
             start_failed.add_done_callback(lambda _: setattr(server, "should_exit", True))
             watchdog = asyncio.ensure_future(watch_engine(terminate_if_errored))
+            faults = asyncio.ensure_future(fail_on_npu_runtime_error(
+                runtime.node_path(runtime.HARDWARE_FILE), self.npus, self.state.engine,
+                workers=self.args.tensor_parallel_size * self.args.pipeline_parallel_size))
             try:
                 await server.serve(sockets=[sock])
             finally:
                 watchdog.cancel()
+                faults.cancel()
             if start_failed.done():
                 raise StartupError(start_failed.result())
         finally:
