@@ -18,9 +18,10 @@ from tests.sim.test_sim_server import SimServer, make_node_root, write_model
 site_dir = test_sim_server.site_dir  # its fixture: the stand-in wheels unpacked
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TIME_SCALE = 0.25
-# Token ids: every request the same 800-token prompt. Long prompts make the others' prefills a large
-# part of a shared step, so the model's TPOT with 64 seats is about 3x that with 4 (with 400 tokens it
-# was 1.27x, and a busy CI machine's noise once took it under the test's 1.2).
+# Token ids: 800-token prompts, each its own first token so that none finds another's blocks in the
+# prefix cache (vllm bench serve's random prompts share none). Long prompts make the others' prefills a
+# large part of a shared step, so the model's TPOT with 64 seats is about 3x that with 4 (with 400 tokens
+# it was 1.27x, and a busy CI machine's noise once took it under the test's 1.2).
 PROMPT = list(range(10, 10 + 800))
 OUTPUT_TOKENS = 24
 REQUESTS = 40
@@ -42,9 +43,10 @@ def run_load(server: SimServer) -> dict:
     """REQUESTS streamed completions sent GAP_SECONDS apart; per request its TTFT and TPOT."""
     results: list[tuple[float, float]] = []
 
-    def one() -> None:
+    def one(index: int) -> None:
         started = time.monotonic()
-        response = server.post("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": OUTPUT_TOKENS,
+        prompt = [1000 + index, *PROMPT[1:]]
+        response = server.post("/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": OUTPUT_TOKENS,
                                                    "ignore_eos": True, "stream": True})
         times = []
         for line in response:
@@ -53,7 +55,7 @@ def run_load(server: SimServer) -> dict:
         assert response.status == 200 and len(times) == OUTPUT_TOKENS
         results.append((times[0] - started, (times[-1] - times[0]) / (OUTPUT_TOKENS - 1)))
 
-    threads = [threading.Thread(target=one) for _ in range(REQUESTS)]
+    threads = [threading.Thread(target=one, args=(index,)) for index in range(REQUESTS)]
     began = time.monotonic()
     for thread in threads:
         thread.start()

@@ -5,8 +5,10 @@ hardware file asks for it (performance.py), else a fixed pacing (FixedPacing).
 """
 
 import asyncio
+import hashlib
 import logging
 import os
+import pickle
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -53,6 +55,26 @@ class Capacity:
     block_size: int
     max_model_len: int
     max_num_batched_tokens: int
+    enable_prefix_caching: bool
+
+
+def sha256(value) -> bytes:
+    """vLLM's default --prefix-caching-hash-algo, sha256 (vllm/utils/hashing.py): SHA-256 of the pickled value."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+# init_none_hash (v1/core/kv_cache_utils.py): the first block's parent, random per start unless PYTHONHASHSEED
+NONE_HASH = sha256(os.environ["PYTHONHASHSEED"]) if "PYTHONHASHSEED" in os.environ else os.urandom(32)
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> tuple[bytes, ...]:
+    """vLLM's request block hasher (get_request_block_hasher, hash_block_tokens): one hash per full block,
+    over its parent block's hash, its token ids and its extra keys (none here: no LoRA, images or salt)."""
+    hashes, parent = [], NONE_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = sha256((parent, tuple(token_ids[start:start + block_size]), None))
+        hashes.append(parent)
+    return tuple(hashes)
 
 
 class StepLoop:
@@ -62,7 +84,8 @@ class StepLoop:
     def __init__(self, capacity: Capacity, cost, time_scale: float, metrics: ServerMetrics):
         self.scheduler = perfmodel.Scheduler(perfmodel.SchedulerLimits(
             max_num_seqs=capacity.max_num_seqs, max_num_batched_tokens=capacity.max_num_batched_tokens,
-            kv_cache_tokens=capacity.kv_cache_tokens, block_size=capacity.block_size))
+            kv_cache_tokens=capacity.kv_cache_tokens, block_size=capacity.block_size,
+            enable_prefix_caching=capacity.enable_prefix_caching))
         self.cost = cost
         self.time_scale = time_scale
         self.metrics = metrics
@@ -79,6 +102,9 @@ class StepLoop:
         self.metrics.waiting.set(len(self.scheduler.waiting))
         limits = self.scheduler.limits
         self.metrics.kv_cache_usage.set((limits.blocks - self.scheduler.free_blocks) / max(limits.blocks, 1))
+        lookups = self.scheduler.take_prefix_cache_stats()
+        self.metrics.prefix_cache_queries.inc(lookups.queries)
+        self.metrics.prefix_cache_hits.inc(lookups.hits)
 
     def submit(self, request: perfmodel.Request) -> asyncio.Queue:
         """Queue a request; its queue gets one None per token, or the error that ended the engine."""
@@ -192,7 +218,10 @@ class Engine:
         arrival = time.monotonic()
         count, finish_reason = self.output_length(prompt_ids, max_tokens, ignore_eos)
         ids = generated_ids(prompt_ids, count, self.vocabulary, self.weights_digest)
-        request = perfmodel.Request(len(prompt_ids), count, arrival=arrival)
+        # every block of prompt and output hashed up front: the scheduler caches an output block only once
+        # its tokens are generated, as vLLM hashes them
+        hashes = block_hashes(prompt_ids + ids, self.capacity.block_size) if self.capacity.enable_prefix_caching else ()
+        request = perfmodel.Request(len(prompt_ids), count, arrival=arrival, block_hashes=hashes)
         produced = self.steps.submit(request)
         try:
             text, last = "", arrival

@@ -119,3 +119,10 @@ class ServerMetrics:
         self.generation_tokens = bind(
             Counter("vllm:generation_tokens", "Number of generation tokens processed.", **reg)
         )
+        # registered whether prefix caching is on or off, as vLLM's PrometheusStatLogger does: off, they stay 0
+        self.prefix_cache_queries = bind(
+            Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", **reg)
+        )
+        self.prefix_cache_hits = bind(
+            Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", **reg)
+        )

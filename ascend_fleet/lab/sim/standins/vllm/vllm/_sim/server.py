@@ -293,13 +293,23 @@ class Instance:
         self.metrics = ServerMetrics(names[0])
         # the head's client schedules over every DP engine: their KV blocks add up (wait_for_engine_startup
         # sums num_gpu_blocks), each engine runs max_num_seqs
-        paced = pacing(hardware, planner.ModelShape.from_config(self.model.config), self.plan)
+        shape = planner.ModelShape.from_config(self.model.config)
+        paced = pacing(hardware, shape, self.plan)
+        # on unless told otherwise or the model cannot cache prefixes (0.18.0's EngineArgs default:
+        # ModelConfig.is_prefix_caching_supported, False for hybrid models)
+        prefix_caching = not shape.is_hybrid if args.enable_prefix_caching is None else args.enable_prefix_caching
+        # vllm-ascend's refresh_block_size (0.18.0 utils.py): 128 unless given; but for a hybrid model, 128
+        # whatever is given while prefix caching or chunked prefill (on by default) is on
+        block_size = args.block_size or 128
+        if not shape.is_hybrid and (prefix_caching or args.enable_chunked_prefill is not False):
+            block_size = 128
         capacity = Capacity(
             kv_cache_tokens=paced.kv_cache_tokens * self.dp.size,
             max_num_seqs=(args.max_num_seqs or DEFAULT_MAX_NUM_SEQS) * self.dp.size,
-            block_size=args.block_size or 128,  # vllm-ascend's block size
+            block_size=block_size,
             max_model_len=self.plan.max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            enable_prefix_caching=prefix_caching,
         )
         engine = Engine(TextCodec(self.model.path, self.model.tokenizer_config), capacity,
                         StepLoop(capacity, paced.cost, paced.time_scale, self.metrics), self.metrics,
