@@ -245,6 +245,18 @@ class PythonPackages(_Strict):
         return self
 
 
+class Router(_Strict):
+    """The gateways' vllm-router (the vLLM project's router, gateway.routing.policy cache_aware): its release,
+    installed into its own virtualenv with the gateway's system Python, from its lock where there is one
+    (`ascend-fleet profile lock PROFILE --router`, docs/vllm-router.md)."""
+
+    vllm_router: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$", description="its release on PyPI, e.g. 0.1.17")
+
+    @property
+    def requirement(self) -> str:
+        return f"vllm-router=={self.vllm_router}"
+
+
 class Upstream(_Strict):
     """The vllm-ascend versioning-policy row a profile follows, or why it follows none."""
 
@@ -263,6 +275,8 @@ class Profile(_Strict):
     stack: Stack
     packages: Packages
     pip: PythonPackages
+    router: Router | None = Field(None, description="gateways that route cache_aware install it; null: such a "
+                                                    "gateway is refused")
 
     @property
     def ops_era(self) -> bool:

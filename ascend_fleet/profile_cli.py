@@ -9,9 +9,18 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from ascend_fleet.profile import load_profile
-from ascend_fleet.profile_check import DEFAULT_GLIBC, check_profile, platforms_to_check
-from ascend_fleet.profile_lock import LockError, lock_path, lock_profile, lock_verdicts
+from ascend_fleet.errors import FleetError
+from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform, check_profile, platforms_to_check
+from ascend_fleet.profile_lock import (
+    ROUTER_GLIBC,
+    LockError,
+    lock_path,
+    lock_profile,
+    lock_router,
+    lock_verdicts,
+    router_lock_path,
+)
 
 profile_app = typer.Typer(no_args_is_help=True, help="Stack profiles (profiles/*.yaml).")
 console = Console(highlight=False, soft_wrap=True)
@@ -62,15 +71,23 @@ def lock(
         "--arch", help="x86_64 or aarch64 (default: every arch the profile lists)")] = None,
     python: Annotated[Optional[str], typer.Option(
         "--python", help="the nodes' Python, 3.Y (default: the profile's stack.python)")] = None,
-    glibc: Annotated[str, typer.Option("--glibc", help="the nodes' glibc, 2.Y")] = DEFAULT_GLIBC,
+    glibc: Annotated[Optional[str], typer.Option(
+        "--glibc", help=f"the nodes' glibc, 2.Y (default: {DEFAULT_GLIBC}; with --router {ROUTER_GLIBC})")] = None,
     index_url: Annotated[Optional[list[str]], typer.Option(
         "--index-url", help="replaces the profile's indexes; repeatable: the first is the main index")] = None,
+    router: Annotated[bool, typer.Option(
+        "--router", help="lock the profile's vllm-router (gateways routing cache_aware) instead of its stack; "
+                         "--python is then the gateways' system Python")] = False,
 ) -> int:
     """Resolve the profile's pip steps for the nodes' platform with uv, as a node runs them, judge what they
     leave as the stack gate's `pip check` does, and write it as one pinned set with sha256 hashes to
     profiles/locks/PROFILE.ARCH-pyPYTHON.txt. Exits 1, writing nothing for that platform, when the steps
-    leave a complaint the profile does not accept or do not resolve."""
+    leave a complaint the profile does not accept or do not resolve. With --router: the profile's
+    vllm-router pin and what it needs, to profiles/locks/vllm-router-VERSION.ARCH-pyPYTHON.txt."""
     profile = load_profile(name)
+    if router:
+        return lock_routers(profile, platforms_to_check(profile, arch, python, glibc or ROUTER_GLIBC), index_url)
+    glibc = glibc or DEFAULT_GLIBC
     failed = 0
     for platform in platforms_to_check(profile, arch, python, glibc):
         try:
@@ -83,4 +100,28 @@ def lock(
         made.write(path)
         console.print(f"{profile.name} {platform}: {path} ({len(made.environment)} packages, "
                       f"{len(made.complaints)} accepted complaints)", markup=False)
+    return failed
+
+
+def lock_routers(profile: Profile, platforms: list[Platform], index_url: list[str] | None) -> int:
+    """`profile lock --router`: the profile's vllm-router locked for each platform."""
+    if profile.router is None:
+        raise FleetError(f"profile {profile.name} pins no vllm-router (router: vllm_router: VERSION)")
+    urls = index_url or ([profile.pip.index_url] if profile.pip.index_url else None)
+    if not urls:
+        raise FleetError(f"profile lock: profile {profile.name} names no pip index (its host data does): "
+                         "give --index-url")
+    failed = 0
+    for platform in platforms:
+        where = f"{profile.router.requirement} {platform}"
+        try:
+            text = lock_router(profile.router, platform, urls, functools.partial(say, where))
+        except LockError as exc:
+            console.print(f"{where}: not locked: {exc}", markup=False)
+            failed = 1
+            continue
+        path = router_lock_path(profile.router, platform)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        console.print(f"{where}: {path}", markup=False)
     return failed

@@ -38,7 +38,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
-from ascend_fleet.profile import InstallStep, OverrideStep, PipLocked, Profile, RemoveStep
+from ascend_fleet.profile import InstallStep, OverrideStep, PipLocked, Profile, RemoveStep, Router
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, IndexFile, Platform, sdist_metadata
 
 LOCKS_DIR = Path(__file__).with_name("profiles") / "locks"
@@ -49,6 +49,8 @@ FROM_INDEX = re.compile(r"^\s+# from (?P<index>\S+)")
 DIGEST_LINE = "# profile digest: "
 GLIBC_IN_HEADER = re.compile(r"^# ascend-fleet profile lock .* --glibc (?P<glibc>2\.\d+)$", re.M)
 NEVER = 'python_version < "0"'  # a marker no node meets: an override that takes a package out
+# vllm-router's wheels are manylinux_2_28 (0.1.17): its lock takes no wheel that needs a newer glibc.
+ROUTER_GLIBC = "2.28"
 
 
 def lock_path(profile_name: str, platform: Platform) -> Path:
@@ -390,3 +392,39 @@ def glibc_problem(lock: PipLocked, node_glibc: str | None) -> str | None:
         return (f"{lock.name} was locked for glibc {made_for['glibc']} and this node has {node_glibc}: its wheels "
                 f"may not load here; lock it again with --glibc {node_glibc} (the oldest of the fleet's)")
     return None
+
+
+def router_lock_path(router: Router, platform: Platform) -> Path:
+    """Where a router release's lock for one platform is committed: shared by every profile that pins it."""
+    return LOCKS_DIR / f"vllm-router-{router.vllm_router}.{platform.arch}-py{platform.python}.txt"
+
+
+def lock_router(router: Router, platform: Platform, index_urls: list[str],
+                progress: Callable[[str], None] = print) -> str:
+    """The text of the router's lock for platform: its pin and every package it needs, resolved by uv for
+    the platform, each with its sha256 hashes."""
+    with tempfile.TemporaryDirectory(prefix="ascend-fleet-lock-") as workdir:
+        resolved, text = UvResolver(platform, index_urls, [], Path(workdir)).compile([router.requirement], hashes=True)
+    progress(f"{len(resolved)} packages locked")
+    header = (f"# ascend-fleet profile lock --router {router.requirement} --arch {platform.arch} "
+              f"--python {platform.python} --glibc {platform.glibc}\n# indexes: {' '.join(index_urls)}\n"
+              "# the gateway's vllm-router and what it needs, as one set: install it with pip --require-hashes "
+              "--no-deps\n")
+    return header + text
+
+
+def router_lock(router: Router, arch: str, python: str, locks_dir: Path | None = None) -> PipLocked | None:
+    """The lock a gateway of arch and Python installs the router from: locks_dir's (a site's own, a bundle's)
+    before the committed one; None when neither has one. Refuses a lock without the router's pin or with a
+    pin that has no sha256."""
+    name = router_lock_path(router, Platform(arch, python, ROUTER_GLIBC)).name
+    path = next((p for p in ([locks_dir / name] if locks_dir else []) + [LOCKS_DIR / name] if p.exists()), None)
+    if path is None:
+        return None
+    _, pinned = read_lock(path)
+    unhashed = [pin for pin, hashes in pinned.items() if not hashes]
+    if router.requirement not in pinned or unhashed:
+        raise FleetError(f"{path}: " + (f"{unhashed[0]} has no sha256" if unhashed else
+                                        f"does not pin {router.requirement}") +
+                         f"; run `ascend-fleet profile lock PROFILE --router --arch {arch} --python {python}`")
+    return PipLocked(name, path.read_text(), dict(pin.split("==", 1) for pin in pinned), [])

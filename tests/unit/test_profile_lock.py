@@ -31,16 +31,24 @@ from ascend_fleet.profile_lock import (
 )
 
 AARCH64 = Platform("aarch64", "3.11", DEFAULT_GLIBC)
+ROUTER_LOCKS = "vllm-router-*.txt"  # the gateways' router (profile lock --router), not a profile's stack
 LOCKED = "vllm-ascend-0.18.0"
 
 
 def committed_locks() -> list[tuple[str, Platform]]:
     found = []
-    for path in sorted(LOCKS_DIR.glob("*.txt")):
+    for path in sorted(set(LOCKS_DIR.glob("*.txt")) - set(LOCKS_DIR.glob(ROUTER_LOCKS))):
         match = re.fullmatch(r"(?P<profile>.+)\.(?P<arch>x86_64|aarch64)-py(?P<python>3\.\d+)\.txt", path.name)
         assert match and match["profile"] in available_profiles(), f"{path.name} is no profile's lock"
         found.append((match["profile"], Platform(match["arch"], match["python"], DEFAULT_GLIBC)))
     return found
+
+
+def test_every_committed_router_lock_is_of_a_release_a_profile_pins():
+    pinned = {load_profile(name).router.vllm_router for name in available_profiles() if load_profile(name).router}
+    locked = {re.fullmatch(r"vllm-router-(.+)\.(x86_64|aarch64)-py3\.\d+\.txt", path.name)[1]
+              for path in LOCKS_DIR.glob(ROUTER_LOCKS)}
+    assert locked and locked <= pinned
 
 
 def test_vllm_ascend_0_18_0_on_aarch64_is_locked_in_the_repository():
