@@ -141,7 +141,11 @@ def stream_chat(url: str, model: str, prompt: str | list[dict], max_tokens: int,
                 if payload == "[DONE]":
                     done = True
                     break
-                delta = json.loads(payload)["choices"]
+                event = json.loads(payload)
+                if "error" in event:  # vLLM ends a stream it cannot finish (its engine died) with an error event
+                    error = f"error event mid-stream: {str(event['error'].get('message'))[:160]}"
+                    return RequestResult(started - origin, time.monotonic() - started, ttft, False, error), ""
+                delta = event["choices"]
                 if delta and delta[0].get("delta", {}).get("content"):
                     chunks += 1
                     text.append(delta[0]["delta"]["content"])

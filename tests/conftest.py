@@ -13,7 +13,7 @@ PARTS = ("session-lab", "others")
 # The modules that share tests/lab/conftest.py's second_lab, in the order in which each finds the lab
 # closest to what it needs: fresh nodes first; the 4-worker layout, grown from the 3, last.
 SECOND_LAB_ORDER = tuple(f"tests/lab/{name}.py" for name in (
-    "test_full_deploy", "test_rollout", "test_operators", "test_serving_qwen35", "test_multi_node"))
+    "test_full_deploy", "test_rollout", "test_routing", "test_operators", "test_serving_qwen35", "test_multi_node"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -284,10 +284,12 @@ def routing_applied(routes: Routes, watched: dict[str, Watched]) -> str | None:
     """Make the gateway route as `routes` and `watched` say; None, or why it could not."""
     out = set(isolated(watched))
     router = routes.document.get("router")
-    if router:
-        from router_api import sync_workers  # installed beside this program when the policy is cache_aware
-        return sync_workers(router, [b for b in routes.checked if b["key"] not in out])
-    return write_nginx(routes, out)
+    if router is None:
+        return write_nginx(routes, out)
+    # nginx sends everything to the router (its config does not change with who is out); the router's
+    # workers are the instances routed and not out.
+    from router_api import sync_workers  # installed beside this program when the policy is cache_aware
+    return write_nginx(routes, set()) or sync_workers(router, [b for b in routes.checked if b["key"] not in out])
 
 
 def apply(path: str) -> int:
