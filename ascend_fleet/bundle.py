@@ -13,6 +13,9 @@ Made on a machine that reaches the indexes. For each profile the workers run and
 - `models/<org>/<name>/<revision>/`: each model the workers serve with the manifest the weights stager
   reads (model_tree.py): from its http mirror, checked against that manifest, or from `--model-dir` for
   weights already on disk (a hub cannot be reached from where a bundle is made for an offline site);
+- the gateways' vllm-router, where one routes cache_aware (docs/vllm-router.md): the lock of the release its
+  profile pins for each arch and for the gateways' system Python (each `--os` release's, else the profile's),
+  in `locks/`, and its files in `packages/` (the site's index serves them with the stack's);
 - `bundle-manifest.json`: every file above with its sha256, and the platforms the bundle serves.
 
 - `os/<release>-<arch>/`: for each release `--os` names, the OS packages every stage installs, with their
@@ -59,9 +62,17 @@ from ascend_fleet.os_repository import (
     served_release,
 )
 from ascend_fleet.package_index import PACKAGES_DIR, SIMPLE_DIR, file_sha256, write_simple_index
-from ascend_fleet.profile import PipBuild, Profile, load_profile
+from ascend_fleet.profile import PipBuild, Profile, Router, load_profile
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, pip_environment
-from ascend_fleet.profile_lock import lock_path, lock_profile, node_lock
+from ascend_fleet.profile_lock import (
+    ROUTER_GLIBC,
+    lock_path,
+    lock_profile,
+    lock_router,
+    node_lock,
+    router_lock,
+    router_lock_path,
+)
 
 # An archive the package manager reads: http(s) as host data's URLs allow it (no blank, quote, $ or `: dnf
 # expands $ in a baseurl), or a folder here (file://).
@@ -129,13 +140,14 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
         copy_vendor_files(target, out / VENDOR_DIR, progress)
         platforms.append({"profile": target.profile.name, "arch": target.arch,
                           "python": target.profile.stack.python, "lock": f"{LOCKS_DIR}/{lock}"})
+    routers = bundle_routers(configs, arches, [known for known, _ in releases], out, progress)
     bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
     mirror_hosts = bool(inventory_data.groups.get(MIRROR_GROUP))
     repositories = [bundle_os(known, arch, configs, mirror_hosts, archive, out, progress)
                     for known, archive in releases for arch in dict.fromkeys(target.arch for target in chosen)]
     progress("hashing every file for the manifest")
-    manifest = {"platforms": platforms, "os": repositories, "files": current_files(out)}
+    manifest = {"platforms": platforms, "routers": routers, "os": repositories, "files": current_files(out)}
     partial = out / f".{MANIFEST}.{os.getpid()}"
     partial.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     os.replace(partial, out / MANIFEST)
@@ -203,9 +215,12 @@ def index_urls(target: Target) -> list[str]:
 def download_locked(target: Target, lock: Path, progress: Callable[[str], None]) -> None:
     """Every file of the lock for the target's platform into packages/, each checked by pip against the
     lock's sha256 (files already there are not fetched again)."""
-    urls = index_urls(target)
     progress(f"{target}: downloading the files of {lock.name}")
-    platform = target.platform
+    download_lock_files(str(target), lock, target.platform, index_urls(target))
+
+
+def download_lock_files(what: str, lock: Path, platform: Platform, urls: list[str]) -> None:
+    """Every file of the lock for platform from the indexes into the bundle's packages/ (beside locks/)."""
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
             "--require-hashes", "-r", str(lock), "--dest", str(lock.parent.parent / PACKAGES_DIR),
             "--implementation", "cp", "--python-version", platform.python, "--abi", platform.abi,
@@ -218,10 +233,53 @@ def download_locked(target: Target, lock: Path, progress: Callable[[str], None])
         result = subprocess.run(argv, capture_output=True, text=True, env=pip_environment(dict(os.environ)),
                                 timeout=DOWNLOAD_TIMEOUT)
     except subprocess.TimeoutExpired:
-        raise FleetError(f"bundle: {target}: pip download of {lock.name} took over {DOWNLOAD_TIMEOUT} s") from None
+        raise FleetError(f"bundle: {what}: pip download of {lock.name} took over {DOWNLOAD_TIMEOUT} s") from None
     if result.returncode != 0:
         errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")] or [result.stderr[-300:]]
-        raise FleetError(f"bundle: {target}: pip download of {lock.name} failed: {errors[0]}")
+        raise FleetError(f"bundle: {what}: pip download of {lock.name} failed: {errors[0]}")
+
+
+def bundle_routers(configs: list[NodeConfig], arches: list[str] | None, releases: list[NodeOs], out: Path,
+                   progress: Callable[[str], None]) -> list[dict]:
+    """The vllm-router of each gateway that routes cache_aware: its lock (the site's or the committed one,
+    else made now) for each arch and each of the gateways' Pythons, into locks/, and its files into
+    packages/. One entry per lock, for the manifest."""
+    found: dict[tuple[str, str, str], dict] = {}
+    for config in configs:
+        if not config.is_gateway or config.gateway.routing.policy != "cache_aware":
+            continue
+        profile = load_profile(config.profile)
+        if profile.router is None:
+            raise FleetError(f"bundle: {config.host} routes cache_aware, but profile {profile.name} pins no "
+                             "vllm-router")
+        pythons = sorted({known.system_python for known in releases} or {profile.stack.python})
+        for arch in arches or profile.arch:
+            for python in pythons:
+                key = (profile.router.vllm_router, arch, python)
+                if key not in found:
+                    found[key] = bundle_router(profile, profile.router, config, Platform(arch, python, ROUTER_GLIBC),
+                                               out, progress)
+    return list(found.values())
+
+
+def bundle_router(profile: Profile, router: Router, config: NodeConfig, platform: Platform, out: Path,
+                  progress: Callable[[str], None]) -> dict:
+    """One lock of the router into locks/ and its files into packages/, from the profile's index (else the
+    gateway's); its manifest entry."""
+    what = f"{router.requirement} {platform}"
+    urls = [profile.pip.index_url or config.pip_index_url]
+    if not urls[0]:
+        raise FleetError(f"bundle: profile {profile.name} names no index and {config.host}'s data has no "
+                         "pip_index_url")
+    lock = out / LOCKS_DIR / router_lock_path(router, platform).name
+    found = router_lock(router, platform.arch, platform.python, config.pip_locks_path)
+    if found is None:
+        progress(f"{what}: no lock yet, locking it (`ascend-fleet profile lock --router`)")
+    lock.write_text(found.text if found else lock_router(router, platform, urls, progress))
+    progress(f"{what}: downloading the files of {lock.name}")
+    download_lock_files(what, lock, platform, urls)
+    return {"vllm_router": router.vllm_router, "arch": platform.arch, "python": platform.python,
+            "lock": f"{LOCKS_DIR}/{lock.name}"}
 
 
 def builds_over_pins(target: Target) -> list[PipBuild]:
@@ -394,3 +452,13 @@ def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | N
     has = ", ".join(f"{p['profile']} {p['arch']} Python {p['python']}" for p in served) or "nothing"
     return (f"bundle {out} has no {profile} for {arch} Python {python} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch}` where the indexes answer")
+
+
+def router_coverage_refusal(out: Path, version: str, arch: str, python: str) -> str | None:
+    """Why the bundle cannot install vllm-router `version` on a gateway of this arch and system Python, or None."""
+    served = json.loads((out / MANIFEST).read_text()).get("routers", [])
+    if any((r["vllm_router"], r["arch"], r["python"]) == (version, arch, python) for r in served):
+        return None
+    has = ", ".join(f"vllm-router {r['vllm_router']} {r['arch']} Python {r['python']}" for r in served) or "none"
+    return (f"bundle {out} has no vllm-router {version} for {arch} Python {python} (it has {has}); make it with "
+            f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch} --os RELEASE` where the indexes answer")

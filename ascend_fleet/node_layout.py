@@ -38,6 +38,12 @@ ROUTES_FILE = f"{CONFIG_DIR}/routes.json"  # gateways: what the route watcher wo
 ROUTE_WATCH_STATE = "/run/ascend-fleet/routes-state.json"  # gateways: who the watcher took out, why, since when
 ROUTE_WATCH_LOCK = "/run/lock/ascend-fleet-routes.lock"  # the watcher's cycle or the stage's apply, one at a time
 ROUTE_WATCH_UNIT = "ascend-fleet-route-watch.service"
+# Gateways routing cache_aware: the vLLM project's vllm-router in its own virtualenv, behind nginx.
+ROUTER_VENV = "/opt/ascend-fleet/vllm-router"
+ROUTER_PROGRAM = f"{ROUTER_VENV}/bin/vllm-router"
+ROUTER_UNIT = "ascend-fleet-vllm-router.service"
+ROUTER_WORKERS_FILE = f"{CONFIG_DIR}/vllm-router-workers.env"  # the workers it starts with; then the watcher's
+ROUTER_API_PROGRAM = f"{PROGRAM_DIR}/router_api.py"  # beside ROUTE_WATCH_PROGRAM, which imports it
 
 SYSTEMD_STATE_ROOT = "/var/lib"  # what a unit's StateDirectory= is relative to
 SERVICE_HOME = f"{SYSTEMD_STATE_ROOT}/ascend-fleet"  # the service user's home; each instance's below it
