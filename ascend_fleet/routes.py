@@ -94,6 +94,7 @@ def routes_document(config: NodeConfig, backends: list[dict], router: dict | Non
                     if line != out}
     return {
         "nginx": {"config": GATEWAY_CONFIG, "routed": every_in, "isolated": every_out, "server_lines": server_lines},
+        # The URL as vllm-router names the instance (router.py): the watcher compares them as strings.
         "backends": [{"key": backend_key(b["host"], b["instance"]), "url": f"http://{b['address']}:{b['port']}",
                       "npus": b["npus"], "drained": b["drained"],
                       "npu_metrics_url": f"http://{b['address']}:{NODE_EXPORTER_PORT}{NPU_METRICS_QUERY}"}

@@ -36,7 +36,7 @@ from ascend_fleet.model_tree import publish_model
 from ascend_fleet.package_index import write_simple_index
 from ascend_fleet.profile import Profile, load_profile, profile_path
 from ascend_fleet.profile_check import Platform
-from ascend_fleet.profile_lock import LockError, lock_path, lock_profile
+from ascend_fleet.profile_lock import LockError, lock_path, lock_profile, router_lock
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"
@@ -99,6 +99,12 @@ def publish_python_packages(profile: Profile, packages_dir: Path, arch: str, con
     for number, requirements in enumerate(node_requirements(profile, standins, arch), 1):
         what = f"profile {profile.name}, pip install {number}"
         for wheel in cached_wheels(requirements, s.python, arch, what, console):
+            link_into(wheel, packages_dir)
+    # The gateways' vllm-router, as its lock pins it (the lab's gateways run Debian 12: the stack's Python).
+    lock = router_lock(profile.router, arch, s.python) if profile.router else None
+    if lock is not None:
+        pins = [f"{name}=={version}" for name, version in lock.pins.items()]
+        for wheel in cached_wheels(pins, s.python, arch, f"profile {profile.name}, vllm-router", console):
             link_into(wheel, packages_dir)
 
 

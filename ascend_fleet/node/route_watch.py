@@ -319,7 +319,9 @@ def watch(path: str) -> int:
             changes = step(watched, verdicts, routes.setting("fails"), routes.setting("passes"), time.time())
             for line in changes:
                 print(line, flush=True)
-            if changes or unapplied:  # a change nginx or the router refused is tried again each check
+            # A change nginx or the router refused is tried again each check; the router's workers are
+            # compared each check (one loopback GET), as a restarted router has its start's workers.
+            if changes or unapplied or routes.document.get("router"):
                 problem = routing_applied(routes, watched)
                 unapplied = problem is not None
                 if problem:

@@ -44,6 +44,7 @@ from ascend_fleet.per_run import once_per_run
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
+from ascend_fleet.router import router_routes
 from ascend_fleet.routes import fleet_backends, routes_document
 from ascend_fleet.stages.context import (
     data_parallel_role,
@@ -55,6 +56,7 @@ from ascend_fleet.stages.context import (
 )
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
+from ascend_fleet.stages.router import router_stage
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import vllm_args
 
@@ -270,7 +272,8 @@ def retire_instances(config: NodeConfig) -> None:
 def routes_text(config: NodeConfig) -> str:
     """The gateway's routes file (routes.py) over the instances that have served, as the fleet state has them now."""
     backends = fleet_backends(inventory, data_parallel_roles(), FleetState(config.fleet_state_dir))
-    return json.dumps(routes_document(config, backends), indent=1) + "\n"
+    document = routes_document(config, backends, router=router_routes(config.gateway.routing))
+    return json.dumps(document, indent=1) + "\n"
 
 
 @deploy("Gateway")
@@ -281,6 +284,7 @@ def gateway_stage() -> None:
     if not config.is_gateway:
         return
     nginx_installed()
+    router_stage()  # cache_aware: the router up before nginx routes to it; else none running
     known = host_os()
     os_packages("Python for the route watcher", [known.gateway_python])
     files.directory(name="node_exporter's textfile directory", path=TEXTFILE_DIR, mode="755")

@@ -86,6 +86,7 @@ def test_routing_by_session_or_cache_at_least_doubles_the_prefix_cache_hit_rate(
         result = json.loads(load.stdout)
         figures[policy] = {key: result[key] for key in ("requests", "errors", "prefix_cache_hit_rate", "p50_ttft_s",
                                                         "p99_ttft_s")}
+        print(f"{policy}: {json.dumps(figures[policy])}", flush=True)
     print("routing policies, multi-turn load:", json.dumps(figures, indent=1))
     assert all(f["errors"] == 0 and f["requests"] == 96 for f in figures.values()), figures
     baseline = figures["least_conn"]["prefix_cache_hit_rate"]

@@ -348,6 +348,20 @@ def create_app(state: ServingState, load: Callable[[], Awaitable[None]], api_key
         job = Job(ChatShape(), state.model_name, prompt_ids, max_tokens, request.ignore_eos)
         return await answer(job, request)
 
+    if state.release >= (0, 18):
+        @app.post("/v1/chat/completions/render")
+        async def render_chat_completion(request: ChatRequest):
+            """0.18.0's render API (vllm/entrypoints/serve/render/api_router.py, render_chat_request): the
+            request's prompt ids, as GenerateRequest; vllm-router's cache_aware policy asks it of every
+            worker. Of GenerateRequest's fields, sampling_params is cut to max_tokens."""
+            if (refused := refusal(request.model)) is not None:
+                return refused
+            prompt_ids = engine.codec.encode(engine.codec.chat_prompt(request.messages))
+            return {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "token_ids": prompt_ids, "features": None,
+                    "sampling_params": {"max_tokens": request.max_completion_tokens or request.max_tokens},
+                    "model": request.model, "stream": bool(request.stream), "stream_options": None,
+                    "cache_salt": None}
+
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest):
         if (refused := refusal(request.model)) is not None:
