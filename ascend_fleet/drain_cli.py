@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.rollout import (
@@ -25,11 +24,9 @@ from ascend_fleet.rollout import (
     parse_data,
     step_of,
 )
-from ascend_fleet.rollout_cli import Data, DrainTimeout, Inventory, changing_nothing
+from ascend_fleet.rollout_cli import Data, DrainTimeout, Inventory, changing_nothing, console, progress_console
 
 drain_app = typer.Typer()
-console = Console()
-progress_console = Console(stderr=True)
 Target = Annotated[str, typer.Argument(help="HOST (every instance it serves) or HOST/INSTANCE, e.g. worker2/vllm-1")]
 
 
