@@ -133,7 +133,7 @@ def stream_chat(url: str, model: str, prompt: str | list[dict], max_tokens: int,
             if response.status_code != 200:
                 error = f"HTTP {response.status_code}: {' '.join(response.text.split())[:160]}"
                 return RequestResult(started - origin, time.monotonic() - started, None, False, error), ""
-            done, chunks = False, 0
+            done, chunks, finish_reason = False, 0, None
             for line in response.iter_lines(decode_unicode=True):
                 if not line.startswith("data: "):
                     continue
@@ -150,7 +150,12 @@ def stream_chat(url: str, model: str, prompt: str | list[dict], max_tokens: int,
                     chunks += 1
                     text.append(delta[0]["delta"]["content"])
                     ttft = ttft if ttft is not None else time.monotonic() - started
+                if delta and delta[0].get("finish_reason") is not None:
+                    finish_reason = delta[0]["finish_reason"]
             latency = time.monotonic() - started
+            if finish_reason == "abort":  # vLLM 0.18.0 aborts what is in flight when stopped (--shutdown-timeout 0)
+                error = "answer aborted by the instance (finish_reason abort)"
+                return RequestResult(started - origin, latency, ttft, False, error), ""
             if not done or chunks == 0:
                 error = "stream ended before [DONE]" if not done else "stream carried no content"
                 return RequestResult(started - origin, latency, ttft, False, error), ""

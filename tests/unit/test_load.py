@@ -122,3 +122,44 @@ def test_multi_turn_sessions_resend_their_history_under_one_session_id():
     assert third[:4] == [*second, {"role": "assistant", "content": "answer 2"}]
     assert seen[3][1][0]["content"].startswith("Session t-0-1.")  # a document of its own
     assert seen[3][1][0]["content"] != first[0]["content"]
+
+
+def test_a_stream_that_ends_with_finish_reason_abort_is_a_failure_naming_it():
+    """vLLM 0.18.0 stopped with the default --shutdown-timeout 0 aborts what is in flight: the stream keeps its 200,
+    ends with a chunk whose finish_reason is "abort", then [DONE] (vllm/v1/engine/core.py _handle_shutdown,
+    chat_completion/serving.py chat_completion_stream_generator). The text so far is not an answer."""
+    import http.server
+    import threading
+
+    from ascend_fleet.loadgen import LoadGenerator, stream_chat
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return f"data: {json.dumps({'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
+
+    class Aborting(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            payload = (chunk({"role": "assistant", "content": ""}) + chunk({"content": "half an"})
+                       + chunk({"content": " answer"}) + chunk({"content": ""}, "abort") + "data: [DONE]\n\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Aborting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result, text = stream_chat(url, "m", "hello", 16, time.monotonic())
+        report = LoadGenerator(url, "m", concurrency=1, max_requests=2).start().wait()
+    finally:
+        server.shutdown()
+    assert not result.ok and text == ""
+    assert result.error == "answer aborted by the instance (finish_reason abort)"
+    assert result.ttft is not None  # tokens came before the abort
+    assert report.count == 2 and len(report.failures) == 2

@@ -183,13 +183,18 @@ def stream_error(err: EngineDeadError, release: tuple[int, int]) -> dict:
 
 
 async def stream_job(engine: Engine, job: Job, include_usage: bool, release: tuple[int, int]) -> AsyncIterator[str]:
-    """OpenAI server-sent events: content chunks, the usage chunk when asked for, then [DONE]."""
+    """OpenAI server-sent events: content chunks, the usage chunk when asked for, then [DONE]. An aborted
+    request's last chunk has no text and finish_reason "abort" (the 200 stands, [DONE] follows), unless it
+    had no token yet: the stream generators send no empty chunk then (serving_chat.py, serving_completion.py:
+    "Chunked prefill case, don't return empty chunks"), so the stream ends with nothing more than [DONE]."""
     for choice in job.shape.first_chunks():
         yield sse(job.body([choice], chunk=True))
     produced = 0
     try:
-        async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
-            produced += 1
+        async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos, job.request_id):
+            if not event.token and produced == 0:
+                continue
+            produced += event.token
             yield sse(job.body([job.shape.chunk_choice(event.text, event.finish_reason)], chunk=True))
     except EngineDeadError as err:
         # the 200 is sent: the error is the next event, then [DONE]; the server's watchdog stops it later
@@ -203,9 +208,11 @@ async def stream_job(engine: Engine, job: Job, include_usage: bool, release: tup
 
 
 async def complete_job(engine: Engine, job: Job) -> dict:
+    """The whole answer; an aborted request's is its text so far with finish_reason "abort" (the full
+    generator raises only for "error": serving_chat.py chat_completion_full_generator, _raise_if_error)."""
     text, produced, finish_reason = "", 0, "length"
-    async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos):
-        text, produced, finish_reason = text + event.text, produced + 1, event.finish_reason or finish_reason
+    async for event in engine.generate(job.prompt_ids, job.max_tokens, job.ignore_eos, job.request_id):
+        text, produced, finish_reason = text + event.text, produced + event.token, event.finish_reason or finish_reason
     return job.body(
         [job.shape.full_choice(text, finish_reason)], chunk=False, usage=usage(len(job.prompt_ids), produced)
     )

@@ -22,6 +22,9 @@ class RequestError(ValueError):
     """A request vLLM would answer with 400."""
 
 
+ABORTED = "abort"  # what a request's queue gets when the engine aborts it (FinishReason.ABORT's string)
+
+
 class EngineDeadError(Exception):
     """vLLM's EngineDeadError (vllm/v1/engine/exceptions.py): the engine core is gone; unrecoverable."""
 
@@ -92,6 +95,9 @@ class StepLoop:
         self.tokens: dict[perfmodel.Request, asyncio.Queue] = {}
         self._work = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._stepping = False  # a step is under way: at_next_step waits for its end
+        self.between_steps: list = []
+        self.halted = False  # the engine core was killed: no step runs again
 
     @property
     def busy(self) -> bool:
@@ -106,9 +112,39 @@ class StepLoop:
         self.metrics.prefix_cache_queries.inc(lookups.queries)
         self.metrics.prefix_cache_hits.inc(lookups.hits)
 
+    @property
+    def unfinished(self) -> int:
+        """The scheduler's get_num_unfinished_requests: waiting and running."""
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    def at_next_step(self, action) -> None:
+        """Run `action` between steps, as the engine core's busy loop handles a shutdown request before its
+        next step (core.py run_busy_loop: `while self._handle_shutdown()`): a step under way ends first."""
+        if self._stepping:
+            self.between_steps.append(action)
+        else:
+            action()
+
+    def abort_all(self) -> int:
+        """scheduler.finish_requests(None, FINISHED_ABORTED): every unfinished request leaves, its queue
+        gets ABORTED; returns how many."""
+        aborted = [*self.scheduler.waiting, *self.scheduler.running]
+        for request in aborted:
+            self.scheduler.abort(request)
+            if (queue := self.tokens.pop(request, None)) is not None:
+                queue.put_nowait(ABORTED)
+        self._publish()
+        return len(aborted)
+
+    def halt(self) -> None:
+        """The engine core killed (utils.py shutdown: kill_process_tree): no more steps, nothing sent."""
+        self.halted = True
+        if self._task is not None:
+            self._task.cancel()
+
     def submit(self, request: perfmodel.Request) -> asyncio.Queue:
-        """Queue a request; its queue gets one None per token, or the error that ended the engine."""
-        if self._task is None:
+        """Queue a request; its queue gets one None per token, ABORTED, or the error that ended the engine."""
+        if self._task is None and not self.halted:
             self._task = asyncio.ensure_future(self._run())
         queue = self.tokens[request] = asyncio.Queue()
         self.scheduler.add(request)
@@ -134,16 +170,23 @@ class StepLoop:
                 self._work.clear()
                 await self._work.wait()
                 continue
-            await asyncio.sleep(self.cost.seconds(batch) * self.time_scale)
-            for request in self.scheduler.complete(batch, time.monotonic()):
-                if request in self.tokens:
-                    self.tokens[request].put_nowait(None)
+            self._stepping = True
+            try:
+                await asyncio.sleep(self.cost.seconds(batch) * self.time_scale)
+                for request in self.scheduler.complete(batch, time.monotonic()):
+                    if request in self.tokens:
+                        self.tokens[request].put_nowait(None)
+            finally:
+                self._stepping = False
+            while self.between_steps:
+                self.between_steps.pop(0)()
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     text: str
     finish_reason: str | None
+    token: bool = True  # False: the abort that ends a request, which carries no token
 
 
 class Engine:
@@ -160,6 +203,7 @@ class Engine:
         self.vocabulary = codec.generation_vocabulary()
         self.dead = False
         self.peer_lost: str | None = None  # a DP peer whose connection closed: the next collective fails
+        self.shutdown_requested = False  # 0.18.0's EngineShutdownState: RUNNING until SIGTERM
 
     def lose_peer(self, reason: str) -> None:
         """A remote DP engine left. Real vLLM has no heartbeat: its engines notice at their next
@@ -211,10 +255,48 @@ class Engine:
             return max_tokens, "length"
         return natural, "stop"
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool) -> AsyncIterator[TokenEvent]:
-        """Yield the output token by token, as the step loop produces them."""
+    def request_shutdown(self, timeout: int) -> None:
+        """0.18.0's engine core on SIGTERM (core.py run_engine_core's signal_handler, then _handle_shutdown before
+        its next step): timeout 0 aborts every unfinished request, else they go on (the launcher's deadline is
+        the server's, wait_shut_down); from now on a new request is rejected (_reject_add_in_shutdown)."""
+        if self.shutdown_requested:
+            return
+        self.shutdown_requested = True
+        log = logging.getLogger("vllm")
+
+        def handle_shutdown() -> None:
+            log.info("Shutdown initiated (timeout=%d)", timeout)
+            if timeout == 0:
+                if self.steps.unfinished:
+                    log.info("Aborting %d requests", self.steps.unfinished)
+                self.steps.abort_all()
+            elif self.steps.unfinished:
+                log.info("Draining %d in-flight requests (timeout=%ds)", self.steps.unfinished, timeout)
+
+        self.steps.at_next_step(handle_shutdown)
+
+    async def wait_shut_down(self, seconds: float) -> bool:
+        """Until the engine has no work left ("Shutdown complete", and its process exits), at most `seconds`;
+        past them the engine core is killed (halt) and False returned."""
+        deadline = time.monotonic() + seconds
+        while self.steps.unfinished or self.steps.between_steps:
+            if time.monotonic() >= deadline:
+                self.steps.halt()
+                return False
+            await asyncio.sleep(0.05)
+        logging.getLogger("vllm").info("Shutdown complete")
+        return True
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool,
+                       request_id: str = "") -> AsyncIterator[TokenEvent]:
+        """Yield the output token by token, as the step loop produces them; an aborted request ends with
+        a TokenEvent carrying no token and finish_reason "abort"."""
         if self.dead:
             raise EngineDeadError()
+        if self.shutdown_requested:  # core.py _reject_add_in_shutdown: an abort output, no token
+            logging.getLogger("vllm").info("Rejecting request %s (server shutting down)", request_id)
+            yield TokenEvent("", ABORTED, token=False)
+            return
         arrival = time.monotonic()
         count, finish_reason = self.output_length(prompt_ids, max_tokens, ignore_eos)
         ids = generated_ids(prompt_ids, count, self.vocabulary, self.weights_digest)
@@ -227,6 +309,9 @@ class Engine:
             text, last = "", arrival
             for index in range(1, count + 1):
                 outcome = await produced.get()
+                if outcome == ABORTED:
+                    yield TokenEvent("", ABORTED, token=False)
+                    return
                 if outcome is not None:
                     raise outcome
                 now = time.monotonic()

@@ -75,6 +75,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 ASCEND_QUANTIZATION = "ascend"  # vllm-ascend's method for msModelSlim weights
 WATCHDOG_SECONDS = 5.0  # launcher.py watchdog_loop: VLLM_WATCHDOG_TIME_S
+SHUTDOWN_MIN_SECONDS = 5.0  # v1/utils.py shutdown: "Allow at least 5 seconds for remaining procs to terminate."
 
 
 def configure_logging() -> None:
@@ -380,15 +381,48 @@ class Instance:
             faults = asyncio.ensure_future(fail_on_npu_runtime_error(
                 runtime.node_path(runtime.HARDWARE_FILE), self.npus, self.state.engine,
                 workers=self.args.tensor_parallel_size * self.args.pipeline_parallel_size))
+            shutting_down = self.handle_shutdown(server)
             try:
                 await server.serve(sockets=[sock])
             finally:
                 watchdog.cancel()
                 faults.cancel()
+                for task in shutting_down:
+                    task.cancel()
             if start_failed.done():
                 raise StartupError(start_failed.result())
         finally:
             cores.stop()
+
+    def handle_shutdown(self, server: uvicorn.Server) -> list[asyncio.Task]:
+        """A release with --shutdown-timeout (0.18.0): launcher.py serve_http's SIGTERM/SIGINT handler, set before
+        uvicorn serves, beside uvicorn's own (Server.capture_signals: stop listening, close idle connections,
+        wait for the open ones). Its handle_shutdown runs engine_client.shutdown(timeout=shutdown_timeout): the
+        engine core, signalled too (systemd signals the whole unit; CoreEngineProcManager.shutdown terminates it
+        again), aborts or drains its requests (Engine.request_shutdown) and is killed if work is left after
+        max(timeout, 5) s (v1/utils.py shutdown); then should_exit. A stream the killed engine leaves gets
+        nothing more, and uvicorn waits for it. Earlier releases: no handler, uvicorn's stop alone (not their source's
+        path: docs/sim-fidelity.md, "Shutdown on SIGTERM"). Returns the shutdown's task once it started."""
+        timeout = getattr(self.args, "shutdown_timeout", None)
+        tasks: list[asyncio.Task] = []
+        if timeout is None:
+            return tasks
+        loop = asyncio.get_running_loop()
+        engine = self.state.engine
+
+        async def shut_down() -> None:
+            await engine.wait_shut_down(max(timeout, SHUTDOWN_MIN_SECONDS))
+            server.should_exit = True
+
+        def signal_handler() -> None:
+            # before serving, real vLLM has no engine core to ask (setup_server's handler raises); here uvicorn's stops
+            if self.state.ready and not engine.shutdown_requested:
+                engine.request_shutdown(timeout)
+                tasks.append(asyncio.ensure_future(shut_down()))
+
+        loop.add_signal_handler(signal.SIGTERM, signal_handler)
+        loop.add_signal_handler(signal.SIGINT, signal_handler)
+        return tasks
 
     async def wait_for_engines(self, start_failed: asyncio.Future) -> None:
         """The DP head: its engines' handshake socket at A:P, then every rank in before serving; a local
