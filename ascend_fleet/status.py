@@ -45,6 +45,7 @@ from ascend_fleet.gateway import KEEPALIVED_SERVICE
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.node.route_watch import isolated_keys
 from ascend_fleet.node.stage_weights import deep_verify_of
 from ascend_fleet.node_layout import ROUTE_WATCH_STATE, ROUTE_WATCH_UNIT, ROUTES_FILE, instance_env_file, instance_unit
 from ascend_fleet.probes import NO_ANSWER, READ_ONLY_ASKS, fact_key, instance_queries, judge_instance
@@ -297,10 +298,7 @@ def clock_time(epoch: float | None) -> str:
 
 def isolated_backends(state_lines: list[str] | None) -> dict[str, dict]:
     """{host/instance: {"reason", "since"}} the gateway's route watcher has out of routing now."""
-    try:
-        return json.loads("\n".join(state_lines)).get("isolated", {}) if state_lines else {}
-    except (ValueError, AttributeError):
-        return {}
+    return isolated_keys("\n".join(state_lines)) if state_lines else {}
 
 
 def routing(key: str, gateways: list[HostStatus]) -> str:

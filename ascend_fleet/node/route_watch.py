@@ -212,7 +212,7 @@ def write_nginx(routes: Routes, out: set[str]) -> str | None:
             os.replace(previous, path)
         else:
             os.unlink(path)
-        return f"nginx -t refused the new gateway config, the previous one keeps serving: {first_error(checked.stderr)}"
+        return f"new gateway config rejected by nginx -t, the previous one keeps serving: {first_error(checked.stderr)}"
     if had:
         os.unlink(previous)
     active = subprocess.run(["systemctl", "is-active", "--quiet", "nginx"]).returncode == 0
@@ -253,12 +253,21 @@ def save_state(routes: Routes, watched: dict[str, Watched], checked_at: float) -
         write_atomically(textfile, metrics_text(routes, out, checked_at), 0o644)
 
 
+def isolated_keys(state_text: str) -> dict[str, dict]:
+    """{key: {"reason", "since"}} of those out, from the state file's text; none when it is unreadable."""
+    try:
+        out = json.loads(state_text).get("isolated", {})
+    except (ValueError, AttributeError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
 def load_state(routes: Routes) -> dict[str, Watched]:
     """Who is out, from the state file (a restarted watcher keeps them out until they pass)."""
     try:
         with open(routes.document["state_file"]) as handle:
-            out = json.load(handle).get("isolated", {})
-    except (OSError, ValueError):
+            out = isolated_keys(handle.read())
+    except OSError:
         out = {}
     keys = {b["key"] for b in routes.checked}
     return {key: Watched(reason=value["reason"], since=value["since"]) for key, value in out.items() if key in keys}

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from collections.abc import Callable
 from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.operations import files
 
+from ascend_fleet.node.route_watch import Routes, isolated_keys, nginx_text
 from ascend_fleet.operations.config import checked_config
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @operation()
@@ -42,7 +48,14 @@ def routes_applied(dest: str, program: str, content: str | Callable[[], str]):
       run's serve stage recorded)
     """
     text = content() if callable(content) else content
-    if host.get_fact(Sha256File, path=dest) == hashlib.sha256(text.encode()).hexdigest():
+    routes = Routes(json.loads(text))
+    # What nginx must read now: these routes, those the watcher has out kept out. A config edited by hand
+    # (or one an older release wrote) is routed again even when the routes file is current.
+    state = host.get_fact(FileContents, path=routes.document["state_file"])
+    out = set(isolated_keys("\n".join(state))) if state else set()
+    nginx = nginx_text(routes, out & {b["key"] for b in routes.checked})
+    if (host.get_fact(Sha256File, path=dest) == sha256(text)
+            and host.get_fact(Sha256File, path=routes.document["nginx"]["config"]) == sha256(nginx)):
         host.noop(f"{dest} is current")
         return
     staged, backup = f"{dest}.new", f"{dest}.previous"
