@@ -19,6 +19,7 @@ from packaging.version import Version
 from ascend_fleet.hostdata import Instance, NodeConfig, Serving
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.planner import ERROR, WARNING, Finding
+from ascend_fleet.profile import load_profile
 
 OPTIONS_DIR = Path(__file__).with_name("vllm_options")
 
@@ -53,7 +54,21 @@ def vllm_args(config: NodeConfig, instance: Instance, model_path: str,
     for option, value in options.items():
         if value is not None:
             args += [option, str(value)]
-    return args + serving.extra_args
+    return args + shutdown_args(load_profile(config.profile).stack.vllm) + serving.extra_args
+
+
+SHUTDOWN_TIMEOUT = "--shutdown-timeout"
+# How long a stopped instance lets its requests in flight finish; the unit's TimeoutStopSec is a little
+# longer (stages/serving.py STOP_TIMEOUT_SECONDS).
+SHUTDOWN_DRAIN_SECONDS = 110
+
+
+def shutdown_args(vllm_version: str) -> list[str]:
+    """`--shutdown-timeout` on a release that has it: from 0.18.0 its default, 0, aborts every request in
+    flight at SIGTERM (v1/engine/core.py _handle_shutdown), so a routed restart would cut answers short;
+    earlier releases have no such option (docs/sim-fidelity.md, Shutdown on SIGTERM)."""
+    table = option_table(vllm_version)
+    return [SHUTDOWN_TIMEOUT, str(SHUTDOWN_DRAIN_SECONDS)] if table and SHUTDOWN_TIMEOUT in table else []
 
 
 def option_table_path(vllm_version: str) -> Path:

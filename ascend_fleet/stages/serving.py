@@ -58,11 +58,12 @@ from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.router import router_stage
 from ascend_fleet.templating import render
-from ascend_fleet.vllm_cli import vllm_args
+from ascend_fleet.vllm_cli import SHUTDOWN_DRAIN_SECONDS, vllm_args
 
 # A 72B model takes about 8 minutes to load on 4 cards (field notes); leave room for bigger ones.
 START_TIMEOUT_SECONDS = 1800
-STOP_TIMEOUT_SECONDS = 120
+# Past vLLM's own drain (--shutdown-timeout, vllm_cli.py), systemd kills what is left.
+STOP_TIMEOUT_SECONDS = SHUTDOWN_DRAIN_SECONDS + 10
 START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
 
 def instance_problem(config: NodeConfig, instance: Instance) -> str | None:

@@ -55,6 +55,18 @@ def test_the_recipe_reaches_vllm_as_its_options(tmp_path):
     assert check_vllm_args(args, "0.18.0") == []
 
 
+def test_an_instance_from_0_18_drains_at_sigterm_and_older_releases_get_no_such_option(tmp_path):
+    """vLLM 0.18.0's --shutdown-timeout defaults to 0, which aborts the requests in flight when the unit stops."""
+    (tmp_path / "new").mkdir()
+    (tmp_path / "old").mkdir()
+    _, config = config_of(tmp_path / "new", "vllm-ascend-0.18.0", RECIPE)
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    assert args[args.index("--shutdown-timeout") + 1] == "110"
+    assert check_vllm_args(args, "0.18.0") == []
+    _, config = config_of(tmp_path / "old", "vllm-ascend-0.11.0", "\"enable_prefix_caching\": True")
+    assert "--shutdown-timeout" not in vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+
+
 def test_the_scheme_names_are_not_vllm_quantization_methods(tmp_path):
     """Issue 13: `w8a8` was passed as --quantization, which vLLM rejects; the method is `ascend`."""
     with pytest.raises(FleetError, match=r"serving.quantization: Input should be 'ascend'"):
