@@ -87,6 +87,7 @@ PROMETHEUS_FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"  # <job>.json: the targets 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile collector reads the NPU metrics here
 VIRTUAL_ADDRESS_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_vip.prom"
 ROUTE_WATCH_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_routes.prom"  # gateways: who is out of routing
+LEAVING_TEXTFILE_PREFIX = "ascend_fleet_leaving_"  # workers: <instance>.prom while its unit stops
 
 
 def unit_file(unit: str) -> str:

@@ -15,12 +15,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import Gateway, NodeConfig
+from ascend_fleet.hostdata import Gateway, Isolation, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.node_layout import (
     GATEWAY_CONFIG,
@@ -39,6 +40,14 @@ UPSTREAM_ZONE_MIN_KB, UPSTREAM_ZONE_KB_PER_SERVER, UPSTREAM_ZONE_BASE_KB = 256, 
 # the monitoring hosts), asked for its textfile collector only: the NPU health npu-smi wrote there.
 NODE_EXPORTER_PORT = 9100
 NPU_METRICS_QUERY = "/metrics?collect%5B%5D=textfile"
+
+
+def leave_routing_seconds(inventory: Iterable) -> int:
+    """How long a stopping instance waits for the gateways' route watchers to take it out (its ExecStop):
+    `fails` checks and one more, and a second for nginx's reload; the first gateway's settings (every
+    gateway carries the same group data), the defaults without one."""
+    isolation = next((c.gateway.isolation for c in map(host_node_config, inventory) if c.is_gateway), Isolation())
+    return math.ceil(isolation.interval_seconds * (isolation.fails + 1) + 1)
 
 
 def upstream_zone_kb(servers: int) -> int:

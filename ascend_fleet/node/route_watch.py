@@ -7,9 +7,10 @@ Why a watcher on each gateway (issue 34):
   that failed, and an instance whose NPU went Alarm still answers them; vllm-router asks /health only.
 - on the gateway, not the worker: the gateway is what routes, and each judges what it can reach.
 
-Every `interval_seconds`, each instance that is not drained is checked: its /health must answer 200
-within `health_timeout_seconds` (not dead, not restarting or loading, not hung), and none of its NPUs
-may be Alarm or Critical as npu-smi said last (ascend_npu_health in the worker's node_exporter
+Every `interval_seconds`, each instance that is not drained is checked: its unit must not be stopping
+(its ExecStop says so in the worker's node_exporter textfile first, and waits for the watchers), its
+/health must answer 200 within `health_timeout_seconds` (not dead, not restarting or loading, not hung),
+and none of its NPUs may be Alarm or Critical as npu-smi said last (ascend_npu_health in the same
 textfile, node/npu_metrics.py). `fails` failed checks in a row take it out, `passes` passed ones bring
 it back. Out is `down` in nginx's upstream (a reload: streams in flight finish on the old workers),
 or out of vllm-router's workers. Never the last one: when every routed instance fails, none is taken
@@ -46,6 +47,9 @@ from dataclasses import dataclass, field
 NPU_OUT_FROM = 2
 NPU_HEALTH = re.compile(r'^ascend_npu_health\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)', re.M)
 NPU_LABEL = re.compile(r'npu="(\d+)"')
+# Written by the instance's unit before it stops (the instance helper's leave-routing, ExecStop).
+LEAVING_METRIC = "ascend_fleet_instance_leaving"
+LEAVING = re.compile(rf'^{LEAVING_METRIC}\{{instance="([^"]+)"\}}\s+1\b', re.M)
 HEALTH_WORDS = {2: "Alarm", 3: "Critical"}
 MAX_PARALLEL_CHECKS = 32
 METRIC_PREFIX = "ascend_fleet_route"
@@ -98,30 +102,40 @@ def check_health(url: str, timeout: float) -> str | None:
     return None if status == 200 else f"/health answers {status}"
 
 
-def npu_health(metrics_url: str, timeout: float) -> dict[int, int] | None:
-    """{NPU id: npu-smi health code} from a worker's node_exporter textfile metrics, None when unread."""
+@dataclass(frozen=True)
+class NodeReport:
+    """What a worker's node_exporter textfile says: each NPU's npu-smi health code, the instances stopping."""
+
+    npus: dict[int, int]
+    leaving: frozenset[str]
+
+
+def node_report(metrics_url: str, timeout: float) -> NodeReport | None:
+    """The worker's report from its node_exporter textfile metrics, None when unread."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout) as answer:
             text = answer.read().decode(errors="replace")
     except (OSError, ValueError):
         return None
-    found = {}
+    npus = {}
     for match in NPU_HEALTH.finditer(text):
         npu = NPU_LABEL.search(match["labels"])
         if npu:
             try:
-                found[int(npu[1])] = int(float(match["value"]))
+                npus[int(npu[1])] = int(float(match["value"]))
             except ValueError:
                 continue
-    return found
+    return NodeReport(npus, frozenset(LEAVING.findall(text)))
 
 
-def judge(backend: dict, health: str | None, npus: dict[int, int] | None) -> str | None:
-    """Why the instance must not be routed to now, or None. An unread NPU report (node_exporter down) is
-    not a verdict on the instance: /health alone decides then."""
+def judge(backend: dict, health: str | None, report: NodeReport | None) -> str | None:
+    """Why the instance must not be routed to now, or None. An unread report (node_exporter down) is not a
+    verdict on the instance: /health alone decides then."""
+    if report and backend["key"].split("/", 1)[1] in report.leaving:
+        return "its unit is stopping (a restart or a stop on its node)"
     if health:
         return health
-    bad = [f"NPU {npu} {HEALTH_WORDS.get(code, code)}" for npu, code in sorted((npus or {}).items())
+    bad = [f"NPU {npu} {HEALTH_WORDS.get(code, code)}" for npu, code in sorted((report.npus if report else {}).items())
            if npu in backend["npus"] and code >= NPU_OUT_FROM]
     return ", ".join(bad) or None
 
@@ -136,8 +150,8 @@ def check_all(routes: Routes) -> dict[str, str | None]:
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_CHECKS, len(backends) + len(metrics_urls))) as pool:
         health = dict(zip([b["key"] for b in backends],
                           pool.map(lambda b: check_health(b["url"], timeout), backends)))
-        npus = dict(zip(metrics_urls, pool.map(lambda u: npu_health(u, timeout), metrics_urls)))
-    return {b["key"]: judge(b, health[b["key"]], npus.get(b.get("npu_metrics_url"))) for b in backends}
+        reports = dict(zip(metrics_urls, pool.map(lambda u: node_report(u, timeout), metrics_urls)))
+    return {b["key"]: judge(b, health[b["key"]], reports.get(b.get("npu_metrics_url"))) for b in backends}
 
 
 def step(watched: dict[str, Watched], verdicts: dict[str, str | None], fails: int, passes: int,

@@ -25,6 +25,7 @@ from ascend_fleet.node_layout import (
     HUB_TOKENS_FILE,
     INSTANCE_ENV_DIR,
     INSTANCE_HELPER,
+    LEAVING_TEXTFILE_PREFIX,
     MARKER_NAME,
     ROUTE_WATCH_PROGRAM,
     ROUTE_WATCH_UNIT,
@@ -45,7 +46,7 @@ from ascend_fleet.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
 from ascend_fleet.profile import Profile
 from ascend_fleet.router import router_routes
-from ascend_fleet.routes import fleet_backends, routes_document
+from ascend_fleet.routes import fleet_backends, leave_routing_seconds, routes_document
 from ascend_fleet.stages.context import (
     data_parallel_role,
     data_parallel_roles,
@@ -166,6 +167,7 @@ def instance_unit_file(config: NodeConfig, instance: Instance, venv: str,
                   home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                   weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path, role),
                   serves_http=not role or role.is_head,
+                  leave_seconds=once_per_run(host.state, "leave routing", lambda: leave_routing_seconds(inventory)),
                   start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
 
 
@@ -203,8 +205,9 @@ def serve_stage() -> None:
     user = config.service_user
     accounts.user(name=f"Service user {user}", user=user, system=True, groups=["HwHiAiUser"],
                   home=SERVICE_HOME, shell="/usr/sbin/nologin")
-    placed.file(name="Instance start checks", content=render(TEMPLATES / "ascend-fleet-instance.sh.j2"),
-                dest=INSTANCE_HELPER, mode="755")
+    placed.file(name="Instance start checks", dest=INSTANCE_HELPER, mode="755",
+                content=render(TEMPLATES / "ascend-fleet-instance.sh.j2", textfile_dir=TEXTFILE_DIR,
+                               metric=route_watch.LEAVING_METRIC, file_prefix=LEAVING_TEXTFILE_PREFIX))
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
     if not config.serve_only:
         retire_instances(config)

@@ -14,7 +14,7 @@ import pytest
 
 from ascend_fleet.hostdata import node_config
 from ascend_fleet.node import route_watch
-from ascend_fleet.node.route_watch import Routes, Watched, judge, nginx_text, step
+from ascend_fleet.node.route_watch import NodeReport, Routes, Watched, judge, nginx_text, step
 from ascend_fleet.routes import render_gateway_config, routes_document
 
 BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "npus": [0, 1], "drained": False},
@@ -104,17 +104,25 @@ def test_the_last_routed_instance_never_leaves_even_when_it_fails():
 
 def test_an_npu_of_the_instance_in_alarm_or_worse_takes_it_out_a_warning_or_another_npu_does_not():
     backend = {"key": "w1/vllm-0", "npus": [0, 1]}
-    assert judge(backend, None, {0: 0, 1: 2, 2: 3}) == "NPU 1 Alarm"
-    assert judge(backend, None, {0: 1, 1: 0, 2: 3}) is None  # Warning, and NPU 2 is another instance's
+    assert judge(backend, None, NodeReport({0: 0, 1: 2, 2: 3}, frozenset())) == "NPU 1 Alarm"
+    assert judge(backend, None, NodeReport({0: 1, 1: 0, 2: 3}, frozenset())) is None  # Warning; NPU 2 is not its
     assert judge(backend, None, None) is None  # node_exporter unread: /health alone decides
-    assert judge(backend, "/health answers 503", {0: 3}) == "/health answers 503"
+    assert judge(backend, "/health answers 503", NodeReport({0: 3}, frozenset())) == "/health answers 503"
+
+
+def test_an_instance_whose_unit_is_stopping_leaves_before_it_fails_anything():
+    backend = {"key": "w1/vllm-0", "npus": [0, 1]}
+    stopping = NodeReport({0: 0, 1: 0}, frozenset({"vllm-0"}))
+    assert judge(backend, None, stopping) == "its unit is stopping (a restart or a stop on its node)"
+    assert judge({**backend, "key": "w1/vllm-1"}, None, stopping) is None
 
 
 class Worker(http.server.BaseHTTPRequestHandler):
     """A worker's /health and its node_exporter's textfile metrics, answering what the test sets."""
 
     health = 200
-    metrics = 'ascend_npu_health{chip="910B3",npu="0"} 0\nascend_npu_health{chip="910B3",npu="1"} 2\n'
+    metrics = ('ascend_npu_health{chip="910B3",npu="0"} 0\nascend_npu_health{chip="910B3",npu="1"} 2\n'
+               'ascend_fleet_instance_leaving{instance="vllm-2"} 1\n')
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         status, body = (self.health, b"") if self.path == "/health" else (200, self.metrics.encode())
@@ -134,10 +142,13 @@ def test_the_watcher_asks_health_and_the_workers_npu_report_over_http():
         url = f"http://127.0.0.1:{server.server_address[1]}"
         backends = [{"key": "w1/vllm-0", "url": url, "npus": [0], "drained": False, "npu_metrics_url": f"{url}/m"},
                     {"key": "w1/vllm-1", "url": url, "npus": [1], "drained": False, "npu_metrics_url": f"{url}/m"},
+                    {"key": "w1/vllm-2", "url": url, "npus": [2], "drained": False, "npu_metrics_url": f"{url}/m"},
                     {"key": "w2/vllm-0", "url": "http://127.0.0.1:9", "npus": [0], "drained": False}]
         routes = Routes({"backends": backends, "isolation": {"health_timeout_seconds": 1.0}})
-        assert route_watch.check_all(routes) == {"w1/vllm-0": None, "w1/vllm-1": "NPU 1 Alarm",
-                                                 "w2/vllm-0": route_watch.check_all(routes)["w2/vllm-0"]}
+        verdicts = route_watch.check_all(routes)
+        assert {key: verdicts[key] for key in ("w1/vllm-0", "w1/vllm-1", "w1/vllm-2")} == {
+            "w1/vllm-0": None, "w1/vllm-1": "NPU 1 Alarm",
+            "w1/vllm-2": "its unit is stopping (a restart or a stop on its node)"}
         assert route_watch.check_all(routes)["w2/vllm-0"].startswith("/health answers nothing")
         Worker.health = 503
         assert route_watch.check_all(routes)["w1/vllm-0"] == "/health answers 503"

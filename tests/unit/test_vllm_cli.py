@@ -220,7 +220,7 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
                            service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
                            home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                            start_timeout=60, stop_timeout=30, start_limit_burst=3, start_limit_interval=300,
-                           serves_http=True))
+                           serves_http=True, leave_seconds=4))
     clean = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True)
     assert (clean.returncode, clean.stdout, clean.stderr) == (0, "", "")
     # systemd's debug dump of the line it parsed: each JSON option one word (it prints quotes escaped),
