@@ -86,10 +86,10 @@ def test_prometheus_scrapes_every_instance_worker_and_gateway(fleet):
 
 def test_deployed_rules_and_config_pass_promtool_on_the_gateway(fleet):
     out = fleet.run("gateway", f"promtool check config {PROMETHEUS_CONFIG}").stdout
-    assert "SUCCESS" in out and "10 rules found" in out
+    assert "SUCCESS" in out and "12 rules found" in out
     rules = {r["name"]: r for g in prometheus(fleet, "rules")["groups"] for r in g["rules"]}
     assert {"InstanceDown", "KVCacheNearlyFull", "TTFTHigh", "InterTokenLatencyHigh", "WaitingRequestsGrowing",
-            "NpuUnhealthy", "NpuHealthUnknown", "GatewayDown"} <= set(rules)
+            "NpuUnhealthy", "NpuHealthUnknown", "GatewayDown", "InstanceOutOfRouting", "RouteWatcherStopped"} <= set(rules)
     assert rules["InstanceDown"]["duration"] == 10  # FAST
     assert rules["KVCacheNearlyFull"]["duration"] == 300  # the production default
 
