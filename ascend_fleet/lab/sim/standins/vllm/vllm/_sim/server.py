@@ -387,8 +387,12 @@ class Instance:
             finally:
                 watchdog.cancel()
                 faults.cancel()
-                for task in shutting_down:
-                    task.cancel()
+                # uvicorn may end first (its last stream closed): the engine core still ends its own shutdown,
+                # as the real server waits for that process (CoreEngineProcManager.shutdown joins it).
+                if shutting_down:
+                    _, left = await asyncio.wait(shutting_down, timeout=1)
+                    for task in left:
+                        task.cancel()
             if start_failed.done():
                 raise StartupError(start_failed.result())
         finally:
