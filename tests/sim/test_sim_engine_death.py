@@ -12,64 +12,16 @@ import os
 import signal
 import threading
 import time
-import zipfile
 from pathlib import Path
 
-import pytest
-
 from ascend_fleet.lab.processes import children
-from ascend_fleet.lab.sim.wheels import build_standin_wheels
-from tests.sim.test_sim_server import SimServer, make_node_root, sse_events, write_model
+from tests.sim.conftest import node_root
+from tests.sim.test_sim_server import SimServer, sse_events
 
-STACKS = {
-    "0.18.0": {"torch_npu": "2.9.0", "vllm_ascend": "0.18.0", "vllm": "0.18.0"},
-    "0.13.0": {"torch_npu": "2.8.0.post2", "vllm_ascend": "0.13.0", "vllm": "0.13.0"},
-}
 DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 BOUND = 20  # seconds any one wait in these tests may take
-FAST = {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2"}
-NO_WATCHDOG = {**FAST, "VLLM_SIM_WATCHDOG_SECONDS": "3600"}  # only a request's 500 stops the server
+NO_WATCHDOG = {"VLLM_SIM_WATCHDOG_SECONDS": "3600"}  # only a request's 500 stops the server
 STREAM = {"prompt": "keep going", "max_tokens": 200, "stream": True, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> dict[str, Path]:
-    """Each release's stand-in wheels unpacked into a directory of its own."""
-    built = {}
-    for version, stack in STACKS.items():
-        site = built[version] = tmp_path_factory.mktemp(f"site-{version}")
-        for wheel in build_standin_wheels(stack, tmp_path_factory.mktemp(f"wheels-{version}")):
-            zipfile.ZipFile(wheel).extractall(site)
-    return built
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "tiny")
-
-
-@pytest.fixture
-def start(sites, model_dir, tmp_path):
-    """Starts a TP-2 server of a release on a node root of its own; kills what is left at the end."""
-    started: list[SimServer] = []
-
-    def start_server(version: str = "0.18.0", env: dict | None = None, root: Path | None = None) -> SimServer:
-        root = root or node_root(tmp_path / f"node{len(started)}")
-        server = SimServer(sites[version], root, tmp_path / f"server{len(started)}.log", "0,1",
-                           [str(model_dir), "-tp", "2"], {**FAST, **(env or {})})
-        started.append(server)
-        return server
-
-    yield start_server
-    for server in started:
-        for child in children(server.process.pid):
-            kill(child)
-        server.kill()
-
-
-def node_root(path: Path) -> Path:
-    path.mkdir()
-    return make_node_root(path)
 
 
 def kill(pid: int) -> None:
@@ -173,7 +125,7 @@ def test_an_idle_server_whose_engine_core_is_killed_answers_503_until_its_watchd
 
 
 def test_on_0_13_the_stream_error_is_a_400_event_and_the_500_has_no_body(start):
-    server = start("0.13.0", NO_WATCHDOG)
+    server = start("0.13.0", env=NO_WATCHDOG)
     server.health_statuses()
     core = engine_core(server)
     stream = server.post("/v1/completions", STREAM)

@@ -15,64 +15,18 @@ import signal
 import socket
 import threading
 import time
-import zipfile
-from pathlib import Path
 
 import pytest
 
 from ascend_fleet.lab.processes import children
-from ascend_fleet.lab.sim.wheels import build_standin_wheels
-from tests.sim.test_sim_server import SimServer, make_node_root, write_model
+from tests.sim.test_sim_server import SimServer
 
-STACKS = {
-    "0.18.0": {"torch_npu": "2.9.0", "vllm_ascend": "0.18.0", "vllm": "0.18.0"},
-    "0.13.0": {"torch_npu": "2.8.0.post2", "vllm_ascend": "0.13.0", "vllm": "0.13.0"},
-}
 BOUND = 20  # seconds any one wait in these tests may take
-FAST = {"VLLM_SIM_LOAD_BASE_SECONDS": "0.2"}  # steps of 0.02 s (SimServer's VLLM_SIM_ITL_SECONDS)
 
 
 def chat(max_tokens: int, stream: bool = True) -> dict:
     return {"messages": [{"role": "user", "content": "tell me everything"}], "max_tokens": max_tokens,
             "stream": stream, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> dict[str, Path]:
-    built = {}
-    for version, stack in STACKS.items():
-        site = built[version] = tmp_path_factory.mktemp(f"site-{version}")
-        for wheel in build_standin_wheels(stack, tmp_path_factory.mktemp(f"wheels-{version}")):
-            zipfile.ZipFile(wheel).extractall(site)
-    return built
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "tiny")
-
-
-@pytest.fixture
-def start(sites, model_dir, tmp_path):
-    """Starts a TP-2 server of a release with extra options; kills what is left at the end."""
-    started: list[SimServer] = []
-
-    def start_server(version: str = "0.18.0", options: tuple[str, ...] = ()) -> SimServer:
-        root = tmp_path / f"node{len(started)}"
-        root.mkdir()
-        server = SimServer(sites[version], make_node_root(root), tmp_path / f"server{len(started)}.log", "0,1",
-                           [str(model_dir), "-tp", "2", *options], FAST)
-        started.append(server)
-        return server
-
-    yield start_server
-    for server in started:
-        for child in children(server.process.pid):
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        server.kill()
 
 
 def stop_unit(server: SimServer) -> None:
