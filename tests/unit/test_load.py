@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,22 +81,16 @@ def test_ctrl_c_stops_the_load_at_once_with_a_line_saying_what_it_sent(tmp_path,
         assert " failed (last: HTTP 503: " in lines[0], lines[0]
 
 
-def test_multi_turn_sessions_resend_their_history_under_one_session_id():
-    """Each request of a session carries the whole conversation so far and the session's header; the next
-    session starts over on a document of its own."""
+@contextmanager
+def chat_server(answer):
+    """A loopback stand-in of a chat endpoint: answer(headers, body) gives the SSE text of each POST,
+    sent as vLLM sends it (text/event-stream, utf-8); yields its URL."""
     import http.server
     import threading
 
-    from ascend_fleet.loadgen import LoadGenerator
-
-    seen = []
-
     class Chat(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 (http.server's name)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.headers.get("X-Chat"), body["messages"]))
-            chunk = json.dumps({"choices": [{"delta": {"content": f"answer {len(seen)}"}}]})
-            payload = f"data: {chunk}\n\ndata: [DONE]\n\n".encode()
+            payload = answer(self.headers, json.loads(self.rfile.read(int(self.headers["Content-Length"])))).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Content-Length", str(len(payload)))
@@ -108,10 +103,26 @@ def test_multi_turn_sessions_resend_their_history_under_one_session_id():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        report = LoadGenerator(f"http://127.0.0.1:{server.server_address[1]}", "m", concurrency=1, max_requests=5,
-                               turns=3, session_header="X-Chat", label="t").start().wait()
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+def test_multi_turn_sessions_resend_their_history_under_one_session_id():
+    """Each request of a session carries the whole conversation so far and the session's header; the next
+    session starts over on a document of its own."""
+    from ascend_fleet.loadgen import LoadGenerator
+
+    seen = []
+
+    def answer(headers, body) -> str:
+        seen.append((headers.get("X-Chat"), body["messages"]))
+        chunk = json.dumps({"choices": [{"delta": {"content": f"answer {len(seen)}"}}]})
+        return f"data: {chunk}\n\ndata: [DONE]\n\n"
+
+    with chat_server(answer) as url:
+        report = LoadGenerator(url, "m", concurrency=1, max_requests=5, turns=3, session_header="X-Chat",
+                               label="t").start().wait()
     assert report.count == 5 and not report.failures
     assert [r.turn for r in report.results] == [1, 2, 3, 1, 2]
     sessions = [session for session, _ in seen]
@@ -128,37 +139,19 @@ def test_a_stream_that_ends_with_finish_reason_abort_is_a_failure_naming_it():
     """vLLM 0.18.0 stopped with the default --shutdown-timeout 0 aborts what is in flight: the stream keeps its 200,
     ends with a chunk whose finish_reason is "abort", then [DONE] (vllm/v1/engine/core.py _handle_shutdown,
     chat_completion/serving.py chat_completion_stream_generator). The text so far is not an answer."""
-    import http.server
-    import threading
-
     from ascend_fleet.loadgen import LoadGenerator, stream_chat
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return f"data: {json.dumps({'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
 
-    class Aborting(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            self.rfile.read(int(self.headers["Content-Length"]))
-            payload = (chunk({"role": "assistant", "content": ""}) + chunk({"content": "half an"})
-                       + chunk({"content": " answer"}) + chunk({"content": ""}, "abort") + "data: [DONE]\n\n").encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    def aborting(_headers, _body) -> str:
+        return (chunk({"role": "assistant", "content": ""}) + chunk({"content": "half an"})
+                + chunk({"content": " answer"}) + chunk({"content": ""}, "abort") + "data: [DONE]\n\n")
 
-        def log_message(self, *_args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Aborting)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with chat_server(aborting) as url:
         result, text = stream_chat(url, "m", "hello", 16, time.monotonic())
         report = LoadGenerator(url, "m", concurrency=1, max_requests=2).start().wait()
-    finally:
-        server.shutdown()
     assert not result.ok and text == ""
     assert result.error == "answer aborted by the instance (finish_reason abort)"
     assert result.ttft is not None  # tokens came before the abort
