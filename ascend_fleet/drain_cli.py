@@ -22,6 +22,7 @@ from ascend_fleet.rollout import (
     check_deploy_files,
     failing_gates,
     parse_data,
+    recorded,
     step_of,
 )
 from ascend_fleet.rollout_cli import Data, DrainTimeout, Inventory, changing_nothing, console, progress_console
@@ -64,9 +65,8 @@ def undrain(inventory: Inventory, target: Target, data: Data = None) -> None:
         backends = fleet.named_backends(target)
     with fleet.leased(f"an undrain of {target}"):
         fleet = Fleet(inventory, fleet.data)
-        record = fleet.state.rollout()
-        stopped = set() if not record or record.get("finished") else \
-            {key for step in record.get("steps", []) for key in step.get("instances", [])}
+        record = recorded(fleet.state)
+        stopped = record.instances() if record and not record.finished else set()
         drained = fleet.state.drained()
         if taken := sorted({b.key for b in backends} & drained & stopped):
             raise FleetError(f"undrain {target} changed nothing: {', '.join(taken)} was drained by the stopped "

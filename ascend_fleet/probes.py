@@ -124,26 +124,27 @@ def judge_instance(answers: Mapping[str, dict], model_name: str, model_path: str
     return replace(seen, metrics=parsed)
 
 
+def answered_metrics(metrics_answer: dict) -> InstanceMetrics | None:
+    """An instance's /metrics answer read, or None when it did not answer 200 or its text is not metrics."""
+    if metrics_answer["status"] != 200:
+        return None
+    try:
+        return parse_metrics(metrics_answer["body"] + "\n")
+    except ValueError:
+        return None
+
+
 def running_requests(metrics_answer: dict) -> int:
     """vLLM's running requests from an instance's /metrics answer; one that does not answer runs nothing."""
-    if metrics_answer["status"] != 200:
-        return 0
-    try:
-        return int(parse_metrics(metrics_answer["body"] + "\n").running or 0)
-    except ValueError:
-        return 0
+    metrics = answered_metrics(metrics_answer)
+    return int(metrics.running or 0) if metrics else 0
 
 
 def prefix_cache_counts(metrics_answer: dict) -> tuple[float, float] | None:
     """(prompt tokens looked up, tokens found) in an instance's prefix cache since it started, from its
     /metrics answer; None when it does not answer or does not report them (an older vLLM)."""
-    if metrics_answer["status"] != 200:
-        return None
-    try:
-        metrics = parse_metrics(metrics_answer["body"] + "\n")
-    except ValueError:
-        return None
-    if metrics.prefix_cache_queries is None:
+    metrics = answered_metrics(metrics_answer)
+    if metrics is None or metrics.prefix_cache_queries is None:
         return None
     return metrics.prefix_cache_queries, metrics.prefix_cache_hits or 0.0
 

@@ -14,7 +14,7 @@ import re
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import Gateway, Routing
-from ascend_fleet.routes import GATEWAY_UPSTREAM
+from ascend_fleet.routes import GATEWAY_UPSTREAM, worker_url
 
 LOOPBACK = "127.0.0.1"
 # vllm-router always serves Prometheus metrics (it has no flag to turn them off): its own default port, kept
@@ -31,11 +31,6 @@ WORKER_URL = re.compile(r"^http://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-
                         r"(?:[1-9][0-9]{0,4})$")
 
 
-def router_worker_url(address: str, port: int) -> str:
-    """How the router names the instance at address:port (the routes file's backend "url" spells it alike)."""
-    return f"http://{address}:{port}"
-
-
 def checked_worker_urls(urls: list[str]) -> list[str]:
     """The URLs, each refused unless it is http://HOST:PORT: one plain word on the router's command line."""
     for url in urls:
@@ -46,7 +41,7 @@ def checked_worker_urls(urls: list[str]) -> list[str]:
 
 def router_worker_urls(backends: list[dict]) -> list[str]:
     """The URLs of the backends the gateway routes to (routes.fleet_backends' dicts): every one not drained."""
-    return checked_worker_urls([router_worker_url(b["address"], b["port"]) for b in backends if not b["drained"]])
+    return checked_worker_urls([worker_url(b["address"], b["port"]) for b in backends if not b["drained"]])
 
 
 def router_arguments(gateway: Gateway, worker_urls: list[str]) -> list[str]:

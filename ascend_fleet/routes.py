@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.firewall import host_address
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Gateway, Isolation, NodeConfig
@@ -50,6 +51,11 @@ def leave_routing_seconds(inventory: Iterable) -> int:
     return math.ceil(isolation.interval_seconds * (isolation.fails + 1) + 1)
 
 
+def worker_url(address: str, port: int) -> str:
+    """An instance's URL from the gateway, as the route watcher asks it and vllm-router names it."""
+    return f"http://{address}:{port}"
+
+
 def upstream_zone_kb(servers: int) -> int:
     return max(UPSTREAM_ZONE_MIN_KB, UPSTREAM_ZONE_BASE_KB + UPSTREAM_ZONE_KB_PER_SERVER * servers)
 
@@ -66,7 +72,7 @@ def fleet_backends(inventory: Iterable, roles: dict[str, DataParallelRole], stat
         role = roles.get(worker.name)
         if not config.is_worker or (role and not role.is_head):  # a headless member serves no HTTP
             continue
-        address = worker.data.get("ssh_hostname") or worker.name
+        address = host_address(worker)
         backends += [{"host": worker.name, "instance": i.name, "address": address, "port": i.port,
                       "npus": list(i.npus), "drained": backend_key(worker.name, i.name) in drained}
                      for i in config.instances if counts_as_served(served, worker.name, i.name)]
@@ -103,8 +109,8 @@ def routes_document(config: NodeConfig, backends: list[dict], router: dict | Non
                     if line != out}
     return {
         "nginx": {"config": GATEWAY_CONFIG, "routed": every_in, "isolated": every_out, "server_lines": server_lines},
-        # The URL as vllm-router names the instance (router.py): the watcher compares them as strings.
-        "backends": [{"key": backend_key(b["host"], b["instance"]), "url": f"http://{b['address']}:{b['port']}",
+        # The URL as vllm-router names the instance: the watcher compares them as strings.
+        "backends": [{"key": backend_key(b["host"], b["instance"]), "url": worker_url(b["address"], b["port"]),
                       "npus": b["npus"], "drained": b["drained"],
                       "npu_metrics_url": f"http://{b['address']}:{NODE_EXPORTER_PORT}{NPU_METRICS_QUERY}"}
                      for b in backends],
