@@ -155,10 +155,11 @@ def weights_stage() -> None:
                   seeder_urls=spread.seeder_urls if spread else None, seeding=bool(spread and spread.seeding))
 
 
-def instance_unit_file(config: NodeConfig, instance: Instance, venv: str,
+def instance_unit_file(config: NodeConfig, instance: Instance, venv: str, leave_seconds: int,
                        role: DataParallelRole | None = None) -> str:
     """The systemd unit that runs one instance from the serving virtualenv `venv`; a multi-node
-    instance's headless member is started once it runs (it serves no /health to wait for)."""
+    instance's headless member is started once it runs (it serves no /health to wait for). Before it
+    stops, it waits leave_seconds for the gateways to take it out of routing."""
     model = config.model
     model_path = str(revision_dir(config.model_dir, model.id, model.revision))
     return render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
@@ -167,7 +168,7 @@ def instance_unit_file(config: NodeConfig, instance: Instance, venv: str,
                   home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                   weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path, role),
                   serves_http=not role or role.is_head,
-                  leave_seconds=once_per_run(host.state, "leave routing", lambda: leave_routing_seconds(inventory)),
+                  leave_seconds=leave_seconds,
                   start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
 
 
@@ -211,12 +212,14 @@ def serve_stage() -> None:
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
     if not config.serve_only:
         retire_instances(config)
+    leave_seconds = once_per_run(host.state, "leave routing", lambda: leave_routing_seconds(inventory))
     for instance in config.instances:
         if config.serve_only and instance.name not in config.serve_only:
             continue
         unit = placed.file(
             name=f"Unit {instance_unit(instance.name)}", dest=unit_file(instance_unit(instance.name)), mode="644",
-            content=instance_unit_file(config, instance, profile.pip.venv, data_parallel_role(config.host)))
+            content=instance_unit_file(config, instance, profile.pip.venv, leave_seconds,
+                                       data_parallel_role(config.host)))
         environment = private.private_file(
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),
             content=render(TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),
