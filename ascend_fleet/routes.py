@@ -45,10 +45,11 @@ NPU_METRICS_QUERY = "/metrics?collect%5B%5D=textfile"
 
 def leave_routing_seconds(inventory: Iterable) -> int:
     """How long a stopping instance waits for the gateways' route watchers to take it out (its ExecStop):
-    `fails` checks and one more, and a second for nginx's reload; the first gateway's settings (every
-    gateway carries the same group data), the defaults without one."""
+    they do at their next check (an interval, and one more for a check already under way) and a second
+    for nginx's reload; the first gateway's settings (every gateway carries the same group data), the
+    defaults without one."""
     isolation = next((c.gateway.isolation for c in map(host_node_config, inventory) if c.is_gateway), Isolation())
-    return math.ceil(isolation.interval_seconds * (isolation.fails + 1) + 1)
+    return math.ceil(isolation.interval_seconds * 2 + 1)
 
 
 def worker_url(address: str, port: int) -> str:

@@ -49,6 +49,8 @@ NPU_HEALTH = re.compile(r'^ascend_npu_health\{(?P<labels>[^}]*)\}\s+(?P<value>\S
 NPU_LABEL = re.compile(r'npu="(\d+)"')
 # Written by the instance's unit before it stops (the instance helper's leave-routing, ExecStop).
 LEAVING_METRIC = "ascend_fleet_instance_leaving"
+# The node's own word that the instance stops, not a check that may fail once: it leaves at the first reading.
+STOPPING = "its unit is stopping (a restart or a stop on its node)"
 LEAVING = re.compile(rf'^{LEAVING_METRIC}\{{instance="([^"]+)"\}}\s+1\b', re.M)
 HEALTH_WORDS = {2: "Alarm", 3: "Critical"}
 MAX_PARALLEL_CHECKS = 32
@@ -132,7 +134,7 @@ def judge(backend: dict, health: str | None, report: NodeReport | None) -> str |
     """Why the instance must not be routed to now, or None. An unread report (node_exporter down) is not a
     verdict on the instance: /health alone decides then."""
     if report and backend["key"].split("/", 1)[1] in report.leaving:
-        return "its unit is stopping (a restart or a stop on its node)"
+        return STOPPING
     if health:
         return health
     bad = [f"NPU {npu} {HEALTH_WORDS.get(code, code)}" for npu, code in sorted((report.npus if report else {}).items())
@@ -156,8 +158,8 @@ def check_all(routes: Routes) -> dict[str, str | None]:
 
 def step(watched: dict[str, Watched], verdicts: dict[str, str | None], fails: int, passes: int,
          now: float) -> list[str]:
-    """Count each verdict in; those that crossed `fails` leave, those that crossed `passes` return.
-    Returns what changed, as log lines. Never takes out the last routed instance."""
+    """Count each verdict in; those that crossed `fails` leave (a stopping unit at its first), those that
+    crossed `passes` return. Returns what changed, as log lines. Never takes out the last routed instance."""
     changes = []
     for key in list(watched):
         if key not in verdicts:  # drained, or no longer in the data
@@ -176,11 +178,13 @@ def step(watched: dict[str, Watched], verdicts: dict[str, str | None], fails: in
                            f"({state.reason})")
             state.since, state.reason = None, None
     for key, state in watched.items():
-        if state.since is None and state.failed >= fails:
+        needed = 1 if verdicts[key] == STOPPING else fails
+        if state.since is None and state.failed >= needed:
             if not any(s.since is None and s.failed < fails for k, s in watched.items() if k != key):
                 continue  # every other routed instance fails too: they stay, there is nothing better
             state.since, state.reason = now, verdicts[key]
-            changes.append(f"{key} leaves routing: {verdicts[key]} ({fails} checks in a row)")
+            counted = "at the first check" if needed == 1 else f"{needed} checks in a row"
+            changes.append(f"{key} leaves routing: {verdicts[key]} ({counted})")
     return changes
 
 

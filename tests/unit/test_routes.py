@@ -8,14 +8,18 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from ascend_fleet import TEMPLATES
 from ascend_fleet.hostdata import node_config
 from ascend_fleet.node import route_watch
 from ascend_fleet.node.route_watch import NodeReport, Routes, Watched, judge, nginx_text, step
+from ascend_fleet.node_layout import LEAVING_TEXTFILE_PREFIX
 from ascend_fleet.routes import render_gateway_config, routes_document
+from ascend_fleet.templating import render
 
 BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "npus": [0, 1], "drained": False},
             {"host": "w1", "instance": "vllm-1", "address": "10.0.0.11", "port": 8001, "npus": [2, 3], "drained": False},
@@ -115,6 +119,43 @@ def test_an_instance_whose_unit_is_stopping_leaves_before_it_fails_anything():
     stopping = NodeReport({0: 0, 1: 0}, frozenset({"vllm-0"}))
     assert judge(backend, None, stopping) == "its unit is stopping (a restart or a stop on its node)"
     assert judge({**backend, "key": "w1/vllm-1"}, None, stopping) is None
+
+
+def test_a_stopping_unit_leaves_at_the_first_check_a_failing_one_after_its_fails():
+    watched: dict[str, Watched] = {}
+    changes = step(watched, {"a": route_watch.STOPPING, "b": "/health answers 503", "c": None}, 2, 3, 0)
+    assert changes == [f"a leaves routing: {route_watch.STOPPING} (at the first check)"]
+    assert list(route_watch.isolated(watched)) == ["a"]
+
+
+@pytest.fixture
+def instance_helper(tmp_path) -> tuple[Path, Path]:
+    """(the node's instance helper, rendered as the serve stage does, its textfile directory)."""
+    helper, textfiles = tmp_path / "ascend-fleet-instance", tmp_path / "textfile"
+    helper.write_text(render(TEMPLATES / "ascend-fleet-instance.sh.j2", textfile_dir=textfiles,
+                             metric=route_watch.LEAVING_METRIC, file_prefix=LEAVING_TEXTFILE_PREFIX))
+    helper.chmod(0o755)
+    return helper, textfiles
+
+
+def test_a_stopping_unit_flags_itself_waits_for_the_watchers_and_clears_the_flag_once_back(instance_helper):
+    helper, textfiles = instance_helper
+    started = time.monotonic()
+    subprocess.run([helper, "leave-routing", "vllm-1", "1"], check=True, env={"PATH": "/usr/bin:/bin"})
+    assert time.monotonic() - started >= 1
+    flag = textfiles / f"{LEAVING_TEXTFILE_PREFIX}vllm-1.prom"
+    assert route_watch.LEAVING.findall(flag.read_text()) == ["vllm-1"]
+    subprocess.run([helper, "back-in-routing", "vllm-1"], check=True)
+    assert list(textfiles.iterdir()) == []
+
+
+def test_a_unit_whose_vllm_already_exited_flags_itself_without_waiting(instance_helper):
+    helper, textfiles = instance_helper
+    started = time.monotonic()
+    subprocess.run([helper, "leave-routing", "vllm-1", "30"], check=True,
+                   env={"PATH": "/usr/bin:/bin", "EXIT_CODE": "exited", "EXIT_STATUS": "0"})  # as systemd sets them
+    assert time.monotonic() - started < 10
+    assert (textfiles / f"{LEAVING_TEXTFILE_PREFIX}vllm-1.prom").exists()
 
 
 class Worker(http.server.BaseHTTPRequestHandler):
