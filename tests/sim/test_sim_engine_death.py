@@ -117,7 +117,8 @@ def test_an_idle_server_whose_engine_core_is_killed_answers_503_until_its_watchd
             answers.append(server.get("/health")[0])
         except OSError:  # stopping
             pass
-        assert time.monotonic() - killed < 5 + 2, answers  # nothing requested: the 5 s watchdog stops it
+        # Nothing requested: the 5 s watchdog stops it (a loose bound: a loaded CI machine lags it by seconds).
+        assert time.monotonic() - killed < 5 + 15, answers
         time.sleep(0.02)
     assert server.process.returncode == 0
     # a 200 can come before the monitor thread's notice, as in vLLM; none after a 503
