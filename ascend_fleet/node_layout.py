@@ -88,10 +88,17 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # node_exporter's textfile c
 VIRTUAL_ADDRESS_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_vip.prom"
 ROUTE_WATCH_TEXTFILE = f"{TEXTFILE_DIR}/ascend_fleet_routes.prom"  # gateways: who is out of routing
 LEAVING_TEXTFILE_PREFIX = "ascend_fleet_leaving_"  # workers: <instance>.prom while its unit stops
+# Workers: <instance> while a deploy restarts one no gateway routes to (drained, never served): its stop need
+# not wait for the route watchers. Its next start removes it; a reboot clears /run.
+OUT_OF_ROUTING_DIR = "/run/ascend-fleet/out-of-routing"
 
 
 def unit_file(unit: str) -> str:
     return f"{SYSTEMD_DIR}/{unit}"
+
+
+def out_of_routing_marker(instance: str) -> str:
+    return f"{OUT_OF_ROUTING_DIR}/{instance}"
 
 
 INSTANCE_UNIT_PREFIX = "ascend-fleet-"  # every instance's unit name starts so

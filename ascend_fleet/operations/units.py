@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.systemd import SystemdEnabled
 
 from ascend_fleet.facts.systemd import UnitState, last_line_command
@@ -63,7 +64,7 @@ def restarted_while_routed(unit: str, gateway_memory_seconds: int):
 
 
 @operation()
-def running(unit: str, restarted: bool = False):
+def running(unit: str, restarted: bool = False, unrouted_marker: str | None = None):
     """
     A unit running and enabled at boot, like pyinfra's systemd.service, but a start that fails says
     why in one line: what the start logged last (the start check's reason, vLLM's own error), where
@@ -72,10 +73,15 @@ def running(unit: str, restarted: bool = False):
     + unit: the systemd unit, e.g. ascend-fleet-vllm-0.service
     + restarted: its unit file or environment changed: reread unit files and restart it (start it if
       it is not running)
+    + unrouted_marker: a file made just before a restart of the running unit, saying no gateway routes
+      to it, so its stop need not wait for them (the unit's next start removes it)
     """
     is_running = host.get_fact(UnitState, unit=unit)["SubState"] == "running"
     if restarted:
         yield "systemctl daemon-reload"
+    if restarted and is_running and unrouted_marker:
+        yield StringCommand("mkdir", "-p", QuoteString(str(PurePosixPath(unrouted_marker).parent)),
+                            "&&", "touch", QuoteString(unrouted_marker))
     if restarted or not is_running:
         yield start_saying_why(unit, "restart" if is_running else "start")
     if not host.get_fact(SystemdEnabled, services=[unit]).get(unit, False):

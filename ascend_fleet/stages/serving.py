@@ -27,6 +27,7 @@ from ascend_fleet.node_layout import (
     INSTANCE_HELPER,
     LEAVING_TEXTFILE_PREFIX,
     MARKER_NAME,
+    OUT_OF_ROUTING_DIR,
     ROUTE_WATCH_PROGRAM,
     ROUTE_WATCH_UNIT,
     ROUTES_FILE,
@@ -37,6 +38,7 @@ from ascend_fleet.node_layout import (
     instance_home,
     instance_state_directory,
     instance_unit,
+    out_of_routing_marker,
     revision_dir,
     unit_file,
 )
@@ -208,7 +210,8 @@ def serve_stage() -> None:
                   home=SERVICE_HOME, shell="/usr/sbin/nologin")
     placed.file(name="Instance start checks", dest=INSTANCE_HELPER, mode="755",
                 content=render(TEMPLATES / "ascend-fleet-instance.sh.j2", textfile_dir=TEXTFILE_DIR,
-                               metric=route_watch.LEAVING_METRIC, file_prefix=LEAVING_TEXTFILE_PREFIX))
+                               metric=route_watch.LEAVING_METRIC, file_prefix=LEAVING_TEXTFILE_PREFIX,
+                               out_of_routing_dir=OUT_OF_ROUTING_DIR))
     files.directory(name="Instance environments", path=INSTANCE_ENV_DIR, mode="755")
     if not config.serve_only:
         retire_instances(config)
@@ -231,7 +234,8 @@ def serve_stage() -> None:
         # (pyinfra's _parallel: hosts in batches, each back on /health and out of nginx's failure
         # memory before the next batch); the others all at once.
         # A multi-node instance's members restart together (its head waits for every engine to join).
-        routed = changed and not config.data_parallel and serving_through_gateway(config, instance)
+        through_gateway = changed and serving_through_gateway(config, instance)
+        routed = through_gateway and not config.data_parallel
         if changed:
             served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
                                             why="restarting", fleet_state_dir=config.fleet_state_dir,
@@ -243,7 +247,8 @@ def serve_stage() -> None:
                 unit=instance_unit(instance.name), gateway_memory_seconds=config.gateway_fail_timeout,
                 _parallel=config.max_unavailable)
         units.running(name=f"Instance {instance.name} serving", unit=instance_unit(instance.name),
-                      restarted=changed and not routed)
+                      restarted=changed and not routed,
+                      unrouted_marker=None if through_gateway else out_of_routing_marker(instance.name))
         served.instance_served(name=f"Instance {instance.name} in the gateway's record once healthy",
                                fleet_state_dir=config.fleet_state_dir, instance=instance.name,
                                find_problem=lambda i=instance: instance_problem(config, i))

@@ -431,6 +431,18 @@ def test_a_changed_unit_is_restarted_on_its_new_unit_file(node):
     assert started_calls(node) == ["systemctl daemon-reload", f"systemctl restart {unit}"]
 
 
+def test_a_changed_unit_no_gateway_routes_to_is_marked_so_before_its_restart_and_not_when_it_only_starts(node):
+    unit, marker = instance_unit("vllm-0"), Path(node.path("out-of-routing/vllm-0"))
+    steps = commands(units.running, unit_host("running", enabled=True), unit=unit, restarted=True,
+                     unrouted_marker=str(marker))
+    assert node.run(steps).returncode == 0
+    assert marker.exists() and started_calls(node)[-1] == f"systemctl restart {unit}"
+    marker.unlink()
+    steps = commands(units.running, unit_host("failed", enabled=True), unit=unit, restarted=True,
+                     unrouted_marker=str(marker))
+    assert node.run(steps).returncode == 0 and not marker.exists()  # no stop to spare a wait
+
+
 def test_a_start_that_fails_says_why_in_one_line_from_what_it_logged(node):
     """Found by CI: a rerun after Ctrl-C failed at "Instance vllm-0 serving" with systemctl's "see
     systemctl status" alone, and the reason (in the node's journal) was gone with the lab."""

@@ -133,7 +133,8 @@ def instance_helper(tmp_path) -> tuple[Path, Path]:
     """(the node's instance helper, rendered as the serve stage does, its textfile directory)."""
     helper, textfiles = tmp_path / "ascend-fleet-instance", tmp_path / "textfile"
     helper.write_text(render(TEMPLATES / "ascend-fleet-instance.sh.j2", textfile_dir=textfiles,
-                             metric=route_watch.LEAVING_METRIC, file_prefix=LEAVING_TEXTFILE_PREFIX))
+                             metric=route_watch.LEAVING_METRIC, file_prefix=LEAVING_TEXTFILE_PREFIX,
+                             out_of_routing_dir=tmp_path / "out-of-routing"))
     helper.chmod(0o755)
     return helper, textfiles
 
@@ -156,6 +157,19 @@ def test_a_unit_whose_vllm_already_exited_flags_itself_without_waiting(instance_
                    env={"PATH": "/usr/bin:/bin", "EXIT_CODE": "exited", "EXIT_STATUS": "0"})  # as systemd sets them
     assert time.monotonic() - started < 10
     assert (textfiles / f"{LEAVING_TEXTFILE_PREFIX}vllm-1.prom").exists()
+
+
+def test_a_unit_the_deploy_restarts_out_of_routing_flags_itself_without_waiting_and_its_start_clears_both(
+        instance_helper):
+    helper, textfiles = instance_helper
+    marker = helper.parent / "out-of-routing" / "vllm-1"
+    marker.parent.mkdir()
+    marker.touch()  # units.running's unrouted_marker
+    started = time.monotonic()
+    subprocess.run([helper, "leave-routing", "vllm-1", "30"], check=True, env={"PATH": "/usr/bin:/bin"})
+    assert time.monotonic() - started < 10 and (textfiles / f"{LEAVING_TEXTFILE_PREFIX}vllm-1.prom").exists()
+    subprocess.run([helper, "back-in-routing", "vllm-1"], check=True)
+    assert list(textfiles.iterdir()) == [] and not marker.exists()
 
 
 class Worker(http.server.BaseHTTPRequestHandler):
