@@ -15,7 +15,7 @@ import typer
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.rollout import (
-    GATEWAY_DEPLOY,
+    ROUTES_DEPLOY,
     Fleet,
     Runner,
     Step,
@@ -40,12 +40,12 @@ def drain(inventory: Inventory, target: Target, data: Data = None, drain_timeout
     """Take TARGET out of every gateway, then wait until its requests in flight are done."""
     with changing_nothing(f"drain {target}"):
         fleet = Fleet(inventory, parse_data(data or []))
-        check_deploy_files(GATEWAY_DEPLOY)
+        check_deploy_files(ROUTES_DEPLOY)
         backends = fleet.named_backends(target)
     keys = {backend.key for backend in backends}
     with fleet.leased(f"a drain of {target}"):
         fleet = Fleet(inventory, fleet.data)  # the fleet's records, as the lease brought them
-        step = step_of(f"drain {target}", sorted({b.host for b in backends}), backends, GATEWAY_DEPLOY, fleet.data)
+        step = step_of(f"drain {target}", sorted({b.host for b in backends}), backends, ROUTES_DEPLOY, fleet.data)
         runner = Runner(fleet, None, report, drain_timeout)
         if (problem := runner.set_gateway(fleet.state.drained() | keys, step.name)) is not None:
             raise FleetError(f"drain {target} changed nothing: {problem}")
@@ -61,7 +61,7 @@ def undrain(inventory: Inventory, target: Target, data: Data = None) -> None:
     """Put TARGET back into every gateway, each instance once it passes its gates."""
     with changing_nothing(f"undrain {target}"):
         fleet = Fleet(inventory, parse_data(data or []))
-        check_deploy_files(GATEWAY_DEPLOY)
+        check_deploy_files(ROUTES_DEPLOY)
         backends = fleet.named_backends(target)
     with fleet.leased(f"an undrain of {target}"):
         fleet = Fleet(inventory, fleet.data)

@@ -21,7 +21,7 @@ colours and served instances, the rollout's and the tune's progress).
   ended (its pid gone, or another process under it) is free at once: `--resume` after a `kill -9` need
   not wait.
 - A rollout's own children (its pyinfra runs) carry its token in LEASE_ENV and run under it; a plain
-  `pyinfra INVENTORY deploys/full.py` (or serve.py, gateway.py: the deploys that change what serves)
+  `pyinfra INVENTORY deploys/full.py` (or serve.py, gateway.py, routes.py: the deploys that change what serves)
   takes the lease itself before it connects (fleet_check.check_before_connecting) and releases it at
   exit.
 
@@ -60,7 +60,7 @@ STALE_SECONDS = 60  # six missed heartbeats
 SCRIPT_TIMEOUT_SECONDS = 30
 LEASE_ENV = "ASCEND_FLEET_LEASE"  # the token of the lease a run's parent holds (a rollout's pyinfra runs)
 # The deploy files that change what serves: a plain run of one takes the lease.
-LEASED_DEPLOYS = ("full.py", "serve.py", "gateway.py")
+LEASED_DEPLOYS = ("full.py", "serve.py", "gateway.py", "routes.py")
 RECORD_MARK = "@@ascend-fleet-record "
 DONE = {"take": "taken", "renew": "renewed", "release": "released"}
 
@@ -213,7 +213,7 @@ class FleetLease:
     @contextmanager
     def withheld(self, name: str):
         """The record is not pushed while the block runs: what it says is not so until the block ends
-        (a drained set the gateway deploy is applying)."""
+        (a drained set the routes deploy is applying)."""
         self.withholding.add(name)
         try:
             yield

@@ -1,8 +1,8 @@
 """Staged rollouts and model swaps, with the gateway draining what is about to change.
 
 A rollout is a list of steps. Each step drains some instances at the gateway (they are
-marked `down` through the gateway deploy, which reads the drained set from the fleet state,
-see fleetstate.py), waits until their `vllm:num_requests_running` is 0, runs a pyinfra
+marked `down` through the routes deploy, deploys/routes.py, which reads the drained set from the
+fleet state, see fleetstate.py), waits until their `vllm:num_requests_running` is 0, runs a pyinfra
 deploy limited to their hosts (`pyinfra -y INVENTORY DEPLOY --limit HOST ...`, the command
 operators run), gates every instance it changed (/health, /v1/models, a completion, /metrics,
 asked on the instance's own node over SSH: the instance firewall keeps the control machine
@@ -16,8 +16,8 @@ serve stage restarting only those (`serve_only`) and the driver stage refusing a
 would stop the others); `ascend-fleet swap-model` stages the new weights everywhere, then, when
 the planner says each node can hold both models, makes one blue/green step per wave: the
 node's other colour of instances (hostdata.colour_instances) starts on the new model beside
-the serving one, is gated, the fleet state's colour flips and the gateway deploy points at
-it, and the old colour is drained and stopped by the serve stage. Otherwise it makes one
+the serving one, is gated, the fleet state's colour flips and the routes deploy points the gateways
+at it, and the old colour is drained and stopped by the serve stage. Otherwise it makes one
 step per instance slot of each wave (`serve_only`), so a node never loses more than one
 instance at a time. Either way a failure puts back the old model.
 
@@ -77,7 +77,7 @@ from ascend_fleet.probes import (
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import read_fleet_facts
 
-GATEWAY_DEPLOY = "deploys/gateway.py"
+ROUTES_DEPLOY = "deploys/routes.py"  # the drained set applied at every gateway, nothing else
 MONITORING_DEPLOY = "deploys/monitoring.py"
 WEIGHTS_DEPLOY = "deploys/weights.py"
 SERVE_DEPLOY = "deploys/serve.py"
@@ -506,7 +506,7 @@ class Runner:
         return f"{pyinfra_failure(output, hosts)} (log: {log})"
 
     def set_gateway(self, drained: set[str], label: str) -> str | None:
-        """Apply the drained set with the gateway deploy (nginx -t, then reload) on every gateway. It is
+        """Apply the drained set with the routes deploy (nginx -t, then reload) on every gateway. It is
         recorded, and pushed to the fleet's records, once the gateways have it: a deploy that failed (nginx -t
         refused it, a gateway did not answer) leaves the record as it was, as the gateways kept their config.
         Every gateway must answer first: a drain that reached some would leave them routing differently."""
@@ -515,8 +515,8 @@ class Runner:
         state, lease = self.fleet.state, fleetlease.held()
         before = state.drained()
         with lease.withheld(GATEWAY_FILE) if lease else nullcontext():
-            state.set_drained(drained)  # the gateway deploy renders it from here
-            if (problem := self.pyinfra(GATEWAY_DEPLOY, self.fleet.gateways, self.fleet.data, label)) is not None:
+            state.set_drained(drained)  # the routes deploy renders it from here
+            if (problem := self.pyinfra(ROUTES_DEPLOY, self.fleet.gateways, self.fleet.data, label)) is not None:
                 state.set_drained(before)
                 return problem
         if lease:
@@ -687,7 +687,7 @@ class Runner:
                     served[backend.host].add(backend.instance)
                     state.set_served(backend.host, served[backend.host])
             if (problem := self.set_gateway(state.drained() - back, "abandon")) is not None:
-                raise FleetError(f"the gateway deploy failed, the drained set is as it was: {problem}; "
+                raise FleetError(f"the routes deploy failed, the drained set is as it was: {problem}; "
                                  "fix it and run --abandon again")
         self.record.finished = True
         self.record.abandoned = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "left_out": left_out}

@@ -20,8 +20,8 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.rollout import (
-    GATEWAY_DEPLOY,
     MONITORING_DEPLOY,
+    ROUTES_DEPLOY,
     SERVE_DEPLOY,
     WEIGHTS_DEPLOY,
     BenchGate,
@@ -174,7 +174,7 @@ def rollout(
             if deploy is None:
                 raise FleetError("missing DEPLOY, e.g. deploys/full.py (only --abandon goes without one)")
             fleet = Fleet(inventory, parse_data(data or []))
-            check_deploy_files(deploy, GATEWAY_DEPLOY)
+            check_deploy_files(deploy, ROUTES_DEPLOY)
             # The capacity plan preflight would refuse, before a wave is drained for it.
             check_fleet(fleet.inventory)
             held.enter_context(fleet.leased(f"a rollout of {deploy}"))
@@ -215,7 +215,7 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
             state = as_given.state
             record = abandonable(state)
             fleet = Fleet(inventory, {**record.data, **given})
-            check_deploy_files(GATEWAY_DEPLOY)
+            check_deploy_files(ROUTES_DEPLOY)
         what = describe_stopped(record, state.drained())
         progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True)
         with progress_console.status("gating the drained instances, then putting them back into the gateway"):
@@ -255,7 +255,7 @@ def swap_model(
     with ExitStack() as held:
         with changing_nothing("swap-model"):
             fleet = Fleet(inventory, parse_data(data or []))
-            check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, GATEWAY_DEPLOY, MONITORING_DEPLOY)
+            check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, ROUTES_DEPLOY, MONITORING_DEPLOY)
             held.enter_context(fleet.leased(f"a swap-model to {model}"))
             fleet = Fleet(inventory, fleet.data)
             stopped = recorded(fleet.state)

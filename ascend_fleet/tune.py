@@ -209,7 +209,7 @@ class Tune:
         self.save()
         self.report("draining the canary at the gateway")
         if (problem := self.runner.set_gateway(self.fleet.state.drained() | {self.backend.key}, "tune drain")):
-            raise FleetError(f"tune: the gateway deploy failed: {problem}")
+            raise FleetError(f"tune: the routes deploy failed: {problem}")
         if (problem := self.runner.wait_idle([self.backend], self.step)) is not None:
             raise FleetError(f"tune: {problem}")
 
@@ -258,7 +258,7 @@ class Tune:
                              "it stays drained: fix it and run the same tune with --resume")
         self.report("the canary back into the gateway")
         if (problem := self.runner.set_gateway(self.fleet.state.drained() - {self.backend.key}, "tune undrain")):
-            raise FleetError(f"tune: the gateway deploy failed, {self.backend.key} stays drained: {problem}; "
+            raise FleetError(f"tune: the routes deploy failed, {self.backend.key} stays drained: {problem}; "
                              "run the same tune with --resume")
         if (failed := self.runner.gateway_gate()) is not None:
             raise FleetError(f"tune: {failed[0]}: {failed[1]}")

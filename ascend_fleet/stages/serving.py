@@ -288,6 +288,31 @@ def routes_text(config: NodeConfig) -> str:
     return json.dumps(document, indent=1) + "\n"
 
 
+def routed_by_watcher(config: NodeConfig) -> None:
+    """The gateway's routes file, applied by its route watcher, which runs this release's program."""
+    program = placed.file(name="Route watcher program", content=Path(route_watch.__file__).read_text(),
+                          dest=ROUTE_WATCH_PROGRAM, mode="755")
+    # Made when the operation runs: the instances this run's serve stage found serving, and no others.
+    gateway.routes_applied(name="Routes (nginx -t, then reload)", dest=ROUTES_FILE, program=ROUTE_WATCH_PROGRAM,
+                           content=lambda: routes_text(config))
+    unit = placed.file(name=f"Unit {ROUTE_WATCH_UNIT}", dest=unit_file(ROUTE_WATCH_UNIT), mode="644",
+                       content=render(TEMPLATES / "route-watch.service.j2", program=ROUTE_WATCH_PROGRAM,
+                                      routes=ROUTES_FILE))
+    changed = program.will_change or unit.will_change
+    systemd.service(name="Route watcher running", service=ROUTE_WATCH_UNIT, running=True, enabled=True,
+                    restarted=changed, daemon_reload=changed)
+
+
+@deploy("Routes")
+def routes_stage() -> None:
+    """What `deploys/routes.py` runs for each change of the drained set (a rollout's, a drain's): the routes
+    alone, on a gateway the gateway stage set up; nothing else of the gateway is read or changed."""
+    gates.stage_begins(name="Stage: routes", stage="routes")
+    config = host_node_config(host)
+    if config.is_gateway:
+        routed_by_watcher(config)
+
+
 @deploy("Gateway")
 def gateway_stage() -> None:
     """Nginx with one upstream over every instance; the config must pass nginx -t before it serves."""
@@ -300,17 +325,7 @@ def gateway_stage() -> None:
     known = host_os()
     os_packages("Python for the route watcher", [known.gateway_python])
     files.directory(name="node_exporter's textfile directory", path=TEXTFILE_DIR, mode="755")
-    program = placed.file(name="Route watcher program", content=Path(route_watch.__file__).read_text(),
-                          dest=ROUTE_WATCH_PROGRAM, mode="755")
-    # Made when the operation runs: the instances this run's serve stage found serving, and no others.
-    gateway.routes_applied(name="Routes (nginx -t, then reload)", dest=ROUTES_FILE, program=ROUTE_WATCH_PROGRAM,
-                           content=lambda: routes_text(config))
-    unit = placed.file(name=f"Unit {ROUTE_WATCH_UNIT}", dest=unit_file(ROUTE_WATCH_UNIT), mode="644",
-                       content=render(TEMPLATES / "route-watch.service.j2", program=ROUTE_WATCH_PROGRAM,
-                                      routes=ROUTES_FILE))
-    changed = program.will_change or unit.will_change
-    systemd.service(name="Route watcher running", service=ROUTE_WATCH_UNIT, running=True, enabled=True,
-                    restarted=changed, daemon_reload=changed)
+    routed_by_watcher(config)
     key = api_key()
     private.private_file(name="API key for the gateway checks (root only)", dest=GATEWAY_API_KEY_FILE,
                          content=env_lines({API_KEY_NAME: key}) if key else None)

@@ -119,7 +119,7 @@ def test_a_plain_deploy_from_a_second_control_machine_is_refused_while_a_rollout
     lab = serving
     rollout = start_rollout(lab, tmp_path, "alice")
     try:
-        running_deploy(rollout, "deploys/gateway.py")  # it holds the lease and drains
+        running_deploy(rollout, "deploys/routes.py")  # it holds the lease and drains
         plain = lab.pyinfra("deploys/full.py", *operator(tmp_path, "bob"), check=False, timeout=300)
         output = rollout.communicate(timeout=1800)[0]
     finally:

@@ -62,7 +62,7 @@ def test_a_record_is_withheld_from_the_fleet_while_it_is_not_so_yet(tmp_path):
     alice, bob = lease(tmp_path, "alice"), lease(tmp_path, "bob")
     alice.take()
     with alice.withheld("gateway.json"):
-        alice.state.set_drained({"w1/vllm-0"})  # the gateway deploy applying it fails, say
+        alice.state.set_drained({"w1/vllm-0"})  # the routes deploy applying it fails, say
         alice.push()  # a heartbeat meanwhile
         alice.state.set_drained(set())
     alice.state.save_rollout({"steps": []})

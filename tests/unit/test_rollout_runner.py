@@ -22,7 +22,7 @@ from ascend_fleet.fleet import check_fleet
 from ascend_fleet.fleetlease import FleetLease
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.remote import HostFacts
-from ascend_fleet.rollout import GATEWAY_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
+from ascend_fleet.rollout import ROUTES_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
 from ascend_fleet.rollout_cli import rollout_app
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ CHAT_ANSWER = json.dumps({"choices": [{"text": "hello"}]})
 
 class Nodes:
     """The fleet's side, faked: gates that fail where told, and a log of every pyinfra run with
-    the drained set the gateway deploy would have applied."""
+    the drained set the routes deploy would have applied."""
 
     def __init__(self):
         self.failing_gates: set[str] = set()  # instances whose /health answers 503
@@ -49,7 +49,7 @@ class Nodes:
 
     def pyinfra(self, runner: Runner, deploy: str, hosts: list[str], data: dict, label: str) -> str | None:
         self.runs.append((deploy, hosts, runner.fleet.state.drained()))
-        if deploy == GATEWAY_DEPLOY and self.gateway_fails:
+        if deploy == ROUTES_DEPLOY and self.gateway_fails:
             return "gw-01.example.internal: gateway config refused by nginx -t (log: x.log)"
         return None
 
@@ -66,11 +66,11 @@ class Nodes:
                 if host in self.unreachable else HostFacts(host) for host in hosts}
 
     def deploys(self) -> list[tuple[str, list[str]]]:
-        return [(deploy, hosts) for deploy, hosts, _ in self.runs if deploy != GATEWAY_DEPLOY]
+        return [(deploy, hosts) for deploy, hosts, _ in self.runs if deploy != ROUTES_DEPLOY]
 
     def gateway_drained(self) -> set[str]:
-        """What the last gateway deploy kept out of rotation."""
-        return next(drained for deploy, _, drained in reversed(self.runs) if deploy == GATEWAY_DEPLOY)
+        """What the last routes deploy kept out of rotation."""
+        return next(drained for deploy, _, drained in reversed(self.runs) if deploy == ROUTES_DEPLOY)
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_abandon_puts_back_what_passes_its_gates_and_names_what_does_not(nodes, 
 def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_refuses(nodes, state_dir):
     fleet, record = stopped_at_wave1(nodes, state_dir)
     nodes.failing_gates, nodes.gateway_fails = set(), True
-    with pytest.raises(FleetError, match="the gateway deploy failed, the drained set is as it was: gw-01.*nginx -t"):
+    with pytest.raises(FleetError, match="the routes deploy failed, the drained set is as it was: gw-01.*nginx -t"):
         Runner(fleet, record, lambda *_: None, 0).abandon()
     assert fleet.state.drained() == WAVE1
     assert check_not_stopped(fleet.state, resume=True).steps[1].status == "failed"
