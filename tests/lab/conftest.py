@@ -65,6 +65,9 @@ TEST_NET = claimed_test_net()
 TEST_LAB_DIR = DEFAULT_LAB_DIR.parent / f"test-{TEST_NET}"
 # The lab data's instances on each worker (group_data/lab.py: 8 NPUs at TP4).
 INSTANCES = ("vllm-0", "vllm-1")
+# For a deploy that only sets a lab up for its test, with no load running: it restarts every instance at
+# once, where a plain deploy restarts those the gateway routes to one at a time (test_plain_deploy's part).
+ALL_AT_ONCE = ("--data", "max_unavailable=64")
 
 
 def failed_run(command: str, returncode: int, output: str) -> AssertionError:

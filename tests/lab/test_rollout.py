@@ -21,7 +21,7 @@ import pytest
 from ascend_fleet.lab.lab import fleet_state_dir
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit, unit_file
-from tests.lab.conftest import INSTANCES, PROJECT, Lab, down_windows
+from tests.lab.conftest import ALL_AT_ONCE, INSTANCES, PROJECT, Lab, down_windows
 
 pytestmark = pytest.mark.lab
 
@@ -87,7 +87,7 @@ def serving_buffsize(lab: Lab, size: int | None) -> None:
     with no load running, puts the fleet there if it is not."""
     wanted = size if size is not None else NPU_ENV["HCCL_BUFFSIZE"]
     if buffsizes(lab) != [f"HCCL_BUFFSIZE={wanted}"] * len(INSTANCES) * len(lab.workers):
-        lab.pyinfra("deploys/serve.py", *(("--data", buffsize_data(size)) if size is not None else ()))
+        lab.pyinfra("deploys/serve.py", *ALL_AT_ONCE, *(("--data", buffsize_data(size)) if size is not None else ()))
 
 
 def rollout(lab: Lab, *args: str, check: bool = True):
@@ -242,7 +242,7 @@ def test_a_model_swap_under_load_fails_no_request_and_keeps_the_served_name(lab,
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
     # The data still names v1: a plain deploy serves it again, as the swap warns (the lab's state for
     # the next test; a swap back under load would be this test once more).
-    lab.pyinfra("deploys/serve.py")
+    lab.pyinfra("deploys/serve.py", *ALL_AT_ONCE)
     assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v1"}
 
 
@@ -257,7 +257,7 @@ def units(lab: Lab, node: str) -> list[str]:
 
 
 def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_request(lab, serving):
-    lab.pyinfra("deploys/serve.py", "--data", ONE_INSTANCE)  # no load yet: all workers at once
+    lab.pyinfra("deploys/serve.py", "--data", ONE_INSTANCE, *ALL_AT_ONCE)  # no load yet
     for node in lab.workers:  # the serve stage stopped the instance the data no longer lists
         assert units(lab, node) == [instance_unit("vllm-0")]
     with under_load(serving, "blue/green swap to v2"):
@@ -282,7 +282,7 @@ def test_a_blue_green_swap_starts_the_new_model_beside_the_old_and_fails_no_requ
     for node in lab.workers:
         assert units(lab, node) == [instance_unit("vllm-0")]
     assert LOAD_RESULTS["blue/green swap back to v1"]["errors"] == 0, LOAD_RESULTS["blue/green swap back to v1"]
-    lab.pyinfra("deploys/serve.py")  # the lab's own data again: two blue instances per worker
+    lab.pyinfra("deploys/serve.py", *ALL_AT_ONCE)  # the lab's own data again: two blue instances per worker
     assert served_roots(lab) == {f"/mnt/nvme/models/{MODEL}/v1"}
 
 

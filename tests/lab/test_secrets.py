@@ -32,7 +32,7 @@ from ascend_fleet.node_layout import (
     instance_unit,
     unit_file,
 )
-from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
+from tests.lab.conftest import ALL_AT_ONCE, BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import totals
 
 pytestmark = pytest.mark.lab
@@ -67,7 +67,7 @@ def planted(lab: Lab):
               "VLLM_API_KEY": f"key-{secrets.token_hex(16)}"}
     keyed = copy.copy(lab)
     keyed.env = {**lab.env, **values}
-    outputs = {"pyinfra full.py -vv --diff": keyed.pyinfra("-vv", "--diff", "deploys/full.py", timeout=3600).stdout}
+    outputs = {"pyinfra full.py -vv --diff": keyed.pyinfra("-vv", "--diff", "deploys/full.py", *ALL_AT_ONCE, timeout=3600).stdout}
     for name, args in {"status --json": ("status", "inventories/lab.py", "--json"),
                        "load --json": ("load", "inventories/lab.py", "--requests", "8", "--concurrency", "2", "--json"),
                        "rollout canary --json": ("rollout", "inventories/lab.py", "deploys/serve.py", "--waves",
@@ -76,7 +76,7 @@ def planted(lab: Lab):
         # Apart: stderr may carry progress lines (a status read over 5 s says which hosts it awaits).
         outputs[name], outputs[f"{name} (stderr)"] = result.stdout, result.stderr
     yield keyed, values, outputs
-    lab.pyinfra("deploys/full.py", timeout=3600)
+    lab.pyinfra("deploys/full.py", *ALL_AT_ONCE, timeout=3600)
     gateway = f"http://{address(lab, 'gateway')}"
     assert requests.get(f"{gateway}/v1/models", timeout=10).status_code == 200, "the lab still requires the key"
 
