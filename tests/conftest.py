@@ -55,3 +55,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A module whose tests wait mostly outside this machine (PyPI) starts that wait as soon as the run
+    knows it has them, through a `start_early(items)` of its own, so that it overlaps the labs."""
+    modules = dict.fromkeys(item.module for item in session.items if isinstance(item, pytest.Function))
+    for module in modules:
+        if start := getattr(module, "start_early", None):
+            start([item for item in session.items if getattr(item, "module", None) is module])
