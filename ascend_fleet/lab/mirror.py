@@ -49,17 +49,22 @@ def start_mirror(state: LabState, spec: LabSpec) -> None:
     entry = state.record("process", role="mirror", marker=str(config), pid=None, log=str(run_dir / "nginx.out"))
     entry["pid"] = processes.spawn(["nginx", "-c", str(config)], run_dir / "nginx.out")
     state.save()
-    _wait_for_port(spec.host_address, spec.mirror_port, entry["pid"], str(config))
+    wait_for_port(spec.host_address, spec.mirror_port, entry["pid"], str(config), run_dir / "error.log")
 
 
-def _wait_for_port(address: str, port: int, pid: int, marker: str) -> None:
+def wait_for_port(address: str, port: int, pid: int, marker: str, error_log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if not processes.is_ours(pid, marker):
+            how = "its nginx exited"
             break
         try:
             socket.create_connection((address, port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.2)
-    raise FleetError(f"lab: the mirror did not listen on {address}:{port}; see its error.log next to {marker}")
+    else:
+        how = f"not within {START_TIMEOUT_SECONDS} s"
+    # Quoted: a lab up that fails removes the mirror's directory, its error.log with it.
+    raise FleetError(f"lab: the mirror did not listen on {address}:{port} ({how}); its error.log ends: "
+                     f"{processes.last_words(error_log)}")

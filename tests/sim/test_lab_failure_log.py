@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.errors import FleetError
+from ascend_fleet.lab import mirror
 from tests.lab import conftest
 from tests.lab.conftest import FAILURE_TAIL, Lab
 
@@ -29,3 +31,15 @@ def test_a_failed_deploy_names_a_file_holding_its_whole_output(tmp_path, monkeyp
     # The message keeps the output's end, and the lines that say error however far up they are.
     assert f"[@local] {FAILURE_TAIL}\n" in message and "[@local] 1\n" not in message
     assert "Error: the first failing operation" in message
+
+
+def test_a_lab_mirror_that_does_not_listen_is_refused_with_its_error_logs_end(tmp_path):
+    """`lab up` removes the mirror's directory when it fails: the error quotes its nginx's error.log."""
+    error_log = tmp_path / "error.log"
+    error_log.write_text('2026/12/06 16:00:00 [emerg] 1#1: bind() to 10.213.203.1:8080 failed (98: Address in use)\n')
+    no_such_pid = 2**22 + 1  # over Linux's largest pid_max
+    with pytest.raises(FleetError) as refused:
+        mirror.wait_for_port("127.0.0.1", 9, no_such_pid, "nginx -c nosuch", error_log)
+    assert str(refused.value) == ("lab: the mirror did not listen on 127.0.0.1:9 (its nginx exited); its error.log "
+                                  "ends: 2026/12/06 16:00:00 [emerg] 1#1: bind() to 10.213.203.1:8080 failed "
+                                  "(98: Address in use)")
