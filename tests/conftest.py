@@ -9,7 +9,10 @@ test process is patched the way a pyinfra run is.
 import pyinfra_cli  # noqa: F401
 import pytest  # noqa: E402  (after pyinfra_cli, for the reason above)
 
-PARTS = ("session-lab", "others")
+# scripts/test's three pytest runs, side by side (each takes lab subnets of its own): the tests on the
+# session lab; the other modules with labs; the unit and simulator tests, with modules marked
+# `part("unit-sim")` to balance the three.
+PARTS = ("session-lab", "other-labs", "unit-sim")
 # The modules that share tests/lab/conftest.py's second_lab, in the order in which each finds the lab
 # closest to what it needs: fresh nodes first; the 4-worker layout, grown from the 3, last.
 SECOND_LAB_ORDER = tuple(f"tests/lab/{name}.py" for name in (
@@ -18,15 +21,20 @@ SECOND_LAB_ORDER = tuple(f"tests/lab/{name}.py" for name in (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--part", choices=PARTS,
-                     help="only the tests on the session lab (and the real tier's), or only the others "
-                          "(scripts/test runs the two side by side: they share no lab)")
+                     help="only the tests on the session lab, only the other modules with labs, or only the "
+                          "unit and simulator tests (scripts/test runs the three side by side: they share no lab)")
 
 
-def in_session_lab_part(item: pytest.Item) -> bool:
-    """The test uses the session's lab (tests/lab/conftest.py), not a lab of its module's own, or its
-    module is marked to run beside it (the real tier: that part would otherwise end 15 min first)."""
+def part_of(item: pytest.Item) -> str:
+    """The part a module is marked for (`pytest.mark.part(NAME)`), else: the session lab's when it uses
+    the session's lab (tests/lab/conftest.py), other-labs when it uses another or is marked `lab`, else
+    unit-sim."""
+    if (marked := item.get_closest_marker("part")) is not None:
+        return marked.args[0]
     lab = item._fixtureinfo.name2fixturedefs.get("lab")
-    return (bool(lab) and lab[-1].scope == "session") or item.get_closest_marker("session_lab_part") is not None
+    if lab and lab[-1].scope == "session":
+        return "session-lab"
+    return "other-labs" if lab or item.get_closest_marker("lab") is not None else "unit-sim"
 
 
 def in_second_lab_order(items: list[pytest.Item]) -> list[pytest.Item]:
@@ -48,10 +56,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = config.getoption("--part")
     if part is None:
         return
-    wanted = part == "session-lab"
     kept, deselected = [], []
     for item in items:
-        (kept if in_session_lab_part(item) == wanted else deselected).append(item)
+        (kept if part_of(item) == part else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
@@ -60,6 +67,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A module whose tests wait mostly outside this machine (PyPI) starts that wait as soon as the run
     knows it has them, through a `start_early(items)` of its own, so that it overlaps the labs."""
+    if session.config.option.collectonly:
+        return
     modules = dict.fromkeys(item.module for item in session.items if isinstance(item, pytest.Function))
     for module in modules:
         if start := getattr(module, "start_early", None):

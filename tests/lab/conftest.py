@@ -1,5 +1,5 @@
 """The `lab` fixture: one rehearsal lab (3 workers + gateway) for the whole test session; and
-`second_lab`, another such lab for the modules that run beside it (scripts/test's other part).
+`second_lab`, another such lab for the modules that run beside it (scripts/test's other-labs part).
 
 It runs the same commands a user runs (`ascend-fleet lab up/down`, `pyinfra inventories/lab.py`)
 in a lab of its own (own directory, name and subnet), so a lab the user has up is left alone.
@@ -226,7 +226,7 @@ def lab():
 
 @pytest.fixture(scope="session")
 def second_lab():
-    """A lab of its own (subnet N+3) for the modules of scripts/test's other part, which runs beside
+    """A lab of its own (subnet N+3) for the modules of scripts/test's other-labs part, which runs beside
     the session lab's. Such a module takes it as its `lab` and deploys what it needs in its own
     fixture. tests/conftest.py runs them in the order that makes that cheapest (SECOND_LAB_ORDER):
     test_full_deploy first, on fresh nodes; test_multi_node last, which grows the lab to 4 workers.

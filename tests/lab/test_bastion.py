@@ -26,7 +26,7 @@ from tests.lab.test_bench import BENCH_TIMEOUT_SECONDS, SMALL_RUN
 from tests.lab.test_full_deploy import changed_operations, chat_through_gateway, totals
 from tests.lab.test_rollout import LOAD_RESULTS, buffsize_data, instance_env, under_load
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
 
 WORKER = "worker1"
 TIMINGS: dict[str, float] = {}

@@ -105,7 +105,7 @@ def deployed(lab):
     started = time.monotonic()
     refused = lab.pyinfra("deploys/full.py", check=False, timeout=3600)
     TIMINGS["first"] = time.monotonic() - started
-    load = lab.cli("load", lab.inventory, "--duration", "60", "--concurrency", "4", "--max-tokens", "8", "--json",
+    load = lab.cli("load", lab.inventory, "--duration", "20", "--concurrency", "4", "--max-tokens", "8", "--json",
                    check=False)
     routed = lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
     restore_hardware(lab, "worker2", healthy)

@@ -23,7 +23,7 @@ from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance
 from ascend_fleet.profile import load_profile
 from tests.lab.conftest import Lab, brought_up, module_lab, needs_bench_venv
 
-pytestmark = [pytest.mark.lab, pytest.mark.session_lab_part]
+pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
 
 MODEL = "lab/Qwen3-Tiny"
 MODEL_PATH = Path("/mnt/nvme/models/lab/Qwen3-Tiny/v1")

@@ -14,6 +14,8 @@ import requests
 from ascend_fleet.node_layout import instance_unit
 from tests.lab.conftest import INSTANCES, PROJECT, Lab
 
+pytestmark = pytest.mark.lab
+
 RECIPE = runpy.run_path(str(PROJECT / "group_data" / "lab_qwen35.py"))
 SERVING = RECIPE["serving"]
 

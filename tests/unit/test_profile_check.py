@@ -4,10 +4,13 @@ asks for. The network tests skip when PyPI does not answer."""
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -37,10 +40,6 @@ from ascend_fleet.profile_check import (
     platforms_to_check,
     resolver_pip,
 )
-
-# Its checks against PyPI take about 4.5 min of scripts/test's "others" part, which ran 12 min longer
-# than the session lab's (CI on a 2-core machine: 53 and 41 min).
-pytestmark = pytest.mark.session_lab_part
 
 DATA = Path(__file__).parent / "data"
 PYPI = "https://pypi.org/simple"
@@ -238,7 +237,8 @@ def pypi() -> None:
 
 class Checks:
     """Every check of CHECKS, by the command itself, all at once (each waits mostly on PyPI), their
-    output in files of their own until they are read."""
+    output in files of their own until they are read; those still running when the test run ends
+    (its tests stopped first) end with it."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
@@ -247,9 +247,17 @@ class Checks:
         for number, (name, args) in enumerate(CHECKS.items()):
             with open(self.directory / f"{number}.out", "w") as out, open(self.directory / f"{number}.err", "w") as err:
                 self.runs[name] = (number, subprocess.Popen([str(CLI), "profile", "check", *args], stdout=out,
-                                                            stderr=err, text=True))
+                                                            stderr=err, text=True, start_new_session=True))
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        for _, process in self.runs.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def results(self) -> dict[str, subprocess.CompletedProcess]:
+        atexit.unregister(self.stop)
         done = {}
         for name, (number, process) in self.runs.items():
             returncode = process.wait()
