@@ -30,6 +30,8 @@ def part_of(item: pytest.Item) -> str:
     the session's lab (tests/lab/conftest.py), other-labs when it uses another or is marked `lab`, else
     unit-sim."""
     if (marked := item.get_closest_marker("part")) is not None:
+        if marked.args[0] not in PARTS:  # a typo would leave the module out of every part
+            raise pytest.UsageError(f"{item.nodeid}: part {marked.args[0]!r} is none of {', '.join(PARTS)}")
         return marked.args[0]
     lab = item._fixtureinfo.name2fixturedefs.get("lab")
     if lab and lab[-1].scope == "session":
