@@ -49,14 +49,15 @@ def start_mirror(state: LabState, spec: LabSpec) -> None:
     entry = state.record("process", role="mirror", marker=str(config), pid=None, log=str(run_dir / "nginx.out"))
     entry["pid"] = processes.spawn(["nginx", "-c", str(config)], run_dir / "nginx.out")
     state.save()
-    wait_for_port(spec.host_address, spec.mirror_port, entry["pid"], str(config), run_dir / "error.log")
+    wait_for_port(spec.host_address, spec.mirror_port, entry["pid"], run_dir)
 
 
-def wait_for_port(address: str, port: int, pid: int, marker: str, error_log: Path) -> None:
+def wait_for_port(address: str, port: int, pid: int, run_dir: Path) -> None:
+    """Until the mirror's nginx (pid, this process's child) listens; its exit or a timeout is refused."""
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        if not processes.is_ours(pid, marker):
-            how = "its nginx exited"
+        # Asked of the child itself, not of its command line, which nginx rewrites as it starts.
+        if (how := processes.child_exit(pid)) is not None:
             break
         try:
             socket.create_connection((address, port), timeout=1).close()
@@ -64,7 +65,8 @@ def wait_for_port(address: str, port: int, pid: int, marker: str, error_log: Pat
         except OSError:
             time.sleep(0.2)
     else:
-        how = f"not within {START_TIMEOUT_SECONDS} s"
-    # Quoted: a lab up that fails removes the mirror's directory, its error.log with it.
-    raise FleetError(f"lab: the mirror did not listen on {address}:{port} ({how}); its error.log ends: "
-                     f"{processes.last_words(error_log)}")
+        how = f"not listening after {START_TIMEOUT_SECONDS} s"
+    # Quoted: a lab up that fails removes the mirror's directory, its logs with it.
+    raise FleetError(f"lab: the mirror did not listen on {address}:{port} (its nginx {how}); its error.log "
+                     f"ends: {processes.last_words(run_dir / 'error.log')}; its output: "
+                     f"{processes.last_words(run_dir / 'nginx.out')}")

@@ -84,6 +84,20 @@ def _belongs_to_someone_else(pid: int, marker: str) -> bool:
     return state != "Z" and not is_ours(pid, marker)
 
 
+def child_exit(pid: int) -> str | None:
+    """How a child of this process ended (`exited with status N`, `was killed by signal N`), reaping
+    it; None while it runs. One reaped elsewhere (or no child of ours) has `exited`."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return "exited"
+    if not done:
+        return None
+    if os.WIFSIGNALED(status):
+        return f"was killed by signal {os.WTERMSIG(status)}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+
+
 def _reap(pid: int) -> None:
     """Collect pid's exit status if it is our own child, so it does not linger as a zombie."""
     try:

@@ -4,6 +4,7 @@ long deploy lies far above the end that the error message shows."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,13 +34,19 @@ def test_a_failed_deploy_names_a_file_holding_its_whole_output(tmp_path, monkeyp
     assert "Error: the first failing operation" in message
 
 
-def test_a_lab_mirror_that_does_not_listen_is_refused_with_its_error_logs_end(tmp_path):
-    """`lab up` removes the mirror's directory when it fails: the error quotes its nginx's error.log."""
-    error_log = tmp_path / "error.log"
-    error_log.write_text('2026/12/06 16:00:00 [emerg] 1#1: bind() to 10.213.203.1:8080 failed (98: Address in use)\n')
-    no_such_pid = 2**22 + 1  # over Linux's largest pid_max
+def test_a_lab_mirror_that_does_not_listen_is_refused_with_how_it_ended_and_its_logs_ends(tmp_path):
+    """`lab up` removes the mirror's directory when it fails: the error says how its nginx ended and
+    quotes its error.log and its output."""
+    (tmp_path / "error.log").write_text("2026/12/06 16:00:00 [emerg] 1#1: bind() to 10.213.203.1:8080 failed "
+                                        "(98: Address in use)\n")
+    (tmp_path / "nginx.out").write_text("")
+    failed = subprocess.Popen(["sh", "-c", "exit 1"])  # a child that exits at once, as nginx does on a bind error
     with pytest.raises(FleetError) as refused:
-        mirror.wait_for_port("127.0.0.1", 9, no_such_pid, "nginx -c nosuch", error_log)
-    assert str(refused.value) == ("lab: the mirror did not listen on 127.0.0.1:9 (its nginx exited); its error.log "
-                                  "ends: 2026/12/06 16:00:00 [emerg] 1#1: bind() to 10.213.203.1:8080 failed "
-                                  "(98: Address in use)")
+        mirror.wait_for_port("127.0.0.1", 9, failed.pid, tmp_path)
+    assert str(refused.value) == ("lab: the mirror did not listen on 127.0.0.1:9 (its nginx exited with status 1); "
+                                  "its error.log ends: 2026/12/06 16:00:00 [emerg] 1#1: bind() to 10.213.203.1:8080 "
+                                  "failed (98: Address in use); its output: (empty log)")
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.kill()
+    with pytest.raises(FleetError, match=r"\(its nginx was killed by signal 9\)"):
+        mirror.wait_for_port("127.0.0.1", 9, killed.pid, tmp_path)
