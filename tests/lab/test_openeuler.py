@@ -20,7 +20,7 @@ from ascend_fleet.node_os import node_os
 from tests.lab.conftest import brought_up, module_lab
 from tests.lab.test_full_deploy import totals
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
 
 SERVED = ("gateway", "worker1", "worker2")
 OPENEULER, REFUSED = "worker2", "worker3"
