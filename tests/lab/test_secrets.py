@@ -67,7 +67,8 @@ def planted(lab: Lab):
               "VLLM_API_KEY": f"key-{secrets.token_hex(16)}"}
     keyed = copy.copy(lab)
     keyed.env = {**lab.env, **values}
-    outputs = {"pyinfra full.py -vv --diff": keyed.pyinfra("-vv", "--diff", "deploys/full.py", *ALL_AT_ONCE, timeout=3600).stdout}
+    deployed = keyed.pyinfra("-vv", "--diff", "deploys/full.py", *ALL_AT_ONCE, timeout=3600)
+    outputs = {"pyinfra full.py -vv --diff": deployed.stdout}
     for name, args in {"status --json": ("status", "inventories/lab.py", "--json"),
                        "load --json": ("load", "inventories/lab.py", "--requests", "8", "--concurrency", "2", "--json"),
                        "rollout canary --json": ("rollout", "inventories/lab.py", "deploys/serve.py", "--waves",
