@@ -71,7 +71,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     knows it has them, through a `start_early(items)` of its own, so that it overlaps the labs."""
     if session.config.option.collectonly:
         return
-    modules = dict.fromkeys(item.module for item in session.items if isinstance(item, pytest.Function))
-    for module in modules:
+    by_module: dict = {}
+    for item in session.items:
+        if isinstance(item, pytest.Function):
+            by_module.setdefault(item.module, []).append(item)
+    for module, items in by_module.items():
         if start := getattr(module, "start_early", None):
-            start([item for item in session.items if getattr(item, "module", None) is module])
+            start(items)

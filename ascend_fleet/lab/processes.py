@@ -43,7 +43,7 @@ def last_words(log: Path, lines: int = 3) -> str:
 
 def is_ours(pid: int, marker: str) -> bool:
     """True while pid runs a command line containing marker (a zombie counts as gone)."""
-    _reap(pid)
+    child_exit(pid)  # a child of ours that ended is reaped, not left a zombie
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -76,7 +76,7 @@ def stop(pid: int, marker: str, grace: float = 30.0) -> None:
 def _belongs_to_someone_else(pid: int, marker: str) -> bool:
     """A live process with this PID but without our marker: the PID was reused. A zombie is still
     ours (its PID cannot be reused until it is reaped), and so is its process group."""
-    _reap(pid)
+    child_exit(pid)  # a child of ours that ended is reaped, not left a zombie
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
@@ -96,11 +96,3 @@ def child_exit(pid: int) -> str | None:
     if os.WIFSIGNALED(status):
         return f"was killed by signal {os.WTERMSIG(status)}"
     return f"exited with status {os.waitstatus_to_exitcode(status)}"
-
-
-def _reap(pid: int) -> None:
-    """Collect pid's exit status if it is our own child, so it does not linger as a zombie."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
