@@ -139,7 +139,7 @@ def test_an_unhealthy_npu_fires_with_its_host_and_npu(tmp_path):
     }])
 
 
-def test_the_virtual_address_moving_fires_on_its_new_holder_and_two_holders_are_critical(tmp_path):
+def test_the_virtual_address_moving_fires_on_its_new_holder_only_and_two_holders_are_critical(tmp_path):
     def holds(host: str, values: str) -> dict:
         return {"series": f'ascend_fleet_gateway_holds_vip{{job="gateway_node",host="{host}",address="10.0.0.100"}}',
                 "values": values}
@@ -161,6 +161,13 @@ def test_the_virtual_address_moving_fires_on_its_new_holder_and_two_holders_are_
         "input_series": [holds("gw-01", "1x20"), holds("gw-02", "0x4 1x16")],
         "alert_rule_test": [gateway_alert("VirtualAddressNotHeldOnce", "3m", True, severity="critical",
                                           address="10.0.0.100")],
+    }, {
+        # A fresh pair: keepalived starts as backup on both (0), then gw-01 takes the address; later gw-01's
+        # keepalived restarts and takes it back. No other gateway held it: nothing moved.
+        "interval": "15s",
+        "input_series": [holds("gw-01", "0x3 1x16 0 1x20"), holds("gw-02", "0x40")],
+        "alert_rule_test": [gateway_alert("VirtualAddressMoved", "2m", False),
+                            gateway_alert("VirtualAddressMoved", "6m", False)],
     }])
 
 
