@@ -28,7 +28,7 @@ from ascend_fleet.node_layout import GATEWAY_CONFIG
 from tests.lab.conftest import INSTANCES, Lab, brought_up, module_lab
 from tests.lab.test_rollout import LOAD_RESULTS, MODEL, buffsize_data, instance_env, under_load, unit_starts
 
-pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
+pytestmark = [pytest.mark.lab, pytest.mark.part("session-lab")]  # a lab of its own: placed to balance the parts
 
 WORKER = "worker1"
 GATEWAYS = ("gateway", "gateway2")
