@@ -122,6 +122,8 @@ class RemoveStep(_Strict):
     remove: list[str] = Field(min_length=1, description="distributions uninstalled at this point of the sequence")
     arch: list[Literal["x86_64", "aarch64"]] = Field(
         default_factory=lambda: list(ARCHES), description="the architectures it runs on (CUDA triton: x86_64)")
+    accepts: list[str] = Field(default_factory=list, description="`pip check` complaints the uninstall leaves, as "
+                               "upstream accepts them: \"xgrammar 0.2.9 requires triton\"")
 
 
 class BuildFile(VendorFile):
@@ -335,8 +337,10 @@ class Profile(_Strict):
             if isinstance(step, InstallStep):
                 steps += [install] if (install := next(installs, None)) else []
             elif isinstance(step, RemoveStep):
-                if arch in step.arch:
-                    steps.append(PipRemoval(step.remove))
+                # The lock is what all the steps leave: an uninstall of a distribution it holds would undo it.
+                kept = [name for name in step.remove if not lock or canonicalize_name(name) not in lock.pins]
+                if arch in step.arch and kept:
+                    steps.append(PipRemoval(kept))
             else:
                 steps.append(self._build_step(number, step, arch, python))
         return steps
@@ -356,7 +360,7 @@ class Profile(_Strict):
 
     def accepted_complaints(self) -> list[str]:
         """The `pip check` complaints the steps name as upstream accepts them."""
-        return [line for step in self.pip.install if not isinstance(step, RemoveStep) for line in step.accepts]
+        return [line for step in self.pip.install for line in step.accepts]
 
     def unaccepted_complaints(self, complaints: list[str]) -> list[str]:
         """`pip check`'s complaints that no accepted one words up to its comma."""

@@ -39,7 +39,7 @@ from packaging.version import Version
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.profile import InstallStep, OverrideStep, PipLocked, Profile, RemoveStep, Router
-from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, IndexFile, Platform, sdist_metadata
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, IndexFile, Platform, Standin, sdist_metadata
 
 LOCKS_DIR = Path(__file__).with_name("profiles") / "locks"
 UV_TIMEOUT = 900  # seconds for one resolution; a whole vLLM stack takes seconds once uv's cache is warm
@@ -51,6 +51,17 @@ GLIBC_IN_HEADER = re.compile(r"^# ascend-fleet profile lock .* --glibc (?P<glibc
 NEVER = 'python_version < "0"'  # a marker no node meets: an override that takes a package out
 # vllm-router's wheels are manylinux_2_28 (0.1.17): its lock takes no wheel that needs a newer glibc.
 ROUTER_GLIBC = "2.28"
+# uv's words for a pin no index it asked has.
+NO_VERSION = re.compile(r"there is no version of (?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s,]+)")
+# Packages built for NVIDIA GPUs: PyPI's torch requires them, the PyTorch CPU index's +cpu builds do not.
+CUDA_PACKAGES = frozenset({"triton", "xformers", "flashinfer-python"})
+CUDA_PREFIXES = ("nvidia-", "cuda-")
+
+
+def is_cuda_requirement(requirement: str) -> bool:
+    """A requirement on an NVIDIA build (nvidia-*, cuda-*, triton, xformers, flashinfer-python)."""
+    name = canonicalize_name(Requirement(requirement).name)
+    return name.startswith(CUDA_PREFIXES) or name in CUDA_PACKAGES
 
 
 def lock_path(profile_name: str, platform: Platform) -> Path:
@@ -72,6 +83,7 @@ class Dist:
     index: str
     requires: list[str] = field(default_factory=list)
     build: str | None = None  # the file of a build over this pin, whose own metadata is unknown
+    unread: str | None = None  # why its file was not read: a stand-in's requires are what the check could know
 
 
 class UvResolver:
@@ -79,6 +91,8 @@ class UvResolver:
 
     def __init__(self, platform: Platform, indexes: list[str], source_builds: list[str], workdir: Path) -> None:
         self.platform, self.indexes, self.workdir = platform, indexes, workdir
+        self.standins = workdir / "standins"  # metadata-only wheels for files of indexes that did not answer
+        self.standins.mkdir(parents=True, exist_ok=True)
         from uv import find_uv_bin  # imported here: only locking needs uv's binary
 
         self.argv = [find_uv_bin(), "pip", "compile", "--quiet", "--python-platform",
@@ -87,7 +101,7 @@ class UvResolver:
                      *(option for url in indexes[1:] for option in ("--extra-index-url", url)),
                      # pip's way with several indexes: the best version from any of them.
                      "--index-strategy", "unsafe-best-match", "--emit-index-annotation",
-                     "--only-binary", ":all:", *(option for name in source_builds for option in ("--no-binary", name))]
+                     "--find-links", str(self.standins), "--only-binary", ":all:", *(option for name in source_builds for option in ("--no-binary", name))]
         self.environ = {**{k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))},
                         "UV_NO_CONFIG": "1"}
 
@@ -209,16 +223,59 @@ class Lock:
         os.replace(partial, path)
 
 
+class StandinSupplier:
+    """Metadata-only stand-ins for the files the profile takes from an index that did not answer (`pip.sources`):
+    a +cpu build carries its public release's requirements on the main index less the CUDA packages (the PyTorch
+    CPU index's builds are PyPI's without them); any other carries none, its requirements being unknown."""
+
+    def __init__(self, profile: Profile, platform: Platform, main_index: str, indexes: Indexes) -> None:
+        self.platform, self.main_index, self.indexes = platform, main_index, indexes
+        self.sources = {canonicalize_name(name): url for name, url in profile.pip.sources.items()}
+        self.given: dict[str, Dist] = {}
+
+    def stand_in(self, name: str, version: str, directory: Path) -> bool:
+        """Writes the stand-in for name==version into directory; False when the profile does not say the file
+        comes from an index that did not answer (the pin is then missing, not unreachable)."""
+        name = canonicalize_name(name)
+        source = self.sources.get(name)
+        if source is None or name in self.given:
+            return False
+        self.indexes.probe([source])  # a step's own index is not among those the resolver was given
+        if source not in self.indexes.unanswered:
+            return False
+        why = f"{source} did not answer ({self.indexes.unanswered[source]})"
+        requires, unread = [], f"{why}: its requirements are unknown"
+        public = Version(version).public
+        if Version(version).local == "cpu":
+            files = [f for f in self.indexes.files(self.main_index, name)
+                     if f.wheel and f.version == Version(public) and f.wheel[1] & self.platform.tags]
+            if files:
+                requires = [r for r in requires_dist(files[0], self.indexes) if not is_cuda_requirement(r)]
+                unread = f"{why}: its requirements are {self.main_index}'s {name} {public} less CUDA packages"
+        Standin(name, version, requires).write(directory)
+        self.given[name] = Dist(version, source, requires, unread=unread)
+        return True
+
+
 def steps_environment(profile: Profile, platform: Platform, resolver: UvResolver,
-                      progress: Callable[[str], None]) -> dict[str, Dist]:
-    """What the profile's steps leave on a node of platform, step by step as pip does them."""
+                      progress: Callable[[str], None], standins: StandinSupplier | None = None) -> dict[str, Dist]:
+    """What the profile's steps leave on a node of platform, step by step as pip does them; a file of an
+    index that did not answer takes a stand-in's place when standins supplies one."""
     environment: dict[str, Dist] = {}
     installs = iter(profile.install_steps())
     for number, step in enumerate(profile.pip.install, 1):
         if isinstance(step, InstallStep):
             requirements = next(installs).requirements
-            resolved, _ = resolver.compile(requirements, preferred=environment)
-            environment.update(resolved)
+            while True:
+                try:
+                    resolved, _ = resolver.compile(requirements, preferred=environment)
+                    break
+                except LockError as exc:
+                    missing = NO_VERSION.search(str(exc))
+                    if not (standins and missing and standins.stand_in(*missing.groups(), resolver.standins)):
+                        raise LockError(f"step {number} ({', '.join(step.requires)}) does not resolve: {exc}") from None
+            for name, dist in resolved.items():
+                environment[name] = standins.given.get(name, dist) if standins else dist
             progress(f"step {number}: {len(resolved)} packages for {', '.join(step.requires)}")
         elif isinstance(step, RemoveStep):
             if platform.arch in step.arch:
@@ -234,34 +291,84 @@ def steps_environment(profile: Profile, platform: Platform, resolver: UvResolver
     return environment
 
 
-def lock_profile(profile: Profile, platform: Platform, index_urls: list[str] | None = None,
-                 progress: Callable[[str], None] = print, indexes: Indexes | None = None) -> Lock:
-    """The profile's lock for platform; LockError when its steps leave a complaint it does not accept."""
+@dataclass
+class EndState:
+    """What all of a profile's steps leave together on a node of one platform, judged as the stack gate's
+    `pip check` judges it: builds over pins at their own version, with their pin's requirements."""
+
+    platform: Platform
+    environment: dict[str, Dist]
+    complaints: list[str]
+    unaccepted: list[str]
+
+    @property
+    def unread(self) -> dict[str, Dist]:
+        """The distributions whose files were not read (an index that did not answer): stand-ins took their place."""
+        return {name: dist for name, dist in self.environment.items() if dist.unread}
+
+    @property
+    def builds(self) -> dict[str, Dist]:
+        return {name: dist for name, dist in self.environment.items() if dist.build}
+
+
+def judge_steps(profile: Profile, platform: Platform, resolver: UvResolver, indexes: Indexes,
+                progress: Callable[[str], None]) -> EndState:
+    """The end state of the profile's steps on platform, with stand-ins for what the indexes that did not
+    answer hold; LockError when a step does not resolve."""
+    standins = StandinSupplier(profile, platform, resolver.indexes[0], indexes)
+    environment = steps_environment(profile, platform, resolver, progress, standins)
+    read_metadata({name: dist for name, dist in environment.items() if not dist.unread}, platform, indexes)
+    judged = {**environment, **{name: Dist(build_version(dist.build), dist.index, dist.requires)
+                                for name, dist in environment.items() if dist.build}}
+    complaints = pip_check(judged, platform)
+    return EndState(platform, environment, complaints, profile.unaccepted_complaints(complaints))
+
+
+def answering_indexes(profile: Profile, index_urls: list[str] | None, indexes: Indexes,
+                      progress: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
+    """The profile's indexes (or those given) that answer, main one first, and those left out with why."""
     urls = index_urls or [profile.pip.index_url, *profile.pip.extra_index_urls]
     if not urls or not urls[0]:
         raise FleetError(f"profile lock: profile {profile.name} names no pip index (its host data does): "
                          "give --index-url")
-    indexes = indexes or Indexes()
     indexes.probe(urls)
     if urls[0] in indexes.unanswered:
         raise LockError(f"the index {urls[0]} did not answer ({indexes.unanswered[urls[0]]})")
     unasked = {url: why for url, why in indexes.unanswered.items() if url in urls}
     for url, why in unasked.items():
         progress(f"extra index {url} left out: {why}")
-    urls = [url for url in urls if url not in unasked]
+    return [url for url in urls if url not in unasked], unasked
+
+
+def end_state(profile: Profile, platform: Platform, index_urls: list[str] | None = None,
+              progress: Callable[[str], None] = print, indexes: Indexes | None = None) -> EndState:
+    """What the profile's steps leave together on platform (`profile check`'s judgement of the whole)."""
+    indexes = indexes or Indexes()
+    urls, _ = answering_indexes(profile, index_urls, indexes, progress)
+    with tempfile.TemporaryDirectory(prefix="ascend-fleet-lock-") as workdir:
+        return judge_steps(profile, platform, UvResolver(platform, urls, profile.pip.source_builds, Path(workdir)),
+                           indexes, progress)
+
+
+def lock_profile(profile: Profile, platform: Platform, index_urls: list[str] | None = None,
+                 progress: Callable[[str], None] = print, indexes: Indexes | None = None) -> Lock:
+    """The profile's lock for platform; LockError when its steps leave a complaint it does not accept, or
+    need a file of an index that did not answer (its sha256 cannot be read)."""
+    indexes = indexes or Indexes()
+    urls, unasked = answering_indexes(profile, index_urls, indexes, progress)
     with tempfile.TemporaryDirectory(prefix="ascend-fleet-lock-") as workdir:
         resolver = UvResolver(platform, urls, profile.pip.source_builds, Path(workdir))
-        environment = steps_environment(profile, platform, resolver, progress)
-        read_metadata(environment, platform, indexes)
-        builds = {name: dist for name, dist in environment.items() if dist.build}
-        judged = {**environment, **{name: Dist(build_version(dist.build), dist.index, dist.requires)
-                                    for name, dist in builds.items()}}
-        complaints = pip_check(judged, platform)
-        unexpected = profile.unaccepted_complaints(complaints)
-        if unexpected:
+        state = judge_steps(profile, platform, resolver, indexes, progress)
+        environment, complaints, builds = state.environment, state.complaints, state.builds
+        if state.unaccepted:
+            unexpected = state.unaccepted
             more = f" (and {len(unexpected) - 1} more: {'; '.join(unexpected[1:])})" if len(unexpected) > 1 else ""
             raise LockError(f"the steps leave `pip check` saying: {unexpected[0].rstrip('.')}{more}; accept it "
                             "in the step's `accepts` if upstream does, else change the steps")
+        if state.unread:
+            name, dist = next(iter(state.unread.items()))
+            raise LockError(f"{name} {dist.version} comes from {dist.index}, which did not answer: its sha256 cannot "
+                            "be read from here; lock where that index answers")
         overrides = complaint_overrides(complaints, environment)
         requirements = [r for step in profile.install_steps() for r in step.requirements]
         one_set, text = resolver.compile(requirements, constraints=environment, overrides=overrides, hashes=True,

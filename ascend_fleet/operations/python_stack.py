@@ -62,6 +62,27 @@ def step_met(installed: dict[str, str], step: NodeStep, builds: list[PipBuild]) 
     return all(met(requirement) for requirement in step.requirements)
 
 
+def installed_by(step: NodeStep) -> set[str]:
+    """The distributions an install, a lock or a build puts in the virtualenv."""
+    if isinstance(step, PipBuild):
+        return {normalize(step.name)}
+    if isinstance(step, PipLocked):
+        return {normalize(name) for name in step.pins}
+    if isinstance(step, PipStep):
+        return {normalize(Requirement(requirement).name) for requirement in step.requirements}
+    return set()
+
+
+def without_reinstalled(installed: dict[str, str], steps: list[NodeStep], index: int) -> dict[str, str]:
+    """What an uninstall at steps[index] is judged against: the virtualenv less what a later step installs
+    again (upstream's image uninstalls triton and triton-ascend, then installs triton-ascend alone), whose
+    own step judges it."""
+    if not isinstance(steps[index], PipRemoval):
+        return installed
+    again = set().union(*(installed_by(step) for step in steps[index + 1:]))
+    return {name: version for name, version in installed.items() if name not in again}
+
+
 def in_place(steps: list[NodeStep]) -> str:
     """What a converged virtualenv holds, as the no-op says it."""
     said = []
@@ -137,7 +158,8 @@ def pinned(venv: str, steps: list[NodeStep], index_url: str, peer_urls: list[str
     """
     installed = host.get_fact(PipPackages, venv=venv)
     builds = [step for step in steps if isinstance(step, PipBuild)]
-    unmet = [index for index, step in enumerate(steps) if not step_met(installed, step, builds)]
+    unmet = [index for index, step in enumerate(steps)
+             if not step_met(without_reinstalled(installed, steps, index), step, builds)]
     if not unmet:
         host.noop(f"{in_place(steps)} installed")
         return

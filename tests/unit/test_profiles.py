@@ -45,7 +45,8 @@ UPSTREAM_PIP_INDEXES = {
     "0.11.0": ([CPU_INDEX, HUAWEI_INDEX], [[], []]),
     "0.13.0": ([CPU_INDEX], [[], []]),
     "0.18.0": ([CPU_INDEX], [[], []]),
-    "0.23.0": ([CPU_INDEX], [[], [f"{HUAWEI_INDEX}/variant", HUAWEI_INDEX]]),
+    # the guide's vllm-ascend step, then the Dockerfile's triton-ascend step (Dockerfile:71 at v0.23.0)
+    "0.23.0": ([CPU_INDEX], [[], [f"{HUAWEI_INDEX}/variant", HUAWEI_INDEX], [HUAWEI_INDEX]]),
 }
 
 
