@@ -436,10 +436,12 @@ def simple_index(wheels: Path, requirements: list[str]) -> str:
 
 
 def deploy_steps(steps, venv: Path, index: str) -> None:
+    """The pinned operation's commands for the steps, run against the venv, its fact being what the venv holds."""
     from ascend_fleet.facts.ascend import PipPackages
     from ascend_fleet.operations import python_stack
     from tests.fakehost import FakeHost, commands
-    for command in commands(python_stack.pinned, FakeHost({PipPackages: {}}), venv=str(venv), steps=steps,
+    held = FakeHost({PipPackages: venv_state(venv)[0]})
+    for command in commands(python_stack.pinned, held, venv=str(venv), steps=steps,
                             index_url=index):
         raw = command.get_raw_value() if hasattr(command, "get_raw_value") else command
         run = subprocess.run(["sh", "-c", str(raw)],
@@ -520,3 +522,24 @@ def test_the_lab_profiles_builds_are_its_standins_by_sha256(lab_standins):
     assert len(pinned) == 2, f"{arch}: the lab profile has no stand-in build for {arch}"
     paste = "\n".join(f"        - {{file: {name}, sha256: {built[name]}}}" for name in pinned)
     assert pinned == {name: built[name] for name in pinned}, f"profiles/lab.yaml builds for {arch}:\n{paste}"
+
+
+def test_the_lab_previous_x86_64_steps_leave_only_what_its_row_accepts_and_no_cuda_triton(tmp_path_factory,
+                                                                                        tmp_path):
+    """The stack gate's pip check runs for every profile: lab-previous (the 0.11.0 row) leaves vllm 0.11.0's
+    CUDA-era pins broken, as vllm-ascend-0.11.0 accepts, and its uninstall takes out the CUDA triton that
+    vllm's x86_64 torch 2.8.0 brought (Dockerfile:51-53 at v0.11.0)."""
+    from ascend_fleet.profile import load_profile
+    profile = load_profile("lab-previous")
+    directory = tmp_path_factory.mktemp("lab-previous-index")
+    placeholder_wheels(build_lab_standins(directory, "x86_64"), directory)
+    index = simple_index(directory, [r for step in profile.install_steps() for r in step.requirements])
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    steps = profile.node_steps("x86_64")
+    deploy_steps(steps[:1], venv, index)
+    assert "triton" in venv_state(venv)[0]  # what step 1 brings on x86_64, as on a real node
+    deploy_steps(steps[1:], venv, index)
+    installed, _, check = venv_state(venv)
+    assert "triton" not in installed, (installed.get("torch"), installed.get("triton"), check)
+    assert check and profile.unaccepted_complaints(check) == [], check
