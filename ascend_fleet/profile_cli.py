@@ -15,6 +15,7 @@ from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform, check_profile, p
 from ascend_fleet.profile_lock import (
     ROUTER_GLIBC,
     LockError,
+    end_state_verdicts,
     lock_path,
     lock_profile,
     lock_router,
@@ -46,18 +47,22 @@ def check(
     """Resolve each pip install step of the profile with pip's own resolver, as a dry run for the nodes'
     platform, and print one line per problem: a pin no index has, wheels that do not cover the platform,
     a conflict, a package only an extra index has, an index that did not answer; then whether each platform's
-    lock (`profile lock`) is this profile's, hashed and meets its pins. Exits 1 on any problem.
+    lock (`profile lock`) is this profile's, hashed and meets its pins; then the end state: what all the steps
+    leave together, judged as the stack gate's `pip check` judges it, a problem for each complaint the profile
+    does not accept (a file an index that did not answer holds is judged from a stand-in, and said so).
+    Exits 1 on any problem.
     """
     profile = load_profile(name)
     platforms = platforms_to_check(profile, arch, python, glibc)
     result = check_profile(profile, platforms, index_url, progress_console.print)
     locks, lock_problem_count = lock_verdicts(profile, platforms)
+    ends, end_problem_count = end_state_verdicts(profile, platforms, index_url)
     if as_json:
-        console.print_json(json.dumps({**result.as_dict(), "locks": locks}))
+        console.print_json(json.dumps({**result.as_dict(), "locks": locks, "end_state": ends}))
     else:
-        for line in [*locks, *result.lines()]:  # each platform's summary last, as before
+        for line in [*locks, *result.lines(), *ends]:  # each platform's summary, then what all steps leave
             console.print(line, markup=False)
-    return 1 if result.problem_count or lock_problem_count else 0
+    return 1 if result.problem_count or lock_problem_count or end_problem_count else 0
 
 
 def say(where: str, line: str) -> None:

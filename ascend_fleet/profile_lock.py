@@ -454,6 +454,29 @@ def lock_problems(profile: Profile, platform: Platform, path: Path) -> list[str]
     return problems
 
 
+def end_state_verdicts(profile: Profile, platforms: list[Platform], index_urls: list[str] | None = None,
+                       progress: Callable[[str], None] = lambda line: None) -> tuple[list[str], int]:
+    """One line per platform on what all the steps leave together, a line per `pip check` complaint the
+    profile does not accept (a problem each) and per file an index that did not answer holds (a note)."""
+    lines, problems, indexes = [], 0, Indexes()
+    for platform in platforms:
+        where = f"{profile.name} {platform}: end state"
+        try:
+            state = end_state(profile, platform, index_urls, progress, indexes)
+        except LockError as exc:
+            lines.append(f"{where}: note: not judged: {exc}")
+            continue
+        problems += len(state.unaccepted)
+        lines += [f"{where}: `pip check` would say: {line} (not among the profile's accepts)"
+                  for line in state.unaccepted]
+        lines += [f"{where}: note: {name} {dist.version} judged from a stand-in: {dist.unread}"
+                  for name, dist in state.unread.items()]
+        accepted = len(state.complaints) - len(state.unaccepted)
+        lines.append(f"{where}: {len(state.environment)} packages, {len(state.complaints)} `pip check` complaints, "
+                     f"{accepted} accepted by the profile")
+    return lines, problems
+
+
 def lock_verdicts(profile: Profile, platforms: list[Platform]) -> tuple[list[str], int]:
     """One line per platform on its committed lock, and how many of them are problems: a lock that is not
     the profile's is one; a lock that is, or no lock, is a note (a profile whose indexes do not answer

@@ -269,3 +269,20 @@ def test_a_file_that_is_not_the_locks_is_refused_and_nothing_is_installed(index,
     result = run(command.replace(f"{PIP_LOCK_DIR}/{lock.name}", str(tmp_path / lock.name)))
     assert result.returncode != 0 and "DO NOT MATCH THE HASHES" in result.stderr
     assert not installed_in(venv)
+
+
+# Dockerfile@v0.23.0's order: uninstall both owners of site-packages/triton/, then install one of them again.
+REINSTALLED_ORDER = [PipStep(["front==1.0"], []), PipStep(["plugin==1.0"], []),
+                     PipRemoval(["cuda-kernels", "kernels"]), PipStep(["kernels==3.2.2"], [])]
+
+
+def test_an_uninstall_of_what_a_later_step_installs_again_is_done_once_and_a_rerun_changes_nothing():
+    fake = FakeHost({PipPackages: {"front": "1.0", "plugin": "1.0", "kernels": "3.2.2"}})
+    assert commands(python_stack.pinned, fake, venv="/v", steps=REINSTALLED_ORDER, index_url="https://x/simple") == []
+    assert fake.noops == ["front==1.0, plugin==1.0, cuda-kernels, kernels absent, kernels==3.2.2 installed"]
+    # CUDA's build beside it again (a step moved it back): both go, and the one the stack wants comes back.
+    fake = FakeHost({PipPackages: {"front": "1.0", "plugin": "1.0", "kernels": "3.2.2", "cuda-kernels": "3.6"}})
+    found = [str(c.get_raw_value()) if hasattr(c, "get_raw_value") else c for c in
+             commands(python_stack.pinned, fake, venv="/v", steps=REINSTALLED_ORDER, index_url="https://x/simple")]
+    assert [c.split("--disable-pip-version-check ")[1] for c in found] == [
+        "uninstall --yes cuda-kernels kernels", "install --index-url https://x/simple kernels==3.2.2"]
