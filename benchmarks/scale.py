@@ -1,9 +1,13 @@
 """Benchmark (issue 31): how each part of the tool grows with the fleet, side by side in one run.
 
-Control plane, on synthetic fleets of 10, 100 and 1000 workers (4 instances each, a populated fleet
-state: every worker's colour and served instances, some drained), nothing deployed:
+Control plane, on synthetic fleets of 10, 100 and 1000 workers and two gateways with the example fleet's
+data as shipped (group_data/prod.py and its profile; 4 instances each, a populated fleet state: every
+worker's colour and served instances, some drained), nothing deployed:
 
-    check    `ascend-fleet check INVENTORY` (every deploy runs the same before it connects)
+    check    `ascend-fleet check INVENTORY` (every deploy runs the same before it connects). The shipped
+             profile has no sha256 for the vendor packages (null until an operator fills them in from
+             Huawei's download page), so check exits 2 with that one problem, after checking everything;
+             a user of the example fleet meets the same until they fill them in
     plan     `ascend-fleet plan INVENTORY`
     gateway  the gateway config the product renders for every instance, then `nginx -t` on it
     routes   that config read as `status` reads a gateway, every instance found in it (drained or routed)
@@ -30,6 +34,7 @@ import gc
 import json
 import os
 import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -43,25 +48,29 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))  # benchmarks/ beside the package, run as a script
 
 CLI = str(Path(sys.executable).with_name("ascend-fleet"))
+EXAMPLE_DATA = PROJECT / "group_data" / "prod.py"  # the example fleet's (inventories/prod.py)
+EXAMPLE_PROFILE = runpy.run_path(str(EXAMPLE_DATA))["profile"]
 MODEL_CONFIG = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 INSTANCES_PER_WORKER = 4  # group_data/prod.py: TP2 on 8 NPUs
 TARGETS = {"check": 2.0, "plan": 2.0, "rollout": 2.0, "status": 60.0}
 MAX_GROWTH = 12.0
 FAN_OUT_TARGETS = {6: 1.15, 12: 1.25}  # all N workers from peers / one worker
 BAD_HOST_LINE = re.compile(r"^\S+: cannot connect over SSH to ")  # status's line under its table
+# check's one problem with the example data as shipped (fleet_check.vendor_file_problems)
+UNFILLED_SHA256 = re.compile(r"^error: profile \S+: no sha256 for \d+ vendor packages ")
+GATEWAYS = 2  # inventories/prod.py's pair
 
 
 def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
-    """An inventory of `workers` 8-NPU workers in rollout waves and one gateway, with the example fleet's
-    data (group_data/prod.py on the lab profile, whose vendor packages have their sha256) and a fleet state
-    as a fleet that served for a while has it. Every host's SSH is 127.0.0.1:ssh_port. Returns the file."""
+    """An inventory of `workers` 8-NPU workers in rollout waves and two gateways, as inventories/prod.py
+    has them, with the example fleet's data as shipped (group_data/prod.py, its profile included) and a
+    fleet state as a fleet that served for a while has it. Every host's SSH is 127.0.0.1:ssh_port.
+    Returns the file."""
     (directory / "inventories").mkdir(parents=True)
     (directory / "group_data").mkdir()
     for name in ("all.py", "gateway.py"):
         shutil.copy(PROJECT / "group_data" / name, directory / "group_data" / name)
-    example = (PROJECT / "group_data" / "prod.py").read_text()
-    (directory / "group_data" / "scale.py").write_text(example.replace('profile = "vllm-ascend-0.18.0"',
-                                                                       'profile = "lab"'))
+    shutil.copy(EXAMPLE_DATA, directory / "group_data" / "scale.py")
     models = directory / "files" / "models" / "Eco-Tech" / "Qwen3.5-27B-w8a8-mtp" / "master"  # as a fleet keeps it
     models.mkdir(parents=True)
     shutil.copy(MODEL_CONFIG / "config.json", models / "config.json")
@@ -74,7 +83,7 @@ def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
         f"canary = {names[:1]!r}\n"
         f"wave1 = {names[1:workers // 2]!r}\n"
         f"wave2 = {names[workers // 2:]!r}\n"
-        "gateway = [('gw-01', _ssh)]\n"
+        "gateway = [('gw-01', _ssh), ('gw-02', _ssh)]\n"
         "from ascend_fleet.fleet_check import check_before_connecting\n"
         "check_before_connecting()\n")
     instances = [f"vllm-{i}" for i in range(INSTANCES_PER_WORKER)]
@@ -144,7 +153,7 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     backends = [{"host": f"npu-{w:04d}", "instance": f"vllm-{i}", "address": f"10.{w // 250}.{w % 250}.11",
                  "port": 8000 + i, "npus": [i], "drained": w % 10 == 0}
                 for w in range(workers) for i in range(INSTANCES_PER_WORKER)]
-    config = node_config({"profile": "lab", "gateway": {"listen_port": port}}, "gw-01")
+    config = node_config({"profile": EXAMPLE_PROFILE, "gateway": {"listen_port": port}}, "gw-01")
     routes_file = json.dumps(routes_document(config, backends), indent=1)
     site = nginx_text(Routes(json.loads(routes_file)), set())
     (scratch / "site.conf").write_text(site)
@@ -162,7 +171,7 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     repeats = max(1, 1000 // workers)
     started = time.monotonic()
     for _ in range(repeats):
-        gateway = HostStatus("gw-01", "gateway", "lab", routes=gateway_routes(routes_file.splitlines()))
+        gateway = HostStatus("gw-01", "gateway", EXAMPLE_PROFILE, routes=gateway_routes(routes_file.splitlines()))
         routed = [routing(f"{backend['host']}/{backend['instance']}", [gateway]) for backend in backends]
     read = (time.monotonic() - started) / repeats
     if routed != ["drained" if backend["drained"] else "yes" for backend in backends]:
@@ -181,7 +190,7 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                 root = Path(scratch)
                 inventory = synthetic_fleet(root / "fleet", workers, hung.port)
                 figures["check"][workers], result = timed([CLI, "check", str(inventory)], root / "fleet")
-                expect(result, 0, f"check of {workers} workers")
+                expect_unfilled_sha256(result, f"check of {workers} workers")
                 figures["plan"][workers], result = timed([CLI, "plan", str(inventory)], root / "fleet")
                 expect(result, 0, f"plan of {workers} workers")
                 (root / "nginx").mkdir()
@@ -197,9 +206,9 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                 figures["status"][workers], result = timed([CLI, "status", str(inventory)], root / "fleet")
                 expect(result, 1, f"status of {workers} hung workers")
                 bad_lines = [line for line in result.stdout.splitlines() if BAD_HOST_LINE.match(line)]
-                if len(bad_lines) != workers + 1:
+                if len(bad_lines) != workers + GATEWAYS:
                     raise SystemExit(f"status of {workers} hung workers: {len(bad_lines)} lines naming a host it "
-                                     f"could not read, expected {workers + 1} (one per host and the gateway)")
+                                     f"could not read, expected {workers + GATEWAYS} (one per host and gateway)")
                 if "hosts read in" not in result.stderr:
                     raise SystemExit(f"status of {workers} hung workers: no progress on stderr")
             print(f"  {workers:5d} workers: " + ", ".join(f"{part} {by_size[workers]:.2f}s"
@@ -207,6 +216,16 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
     finally:
         hung.close()
     return figures
+
+
+def expect_unfilled_sha256(result: subprocess.CompletedProcess, what: str) -> None:
+    """check's verdict on the example data as shipped: exit 2 and its one problem, the profile's vendor
+    packages without sha256 (vendor_file_problems), which stops none of the other checks."""
+    expect(result, 2, what)
+    problems = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    if len(problems) != 1 or not UNFILLED_SHA256.match(problems[0]):
+        raise SystemExit(f"{what}: expected only the shipped profile's missing vendor sha256, got:\n"
+                         + "\n".join(problems[:10]))
 
 
 def expect(result: subprocess.CompletedProcess, code: int, what: str) -> None:
