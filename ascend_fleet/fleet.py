@@ -16,7 +16,6 @@ from fnmatch import fnmatch
 from functools import cache, lru_cache
 from pathlib import Path
 
-import requests
 import yaml
 from pyinfra.api import Inventory, State
 from pyinfra.api.exceptions import NoGroupError
@@ -258,6 +257,8 @@ class ModelConfigs:
 
 def _fetch_json(url: str, host: str, missing_ok: bool = False) -> dict | None:
     """The JSON document at url; None for a 404 when missing_ok (a file the model may not have)."""
+    import requests  # here: only a fleet whose models are on a mirror needs it, and check and plan start faster
+
     try:
         response = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
         if missing_ok and response.status_code == 404:

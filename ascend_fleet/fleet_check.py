@@ -26,7 +26,6 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle import verify_bundle
 from ascend_fleet.errors import FleetError
 from ascend_fleet.firewall import ssh_lockout_problems
 from ascend_fleet.fleet import (
@@ -119,6 +118,10 @@ def bundle_problems(configs: list[NodeConfig]) -> list[str]:
     problems = []
     for config in configs:
         if config.bundle_dir:
+            # Here, not at the top: the bundle's module and what it imports (the resolver, the locks) are
+            # a tenth of every check's start, for the fleets that have a bundle.
+            from ascend_fleet.bundle import verify_bundle
+
             if config.bundle_dir not in verified:
                 try:
                     verified[config.bundle_dir] = verify_bundle(Path(config.bundle_dir))

@@ -8,6 +8,7 @@ an earlier run's values.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 from weakref import WeakKeyDictionary
@@ -15,7 +16,7 @@ from weakref import WeakKeyDictionary
 from pyinfra.api import FactBase
 from pyinfra.api.host import Host
 
-from ascend_fleet.profile import Profile, load_profile, profile_path
+from ascend_fleet.profile import Profile, load_profile
 
 T = TypeVar("T")
 _VALUES: WeakKeyDictionary = WeakKeyDictionary()
@@ -40,8 +41,7 @@ def fact_of_the_run(host: Host, fact: type[FactBase[T]]) -> T:
 def profile_of_the_run(scope: object, name: str) -> Profile:
     """Stack profile `name` parsed once per run, or per loaded inventory in our own commands (the scope, as
     host_config has it): every host and instance asks for it, and one parse of a shipped profile takes tens
-    of milliseconds. Keyed by the file load_profile reads, so an operator's profiles/NAME.yaml where the
-    run is comes before the package's as it does there. The run's hosts share one: read it, never change
-    it (its models are frozen, but not the lists and dicts in them)."""
-    path = profile_path(name)
-    return once_per_run(scope, ("profile", name, path and path.resolve()), lambda: load_profile(name))
+    of milliseconds. Keyed by the directory the run is in too, whose profiles/NAME.yaml comes before the
+    package's (load_profile). The run's hosts share one: read it, never change it (its models are frozen,
+    but not the lists and dicts in them)."""
+    return once_per_run(scope, ("profile", name, os.getcwd()), lambda: load_profile(name))

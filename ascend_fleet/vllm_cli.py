@@ -82,9 +82,11 @@ def release_data(vllm_version: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+@cache
 def option_table(vllm_version: str) -> dict[str, dict] | None:
     """{flag: argparse action} of the release's `vllm serve` (what the unit runs), or None when no table
-    was extracted for it."""
+    was extracted for it. Built once per release: every host's options are checked against it, so it
+    is shared; read it, never change it."""
     data = release_data(vllm_version)
     if data is None:
         return None
