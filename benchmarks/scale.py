@@ -34,6 +34,7 @@ import gc
 import json
 import os
 import re
+import resource
 import runpy
 import shutil
 import socket
@@ -132,10 +133,13 @@ print(len(record.steps), time.monotonic() - started)
 """
 
 
-def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+def timed(argv: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """The command's wall-clock seconds, its CPU seconds (user and system) and its result."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
-    return time.monotonic() - started, result
+    wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, result
 
 
 def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
@@ -179,19 +183,23 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     return rendered, read
 
 
-def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
-    """{part: {workers: seconds}}, each part checked for what a user would see."""
+def control_plane(sizes: list[int]) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    """{part: {workers: seconds}}, each part checked for what a user would see; and check's and plan's CPU
+    seconds, which tell a busy machine (the wall clock waits for other processes) from slow code."""
     figures: dict[str, dict[int, float]] = {"check": {}, "plan": {}, "gateway": {}, "routes": {}, "rollout": {},
                                                 "status": {}}
+    cpu: dict[str, dict[int, float]] = {"check": {}, "plan": {}}
     hung = HungSSH()
     try:
         for workers in sizes:
             with tempfile.TemporaryDirectory(prefix=f"scale-{workers}-") as scratch:
                 root = Path(scratch)
                 inventory = synthetic_fleet(root / "fleet", workers, hung.port)
-                figures["check"][workers], result = timed([CLI, "check", str(inventory)], root / "fleet")
+                figures["check"][workers], cpu["check"][workers], result = timed([CLI, "check", str(inventory)],
+                                                                                 root / "fleet")
                 expect_unfilled_sha256(result, f"check of {workers} workers")
-                figures["plan"][workers], result = timed([CLI, "plan", str(inventory)], root / "fleet")
+                figures["plan"][workers], cpu["plan"][workers], result = timed([CLI, "plan", str(inventory)],
+                                                                               root / "fleet")
                 expect(result, 0, f"plan of {workers} workers")
                 (root / "nginx").mkdir()
                 # Fractions of a second (0.02 s at 100 workers): the best of five, each after a garbage
@@ -200,10 +208,10 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                 rounds = [gateway_seconds(workers, root / "nginx") for _ in range(5)]
                 figures["gateway"][workers] = min(rendered for rendered, _ in rounds)
                 figures["routes"][workers] = min(read for _, read in rounds)
-                _, result = timed([sys.executable, "-c", ROLLOUT_PLAN, str(inventory)], root / "fleet")
+                _, _, result = timed([sys.executable, "-c", ROLLOUT_PLAN, str(inventory)], root / "fleet")
                 expect(result, 0, f"rollout planning of {workers} workers")
                 figures["rollout"][workers] = float(result.stdout.split()[1])
-                figures["status"][workers], result = timed([CLI, "status", str(inventory)], root / "fleet")
+                figures["status"][workers], _, result = timed([CLI, "status", str(inventory)], root / "fleet")
                 expect(result, 1, f"status of {workers} hung workers")
                 bad_lines = [line for line in result.stdout.splitlines() if BAD_HOST_LINE.match(line)]
                 if len(bad_lines) != workers + GATEWAYS:
@@ -211,11 +219,12 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                                      f"could not read, expected {workers + GATEWAYS} (one per host and gateway)")
                 if "hosts read in" not in result.stderr:
                     raise SystemExit(f"status of {workers} hung workers: no progress on stderr")
-            print(f"  {workers:5d} workers: " + ", ".join(f"{part} {by_size[workers]:.2f}s"
-                                                          for part, by_size in figures.items()), flush=True)
+            print(f"  {workers:5d} workers: " + ", ".join(
+                f"{part} {by_size[workers]:.2f}s" + (f" ({cpu[part][workers]:.2f}s CPU)" if part in cpu else "")
+                for part, by_size in figures.items()), flush=True)
     finally:
         hung.close()
-    return figures
+    return figures, cpu
 
 
 def expect_unfilled_sha256(result: subprocess.CompletedProcess, what: str) -> None:
@@ -290,9 +299,12 @@ def main() -> None:
         held = all(ratio <= FAN_OUT_TARGETS.get(n, float("inf")) for n, ratio in ratios.items()) and held
     print(f"control plane, synthetic fleets of {', '.join(map(str, args.hosts))} workers "
           f"({INSTANCES_PER_WORKER} instances each):", flush=True)
-    figures = control_plane(args.hosts)
+    figures, cpu = control_plane(args.hosts)
     print("control plane (growth per x10 hosts, 10 is linear):")
     held = report_control_plane(figures) and held
+    print("  CPU seconds: " + "; ".join(f"{part} " + ", ".join(f"{size}: {seconds:.2f}s" for size, seconds in
+                                                             by_size.items()) for part, by_size in cpu.items())
+          + "; load average {:.1f} {:.1f} {:.1f} at the end (the machine's other work)".format(*os.getloadavg()))
     sys.exit(0 if held else 1)
 
 
