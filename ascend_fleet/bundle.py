@@ -62,7 +62,8 @@ from ascend_fleet.os_repository import (
     served_release,
 )
 from ascend_fleet.package_index import PACKAGES_DIR, SIMPLE_DIR, file_sha256, write_simple_index
-from ascend_fleet.profile import PipBuild, Profile, Router, load_profile
+from ascend_fleet.per_run import profile_of_the_run
+from ascend_fleet.profile import PipBuild, Profile, Router
 from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, pip_environment
 from ascend_fleet.profile_lock import (
     ROUTER_GLIBC,
@@ -103,11 +104,12 @@ def worker_configs(configs: list[NodeConfig], inventory: Path) -> list[NodeConfi
     return workers
 
 
-def targets(workers: list[NodeConfig], arches: list[str] | None) -> list[Target]:
-    """Each profile the workers run, on each arch asked for (default: every arch it lists)."""
+def targets(scope: object, workers: list[NodeConfig], arches: list[str] | None) -> list[Target]:
+    """Each profile the workers run (read once for the scope: per_run.profile_of_the_run), on each arch asked
+    for (default: every arch it lists)."""
     found: dict[str, Target] = {}
     for config in workers:
-        profile = load_profile(config.profile)
+        profile = profile_of_the_run(scope, config.profile)
         for arch in arches or profile.arch:
             if arch not in profile.arch:
                 raise FleetError(f"bundle: --arch {arch}: profile {profile.name} lists {', '.join(profile.arch)}")
@@ -125,7 +127,7 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     inventory_data = load_inventory(inventory, override_data=override_data)
     configs = fleet_node_configs(inventory_data)
     workers = worker_configs(configs, inventory)
-    chosen = targets(workers, arches)
+    chosen = targets(inventory_data, workers, arches)
     releases = [(served_release(name.strip()), archive.strip() or None)
                 for name, _, archive in (release.partition("=") for release in os_releases)]
     for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR):
@@ -140,11 +142,11 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
         copy_vendor_files(target, out / VENDOR_DIR, progress)
         platforms.append({"profile": target.profile.name, "arch": target.arch,
                           "python": target.profile.stack.python, "lock": f"{LOCKS_DIR}/{lock}"})
-    routers = bundle_routers(configs, arches, [known for known, _ in releases], out, progress)
+    routers = bundle_routers(inventory_data, configs, arches, [known for known, _ in releases], out, progress)
     bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
     mirror_hosts = bool(inventory_data.groups.get(MIRROR_GROUP))
-    repositories = [bundle_os(known, arch, configs, mirror_hosts, archive, out, progress)
+    repositories = [bundle_os(inventory_data, known, arch, configs, mirror_hosts, archive, out, progress)
                     for known, archive in releases for arch in dict.fromkeys(target.arch for target in chosen)]
     progress("hashing every file for the manifest")
     manifest = {"platforms": platforms, "routers": routers, "os": repositories, "files": current_files(out)}
@@ -156,17 +158,17 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     return manifest
 
 
-def bundle_os(known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts: bool, archive: str | None,
-              out: Path, progress: Callable[[str], None]) -> dict:
+def bundle_os(scope: object, known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts: bool,
+              archive: str | None, out: Path, progress: Callable[[str], None]) -> dict:
     """The release's OS packages for every role of the fleet, on arch, as out/os/<release>-<arch>/, from
-    archive (default: the distribution's own)."""
+    archive (default: the distribution's own); the profiles read once for the scope."""
     archive = (archive or DEFAULT_ARCHIVES.get(known.distribution, "")).format(release=known.release).rstrip("/")
     if not ARCHIVE_URL.fullmatch(archive):
         raise FleetError(f"bundle: --os '{known.name}': archive {archive!r} is not an http(s) or file URL without "
                          "blanks, quotes, $ or `; give the release's archive after the =")
     name = repository_name(known, arch)
     build = build_apt_repository if known.package_manager == "apt" else build_dnf_repository
-    build(out / OS_DIR / name, known, arch, archive, fleet_packages(known, configs, mirror_hosts), progress)
+    build(out / OS_DIR / name, known, arch, archive, fleet_packages(scope, known, configs, mirror_hosts), progress)
     return {"distribution": known.distribution, "release": known.release, "arch": arch,
             "repository": f"{OS_DIR}/{name}"}
 
@@ -239,16 +241,16 @@ def download_lock_files(what: str, lock: Path, platform: Platform, urls: list[st
         raise FleetError(f"bundle: {what}: pip download of {lock.name} failed: {errors[0]}")
 
 
-def bundle_routers(configs: list[NodeConfig], arches: list[str] | None, releases: list[NodeOs], out: Path,
-                   progress: Callable[[str], None]) -> list[dict]:
+def bundle_routers(scope: object, configs: list[NodeConfig], arches: list[str] | None, releases: list[NodeOs],
+                   out: Path, progress: Callable[[str], None]) -> list[dict]:
     """The vllm-router of each gateway that routes cache_aware: its lock (the site's or the committed one,
     else made now) for each arch and each of the gateways' Pythons, into locks/, and its files into
-    packages/. One entry per lock, for the manifest."""
+    packages/. One entry per lock, for the manifest. The profiles read once for the scope."""
     found: dict[tuple[str, str, str], dict] = {}
     for config in configs:
         if not config.is_gateway or config.gateway.routing.policy != "cache_aware":
             continue
-        profile = load_profile(config.profile)
+        profile = profile_of_the_run(scope, config.profile)
         if profile.router is None:
             raise FleetError(f"bundle: {config.host} routes cache_aware, but profile {profile.name} pins no "
                              "vllm-router")

@@ -16,7 +16,6 @@ from fnmatch import fnmatch
 from functools import cache, lru_cache
 from pathlib import Path
 
-import requests
 import yaml
 from pyinfra.api import Inventory, State
 from pyinfra.api.exceptions import NoGroupError
@@ -29,6 +28,7 @@ from ascend_fleet.gateway import virtual_address_problems
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
 from ascend_fleet.multi_node import DataParallelRole, data_parallel_problems, data_parallel_roles
+from ascend_fleet.per_run import profile_of_the_run
 from ascend_fleet.planner import (
     DEFAULT_POLICY,
     ERROR,
@@ -48,7 +48,7 @@ from ascend_fleet.planner import (
     plan_instance,
     planned_quantization,
 )
-from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.profile import Profile
 from ascend_fleet.vllm_cli import (
     check_data_parallel_start,
     check_extra_args,
@@ -257,6 +257,8 @@ class ModelConfigs:
 
 def _fetch_json(url: str, host: str, missing_ok: bool = False) -> dict | None:
     """The JSON document at url; None for a 404 when missing_ok (a file the model may not have)."""
+    import requests  # here: only a fleet whose models are on a mirror needs it, and check and plan start faster
+
     try:
         response = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
         if missing_ok and response.status_code == 404:
@@ -392,7 +394,8 @@ def stack_findings(config: NodeConfig, profile: Profile, shape: ModelShape,
         *check_block_size(serving.block_size, serving.enable_prefix_caching, serving.enable_chunked_prefill, shape.is_hybrid),
         *check_vllm_use_v1(config.npu_env, profile.stack.vllm),
         # The options differ per instance only in values (ports, TP size): the first stands for all.
-        *check_vllm_args(args := vllm_args(config, config.instances[0], "MODEL", role), profile.stack.vllm),
+        *check_vllm_args(args := vllm_args(config, config.instances[0], "MODEL", profile.stack.vllm, role),
+                         profile.stack.vllm),
         *check_extra_args(args[:len(args) - len(serving.extra_args)], serving.extra_args, profile.stack.vllm),
         *check_serving_rules(serving, profile.stack.vllm),
         *(check_data_parallel_start(profile.stack.vllm) if role else []),
@@ -437,23 +440,21 @@ planned_instance = lru_cache(maxsize=256)(plan_instance)
 def plan_fleet(inventory: Inventory, model_config: Path | None = None, models_dir: Path = MODELS_DIR) -> FleetPlan:
     """Plan every instance of every worker; nothing is refused here (see check_fleet)."""
     configs = fleet_node_configs(inventory)
-    return plan_configs(configs, data_parallel_roles(group_members(inventory), configs),
+    return plan_configs(inventory, configs, data_parallel_roles(group_members(inventory), configs),
                         ModelConfigs(model_config, models_dir))
 
 
-def plan_configs(configs: list[NodeConfig], roles: dict[str, DataParallelRole], shapes: ModelConfigs,
+def plan_configs(scope: object, configs: list[NodeConfig], roles: dict[str, DataParallelRole], shapes: ModelConfigs,
                  problems: list[str] | None = None) -> FleetPlan:
-    """Plan the instances of these hosts. A host whose profile or model config cannot be read raises
+    """Plan the instances of these hosts, their profiles read once for the scope (per_run.profile_of_the_run:
+    the run, or the loaded inventory). A host whose profile or model config cannot be read raises
     FleetError; with `problems`, its line is added there and the host left out."""
-    profiles: dict[str, Profile] = {}
     reports = []
     for config in configs:
         if not config.is_worker:
             continue
         try:
-            if config.profile not in profiles:
-                profiles[config.profile] = _load_profile(config)
-            reports.extend(plan_node(config, profiles[config.profile], shapes.shape(config), roles.get(config.host)))
+            reports.extend(plan_node(config, _profile(scope, config), shapes.shape(config), roles.get(config.host)))
         except FleetError as exc:
             if problems is None:
                 raise
@@ -461,9 +462,9 @@ def plan_configs(configs: list[NodeConfig], roles: dict[str, DataParallelRole], 
     return FleetPlan(reports)
 
 
-def _load_profile(config: NodeConfig) -> Profile:
+def _profile(scope: object, config: NodeConfig) -> Profile:
     try:
-        return load_profile(config.profile)
+        return profile_of_the_run(scope, config.profile)
     except FleetError as exc:
         raise FleetError(f"{config.host}: {exc}") from None
 

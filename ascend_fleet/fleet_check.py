@@ -26,7 +26,6 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle import verify_bundle
 from ascend_fleet.errors import FleetError
 from ascend_fleet.firewall import ssh_lockout_problems
 from ascend_fleet.fleet import (
@@ -41,7 +40,8 @@ from ascend_fleet.fleet import (
 from ascend_fleet.fleetlease import lease_of_deploy
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.per_run import profile_of_the_run
+from ascend_fleet.profile import Profile
 
 # Set while this module loads an inventory file, which runs the file's own check_before_connecting().
 _LOADING: ContextVar[bool] = ContextVar("ascend_fleet_check_loading", default=False)
@@ -65,8 +65,9 @@ def fleet_problems(inventory: Inventory, source: Path | None = None, model_confi
         problems += fleet
         if not fleet:
             roles = data_parallel_roles(group_members(inventory), configs)
-            problems += plan_configs(configs, roles, ModelConfigs(model_config, models_dir), problems).errors()
-            problems += vendor_file_problems(configs)
+            problems += plan_configs(inventory, configs, roles, ModelConfigs(model_config, models_dir),
+                                     problems).errors()
+            problems += vendor_file_problems(inventory, configs)
             problems += bundle_problems(configs)
             problems += ssh_lockout_problems(inventory)
     return merge_hosts(problems, [host.name for host in inventory])
@@ -117,6 +118,10 @@ def bundle_problems(configs: list[NodeConfig]) -> list[str]:
     problems = []
     for config in configs:
         if config.bundle_dir:
+            # Here, not at the top: the bundle's module and what it imports (the resolver, the locks) are
+            # a tenth of every check's start, for the fleets that have a bundle.
+            from ascend_fleet.bundle import verify_bundle
+
             if config.bundle_dir not in verified:
                 try:
                     verified[config.bundle_dir] = verify_bundle(Path(config.bundle_dir))
@@ -126,14 +131,14 @@ def bundle_problems(configs: list[NodeConfig]) -> list[str]:
     return problems
 
 
-def vendor_file_problems(configs: list[NodeConfig]) -> list[str]:
-    """The workers' profiles give the sha256 of every vendor package of at least one of their arches, and each
-    package in files/ has its profile's. Which arch a node is, and so which packages it needs, preflight asks
-    the node, then requires those."""
+def vendor_file_problems(scope: object, configs: list[NodeConfig]) -> list[str]:
+    """The workers' profiles (read once for the scope: per_run.profile_of_the_run) give the sha256 of every
+    vendor package of at least one of their arches, and each package in files/ has its profile's. Which arch a
+    node is, and so which packages it needs, preflight asks the node, then requires those."""
     problems = []
     for name in sorted({config.profile for config in configs if config.is_worker}):
         try:
-            profile = load_profile(name)
+            profile = profile_of_the_run(scope, name)
         except FleetError:
             continue  # the plan has said so, for each host naming it
         by_arch = {arch: list(profile.vendor_files(arch).values()) for arch in profile.arch}

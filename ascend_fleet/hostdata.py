@@ -14,6 +14,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
@@ -734,26 +735,27 @@ def _instance_problems(config: NodeConfig, derived: bool):
             yield ("instance_ports.api" if derived else f"instances.{instance.name}.port"), (
                 f"{instance.port} is below {FIRST_UNPRIVILEGED_PORT}, which only root may bind; instance "
                 f"{instance.name} runs as service_user {config.service_user}: pick a port from 1024 to 65535")
-    records = [instance.record() for instance in config.instances]
-    yield from _host_port_problems(config, records)
-    for finding in check_node_instances(records):
-        if finding.code == "shared-npu":
-            yield "instances", f"{finding.message}; expected each NPU used once"
-    for clash in port_clashes(records):
-        yield ("instance_ports" if derived else "instances"), f"{clash}; {_port_remedy(clash, derived)}"
+    # The host's other listeners: the weights peer port; the gateway's, on a host that is both.
+    listeners = (("model.peer_port", config.model.peer_port if config.model else None),
+                 ("gateway.listen_port", config.gateway.listen_port if config.gateway else None))
+    yield from _placement_problems(tuple(instance.record() for instance in config.instances), listeners, derived)
 
 
-def _host_port_problems(config: NodeConfig, records: list[InstanceRecord]):
-    """The host's other listeners (the weights peer port; the gateway's, on a host that is both) against
-    every port an instance takes."""
-    listeners = {"model.peer_port": config.model.peer_port if config.model else None,
-                 "gateway.listen_port": config.gateway.listen_port if config.gateway else None}
-    for key, port in listeners.items():
-        for record in records:
-            for claimed in record.port_ranges():
-                if port in claimed.ports:
-                    yield key, (f"{port} lies in instance {record.name}'s {claimed}; move {key} or the instance's "
-                                f"{claimed.field}")
+# A fleet's alike hosts place alike instances (every argument is a frozen dataclass or a value): each
+# placement judged once per process, not once per host.
+@lru_cache(maxsize=256)
+def _placement_problems(records: tuple[InstanceRecord, ...], listeners: tuple[tuple[str, int | None], ...],
+                        derived: bool) -> tuple[tuple[str, str], ...]:
+    """(key, what) for each NPU or port the instances share, among themselves or with a listener of the host."""
+    problems = [(key, f"{port} lies in instance {record.name}'s {claimed}; move {key} or the instance's "
+                      f"{claimed.field}")
+                for key, port in listeners for record in records for claimed in record.port_ranges()
+                if port in claimed.ports]
+    problems += [("instances", f"{finding.message}; expected each NPU used once")
+                 for finding in check_node_instances(records) if finding.code == "shared-npu"]
+    problems += [("instance_ports" if derived else "instances", f"{clash}; {_port_remedy(clash, derived)}")
+                 for clash in port_clashes(records)]
+    return tuple(problems)
 
 
 # Derived instances place each port from the instance_ports base of the same kind.

@@ -24,7 +24,7 @@ from ascend_fleet import TEMPLATES
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_os import SERVED, NodeOs, role_gaps
-from ascend_fleet.profile import load_profile
+from ascend_fleet.per_run import profile_of_the_run
 from ascend_fleet.templating import render
 
 # The group whose hosts serve the bundle (stages/mirror.py): they read their own copy of it from disk.
@@ -54,15 +54,16 @@ def served_release(name: str) -> NodeOs:
                      f"{', '.join(known.name for known in SERVED)})")
 
 
-def fleet_packages(known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool) -> list[str]:
+def fleet_packages(scope: object, known: NodeOs, configs: list[NodeConfig], mirror_hosts: bool) -> list[str]:
     """What the stages install on this release for these hosts' roles (node_os.py names each package; a
-    role the release lacks a package for is refused at preflight, node_os.role_gaps, and left out here)."""
+    role the release lacks a package for is refused at preflight, node_os.role_gaps, and left out here);
+    the workers' profiles read once for the scope (per_run.profile_of_the_run)."""
     names: list[str | None] = [known.nginx] if mirror_hosts else []
     for config in configs:
         if role_gaps(known, config.is_worker, config.is_gateway, config.gateway_vip is not None):
             continue
         if config.is_worker:
-            profile = load_profile(config.profile)
+            profile = profile_of_the_run(scope, config.profile)
             python = known.python_packages(profile.stack.python) or profile.pip.python_packages.get(known.name, [])
             names += [known.nginx, known.nftables, known.node_exporter and known.node_exporter.package,
                       *(known.driver_prerequisites or ()), *python,

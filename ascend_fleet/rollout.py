@@ -59,6 +59,7 @@ from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
 from ascend_fleet.multi_node import data_parallel_roles
 from ascend_fleet.node_layout import instance_env_file, revision_dir
+from ascend_fleet.per_run import profile_of_the_run
 from ascend_fleet.planner import check_blue_green, check_node_instances
 from ascend_fleet.probes import (
     EVERY_ASK,
@@ -74,7 +75,6 @@ from ascend_fleet.probes import (
     prefix_cache_counts,
     running_requests,
 )
-from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import read_fleet_facts
 
 ROUTES_DEPLOY = "deploys/routes.py"  # the drained set applied at every gateway, nothing else
@@ -841,7 +841,7 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
     configs = ModelConfigs()
     for host in fleet.workers:
         config = fleet.configs[host]
-        profile = load_profile(config.profile)
+        profile = profile_of_the_run(fleet.inventory, config.profile)
         replacement = fleet.other_config(host).model_copy(update={"model": Model(**model)})
         records = [i.record() for i in (*config.instances, *replacement.instances)]
         for finding in check_node_instances(records):

@@ -19,16 +19,15 @@ from packaging.version import Version
 from ascend_fleet.hostdata import Instance, NodeConfig, Serving
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.planner import ERROR, WARNING, Finding
-from ascend_fleet.profile import load_profile
 
 OPTIONS_DIR = Path(__file__).with_name("vllm_options")
 
 
-def vllm_args(config: NodeConfig, instance: Instance, model_path: str,
+def vllm_args(config: NodeConfig, instance: Instance, model_path: str, vllm_version: str,
               role: DataParallelRole | None = None) -> list[str]:
     """The `vllm serve` arguments for one instance (the model path first, as its positional model_tag),
-    from the model and serving data; a multi-node instance's member adds its part (the head serves
-    the API, the others run headless)."""
+    from the model and serving data and the profile's vLLM release (the caller's profile, read once a
+    run); a multi-node instance's member adds its part (the head serves the API, the others run headless)."""
     serving, model = config.serving, config.model
     args = [model_path, "--served-model-name", model.served_model_name, "--host", "0.0.0.0",
             "--port", str(instance.port), "--tensor-parallel-size", str(config.tensor_parallel_size),
@@ -54,7 +53,7 @@ def vllm_args(config: NodeConfig, instance: Instance, model_path: str,
     for option, value in options.items():
         if value is not None:
             args += [option, str(value)]
-    return args + shutdown_args(load_profile(config.profile).stack.vllm) + serving.extra_args
+    return args + shutdown_args(vllm_version) + serving.extra_args
 
 
 SHUTDOWN_TIMEOUT = "--shutdown-timeout"
@@ -83,9 +82,11 @@ def release_data(vllm_version: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+@cache
 def option_table(vllm_version: str) -> dict[str, dict] | None:
     """{flag: argparse action} of the release's `vllm serve` (what the unit runs), or None when no table
-    was extracted for it."""
+    was extracted for it. Built once per release: every host's options are checked against it, so it
+    is shared; read it, never change it."""
     data = release_data(vllm_version)
     if data is None:
         return None

@@ -1,9 +1,13 @@
 """Benchmark (issue 31): how each part of the tool grows with the fleet, side by side in one run.
 
-Control plane, on synthetic fleets of 10, 100 and 1000 workers (4 instances each, a populated fleet
-state: every worker's colour and served instances, some drained), nothing deployed:
+Control plane, on synthetic fleets of 10, 100 and 1000 workers and two gateways with the example fleet's
+data as shipped (group_data/prod.py and its profile; 4 instances each, a populated fleet state: every
+worker's colour and served instances, some drained), nothing deployed:
 
-    check    `ascend-fleet check INVENTORY` (every deploy runs the same before it connects)
+    check    `ascend-fleet check INVENTORY` (every deploy runs the same before it connects). The shipped
+             profile has no sha256 for the vendor packages (null until an operator fills them in from
+             Huawei's download page), so check exits 2 with that one problem, after checking everything;
+             a user of the example fleet meets the same until they fill them in
     plan     `ascend-fleet plan INVENTORY`
     gateway  the gateway config the product renders for every instance, then `nginx -t` on it
     routes   that config read as `status` reads a gateway, every instance found in it (drained or routed)
@@ -30,6 +34,8 @@ import gc
 import json
 import os
 import re
+import resource
+import runpy
 import shutil
 import socket
 import subprocess
@@ -43,25 +49,29 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))  # benchmarks/ beside the package, run as a script
 
 CLI = str(Path(sys.executable).with_name("ascend-fleet"))
+EXAMPLE_DATA = PROJECT / "group_data" / "prod.py"  # the example fleet's (inventories/prod.py)
+EXAMPLE_PROFILE = runpy.run_path(str(EXAMPLE_DATA))["profile"]
 MODEL_CONFIG = PROJECT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 INSTANCES_PER_WORKER = 4  # group_data/prod.py: TP2 on 8 NPUs
 TARGETS = {"check": 2.0, "plan": 2.0, "rollout": 2.0, "status": 60.0}
 MAX_GROWTH = 12.0
 FAN_OUT_TARGETS = {6: 1.15, 12: 1.25}  # all N workers from peers / one worker
 BAD_HOST_LINE = re.compile(r"^\S+: cannot connect over SSH to ")  # status's line under its table
+# check's one problem with the example data as shipped (fleet_check.vendor_file_problems)
+UNFILLED_SHA256 = re.compile(r"^error: profile \S+: no sha256 for \d+ vendor packages ")
+GATEWAYS = 2  # inventories/prod.py's pair
 
 
 def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
-    """An inventory of `workers` 8-NPU workers in rollout waves and one gateway, with the example fleet's
-    data (group_data/prod.py on the lab profile, whose vendor packages have their sha256) and a fleet state
-    as a fleet that served for a while has it. Every host's SSH is 127.0.0.1:ssh_port. Returns the file."""
+    """An inventory of `workers` 8-NPU workers in rollout waves and two gateways, as inventories/prod.py
+    has them, with the example fleet's data as shipped (group_data/prod.py, its profile included) and a
+    fleet state as a fleet that served for a while has it. Every host's SSH is 127.0.0.1:ssh_port.
+    Returns the file."""
     (directory / "inventories").mkdir(parents=True)
     (directory / "group_data").mkdir()
     for name in ("all.py", "gateway.py"):
         shutil.copy(PROJECT / "group_data" / name, directory / "group_data" / name)
-    example = (PROJECT / "group_data" / "prod.py").read_text()
-    (directory / "group_data" / "scale.py").write_text(example.replace('profile = "vllm-ascend-0.18.0"',
-                                                                       'profile = "lab"'))
+    shutil.copy(EXAMPLE_DATA, directory / "group_data" / "scale.py")
     models = directory / "files" / "models" / "Eco-Tech" / "Qwen3.5-27B-w8a8-mtp" / "master"  # as a fleet keeps it
     models.mkdir(parents=True)
     shutil.copy(MODEL_CONFIG / "config.json", models / "config.json")
@@ -74,7 +84,7 @@ def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
         f"canary = {names[:1]!r}\n"
         f"wave1 = {names[1:workers // 2]!r}\n"
         f"wave2 = {names[workers // 2:]!r}\n"
-        "gateway = [('gw-01', _ssh)]\n"
+        "gateway = [('gw-01', _ssh), ('gw-02', _ssh)]\n"
         "from ascend_fleet.fleet_check import check_before_connecting\n"
         "check_before_connecting()\n")
     instances = [f"vllm-{i}" for i in range(INSTANCES_PER_WORKER)]
@@ -123,10 +133,13 @@ print(len(record.steps), time.monotonic() - started)
 """
 
 
-def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+def timed(argv: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """The command's wall-clock seconds, its CPU seconds (user and system) and its result."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
-    return time.monotonic() - started, result
+    wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, result
 
 
 def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
@@ -144,7 +157,7 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     backends = [{"host": f"npu-{w:04d}", "instance": f"vllm-{i}", "address": f"10.{w // 250}.{w % 250}.11",
                  "port": 8000 + i, "npus": [i], "drained": w % 10 == 0}
                 for w in range(workers) for i in range(INSTANCES_PER_WORKER)]
-    config = node_config({"profile": "lab", "gateway": {"listen_port": port}}, "gw-01")
+    config = node_config({"profile": EXAMPLE_PROFILE, "gateway": {"listen_port": port}}, "gw-01")
     routes_file = json.dumps(routes_document(config, backends), indent=1)
     site = nginx_text(Routes(json.loads(routes_file)), set())
     (scratch / "site.conf").write_text(site)
@@ -162,7 +175,7 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     repeats = max(1, 1000 // workers)
     started = time.monotonic()
     for _ in range(repeats):
-        gateway = HostStatus("gw-01", "gateway", "lab", routes=gateway_routes(routes_file.splitlines()))
+        gateway = HostStatus("gw-01", "gateway", EXAMPLE_PROFILE, routes=gateway_routes(routes_file.splitlines()))
         routed = [routing(f"{backend['host']}/{backend['instance']}", [gateway]) for backend in backends]
     read = (time.monotonic() - started) / repeats
     if routed != ["drained" if backend["drained"] else "yes" for backend in backends]:
@@ -170,19 +183,23 @@ def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     return rendered, read
 
 
-def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
-    """{part: {workers: seconds}}, each part checked for what a user would see."""
+def control_plane(sizes: list[int]) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    """{part: {workers: seconds}}, each part checked for what a user would see; and check's and plan's CPU
+    seconds, which tell a busy machine (the wall clock waits for other processes) from slow code."""
     figures: dict[str, dict[int, float]] = {"check": {}, "plan": {}, "gateway": {}, "routes": {}, "rollout": {},
                                                 "status": {}}
+    cpu: dict[str, dict[int, float]] = {"check": {}, "plan": {}}
     hung = HungSSH()
     try:
         for workers in sizes:
             with tempfile.TemporaryDirectory(prefix=f"scale-{workers}-") as scratch:
                 root = Path(scratch)
                 inventory = synthetic_fleet(root / "fleet", workers, hung.port)
-                figures["check"][workers], result = timed([CLI, "check", str(inventory)], root / "fleet")
-                expect(result, 0, f"check of {workers} workers")
-                figures["plan"][workers], result = timed([CLI, "plan", str(inventory)], root / "fleet")
+                figures["check"][workers], cpu["check"][workers], result = timed([CLI, "check", str(inventory)],
+                                                                                 root / "fleet")
+                expect_unfilled_sha256(result, f"check of {workers} workers")
+                figures["plan"][workers], cpu["plan"][workers], result = timed([CLI, "plan", str(inventory)],
+                                                                               root / "fleet")
                 expect(result, 0, f"plan of {workers} workers")
                 (root / "nginx").mkdir()
                 # Fractions of a second (0.02 s at 100 workers): the best of five, each after a garbage
@@ -191,22 +208,33 @@ def control_plane(sizes: list[int]) -> dict[str, dict[int, float]]:
                 rounds = [gateway_seconds(workers, root / "nginx") for _ in range(5)]
                 figures["gateway"][workers] = min(rendered for rendered, _ in rounds)
                 figures["routes"][workers] = min(read for _, read in rounds)
-                _, result = timed([sys.executable, "-c", ROLLOUT_PLAN, str(inventory)], root / "fleet")
+                _, _, result = timed([sys.executable, "-c", ROLLOUT_PLAN, str(inventory)], root / "fleet")
                 expect(result, 0, f"rollout planning of {workers} workers")
                 figures["rollout"][workers] = float(result.stdout.split()[1])
-                figures["status"][workers], result = timed([CLI, "status", str(inventory)], root / "fleet")
+                figures["status"][workers], _, result = timed([CLI, "status", str(inventory)], root / "fleet")
                 expect(result, 1, f"status of {workers} hung workers")
                 bad_lines = [line for line in result.stdout.splitlines() if BAD_HOST_LINE.match(line)]
-                if len(bad_lines) != workers + 1:
+                if len(bad_lines) != workers + GATEWAYS:
                     raise SystemExit(f"status of {workers} hung workers: {len(bad_lines)} lines naming a host it "
-                                     f"could not read, expected {workers + 1} (one per host and the gateway)")
+                                     f"could not read, expected {workers + GATEWAYS} (one per host and gateway)")
                 if "hosts read in" not in result.stderr:
                     raise SystemExit(f"status of {workers} hung workers: no progress on stderr")
-            print(f"  {workers:5d} workers: " + ", ".join(f"{part} {by_size[workers]:.2f}s"
-                                                          for part, by_size in figures.items()), flush=True)
+            print(f"  {workers:5d} workers: " + ", ".join(
+                f"{part} {by_size[workers]:.2f}s" + (f" ({cpu[part][workers]:.2f}s CPU)" if part in cpu else "")
+                for part, by_size in figures.items()), flush=True)
     finally:
         hung.close()
-    return figures
+    return figures, cpu
+
+
+def expect_unfilled_sha256(result: subprocess.CompletedProcess, what: str) -> None:
+    """check's verdict on the example data as shipped: exit 2 and its one problem, the profile's vendor
+    packages without sha256 (vendor_file_problems), which stops none of the other checks."""
+    expect(result, 2, what)
+    problems = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    if len(problems) != 1 or not UNFILLED_SHA256.match(problems[0]):
+        raise SystemExit(f"{what}: expected only the shipped profile's missing vendor sha256, got:\n"
+                         + "\n".join(problems[:10]))
 
 
 def expect(result: subprocess.CompletedProcess, code: int, what: str) -> None:
@@ -271,9 +299,12 @@ def main() -> None:
         held = all(ratio <= FAN_OUT_TARGETS.get(n, float("inf")) for n, ratio in ratios.items()) and held
     print(f"control plane, synthetic fleets of {', '.join(map(str, args.hosts))} workers "
           f"({INSTANCES_PER_WORKER} instances each):", flush=True)
-    figures = control_plane(args.hosts)
+    figures, cpu = control_plane(args.hosts)
     print("control plane (growth per x10 hosts, 10 is linear):")
     held = report_control_plane(figures) and held
+    print("  CPU seconds: " + "; ".join(f"{part} " + ", ".join(f"{size}: {seconds:.2f}s" for size, seconds in
+                                                             by_size.items()) for part, by_size in cpu.items())
+          + "; load average {:.1f} {:.1f} {:.1f} at the end (the machine's other work)".format(*os.getloadavg()))
     sys.exit(0 if held else 1)
 
 

@@ -20,8 +20,8 @@ from ascend_fleet.node_os import NodeOs, node_os, not_served
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.bundle import only_source
 from ascend_fleet.os_repository import MIRROR_GROUP, repository_name
-from ascend_fleet.per_run import fact_of_the_run, once_per_run
-from ascend_fleet.profile import Profile, load_profile
+from ascend_fleet.per_run import fact_of_the_run, once_per_run, profile_of_the_run
+from ascend_fleet.profile import Profile
 from ascend_fleet.templating import render
 
 
@@ -32,7 +32,7 @@ def node_profile() -> Profile:
     if not name:
         raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
     try:
-        return once_per_run(host.state, ("profile", name), lambda: load_profile(name))
+        return profile_of_the_run(host.state, name)
     except FleetError as exc:
         raise FleetError(f"{host.name}: {exc}") from None
 

@@ -33,8 +33,7 @@ from ascend_fleet.node.stage_weights import (
 from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
-from ascend_fleet.per_run import fact_of_the_run, once_per_run
-from ascend_fleet.profile import load_profile
+from ascend_fleet.per_run import fact_of_the_run, once_per_run, profile_of_the_run
 from ascend_fleet.stages.context import nginx_installed
 from ascend_fleet.templating import render
 
@@ -136,7 +135,7 @@ def read_package_servers() -> dict[str, tuple[str, frozenset[str]]]:
         config = host_node_config(worker)
         if not config.is_worker or config.model.peers is False:
             continue
-        profile = load_profile(config.profile)
+        profile = profile_of_the_run(state, config.profile)
         # A worker in this run says its architecture; one a --limit leaves out may hold the files of
         # any architecture its profile has.
         arches = [fact_of_the_run(worker, Arch)] if worker in state.activated_hosts else profile.arch

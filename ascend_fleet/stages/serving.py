@@ -157,18 +157,19 @@ def weights_stage() -> None:
                   seeder_urls=spread.seeder_urls if spread else None, seeding=bool(spread and spread.seeding))
 
 
-def instance_unit_file(config: NodeConfig, instance: Instance, venv: str, leave_seconds: int,
+def instance_unit_file(config: NodeConfig, instance: Instance, profile: Profile, leave_seconds: int,
                        role: DataParallelRole | None = None) -> str:
-    """The systemd unit that runs one instance from the serving virtualenv `venv`; a multi-node
+    """The systemd unit that runs one instance from the profile's serving virtualenv; a multi-node
     instance's headless member is started once it runs (it serves no /health to wait for). Before it
     stops, it waits leave_seconds for the gateways to take it out of routing."""
     model = config.model
     model_path = str(revision_dir(config.model_dir, model.id, model.revision))
     return render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id=model.id,
-                  revision=model.revision, service_user=config.service_user, helper=INSTANCE_HELPER, venv=venv,
-                  service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
+                  revision=model.revision, service_user=config.service_user, helper=INSTANCE_HELPER,
+                  venv=profile.pip.venv, service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
                   home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
-                  weights_marker=f"{model_path}/{MARKER_NAME}", args=vllm_args(config, instance, model_path, role),
+                  weights_marker=f"{model_path}/{MARKER_NAME}",
+                  args=vllm_args(config, instance, model_path, profile.stack.vllm, role),
                   serves_http=not role or role.is_head,
                   leave_seconds=leave_seconds,
                   start_timeout=START_TIMEOUT_SECONDS, stop_timeout=STOP_TIMEOUT_SECONDS, **START_LIMIT)
@@ -221,7 +222,7 @@ def serve_stage() -> None:
             continue
         unit = placed.file(
             name=f"Unit {instance_unit(instance.name)}", dest=unit_file(instance_unit(instance.name)), mode="644",
-            content=instance_unit_file(config, instance, profile.pip.venv, leave_seconds,
+            content=instance_unit_file(config, instance, profile, leave_seconds,
                                        data_parallel_role(config.host)))
         environment = private.private_file(
             name=f"Environment of {instance.name} (root only)", dest=instance_env_file(instance.name),

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import requests
+from pyinfra.api import State
 from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
@@ -152,8 +153,9 @@ def test_an_openeuler_workers_os_packages_install_from_the_bundles_dnf_repositor
     fetched = subprocess.run(["dnf", "-q", "-y", f"--installroot={tmp_path / 'root'}", "--releasever=24.03",
                               f"--setopt=reposdir={tmp_path / 'repos'}", f"--setopt=cachedir={tmp_path / 'cache'}",
                               "download", "--resolve", "--alldeps", f"--destdir={tmp_path / 'got'}",
-                              *fleet_packages(known, [SimpleNamespace(is_worker=True, profile="lab", is_gateway=False,
-                                                                      gateway_vip=None)], mirror_hosts=False)],
+                              *fleet_packages(State(), known, [SimpleNamespace(is_worker=True, profile="lab",
+                                                                               is_gateway=False, gateway_vip=None)],
+                                              mirror_hosts=False)],
                              capture_output=True, text=True, timeout=300)
     assert fetched.returncode == 0, fetched.stdout[-1500:] + fetched.stderr[-1500:]
     assert {p.name for p in (tmp_path / "got").glob("*.rpm")} >= {"nginx-1.24.0-10.oe2403.x86_64.rpm"}

@@ -356,7 +356,7 @@ def test_prefix_caching_and_chunked_prefill_reach_vllm_on_and_off(tmp_path, serv
     inventory = load_inventory(write_fleet(tmp_path, FLEET.format(profile="vllm-ascend-0.13.0",
                                                                   model="Qwen2.5-72B-Instruct", serving=serving)), tmp_path)
     config = next(c for c in fleet_node_configs(inventory) if c.is_worker)
-    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x", "0.13.0")
     assert [a for a in args if "prefix-caching" in a or "chunked-prefill" in a] == flags
 
 

@@ -17,10 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from pyinfra.api import State
 
 from ascend_fleet import PROFILES, PROJECT_ROOT
-from ascend_fleet.fleet import load_inventory
-from ascend_fleet.fleet_check import fleet_problems, merge_hosts, vendor_file_problems
+from ascend_fleet.fleet import load_inventory, plan_fleet
+from ascend_fleet.fleet_check import fleet_problems, inventory_problems, merge_hosts, vendor_file_problems
 from ascend_fleet.profile import load_profile
 
 BIN = Path(sys.executable).parent
@@ -123,7 +124,7 @@ def test_problems_of_many_hosts_share_a_line():
 def test_vendor_packages_without_sha256_or_with_another_are_refused_before_any_connection(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     worker = SimpleNamespace(profile="vllm-ascend-0.18.0", is_worker=True)
-    assert vendor_file_problems([worker]) == [
+    assert vendor_file_problems(State(), [worker]) == [
         "profile vllm-ascend-0.18.0: no sha256 for 9 vendor packages (Ascend-cann-910b-ops_8.5.1_linux-aarch64.run, "
         "...); add those of your nodes' architecture under packages.files, from Huawei's download page (copy the "
         "profile to profiles/ here first)"]
@@ -136,10 +137,66 @@ def test_vendor_packages_without_sha256_or_with_another_are_refused_before_any_c
     firmware = profile.vendor_files("aarch64")["firmware"]
     (tmp_path / "files").mkdir()
     (tmp_path / "files" / firmware).write_bytes(b"not the firmware")
-    assert vendor_file_problems([worker]) == [  # aarch64's are all given: x86_64's may be left out
+    assert vendor_file_problems(State(), [worker]) == [  # aarch64's are all given: x86_64's may be left out
         f"{tmp_path}/files/{firmware} has sha256 {hashlib.sha256(b'not the firmware').hexdigest()}, profile "
         f"vllm-ascend-0.18.0 expects {hashlib.sha256(firmware.encode()).hexdigest()}; replace the file or correct "
         "the profile"]
+
+
+UNFILLED_SHA256 = ("profile vllm-ascend-0.18.0: no sha256 for 9 vendor packages (Ascend-cann-910b-ops_8.5.1_linux-"
+                   "aarch64.run, ...); add those of your nodes' architecture under packages.files, from Huawei's "
+                   "download page (copy the profile to profiles/ here first)")
+
+
+@pytest.fixture
+def big_site(site, monkeypatch) -> Path:
+    """The example fleet with 40 workers, its model's config.json in files/models as a fleet keeps it, run from."""
+    edit(site / "inventories/prod.py", "for n in range(1, 6)]", "for n in range(1, 41)]")
+    edit(site / "inventories/prod.py", 'wave2 = ["npu-04.example.internal", "npu-05.example.internal"]',
+         'wave2 = [f"npu-{n:02d}.example.internal" for n in range(4, 41)]')
+    models = site / "files/models/Eco-Tech/Qwen3.5-27B-w8a8-mtp/master"
+    models.mkdir(parents=True)
+    shutil.copy(PROJECT_ROOT / "tests/fixtures/models/qwen3.5-27b/config.json", models)
+    monkeypatch.chdir(site)
+    return site
+
+
+def profile_reads(monkeypatch) -> list[Path]:
+    """Every profile file read from now on, in order (load_profile reads the file's text)."""
+    reads = []
+    read_text = Path.read_text
+
+    def counted(path: Path, *args, **kwargs) -> str:
+        if path.suffix == ".yaml" and path.parent.name == "profiles":
+            reads.append(path.resolve())
+        return read_text(path, *args, **kwargs)
+    monkeypatch.setattr(Path, "read_text", counted)
+    return reads
+
+
+def test_check_and_plan_of_a_fleet_read_its_profile_once_not_once_per_host(big_site, monkeypatch):
+    """Issue 47: every instance parsed the profile again, 76 ms each: check and plan took 30 s at 1000 hosts."""
+    inventory = big_site / "inventories/prod.py"
+    reads = profile_reads(monkeypatch)
+    assert inventory_problems(inventory, big_site) == [UNFILLED_SHA256]
+    assert reads == [PROFILES / "vllm-ascend-0.18.0.yaml"]
+    reads.clear()
+    plan = plan_fleet(load_inventory(inventory, big_site))
+    assert len({report.host for report in plan.instances}) == 40 and not plan.first_error()
+    assert reads == [PROFILES / "vllm-ascend-0.18.0.yaml"]
+
+
+def test_a_profile_in_profiles_where_check_runs_comes_before_the_packages_and_is_read_once(big_site, monkeypatch):
+    inventory = big_site / "inventories/prod.py"
+    assert inventory_problems(inventory, big_site) == [UNFILLED_SHA256]  # the package's, read in this process
+    data = yaml.safe_load((PROFILES / "vllm-ascend-0.18.0.yaml").read_text())
+    data["packages"]["files"] = {name: {"sha256": hashlib.sha256(name.encode()).hexdigest()}
+                                 for name in load_profile("vllm-ascend-0.18.0").vendor_files("aarch64").values()}
+    (big_site / "profiles").mkdir()
+    (big_site / "profiles/vllm-ascend-0.18.0.yaml").write_text(yaml.safe_dump(data))
+    reads = profile_reads(monkeypatch)
+    assert inventory_problems(inventory, big_site) == []
+    assert reads == [big_site / "profiles/vllm-ascend-0.18.0.yaml"]
 
 
 @pytest.mark.parametrize("appended, line", [

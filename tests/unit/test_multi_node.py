@@ -21,6 +21,7 @@ serving = {"max_model_len": 32768, "gpu_memory_utilization": 0.9, "enable_expert
            "quantization": "ascend", "quantization_scheme": "w8a8"}
 rollout_waves = ["canary"]
 """
+VLLM = "0.18.0"  # the vLLM of GROUP_DATA's profile
 PAIR = '{"group": "pair_a", "rpc_port": 13389, "api_server_count": 2, "nic": "enp67s0f0"}'
 
 
@@ -46,8 +47,8 @@ def test_the_first_host_of_the_group_is_the_head_and_the_next_runs_headless_from
     # One instance per member over all 8 NPUs, TP8 (the guide's layout).
     instance = configs["npu-02"].instances[0]
     assert (instance.name, instance.npus) == ("vllm-0", list(range(8)))
-    head_args = vllm_args(configs["npu-01"], configs["npu-01"].instances[0], "/m", head)
-    member_args = vllm_args(configs["npu-02"], instance, "/m", other)
+    head_args = vllm_args(configs["npu-01"], configs["npu-01"].instances[0], "/m", VLLM, head)
+    member_args = vllm_args(configs["npu-02"], instance, "/m", VLLM, other)
     assert " ".join(head_args).count("--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
                                      "192.168.13.31 --data-parallel-rpc-port 13389 --api-server-count 2") == 1
     assert "--headless --data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address 192.168.13.31 " \

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api import State
 from pyinfra.facts.server import Arch, Command, LinuxDistribution
 
 from ascend_fleet import stages
@@ -234,7 +235,8 @@ def test_with_a_bundle_every_package_a_debian_worker_installs_comes_from_the_bun
             (None, f"-oDir::Etc::sourcelist={BUNDLE_APT_SOURCE} -oDir::Etc::sourceparts=- -oAPT::Get::List-Cleanup=0")}
     worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False, gateway_vip=None)
     installed = {name for _, packages in recorder.installs() for name in packages}
-    assert installed and installed <= set(fleet_packages(node_os("Debian", "12"), [worker], mirror_hosts=False))
+    assert installed and installed <= set(fleet_packages(State(), node_os("Debian", "12"), [worker],
+                                                         mirror_hosts=False))
 
 
 def test_with_a_bundle_an_openeuler_worker_installs_from_the_bundles_dnf_repository_alone(monkeypatch, tmp_path):
@@ -261,4 +263,4 @@ def test_with_a_bundle_an_openeuler_worker_installs_from_the_bundles_dnf_reposit
     assert len(dnf_calls) == 4 and {call["repository"] for call in dnf_calls} == {"ascend-fleet-bundle"}
     worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False, gateway_vip=None)
     installed = {name for _, packages in recorder.installs() for name in packages}
-    assert installed <= set(fleet_packages(node_os("openEuler", "24.03"), [worker], mirror_hosts=False))
+    assert installed <= set(fleet_packages(State(), node_os("openEuler", "24.03"), [worker], mirror_hosts=False))

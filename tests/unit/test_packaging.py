@@ -29,7 +29,7 @@ UNIT_OF_FIRST_WORKER = textwrap.dedent("""
     config = next(c for c in fleet_node_configs(load_inventory(__import__("pathlib").Path("inventories/prod.py")))
                   if c.is_worker)
     print(ascend_fleet.__file__)
-    print(instance_unit_file(config, config.instances[0], load_profile(config.profile).pip.venv, leave_seconds=4))
+    print(instance_unit_file(config, config.instances[0], load_profile(config.profile), leave_seconds=4))
 """)
 
 

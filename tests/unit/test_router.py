@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from pyinfra.api import State
 from pyinfra.facts.systemd import SystemdEnabled
 
 from ascend_fleet import TEMPLATES
@@ -267,8 +268,8 @@ def test_a_bundle_carries_the_router_of_each_cache_aware_gateway_for_each_arch_a
     gateways = [node_config({"profile": "lab", "pip_index_url": "http://mirror:8080/simple",
                              "gateway": {"routing": {"policy": policy}}}, name)
                 for name, policy in (("gw1", "cache_aware"), ("gw2", "cache_aware"), ("gw3", "least_conn"))]
-    entries = bundle_routers(gateways, ["x86_64"], [node_os("Debian", "11"), node_os("Debian", "12")], tmp_path,
-                             progress=lambda line: None)
+    entries = bundle_routers(State(), gateways, ["x86_64"], [node_os("Debian", "11"), node_os("Debian", "12")],
+                             tmp_path, progress=lambda line: None)
     assert [(e["arch"], e["python"], e["lock"]) for e in entries] == [
         ("x86_64", "3.11", "locks/vllm-router-0.1.17.x86_64-py3.11.txt"),
         ("x86_64", "3.9", "locks/vllm-router-0.1.17.x86_64-py3.9.txt")]  # once for both gateways
@@ -276,4 +277,4 @@ def test_a_bundle_carries_the_router_of_each_cache_aware_gateway_for_each_arch_a
                        ("vllm-router-0.1.17.x86_64-py3.9.txt", "3.9", ["http://mirror:8080/simple"])]
     committed = router_lock(load_profile("lab").router, "x86_64", "3.9")
     assert (tmp_path / "locks" / "vllm-router-0.1.17.x86_64-py3.9.txt").read_text() == committed.text
-    assert bundle_routers(gateways[2:], None, [], tmp_path, progress=lambda line: None) == []
+    assert bundle_routers(State(), gateways[2:], None, [], tmp_path, progress=lambda line: None) == []

@@ -26,6 +26,7 @@ from ascend_fleet.node_layout import (
     instance_unit,
 )
 from ascend_fleet.plan_cli import layout
+from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import OPTIONS_DIR, check_extra_args, check_serving_rules, check_vllm_args, vllm_args
 from tests.unit.test_fleet import FLEET, MODELS, prod_inventory, write_fleet
@@ -44,9 +45,14 @@ def config_of(tmp_path: Path, profile: str, serving: str, model: str = "Qwen3.5-
     return inventory, next(c for c in fleet_node_configs(inventory) if c.is_worker)
 
 
+def vllm_of(config) -> str:
+    """The vLLM release of the config's profile, as the planner and the serving stage pass it."""
+    return load_profile(config.profile).stack.vllm
+
+
 def test_the_recipe_reaches_vllm_as_its_options(tmp_path):
     _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE)
-    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x", vllm_of(config))
     line = " ".join(args)
     for expected in ("--quantization ascend", "--enable-expert-parallel", "--no-enable-prefix-caching",
                      "--async-scheduling", f"--speculative-config {SPECULATIVE}",
@@ -60,11 +66,11 @@ def test_an_instance_from_0_18_drains_at_sigterm_and_older_releases_get_no_such_
     (tmp_path / "new").mkdir()
     (tmp_path / "old").mkdir()
     _, config = config_of(tmp_path / "new", "vllm-ascend-0.18.0", RECIPE)
-    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x", vllm_of(config))
     assert args[args.index("--shutdown-timeout") + 1] == "110"
     assert check_vllm_args(args, "0.18.0") == []
     _, config = config_of(tmp_path / "old", "vllm-ascend-0.11.0", "\"enable_prefix_caching\": True")
-    assert "--shutdown-timeout" not in vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    assert "--shutdown-timeout" not in vllm_args(config, config.instances[0], "/mnt/nvme/models/x", vllm_of(config))
 
 
 def test_the_scheme_names_are_not_vllm_quantization_methods(tmp_path):
@@ -111,7 +117,7 @@ EXTRA_ARGS_REFUSED = {
 @pytest.mark.parametrize("extra, refusal", EXTRA_ARGS_REFUSED.values(), ids=EXTRA_ARGS_REFUSED.keys())
 def test_extra_args_are_options_of_the_pinned_vllm_that_the_tool_does_not_set(tmp_path, extra, refusal):
     _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE + ', "max_num_seqs": 32')
-    tool = vllm_args(config, config.instances[0], "MODEL")
+    tool = vllm_args(config, config.instances[0], "MODEL", vllm_of(config))
     assert [f.message for f in check_extra_args(tool, extra, "0.18.0")][0].startswith(refusal)
 
 
@@ -158,7 +164,7 @@ def test_speculative_methods_are_those_of_the_pinned_release():
 def test_the_prod_recipe_serves_tool_calls_and_reasoning_with_parsers_its_vllm_has():
     """Issue 28: the official client's tools with tool_choice "auto" got 400 from every instance."""
     config = next(c for c in fleet_node_configs(prod_inventory()) if c.is_worker)
-    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x")
+    args = vllm_args(config, config.instances[0], "/mnt/nvme/models/x", vllm_of(config))
     line = " ".join(args)
     for expected in ("--enable-auto-tool-choice", "--tool-call-parser qwen3_coder", "--reasoning-parser qwen3"):
         assert expected in line, line
@@ -216,7 +222,8 @@ def test_systemd_reads_the_json_options_back_as_one_word_each(tmp_path):
     (venv / "bin" / "vllm").symlink_to("/bin/true")
     unit.write_text(render(TEMPLATES / "vllm-instance.service.j2", instance=instance, model_id="m", revision="r",
                            service_user="root", helper="/bin/true", venv=venv,
-                           weights_marker="/mnt/nv me/%h/.x", args=vllm_args(config, instance, "/mnt/nvme/models/x"),
+                           weights_marker="/mnt/nv me/%h/.x",
+                           args=vllm_args(config, instance, "/mnt/nvme/models/x", vllm_of(config)),
                            service_env_file=SERVICE_ENV_FILE, env_file=instance_env_file(instance.name),
                            home=instance_home(instance.name), state_directory=instance_state_directory(instance.name),
                            start_timeout=60, stop_timeout=30, start_limit_burst=3, start_limit_interval=300,
