@@ -35,9 +35,11 @@ WORKER_PACKAGES = ("python3", OPENEULER_DATA.nftables, OPENEULER_DATA.nginx, OPE
                    *OPENEULER_DATA.driver_prerequisites)
 # Every file below these, with its type, size, mode, owner and mtime (and a digest under /etc): what a
 # refused deploy must leave as it found it. systemd's own state holds the login's bookkeeping; lxcfs is
-# the lab's mount (its mount point's time is lxcfs's).
+# the lab's mount (its mount point's time is lxcfs's); the rpm database's SQLite shared-memory file is
+# written by every reader of the database (`rpm -q`).
 SNAPSHOT = (f"find /etc /usr /opt {SYSTEMD_STATE_ROOT} /root /home -xdev \\( -path {SYSTEMD_STATE_ROOT}/systemd "
-            f"-o -path {SYSTEMD_STATE_ROOT}/lxcfs \\) -prune -o -printf '%p %y %s %m %u %T@ %l\\n' | sort; "
+            f"-o -path {SYSTEMD_STATE_ROOT}/lxcfs -o -path {SYSTEMD_STATE_ROOT}/rpm/rpmdb.sqlite-shm \\) -prune "
+            "-o -printf '%p %y %s %m %u %T@ %l\\n' | sort; "
             "find /etc -xdev -type f -exec sha256sum {} + | sort")
 
 
