@@ -58,6 +58,7 @@ from ascend_fleet.os_repository import (
     build_apt_repository,
     build_dnf_repository,
     fleet_packages,
+    kernel_headers_packages,
     repository_name,
     served_release,
 )
@@ -119,11 +120,12 @@ def targets(scope: object, workers: list[NodeConfig], arches: list[str] | None) 
 
 def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
                  progress: Callable[[str], None] = print, override_data: dict | None = None,
-                 model_dirs: list[Path] = (), os_releases: list[str] = ()) -> dict:
+                 model_dirs: list[Path] = (), os_releases: list[str] = (), kernels: list[str] = ()) -> dict:
     """Make (or complete) the bundle in out; returns its manifest. override_data: as pyinfra's --data;
     model_dirs: weights already on disk (each with its ascend-fleet manifest, or the fleet's one model);
     os_releases: the releases the nodes run, "Debian 12" or "Debian 12=ARCHIVE_URL" (default: the
-    distribution's own archive)."""
+    distribution's own archive); kernels: the kernels the nodes run (`uname -r`), whose headers the driver
+    builds against."""
     inventory_data = load_inventory(inventory, override_data=override_data)
     configs = fleet_node_configs(inventory_data)
     workers = worker_configs(configs, inventory)
@@ -146,7 +148,8 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
     mirror_hosts = bool(inventory_data.groups.get(MIRROR_GROUP))
-    repositories = [bundle_os(inventory_data, known, arch, configs, mirror_hosts, archive, out, progress)
+    repositories = [bundle_os(inventory_data, known, arch, configs, mirror_hosts, archive, list(kernels), out,
+                              progress)
                     for known, archive in releases for arch in dict.fromkeys(target.arch for target in chosen)]
     progress("hashing every file for the manifest")
     manifest = {"platforms": platforms, "routers": routers, "os": repositories, "files": current_files(out)}
@@ -159,16 +162,18 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
 
 
 def bundle_os(scope: object, known: NodeOs, arch: str, configs: list[NodeConfig], mirror_hosts: bool,
-              archive: str | None, out: Path, progress: Callable[[str], None]) -> dict:
-    """The release's OS packages for every role of the fleet, on arch, as out/os/<release>-<arch>/, from
-    archive (default: the distribution's own); the profiles read once for the scope."""
+              archive: str | None, kernels: list[str], out: Path, progress: Callable[[str], None]) -> dict:
+    """The release's OS packages for every role of the fleet, on arch, and the headers of the kernels the nodes
+    run, as out/os/<release>-<arch>/, from archive (default: the distribution's own); the profiles read once
+    for the scope."""
     archive = (archive or DEFAULT_ARCHIVES.get(known.distribution, "")).format(release=known.release).rstrip("/")
     if not ARCHIVE_URL.fullmatch(archive):
         raise FleetError(f"bundle: --os '{known.name}': archive {archive!r} is not an http(s) or file URL without "
                          "blanks, quotes, $ or `; give the release's archive after the =")
     name = repository_name(known, arch)
     build = build_apt_repository if known.package_manager == "apt" else build_dnf_repository
-    build(out / OS_DIR / name, known, arch, archive, fleet_packages(scope, known, configs, mirror_hosts), progress)
+    packages = fleet_packages(scope, known, configs, mirror_hosts) + kernel_headers_packages(known, arch, kernels)
+    build(out / OS_DIR / name, known, arch, archive, packages, progress)
     return {"distribution": known.distribution, "release": known.release, "arch": arch,
             "repository": f"{OS_DIR}/{name}"}
 
@@ -444,6 +449,15 @@ def os_coverage_refusal(out: Path, known: NodeOs, arch: str) -> str | None:
     has = ", ".join(f"{r['distribution']} {r['release']} {r['arch']}" for r in served) or "none"
     return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --os '{known.name}' --arch {arch}` where the archive answers")
+
+
+def rpms_lacking(out: Path, known: NodeOs, arch: str, packages: list[str]) -> list[str]:
+    """Which of these packages, each NAME-VERSION-RELEASE.ARCH, the bundle's dnf repository for this release and
+    arch lacks: dnf download keeps the repository's file names, NAME-VERSION-RELEASE.ARCH.rpm (rpmbuild's
+    default _rpmfilename, which openEuler's repositories keep)."""
+    listed = json.loads((out / MANIFEST).read_text())["files"]
+    return [package for package in packages
+            if f"{OS_DIR}/{repository_name(known, arch)}/{package}.rpm" not in listed]
 
 
 def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | None:

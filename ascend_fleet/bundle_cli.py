@@ -28,6 +28,10 @@ def bundle(
         "--os", help="a release the site's nodes run, repeatable: 'Debian 12' or 'Debian 12=ARCHIVE_URL' (default "
                      "archives: http://deb.debian.org/debian, https://repo.openeuler.org/openEuler-24.03-LTS): its "
                      "OS packages for every role, as a repository the nodes' apt or dnf installs from")] = None,
+    kernel: Annotated[Optional[list[str]], typer.Option(
+        "--kernel", help="a kernel the site's openEuler nodes run, repeatable, as `uname -r` prints it (e.g. "
+                         "6.6.0-28.0.0.34.oe2403.aarch64): its kernel-devel and kernel-headers, which the NPU driver "
+                         "builds against, go into that arch's OS packages")] = None,
 ) -> int:
     """Put what the inventory's hosts install (each profile's lock and its files, the builds over pins, the
     vendor .run files, the models they serve, the OS packages of each --os release) in one folder with a
@@ -45,5 +49,5 @@ def bundle(
     if out is None or directory is not None:
         raise typer.BadParameter("ascend-fleet bundle INVENTORY --out DIR")
     build_bundle(Path(inventory), out, arch, lambda line: progress_console.print(line, markup=False),
-                 model_dirs=model_dir or [], os_releases=os_release or [])
+                 model_dirs=model_dir or [], os_releases=os_release or [], kernels=kernel or [])
     return 0

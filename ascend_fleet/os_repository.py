@@ -76,6 +76,16 @@ def fleet_packages(scope: object, known: NodeOs, configs: list[NodeConfig], mirr
     return sorted({name for name in names if name})
 
 
+def kernel_headers_packages(known: NodeOs, arch: str, kernels: list[str]) -> list[str]:
+    """The headers packages of the kernels the site's nodes run (`uname -r`, as `bundle --kernel` gives them) on
+    this arch, where the release requires them (node_os.py). An RPM kernel's `uname -r` ends in its arch
+    (openEuler's kernel.spec: KernelVer %{version}-%{release}.%{_target_cpu})."""
+    if not known.kernel_headers_required:
+        return []
+    return [template.format(kernel=kernel) for kernel in kernels if kernel.endswith(f".{arch}")
+            for template in known.kernel_headers]
+
+
 def archive_sources(known: NodeOs, archive: str, arch: str) -> str:
     """The release's suites as a sources.list (Debian keeps security updates in a sibling archive)."""
     security = f"{archive}-security" if known.distribution == "Debian" else archive

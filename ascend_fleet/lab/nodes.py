@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -29,6 +30,9 @@ PRIVATE_DIRS = {"root/.ssh"}
 PROGRAM_DIRS = {"usr/local/bin"}
 BOOT_TIMEOUT_SECONDS = 120
 NPU_PORTS_FILE = "npu-ports.json"
+# An RPM-family node's real uname, and the kernel release its `uname` answers with (write_kernel).
+LAB_UNAME = Path("/usr/lib/ascend-lab/uname")
+KERNEL_RELEASE_FILE = Path("/usr/lib/ascend-lab/kernel-release")
 
 
 def node_dir(lab_dir: Path, name: str) -> Path:
@@ -58,6 +62,7 @@ def prepare_node(state: LabState, spec: LabSpec, node: NodeSpec, base: Path, pub
 def prepare_root(spec: LabSpec, node: NodeSpec, base: Path, upper: Path, public_key: str) -> None:
     """The node's own files over the base image: its identity and, on a used server, its old driver."""
     write_identity(spec, node, upper, public_key)
+    write_kernel(node, base, upper)
     if node.hardware.preexisting.profile:
         preinstall_stack_driver(upper, node.hardware.preexisting.profile, base)
 
@@ -118,6 +123,31 @@ def write_rpm_identity(upper: Path, flavour: Flavour, context: dict) -> None:
     # What the distribution has installed before any deploy, in the node's rpm database (files: the base's).
     run(["rpm", "--root", str(upper), "--dbpath", RPM_DBPATH, "--install", "--justdb", "--nodeps", "--noscripts",
          *map(str, rpmrepo.preinstalled_rpms())], what="the node's preinstalled RPMs")
+
+
+def write_kernel(node: NodeSpec, base: Path, upper: Path) -> None:
+    """The kernel the node runs, with its headers where the distribution installs them (docs/sim-fidelity.md,
+    "The running kernel"). A Debian node runs this machine's kernel, whose headers stand in as installed (no
+    Debian archive has that kernel's package). An RPM-family node runs its distribution's kernel: `uname`
+    answers with its release, and /lib/modules/<release>/build links to where kernel-devel puts the tree,
+    as the kernel package's link does, until then leading nowhere."""
+    if FLAVOURS[node.hardware.os].family == "debian":
+        (upper / "usr" / "lib" / "modules" / os.uname().release / "build" / "include").mkdir(parents=True,
+                                                                                             exist_ok=True)
+        return
+    release = rpmrepo.kernel_release(os.uname().machine)
+    lab_dir = upper / LAB_UNAME.parent.relative_to("/")
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(base / "usr" / "bin" / "uname", lab_dir / "uname")
+    (upper / KERNEL_RELEASE_FILE.relative_to("/")).write_text(release + "\n")
+    wrapper = upper / "usr" / "bin" / "uname"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(render(TEMPLATES / "lab" / "uname.sh.j2", real=LAB_UNAME, release_file=KERNEL_RELEASE_FILE))
+    wrapper.chmod(0o755)
+    modules = upper / "usr" / "lib" / "modules" / release
+    modules.mkdir(parents=True, exist_ok=True)
+    (modules / "build").unlink(missing_ok=True)
+    (modules / "build").symlink_to(f"/usr/src/kernels/{release}")
 
 
 def preinstall_stack_driver(upper: Path, profile_name: str, base: Path) -> None:

@@ -145,11 +145,15 @@ STANDINS = (
             take=(("usr/bin/make", "usr/bin/make"),)),
     StandIn("dkms", "3.0.12", "1.oe2403", "Dynamic Kernel Module Support Framework", debs=("dkms",),
             take=(("usr/sbin/dkms", "usr/sbin/dkms"), ("etc/dkms", "etc/dkms"), ("usr/lib/dkms", "usr/lib/dkms"))),
-    # Name and version only: the lab builds no kernel module and compiles nothing.
+    # Name and version only: the lab compiles nothing.
     StandIn("gcc", "12.3.1", "38.oe2403", "Various compilers (C, C++, Objective-C, ...)"),
-    StandIn("kernel-devel", "6.6.0", "28.0.0.34.oe2403", "Development package for building kernel modules"),
-    StandIn("kernel-headers", "6.6.0", "28.0.0.34.oe2403", "Header files for the Linux kernel for use by glibc"),
 )
+# The kernel a lab openEuler node boots (VERSION, RELEASE of its package): a captured 24.03 LTS host's. Its
+# `uname -r` is VERSION-RELEASE.ARCH (openEuler's kernel.spec: KernelVer %{version}-%{release}.%{_target_cpu}).
+KERNEL = ("6.6.0", "28.0.0.34.oe2403")
+# A later 24.03 LTS kernel (another captured host's), which the release's update repository carries: the newest
+# kernel-devel there is not the running kernel's.
+UPDATED_KERNEL = ("6.6.0", "112.0.0.104.oe2403")
 # What an openEuler 24.03 server has installed before any deploy, registered in the base image's rpm
 # database (rpm --justdb): their files are the Debian base's own.
 PREINSTALLED = (
@@ -162,6 +166,24 @@ PREINSTALLED = (
     StandIn("firewalld", "1.2.6", "6.oe2403", "A firewall daemon with D-Bus interface providing a dynamic firewall"),
     StandIn("dnf", "4.16.2", "6.oe2403", "Package manager"),
 )
+
+
+def kernel_release(arch: str, kernel: tuple[str, str] = KERNEL) -> str:
+    """The kernel's `uname -r`."""
+    return f"{kernel[0]}-{kernel[1]}.{arch}"
+
+
+def kernel_standins(arch: str, kernel: tuple[str, str]) -> tuple[StandIn, ...]:
+    """kernel-devel and kernel-headers of a kernel: the tree DKMS builds against, /usr/src/kernels/<uname -r>
+    with its include/ (the kernel package links /lib/modules/<uname -r>/build to it), and a uapi header."""
+    version, release = kernel
+    tree = f"usr/src/kernels/{kernel_release(arch, kernel)}"
+    return (StandIn("kernel-devel", version, release, "Development package for building kernel modules",
+                    files=((f"{tree}/Makefile", f"# lab stand-in: kernel {kernel_release(arch, kernel)}\n"),
+                           (f"{tree}/include/generated/utsrelease.h",
+                            f'#define UTS_RELEASE "{kernel_release(arch, kernel)}"\n'))),
+            StandIn("kernel-headers", version, release, "Header files for the Linux kernel for use by glibc",
+                    files=(("usr/include/linux/version.h", f"/* lab stand-in: kernel {version}-{release} */\n"),)))
 
 
 def preinstalled_key() -> str:
@@ -177,21 +199,32 @@ def repository(arch: str) -> Path:
     """The stand-in repository for arch (RPMs and createrepo_c's repodata), built once. It holds the
     preinstalled packages too, as openEuler's OS repository does (a bundle of a node's packages takes
     python3 from it)."""
-    repo = RPM_CACHE / f"{RELEASE}-{arch}-{_key(STANDINS + PREINSTALLED)}"
-    _built(STANDINS, RPM_ARCH[arch], repo, also=preinstalled_rpms())
+    standins = STANDINS + kernel_standins(arch, KERNEL)
+    repo = RPM_CACHE / f"{RELEASE}-{arch}-{_key(standins + PREINSTALLED)}"
+    _built(standins, RPM_ARCH[arch], repo, also=preinstalled_rpms())
+    return repo
+
+
+def update_repository(arch: str) -> Path:
+    """The update repository's stand-ins: the later kernel's kernel-devel and kernel-headers, built once."""
+    standins = kernel_standins(arch, UPDATED_KERNEL)
+    repo = RPM_CACHE / f"{RELEASE}-update-{arch}-{_key(standins)}"
+    _built(standins, RPM_ARCH[arch], repo)
     return repo
 
 
 def publish(mirror_root: Path, arch: str) -> None:
-    """Every repository openEuler.repo names, on the mirror at its real path: OS holds the stand-ins,
-    the others are empty (dnf fails on a repository that does not answer, as on a real node)."""
+    """Every repository openEuler.repo names, on the mirror at its real path: OS holds the stand-ins, update
+    a later kernel's headers, the others are empty (dnf fails on a repository that does not answer, as on a
+    real node)."""
     empty = RPM_CACHE / "empty"
     _built((), "noarch", empty)
+    filled = {"OS": repository(arch), "update": update_repository(arch)}
     for name, path in REPOSITORIES.items():
         target = mirror_root / "openeuler" / RELEASE / path.replace("$basearch", arch)
         shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(repository(arch) if name == "OS" else empty, target, copy_function=os.link)
+        shutil.copytree(filled.get(name, empty), target, copy_function=os.link)
 
 
 def _key(standins: tuple[StandIn, ...]) -> str:

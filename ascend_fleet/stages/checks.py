@@ -19,7 +19,7 @@ from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
 from pyinfra.facts.server import Command
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle import coverage_refusal, os_coverage_refusal, verify_bundle
+from ascend_fleet.bundle import coverage_refusal, os_coverage_refusal, rpms_lacking, verify_bundle
 from ascend_fleet.bundle_layout import model_dir
 from ascend_fleet.errors import FleetError
 from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
@@ -37,7 +37,7 @@ from ascend_fleet.node_layout import (
     NGINX_ERROR_LOG,
     revision_dir,
 )
-from ascend_fleet.node_os import node_os, not_served, role_gaps
+from ascend_fleet.node_os import NodeOs, node_os, not_served, role_gaps
 from ascend_fleet.operations import gates, served, weights
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 from ascend_fleet.per_run import once_per_run
@@ -53,6 +53,7 @@ from ascend_fleet.stages.context import (
     node_profile,
     pip_index_url,
     python_packages,
+    running_kernel_headers,
 )
 from ascend_fleet.stages.platform import npu_problem
 from ascend_fleet.stages.python_stack import torch_npu_problem
@@ -175,6 +176,27 @@ def nvme_problem(config: NodeConfig) -> str | None:
     return None
 
 
+def kernel_headers_problem(config: NodeConfig, known: NodeOs) -> str | None:
+    """The running kernel's headers, which the driver builds its module against (Huawei's guide installs
+    kernel-devel-$(uname -r), never the newest), are installed, or in the node's repositories, or, with a
+    bundle, in its OS packages."""
+    headers = running_kernel_headers()
+    kernel = headers["kernel"]
+    if config.bundle_dir:
+        lacking = rpms_lacking(Path(config.bundle_dir), known, host_arch(), headers["not_installed"])
+        if lacking:
+            return (f"the running kernel {kernel}'s {' and '.join(lacking)} are not in bundle {config.bundle_dir}, and "
+                    f"the driver builds against them; make the bundle again with `ascend-fleet bundle INVENTORY "
+                    f"--out {config.bundle_dir} --os '{known.name}' --kernel {kernel}` where the archive answers")
+        return None
+    lacking = [package for package in headers["not_installed"] if package not in headers["listed"]]
+    if lacking:
+        return (f"the running kernel {kernel}'s {' and '.join(lacking)} are in none of its repositories, and the "
+                "driver builds against them; boot a kernel whose headers a repository has (`dnf upgrade kernel`, "
+                "reboot), or add a repository that has them")
+    return None
+
+
 def npus_before_deploy(config: NodeConfig) -> str | None:
     """NPU count and health now: by npu-smi if a driver is loaded, else by the PCI bus."""
     status = host.get_fact(NpuStatus)
@@ -273,6 +295,11 @@ def preflight_stage() -> None:
     if lock:
         gates.passed(name="The lock's wheels load here", description=f"{lock.name} was locked for this glibc or "
                      "an older one", find_problem=lambda: glibc_problem(lock, host.get_fact(Glibc)))
+    known = host_os()
+    if known.kernel_headers_required:
+        gates.passed(name="The running kernel's headers installable", description="the running kernel's "
+                     f"{' and '.join(known.kernel_headers).format(kernel='$(uname -r)')} installed or in a repository",
+                     find_problem=lambda: kernel_headers_problem(config, known))
     gates.passed(name="Local NVMe mounted, room for the weights",
                  description=f"{config.nvme_mount} mounted, room for {config.model.id}@{config.model.revision}",
                  find_problem=lambda: nvme_problem(config))

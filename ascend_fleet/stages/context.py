@@ -12,6 +12,7 @@ from pyinfra.operations import apt, dnf, files
 from ascend_fleet import TEMPLATES
 from ascend_fleet.bundle_layout import OS_DIR, listed_sha256
 from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.kernel import KernelHeaders
 from ascend_fleet.fleet import fleet_roles
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.multi_node import DataParallelRole
@@ -100,6 +101,15 @@ def os_packages(name: str, packages: list[str]) -> None:
         apt.packages(name=name, packages=packages, no_recommends=True, update=first, cache_time=3600 if first else None)
     else:
         dnf.packages(name=name, packages=packages)
+
+
+def running_kernel_headers() -> dict:
+    """The running kernel's headers packages (node_os.py, facts/kernel.py); the node's repositories are asked
+    unless it installs with dnf from the site's bundle alone (its own repositories do not answer there)."""
+    known = host_os()
+    from_bundle = bool(host_node_config(host).bundle_dir)
+    return host.get_fact(KernelHeaders, package_manager=known.package_manager, templates=known.kernel_headers,
+                         ask_repositories=not (from_bundle and known.package_manager == "dnf"))
 
 
 def bundle_source(known: NodeOs) -> list[str]:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
 from ascend_fleet import FILES
@@ -17,7 +16,14 @@ from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.node_layout import INSTALL_LOG
 from ascend_fleet.operations import accounts, gates, reboot, vendor
 from ascend_fleet.profile import Profile
-from ascend_fleet.stages.context import host_arch, host_os, node_profile, os_packages, runs_npus
+from ascend_fleet.stages.context import (
+    host_arch,
+    host_os,
+    node_profile,
+    os_packages,
+    running_kernel_headers,
+    runs_npus,
+)
 from ascend_fleet.stages.peers import peer_server, spread_of_package
 
 HDK_USER = "HwHiAiUser"
@@ -57,11 +63,15 @@ def install_prerequisites() -> None:
     accounts.user(name=f"User {HDK_USER}", user=HDK_USER, group=HDK_USER, home=f"/home/{HDK_USER}",
                   shell="/bin/bash")
     os_packages("Driver prerequisites", list(known.driver_prerequisites))
-    if known.kernel_headers:
-        # The running kernel's headers, where the distribution ships them.
-        headers = known.kernel_headers.format(kernel=host.get_fact(Command, command="uname -r"))
-        if host.get_fact(Command, command=f"apt-cache show {headers} >/dev/null 2>&1 && echo yes || echo no") == "yes":
-            os_packages("Kernel headers", [headers])
+    headers = running_kernel_headers()
+    # Where they are required, preflight refused a node none of whose repositories (or bundle) has them.
+    wanted = headers["not_installed"] if known.kernel_headers_required else headers["listed"]
+    if wanted:
+        os_packages(f"Headers of the running kernel {headers['kernel']}", wanted)
+    else:
+        installed = ", ".join(headers["installed"])
+        host.noop(f"{installed} installed" if installed
+                  else f"no headers package of the running kernel {headers['kernel']} in the node's repositories")
 
 
 def npu_problem(expected: int) -> str | None:

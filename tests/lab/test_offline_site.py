@@ -38,13 +38,14 @@ def offline_environment(lab) -> dict:
 def bundle(lab, tmp_path_factory):
     """`ascend-fleet bundle` of the session lab's fleet, made once: with Debian 12's OS packages (Debian's
     archive through the session lab's proxy) and openEuler 24.03's (the lab's openEuler repositories, here
-    in a folder: a file URL)."""
+    in a folder: a file URL) with the headers of the kernel its openEuler node runs."""
     made_in = tmp_path_factory.mktemp("offline")
     rpmrepo.publish(made_in, os.uname().machine)
     out = made_in / "bundle"
     made = subprocess.run([str(BIN / "ascend-fleet"), "bundle", lab.inventory, "--out", str(out), "--arch", "x86_64",
                            "--os", f"Debian 12={lab.mirror_url}/debian",
-                           "--os", f"openEuler 24.03=file://{made_in}/openeuler/{rpmrepo.RELEASE}"],
+                           "--os", f"openEuler 24.03=file://{made_in}/openeuler/{rpmrepo.RELEASE}",
+                           "--kernel", rpmrepo.kernel_release(os.uname().machine)],
                           env=lab.env, cwd=PROJECT, capture_output=True, text=True, timeout=1800)
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     return out

@@ -9,11 +9,14 @@ deploy, which preflight must refuse before anything on it changes.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 import requests
 
+from ascend_fleet.lab import rpmrepo
+from ascend_fleet.lab.nodes import KERNEL_RELEASE_FILE
 from ascend_fleet.lab.rpmrepo import STANDINS
 from ascend_fleet.node_layout import FIREWALL_UNIT, GATEWAY_CONFIG, SYSTEMD_STATE_ROOT
 from ascend_fleet.node_os import node_os
@@ -24,6 +27,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balanc
 
 SERVED = ("gateway", "worker1", "worker2")
 OPENEULER, REFUSED = "worker2", "worker3"
+ARCH = os.uname().machine
 HARDWARE = f"nodes:\n  {OPENEULER}: {{os: openeuler-24.03}}\n  {REFUSED}: {{os: kylin-v10}}\n"
 OPENEULER_DATA = node_os("openEuler", "24.03")
 # What the product's data says a worker installs on openEuler 24.03.
@@ -31,9 +35,11 @@ WORKER_PACKAGES = ("python3", OPENEULER_DATA.nftables, OPENEULER_DATA.nginx, OPE
                    *OPENEULER_DATA.driver_prerequisites)
 # Every file below these, with its type, size, mode, owner and mtime (and a digest under /etc): what a
 # refused deploy must leave as it found it. systemd's own state holds the login's bookkeeping; lxcfs is
-# the lab's mount (its mount point's time is lxcfs's).
+# the lab's mount (its mount point's time is lxcfs's); the rpm database's SQLite shared-memory file is
+# written by every reader of the database (`rpm -q`).
 SNAPSHOT = (f"find /etc /usr /opt {SYSTEMD_STATE_ROOT} /root /home -xdev \\( -path {SYSTEMD_STATE_ROOT}/systemd "
-            f"-o -path {SYSTEMD_STATE_ROOT}/lxcfs \\) -prune -o -printf '%p %y %s %m %u %T@ %l\\n' | sort; "
+            f"-o -path {SYSTEMD_STATE_ROOT}/lxcfs -o -path {SYSTEMD_STATE_ROOT}/rpm/rpmdb.sqlite-shm \\) -prune "
+            "-o -printf '%p %y %s %m %u %T@ %l\\n' | sort; "
             "find /etc -xdev -type f -exec sha256sum {} + | sort")
 
 
@@ -50,6 +56,22 @@ def refused(lab):
     before = lab.run(REFUSED, SNAPSHOT).stdout
     result = lab.pyinfra("deploys/full.py", "--limit", REFUSED, check=False)
     return {"before": before, "after": lab.run(REFUSED, SNAPSHOT).stdout, "result": result}
+
+
+@pytest.fixture(scope="module")
+def headless_kernel(lab):
+    """The openEuler worker, before any deploy, booted into a kernel whose headers no repository of it has
+    (the lab's simulated `uname -r`: docs/sim-fidelity.md, "The running kernel"): its files before and after a
+    full deploy offered to it, and that deploy's output. Then it runs its own kernel again."""
+    headless = f"6.6.0-1.0.0.1.oe2403.{ARCH}"  # no repository of the lab carries this kernel
+    lab.run(OPENEULER, f"cp {KERNEL_RELEASE_FILE} /root/kernel-release && echo {headless} > {KERNEL_RELEASE_FILE}")
+    try:
+        before = lab.run(OPENEULER, SNAPSHOT).stdout
+        result = lab.pyinfra("deploys/full.py", "--limit", OPENEULER, check=False)
+        after = lab.run(OPENEULER, SNAPSHOT).stdout
+    finally:
+        lab.run(OPENEULER, f"cat /root/kernel-release > {KERNEL_RELEASE_FILE} && rm /root/kernel-release")
+    return {"kernel": headless, "before": before, "after": after, "result": result}
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +105,25 @@ def test_a_refused_node_is_left_exactly_as_it_was(refused):
     before, after = refused["before"].splitlines(), refused["after"].splitlines()
     assert len(before) > 1000, before[:5]
     assert before == after, sorted(set(before) ^ set(after))[:40]
+
+
+def test_a_node_whose_running_kernels_headers_no_repository_has_is_refused_at_preflight(headless_kernel):
+    output, kernel = headless_kernel["result"].stdout, headless_kernel["kernel"]
+    assert headless_kernel["result"].returncode != 0, output[-3000:]
+    lines = [line for line in output.splitlines() if OPENEULER in line and f"kernel-devel-{kernel}" in line]
+    assert len(lines) == 1 and "in none of its repositories" in lines[0], output[-3000:]
+    assert "Stage: NPU driver" not in output, output[-3000:]
+    before, after = headless_kernel["before"].splitlines(), headless_kernel["after"].splitlines()
+    assert before == after, sorted(set(before) ^ set(after))[:40]
+
+
+def test_the_openeuler_worker_builds_its_driver_against_the_running_kernels_headers(lab, deployed):
+    """Huawei's guide installs kernel-devel-$(uname -r) and kernel-headers-$(uname -r); the repositories' newest
+    (update/ carries a later kernel's) would leave DKMS without the running kernel's tree."""
+    out = lab.run(OPENEULER, "uname -r; rpm -q kernel-devel kernel-headers; "
+                             "test -e /lib/modules/$(uname -r)/build/include && echo tree-found").stdout.split()
+    kernel = rpmrepo.kernel_release(ARCH)
+    assert out == [kernel, f"kernel-devel-{kernel}", f"kernel-headers-{kernel}", "tree-found"], out
 
 
 def test_the_openeuler_worker_gets_its_packages_from_its_repository_with_dnf(lab, deployed):

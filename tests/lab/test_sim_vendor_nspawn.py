@@ -186,12 +186,15 @@ def test_driver_needs_lspci_and_ifconfig(node):
 
 
 def test_driver_without_headers_or_dkms_fails_on_closed_stdin(node):
-    (driver, with_dkms) = node.boot(
-        f"{USER} && {TOOLS} && " + hdk(DRIVER[OLD]),
-        "printf '#!/bin/sh\\n' > /usr/local/bin/dkms && chmod +x /usr/local/bin/dkms && " + hdk(DRIVER[OLD]))
+    dkms = "printf '#!/bin/sh\\n' > /usr/local/bin/dkms && chmod +x /usr/local/bin/dkms && "
+    (driver, with_dkms, with_headers) = node.boot(
+        f"{USER} && {TOOLS} && " + hdk(DRIVER[OLD]), dkms + hdk(DRIVER[OLD]),
+        "mkdir -p /lib/modules/$(uname -r)/build/include && " + hdk(DRIVER[OLD]))
     assert driver.returncode == 1
     assert "Please input the kernel source path:" in driver.output and "no answer on the terminal" in driver.output
-    assert with_dkms.returncode == 2
+    # dkms builds the module against the running kernel's headers: without them it fails (dkms's own words).
+    assert with_dkms.returncode == 1 and "Your kernel headers for kernel" in with_dkms.output, with_dkms.output
+    assert with_headers.returncode == 2, with_headers.output
 
 
 def test_unattended_install_without_quiet_fails_at_the_eula(node):

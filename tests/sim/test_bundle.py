@@ -23,7 +23,7 @@ from pyinfra.api import State
 from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.bundle import build_bundle, coverage_refusal, os_coverage_refusal, verify_bundle
+from ascend_fleet.bundle import build_bundle, coverage_refusal, os_coverage_refusal, rpms_lacking, verify_bundle
 from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.fleet_check import inventory_problems
 from ascend_fleet.lab import rpmrepo
@@ -70,7 +70,8 @@ def bundled(mirror, tmp_path_factory) -> tuple[Path, Path, dict]:
     out = site / "bundle"
     lines: list[str] = []
     build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lines.append, override_data=data,
-                 os_releases=["Debian 12", f"openEuler 24.03={mirror}/openeuler/{rpmrepo.RELEASE}"])
+                 os_releases=["Debian 12", f"openEuler 24.03={mirror}/openeuler/{rpmrepo.RELEASE}"],
+                 kernels=[RUNNING_KERNEL])
     return site, out, data
 
 
@@ -91,6 +92,8 @@ def apt_fetches(source: str, packages: list[str], state: Path) -> subprocess.Com
                            *packages], capture_output=True, text=True, timeout=300)
 
 
+# The kernel the site's openEuler nodes run (the lab's: docs/sim-fidelity.md, "The running kernel").
+RUNNING_KERNEL = rpmrepo.kernel_release("x86_64")
 # What a worker and a gateway of the example site install on Debian 12 (node_os.py's names).
 DEBIAN_FLEET_PACKAGES = ["nginx-light", "nftables", "prometheus-node-exporter", "dkms", "gcc", "make", "pciutils",
                          "net-tools", "python3.11", "python3.11-venv", "prometheus", "prometheus-nginx-exporter"]
@@ -161,12 +164,25 @@ def test_an_openeuler_workers_os_packages_install_from_the_bundles_dnf_repositor
     assert {p.name for p in (tmp_path / "got").glob("*.rpm")} >= {"nginx-1.24.0-10.oe2403.x86_64.rpm"}
 
 
+def test_the_bundle_carries_the_headers_of_the_kernel_the_nodes_run_not_the_newest(bundled):
+    """`bundle --kernel`: the openEuler repository holds the running kernel's kernel-devel and kernel-headers
+    (the lab's update/ has a later kernel's, which plain names would have taken), and preflight finds them."""
+    _, out, _ = bundled
+    known = node_os("openEuler", "24.03")
+    rpms = {p.name for p in (out / "os" / "openeuler-24.03-x86_64").glob("kernel-*.rpm")}
+    assert rpms == {f"kernel-devel-{RUNNING_KERNEL}.rpm", f"kernel-headers-{RUNNING_KERNEL}.rpm"}, rpms
+    assert rpms_lacking(out, known, "x86_64", [f"kernel-devel-{RUNNING_KERNEL}"]) == []
+    updated = f"kernel-devel-{rpmrepo.kernel_release('x86_64', rpmrepo.UPDATED_KERNEL)}"
+    assert rpms_lacking(out, known, "x86_64", [updated]) == [updated]
+
+
 def test_a_rerun_fetches_nothing_again(bundled):
     site, out, data = bundled
     carried = [*(out / "packages").iterdir(), *(out / "os" / "debian-12-x86_64").glob("*.deb")]
     before = {path: path.stat().st_mtime_ns for path in carried}
     build_bundle(site / "inventories" / "prod.py", out, ["x86_64"], lambda line: None, override_data=data,
-                 os_releases=["Debian 12", f"openEuler 24.03={data['model_mirror_url']}/openeuler/{rpmrepo.RELEASE}"])
+                 os_releases=["Debian 12", f"openEuler 24.03={data['model_mirror_url']}/openeuler/{rpmrepo.RELEASE}"],
+                 kernels=[RUNNING_KERNEL])
     assert {path: path.stat().st_mtime_ns for path in carried} == before
     assert verify_bundle(out) == []
 

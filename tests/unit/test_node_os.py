@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import State
-from pyinfra.facts.server import Arch, Command, LinuxDistribution
+from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ascend_fleet import stages
 from ascend_fleet.bundle_layout import MANIFEST
 from ascend_fleet.errors import FleetError
+from ascend_fleet.facts.kernel import KernelHeaders
 from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, SITE_MIRROR_ROOT, unit_file
 from ascend_fleet.node_os import node_os
 from ascend_fleet.operations import placed, units
-from ascend_fleet.os_repository import fleet_packages
+from ascend_fleet.os_repository import fleet_packages, kernel_headers_packages
 from ascend_fleet.profile import load_profile
 from ascend_fleet.stages import checks, context, firewall, monitoring, platform
 from tests.fakehost import FakeHost, commands, fact, on
@@ -34,9 +36,23 @@ def unit_state(active: str, load: str = "loaded") -> dict:
             "last_line": "", "last_exit": ""}
 
 
+KERNEL = "6.6.0-28.0.0.34.oe2403.aarch64"
+
+
+def kernel_headers(installed=(), listed=(), kernel=KERNEL) -> dict:
+    """KernelHeaders' answer for openEuler's kernel-devel and kernel-headers of `kernel`."""
+    names = [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}"]
+    return {"kernel": kernel, "installed": [n for n in names if n in installed],
+            "not_installed": [n for n in names if n not in installed], "listed": list(listed)}
+
+
 def node(distribution: dict, firewalld: str = "active", load: str = "loaded") -> FakeHost:
+    """A node whose running kernel's headers are installed (openEuler), or listed nowhere (Debian: the lab's)."""
+    headers = (kernel_headers(installed=[f"kernel-devel-{KERNEL}", f"kernel-headers-{KERNEL}"])
+               if distribution["name"] == "openEuler" else
+               {"kernel": KERNEL, "installed": [], "not_installed": [f"linux-headers-{KERNEL}"], "listed": []})
     return FakeHost({LinuxDistribution: distribution, fact(UnitState, unit=FIREWALLD): unit_state(firewalld, load),
-                     fact(Command, command="uname -r"): "6.6.0-28.0.0.34.oe2403.aarch64"}, executing=False)
+                     KernelHeaders: headers}, executing=False)
 
 
 def role(worker=True, gateway=False, instance_firewall=True) -> SimpleNamespace:
@@ -94,7 +110,7 @@ def test_an_openeuler_worker_installs_with_dnf_and_openeulers_names_in_every_sta
         context.os_packages("python3.11 with venv", context.python_packages(load_profile("lab"), context.host_os()))
     assert recorder.installs() == [
         ("dnf.packages", ["nftables"]),
-        ("dnf.packages", ["dkms", "gcc", "make", "kernel-devel", "kernel-headers", "pciutils", "net-tools"]),
+        ("dnf.packages", ["dkms", "gcc", "make", "pciutils", "net-tools"]),
         ("dnf.packages", ["node_exporter"]),
         ("dnf.packages", ["nginx"]),
         ("dnf.packages", ["python3"]),
@@ -108,8 +124,7 @@ def test_an_openeuler_worker_installs_with_dnf_and_openeulers_names_in_every_sta
 
 
 def test_a_debian_worker_keeps_debians_packages_and_defaults_files(monkeypatch, recorder):
-    fake = node(DEBIAN, firewalld="inactive", load="not-found")
-    fake.facts[Command] = "no"  # apt-cache has no headers package for the running kernel
+    fake = node(DEBIAN, firewalld="inactive", load="not-found")  # no headers package of its kernel listed
     run_firewall_stage(monkeypatch, fake)
     with on(fake):
         platform.install_prerequisites()
@@ -220,7 +235,7 @@ def test_with_a_bundle_every_package_a_debian_worker_installs_comes_from_the_bun
         recorder.calls.clear()
         sources.clear()
         fake = node(DEBIAN, firewalld="inactive", load="not-found")
-        fake.facts.update({Command: "no", Arch: "x86_64"})
+        fake.facts[Arch] = "x86_64"
         fake.groups = groups
         run_firewall_stage(monkeypatch, fake)
         with on(fake):
@@ -264,3 +279,104 @@ def test_with_a_bundle_an_openeuler_worker_installs_from_the_bundles_dnf_reposit
     worker = SimpleNamespace(is_worker=True, profile="lab", is_gateway=False, gateway_vip=None)
     installed = {name for _, packages in recorder.installs() for name in packages}
     assert installed <= set(fleet_packages(State(), node_os("openEuler", "24.03"), [worker], mirror_hosts=False))
+
+
+def test_an_openeuler_worker_installs_the_running_kernels_headers_not_the_newest(monkeypatch, recorder):
+    """Huawei's guide: kernel-devel-$(uname -r) and kernel-headers-$(uname -r); plain kernel-devel would take the
+    repositories' newest, which the driver's DKMS build cannot use while the node runs an older kernel."""
+    fake = node(OPENEULER)
+    fake.facts[KernelHeaders] = kernel_headers(installed=[f"kernel-headers-{KERNEL}"],
+                                               listed=[f"kernel-devel-{KERNEL}"])
+    with on(fake):
+        platform.install_prerequisites()
+    assert recorder.installs() == [("dnf.packages", ["dkms", "gcc", "make", "pciutils", "net-tools"]),
+                                   ("dnf.packages", [f"kernel-devel-{KERNEL}"])]
+
+
+def test_the_running_kernels_headers_installed_change_nothing(monkeypatch, recorder):
+    fake = node(OPENEULER)
+    fake.facts[KernelHeaders] = kernel_headers(installed=[f"kernel-devel-{KERNEL}", f"kernel-headers-{KERNEL}"])
+    with on(fake):
+        platform.install_prerequisites()
+    assert [label for label, _ in recorder.installs()] == ["dnf.packages"]  # the prerequisites alone
+    assert fake.noops == [f"kernel-devel-{KERNEL}, kernel-headers-{KERNEL} installed"]
+
+
+def run_kernel_headers_fact(tmp_path, package_manager, templates, ask_repositories, installed, listed) -> dict:
+    """The fact's command in a shell whose uname, rpm, dnf, dpkg-query and apt-cache answer from these lists."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    stubs = {"uname": f"echo {KERNEL}",
+             "rpm": f'case " {" ".join(installed)} " in *" $2 "*) exit 0;; esac; exit 1',
+             "dnf": f'case " {" ".join(listed)} " in *" $3 "*) echo "$3";; esac',
+             "dpkg-query": f'case " {" ".join(installed)} " in *" $3 "*) echo "install ok installed";; esac',
+             "apt-cache": f'case " {" ".join(listed)} " in *" $2 "*) exit 0;; esac; exit 1'}
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    command = KernelHeaders().command(package_manager, templates, ask_repositories)
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout
+    return KernelHeaders().process(output.splitlines())
+
+
+def test_the_kernel_headers_fact_reads_the_running_kernel_what_is_installed_and_what_the_repositories_list(tmp_path):
+    templates = node_os("openEuler", "24.03").kernel_headers
+    devel, headers = f"kernel-devel-{KERNEL}", f"kernel-headers-{KERNEL}"
+    assert run_kernel_headers_fact(tmp_path, "dnf", templates, True, [headers], [devel]) == {
+        "kernel": KERNEL, "installed": [headers], "not_installed": [devel], "listed": [devel]}
+    # From a bundle the node's own repositories are not asked (offline, dnf would wait on each).
+    asked = run_kernel_headers_fact(tmp_path / "bundle", "dnf", templates, False, [], [devel, headers])
+    assert asked["listed"] == [] and asked["not_installed"] == [devel, headers]
+    debian = run_kernel_headers_fact(tmp_path / "debian", "apt", ("linux-headers-{kernel}",), True, [], [])
+    assert debian == {"kernel": KERNEL, "installed": [], "not_installed": [f"linux-headers-{KERNEL}"], "listed": []}
+
+
+def test_preflight_refuses_in_one_line_a_node_whose_running_kernels_headers_no_repository_has(monkeypatch):
+    config = SimpleNamespace(bundle_dir=None)
+    monkeypatch.setattr(context, "host_node_config", lambda _host: config)
+    known = node_os("openEuler", "24.03")
+    fake = node(OPENEULER)
+    fake.facts[KernelHeaders] = kernel_headers(installed=[f"kernel-headers-{KERNEL}"])
+    with on(fake):
+        assert checks.kernel_headers_problem(config, known) == (
+            f"the running kernel {KERNEL}'s kernel-devel-{KERNEL} are in none of its repositories, and the driver "
+            "builds against them; boot a kernel whose headers a repository has (`dnf upgrade kernel`, reboot), or "
+            "add a repository that has them")
+    for listed in ([f"kernel-devel-{KERNEL}"], []):
+        fake.facts[KernelHeaders] = kernel_headers(installed=[f"kernel-headers-{KERNEL}"] if listed else
+                                                   [f"kernel-devel-{KERNEL}", f"kernel-headers-{KERNEL}"],
+                                                   listed=listed)
+        with on(fake):
+            assert checks.kernel_headers_problem(config, known) is None
+
+
+def test_with_a_bundle_preflight_reads_the_bundles_packages_and_says_how_to_add_the_running_kernels(
+        monkeypatch, tmp_path):
+    bundle_dir = tmp_path / "bundle"
+    bundle_dir.mkdir()
+    carried = "os/openeuler-24.03-aarch64/kernel-devel-6.6.0-112.0.0.104.oe2403.aarch64.rpm"
+    (bundle_dir / MANIFEST).write_text(json.dumps({"files": {carried: "ab" * 32}}))
+    config = SimpleNamespace(bundle_dir=str(bundle_dir))
+    monkeypatch.setattr(context, "host_node_config", lambda _host: config)
+    known = node_os("openEuler", "24.03")
+    fake = node(OPENEULER)
+    fake.facts.update({Arch: "aarch64", KernelHeaders: kernel_headers()})
+    with on(fake):
+        refusal = checks.kernel_headers_problem(config, known)
+    assert refusal == (
+        f"the running kernel {KERNEL}'s kernel-devel-{KERNEL} and kernel-headers-{KERNEL} are not in bundle "
+        f"{bundle_dir}, and the driver builds against them; make the bundle again with `ascend-fleet bundle "
+        f"INVENTORY --out {bundle_dir} --os 'openEuler 24.03' --kernel {KERNEL}` where the archive answers")
+    (bundle_dir / MANIFEST).write_text(json.dumps({"files": {
+        f"os/openeuler-24.03-aarch64/{name}-{KERNEL}.rpm": "ab" * 32 for name in ("kernel-devel", "kernel-headers")}}))
+    with on(fake):
+        assert checks.kernel_headers_problem(config, known) is None
+
+
+def test_a_bundle_carries_the_headers_of_the_kernels_it_is_given_for_their_arch_only():
+    known = node_os("openEuler", "24.03")
+    kernels = [KERNEL, "6.6.0-28.0.0.34.oe2403.x86_64"]
+    assert kernel_headers_packages(known, "aarch64", kernels) == [f"kernel-devel-{KERNEL}",
+                                                                    f"kernel-headers-{KERNEL}"]
+    assert kernel_headers_packages(node_os("Debian", "12"), "aarch64", kernels) == []

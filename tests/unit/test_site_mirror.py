@@ -78,7 +78,7 @@ def test_the_bundles_apt_source_is_read_alone_before_it_goes_in_place_and_not_ag
 def test_an_archive_url_a_sources_file_or_a_dnf_repository_would_read_otherwise_is_refused_before_any_download(
         archive, tmp_path):
     with pytest.raises(FleetError) as refused:
-        bundle_os(State(), node_os("Debian", "12"), "x86_64", [], False, archive, tmp_path, print)
+        bundle_os(State(), node_os("Debian", "12"), "x86_64", [], False, archive, [], tmp_path, print)
     line = str(refused.value)
     assert "\n" not in line and line.startswith("bundle: --os 'Debian 12': archive ") and line.endswith(
         "is not an http(s) or file URL without blanks, quotes, $ or `; give the release's archive after the =")

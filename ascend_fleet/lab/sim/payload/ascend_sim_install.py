@@ -12,6 +12,7 @@ import os
 import pwd
 import select
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -191,12 +192,18 @@ def check_driver_prerequisites():
     for tool, package in (("lspci", "pciutils"), ("ifconfig", "net-tools")):
         if shutil.which(tool) is None:
             raise InstallError(f"{tool} not found; install {package}")
-    release = os.uname().release
-    if shutil.which("dkms") is None and not Path(f"/lib/modules/{release}/build").is_dir():
+    # `uname -r`, not os.uname(): a lab node of another distribution answers with its own kernel's release.
+    release = subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout.strip()
+    build = Path(f"/lib/modules/{release}/build")
+    if shutil.which("dkms") is None and not build.is_dir():
         # What the real installer does without headers: ask, which hangs an unattended run.
-        source = ask(f"Neither dkms nor /lib/modules/{release}/build found. Please input the kernel source path:")
+        source = ask(f"Neither dkms nor {build} found. Please input the kernel source path:")
         if not Path(source, "Makefile").is_file():
             raise InstallError(f"{source} is not a kernel source tree; install dkms or linux-headers-{release}")
+    elif shutil.which("dkms") is not None and not (build / "include").exists():
+        # DKMS builds the module against the running kernel's headers (dkms 3.0.10, prepare_kernel).
+        raise InstallError(f"Error! Your kernel headers for kernel {release} cannot be found at "
+                           f"/lib/modules/{release}/build or /lib/modules/{release}/source.")
 
 
 def write_driver_files(node, driver, source_dir, base, for_all, install_boot_id):
