@@ -71,6 +71,9 @@ class Stack(_Strict):
     firmware: str
     cann: str = Field(description="CANN toolkit and operator kernels/ops version")
     nnal: str
+    hccl_port_span: int = Field(ge=1, description="ports HCCL takes from HCCL_IF_BASE_PORT up, as this CANN's "
+                                "environment variable reference says under HCCL_IF_BASE_PORT (16 in 8.0's, 32 "
+                                "from 8.3's); each instance of a node takes a range this long")
     python: str = Field(pattern=r"^3\.\d+$")
     torch: str
     torch_npu: str
