@@ -63,7 +63,7 @@ class _Strict(BaseModel):
 
 
 class Stack(_Strict):
-    """Every version the profile pins."""
+    """Every version the profile pins, and the fact of its CANN the product places instances by (HCCL's span)."""
 
     driver: str = Field(description="NPU driver (Ascend HDK) version, e.g. 25.2.0")
     driver_firmware_range: tuple[str, str] = Field(
