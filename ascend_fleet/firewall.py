@@ -151,8 +151,8 @@ def engine_ports(host, inventory) -> list[int]:
     """The ports an instance's engines take besides its API port (VLLM_PORT's range and HCCL's, both
     colours'), and a multi-node head's DP RPC port."""
     config = host_node_config(host)
-    ports = {port for colour in COLOURS for instance in host_node_config(host, colour).instances
-             for taken in instance.record().port_ranges() if taken.field != "port" for port in taken.ports}
+    ports = {port for colour in COLOURS for record in host_node_config(host, colour).instance_records()
+             for taken in record.port_ranges() if taken.field != "port" for port in taken.ports}
     members = instance_members(config, inventory)
     if members and members[0].name == host.name:
         ports |= {port for taken in head_ports(config.data_parallel.rpc_port) for port in taken.ports}

@@ -151,6 +151,7 @@ class InstanceReport:
     instance: Instance
     plan: InstancePlan
     findings: list[Finding]
+    hccl_ports: range  # the instance's HCCL range: hccl_base_port and the span of the profile's CANN
     members: tuple[str, ...] = ()  # a multi-node instance's hosts, its head (host) first
 
     @property
@@ -162,6 +163,7 @@ class InstanceReport:
             "host": self.host,
             "members": list(self.members),
             "instance": self.instance.model_dump(),
+            "hccl_ports": [self.hccl_ports[0], self.hccl_ports[-1]],
             "verdict": self.verdict,
             "findings": [vars(finding) for finding in self.findings],
             "plan": self.plan.to_dict(),
@@ -428,8 +430,9 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
                             ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
                             policy=policy)
     findings = [*plan.findings, *quantization_findings, *stack]
-    return [InstanceReport(config.host, instance, plan, list(findings), role.members if role else ())
-            for instance in config.instances]
+    return [InstanceReport(config.host, instance, plan, list(findings), record.hccl_range.ports,
+                           role.members if role else ())
+            for instance, record in zip(config.instances, config.instance_records())]
 
 
 # A fleet's workers mostly share chip, model and options (every argument is a frozen dataclass or a value):

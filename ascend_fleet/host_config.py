@@ -1,12 +1,14 @@
 """A pyinfra host's validated config: its merged data (hostdata.node_config) with the instances of
 the colour that serves, which the fleet state records (fleetstate.py) unless the data names one.
-Host data's schema and validation (hostdata.py) read nothing but the data."""
+Host data's schema and validation (hostdata.py) read nothing but the data and the profile it names,
+which is read here once per run."""
 
 from __future__ import annotations
 
 from ascend_fleet.fleetstate import BLUE, FleetState
 from ascend_fleet.hostdata import NodeConfig, node_config
-from ascend_fleet.per_run import once_per_run
+from ascend_fleet.per_run import once_per_run, profile_of_the_run
+from ascend_fleet.profile import load_profile
 
 
 def host_node_config(host, colour: str | None = None) -> NodeConfig:
@@ -34,4 +36,5 @@ def _host_node_config(host, colour: str | None, scope) -> NodeConfig:
         colours = (FleetState(state_dir).colours() if scope is None
                    else once_per_run(scope, ("fleet colours", state_dir), FleetState(state_dir).colours))
         colour = colours.get(host.name, BLUE)
-    return node_config({**data, "colour": colour} if colour else data, host.name)
+    return node_config({**data, "colour": colour} if colour else data, host.name,
+                       load_profile if scope is None else lambda name: profile_of_the_run(scope, name))

@@ -5,14 +5,15 @@ into `host.data`. `node_config()` turns that mapping into a NodeConfig, or refus
 with one line naming the host, the key and what was expected, before anything
 connects. When the data lists no instances they are derived from the NPU count and
 the tensor-parallel size: 8 NPUs at TP4 are two instances on NPUs 0-3 and 4-7, each
-with its own API port, HCCL_IF_BASE_PORT range and VLLM_PORT.
+with its own API port, HCCL_IF_BASE_PORT range and VLLM_PORT. The one fact of the
+profile the data needs is the span of an HCCL range (its CANN's, stack.hccl_port_span).
 """
 
 from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
@@ -28,7 +29,6 @@ from ascend_fleet.planner import (
     DP_RPC_PORT,
     DTYPE_BYTES,
     ERROR,
-    HCCL_PORT_COUNT,
     QUANTIZED_BYTES_PER_PARAM,
     VLLM_PORT_SPAN,
     InstanceRecord,
@@ -38,7 +38,7 @@ from ascend_fleet.planner import (
     port_clashes,
     speculates_with_mtp,
 )
-from ascend_fleet.profile import available_profiles, profile_path
+from ascend_fleet.profile import Profile, available_profiles, load_profile, profile_path
 
 # pyinfra's own keys in host.data: connector settings (ssh_*) and operation defaults (_sudo, ...).
 PYINFRA_KEY_PREFIXES = ("ssh_", "_")
@@ -56,14 +56,16 @@ SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL")
 # Below this, only root binds a port; instances run as service_user.
 FIRST_UNPRIVILEGED_PORT = 1024
 # NodeConfig's own keys, not the data's: node_config sets them.
-HIDDEN_KEYS = frozenset({"host"})
+HIDDEN_KEYS = frozenset({"host", "hccl_port_span"})
 # Wrapped lists of valid keys stay this narrow, indented under the error's own line.
 KEY_LIST_WIDTH = 100
 
 Port = Annotated[int, Field(ge=1, le=65535)]
-# HCCL_IF_BASE_PORT: HCCL takes it and the next 15, and the whole range must lie in 1024-65520
-# (field notes section 5, HCCL ports).
-HcclBasePort = Annotated[int, Field(ge=1024, le=65520 - HCCL_PORT_COUNT + 1)]
+# HCCL_IF_BASE_PORT: HCCL takes it and the ports above, as many as its CANN's span (the profile's
+# stack.hccl_port_span), and the whole range must lie in 1024-65520 (field notes section 5, HCCL ports):
+# the range's end is checked once the profile is read.
+HCCL_LAST_PORT = 65520
+HcclBasePort = Annotated[int, Field(ge=1024, le=HCCL_LAST_PORT)]
 # VLLM_PORT: vLLM takes it and the next VLLM_PORT_SPAN - 1, all within 1-65535.
 VllmPort = Annotated[int, Field(ge=1, le=65536 - VLLM_PORT_SPAN)]
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")]
@@ -223,12 +225,9 @@ class Instance(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
     npus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     port: Port
-    hccl_base_port: HcclBasePort = Field(description=f"HCCL_IF_BASE_PORT; HCCL takes {HCCL_PORT_COUNT} ports from it")
+    hccl_base_port: HcclBasePort = Field(description="HCCL_IF_BASE_PORT; HCCL takes as many ports from it as the "
+                                         "profile's CANN does (stack.hccl_port_span: 32 from CANN 8.3, 16 in 8.0)")
     vllm_port: VllmPort = Field(description=f"VLLM_PORT; vLLM takes {VLLM_PORT_SPAN} ports from it")
-
-    def record(self) -> InstanceRecord:
-        """The planner's view of this instance, for its collision checks."""
-        return InstanceRecord(self.name, tuple(self.npus), self.port, self.hccl_base_port, self.vllm_port)
 
 
 class DataParallel(_Strict):
@@ -353,6 +352,8 @@ class NodeConfig(_Strict):
 
     host: str
     profile: str = Field(description="a profiles/<name>.yaml")
+    # node_config sets it from the profile: a fact of the CANN release, not of the data.
+    hccl_port_span: int | None = Field(None, ge=1, description="the ports HCCL takes from each hccl_base_port")
     chip: Literal[tuple(CHIPS)] | None = None
     npu_count: int = Field(0, ge=0)
     nvme_mount: NodePath | None = None
@@ -545,27 +546,33 @@ class NodeConfig(_Strict):
             "VLLM_PORT": str(instance.vllm_port),
         }
 
+    def instance_records(self) -> list[InstanceRecord]:
+        """The planner's view of each instance, for its collision checks: NPUs and every port it takes."""
+        return [InstanceRecord(i.name, tuple(i.npus), i.port, i.hccl_base_port, i.vllm_port, self.hccl_port_span)
+                for i in self.instances]
+
     @property
     def npus_per_instance(self) -> int:
         """An instance's NPUs on this host: one TP group, or size_local of them on a multi-node member."""
         return self.tensor_parallel_size * (self.data_parallel.size_local if self.data_parallel else 1)
 
 
-def derive_instances(npu_count: int, tensor_parallel_size: int, ports: InstancePorts) -> list[Instance]:
-    """One instance per TP group of consecutive NPUs, each with its own ports."""
+def derive_instances(npu_count: int, tensor_parallel_size: int, ports: InstancePorts,
+                     hccl_port_span: int) -> list[Instance]:
+    """One instance per TP group of consecutive NPUs, each with its own ports: HCCL ranges hccl_port_span apart."""
     return [
         Instance(
             name=f"vllm-{i}",
             npus=list(range(i * tensor_parallel_size, (i + 1) * tensor_parallel_size)),
             port=ports.api + i,
-            hccl_base_port=ports.hccl + i * HCCL_PORT_COUNT,
+            hccl_base_port=ports.hccl + i * hccl_port_span,
             vllm_port=ports.vllm + i * VLLM_PORT_SPAN,
         )
         for i in range(npu_count // tensor_parallel_size)
     ]
 
 
-def colour_instances(instances: list[Instance], colour: str, npu_count: int) -> list[Instance]:
+def colour_instances(instances: list[Instance], colour: str, npu_count: int, hccl_port_span: int) -> list[Instance]:
     """The instances of a colour. Green runs beside blue for a swap: `-green` names, each port
     len(instances) slots further on, and the next NPUs when the node has them, else the same
     NPUs (then HBM must hold both models: the planner's check_blue_green)."""
@@ -577,7 +584,7 @@ def colour_instances(instances: list[Instance], colour: str, npu_count: int) -> 
     slots = len(instances)
     return [instance.model_copy(update={
         "name": f"{instance.name}-{colour}", "npus": [npu + shift for npu in instance.npus],
-        "port": instance.port + slots, "hccl_base_port": instance.hccl_base_port + slots * HCCL_PORT_COUNT,
+        "port": instance.port + slots, "hccl_base_port": instance.hccl_base_port + slots * hccl_port_span,
         "vllm_port": instance.vllm_port + slots * VLLM_PORT_SPAN}) for instance in instances]
 
 
@@ -588,8 +595,10 @@ HOST_NAME = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9_.:/-]*")
 HOST_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]*")
 
 
-def node_config(data: Mapping, host: str = "host") -> NodeConfig:
-    """Validate one host's merged data; a problem is a FleetError naming host, key and expectation."""
+def node_config(data: Mapping, host: str = "host", profile_of: Callable[[str], Profile] = load_profile) -> NodeConfig:
+    """Validate one host's merged data; a problem is a FleetError naming host, key and expectation.
+    profile_of(name) gives the profile the data names (the span of an HCCL range is its CANN's): a
+    caller that validates many hosts passes one that reads each profile once."""
     if not HOST_NAME.fullmatch(host):
         raise FleetError(f"inventory: host {host!r}: expected a host name (letters, digits and . _ : - only; a "
                          "pyinfra connector's @ and /): it reaches the gateway's nginx config and other files")
@@ -602,6 +611,13 @@ def node_config(data: Mapping, host: str = "host") -> NodeConfig:
         config = NodeConfig.model_validate({**ours, "host": host})
     except ValidationError as exc:
         raise FleetError(f"{host}: {describe_validation(exc, NodeConfig, HIDDEN_KEYS)}{_key_lists(exc)}") from None
+    if profile_path(config.profile) is None:
+        raise FleetError(f"{host}: profile: unknown profile {config.profile!r}; expected one of: "
+                         f"{', '.join(available_profiles())}")
+    try:
+        config = config.model_copy(update={"hccl_port_span": profile_of(config.profile).stack.hccl_port_span})
+    except FleetError as exc:
+        raise FleetError(f"{host}: {exc}") from None
     derived = not config.instances  # the data lists none: instance_ports places them
     try:
         config = _with_derived_values(config)
@@ -622,10 +638,12 @@ def _with_derived_values(config: NodeConfig) -> NodeConfig:
     if config.data_parallel and not config.instances and config.npus_per_instance <= config.npu_count:
         # A multi-node instance's member runs one process for all its local DP ranks.
         derived["instances"] = derive_instances(config.npus_per_instance, config.npus_per_instance,
-                                                config.instance_ports)
+                                                config.instance_ports, config.hccl_port_span)
     elif not config.instances and config.is_worker and config.npu_count % config.tensor_parallel_size == 0:
-        derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports)
-    derived["instances"] = colour_instances(derived.get("instances", config.instances), config.colour, config.npu_count)
+        derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports,
+                                                config.hccl_port_span)
+    derived["instances"] = colour_instances(derived.get("instances", config.instances), config.colour, config.npu_count,
+                                            config.hccl_port_span)
     return config.model_copy(update=derived)
 
 
@@ -641,8 +659,6 @@ def _key_lists(exc: ValidationError) -> str:
 
 def _problems(config: NodeConfig, derived: bool):
     """(key, what was expected) for each way the data cannot work, most basic first."""
-    if profile_path(config.profile) is None:
-        yield "profile", f"unknown profile {config.profile!r}; expected one of: {', '.join(available_profiles())}"
     if not config.is_worker:
         if config.npu_addresses:
             yield "npu_addresses", "set on a host without NPUs (npu_count 0); drop it or set npu_count"
@@ -735,17 +751,30 @@ def _instance_problems(config: NodeConfig, derived: bool):
             yield ("instance_ports.api" if derived else f"instances.{instance.name}.port"), (
                 f"{instance.port} is below {FIRST_UNPRIVILEGED_PORT}, which only root may bind; instance "
                 f"{instance.name} runs as service_user {config.service_user}: pick a port from 1024 to 65535")
+    records = config.instance_records()
+    yield from _hccl_range_end_problems(config, records, derived)
     # The host's other listeners: the weights peer port; the gateway's, on a host that is both.
     listeners = (("model.peer_port", config.model.peer_port if config.model else None),
                  ("gateway.listen_port", config.gateway.listen_port if config.gateway else None))
-    yield from _placement_problems(tuple(instance.record() for instance in config.instances), listeners, derived)
+    yield from _placement_problems(tuple(records), listeners, derived, config.hccl_port_span, config.profile)
+
+
+def _hccl_range_end_problems(config: NodeConfig, records: list[InstanceRecord], derived: bool):
+    """An HCCL range that would run past HCCL_LAST_PORT, now that its span (the profile's CANN's) is known."""
+    for record in records:
+        hccl = record.hccl_range
+        if hccl.ports[-1] > HCCL_LAST_PORT:
+            yield ("instance_ports.hccl" if derived else f"instances.{record.name}.hccl_base_port"), (
+                f"{record.name}'s {hccl} ends past {HCCL_LAST_PORT}, the last port HCCL_IF_BASE_PORT's range may "
+                f"take ({_hccl_takes(config.hccl_port_span, config.profile)}); lower it"
+                + (" or run fewer instances" if derived else ""))
 
 
 # A fleet's alike hosts place alike instances (every argument is a frozen dataclass or a value): each
 # placement judged once per process, not once per host.
 @lru_cache(maxsize=256)
 def _placement_problems(records: tuple[InstanceRecord, ...], listeners: tuple[tuple[str, int | None], ...],
-                        derived: bool) -> tuple[tuple[str, str], ...]:
+                        derived: bool, span: int, profile: str) -> tuple[tuple[str, str], ...]:
     """(key, what) for each NPU or port the instances share, among themselves or with a listener of the host."""
     problems = [(key, f"{port} lies in instance {record.name}'s {claimed}; move {key} or the instance's "
                       f"{claimed.field}")
@@ -753,24 +782,28 @@ def _placement_problems(records: tuple[InstanceRecord, ...], listeners: tuple[tu
                 if port in claimed.ports]
     problems += [("instances", f"{finding.message}; expected each NPU used once")
                  for finding in check_node_instances(records) if finding.code == "shared-npu"]
-    problems += [("instance_ports" if derived else "instances", f"{clash}; {_port_remedy(clash, derived)}")
+    problems += [("instance_ports" if derived else "instances", f"{clash}; {_port_remedy(clash, derived, span, profile)}")
                  for clash in port_clashes(records)]
     return tuple(problems)
 
 
 # Derived instances place each port from the instance_ports base of the same kind.
 DERIVED_FROM = {"port": "instance_ports.api", "vllm_port": "instance_ports.vllm", "hccl_base_port": "instance_ports.hccl"}
-TAKES = {"vllm_port": f"vLLM takes vllm_port and the next {VLLM_PORT_SPAN - 1} ports",
-         "hccl_base_port": f"HCCL takes hccl_base_port and the next {HCCL_PORT_COUNT - 1} ports"}
 
 
-def _port_remedy(clash: PortClash, derived: bool) -> str:
+def _hccl_takes(span: int, profile: str) -> str:
+    return f"HCCL takes hccl_base_port and the next {span - 1} ports on profile {profile}'s CANN"
+
+
+def _port_remedy(clash: PortClash, derived: bool, span: int, profile: str) -> str:
     """Which keys to move, and how many ports each range needs."""
     fields = list(dict.fromkeys((clash.first_range.field, clash.second_range.field)))
-    notes = [TAKES[field] for field in fields if field in TAKES]
+    takes = {"vllm_port": f"vLLM takes vllm_port and the next {VLLM_PORT_SPAN - 1} ports",
+             "hccl_base_port": _hccl_takes(span, profile)}
+    notes = [takes[field] for field in fields if field in takes]
     if derived:
         moves = " or ".join(DERIVED_FROM[field] for field in fields)
-        notes.insert(0, f"derived instance i takes api + i, vllm + {VLLM_PORT_SPAN}i and hccl + {HCCL_PORT_COUNT}i")
+        notes.insert(0, f"derived instance i takes api + i, vllm + {VLLM_PORT_SPAN}i and hccl + {span}i")
     elif clash.own:
         moves = "its " + " or ".join(fields)
     else:

@@ -122,8 +122,8 @@ def head_ports(rpc_port: int) -> tuple[PortRange, ...]:
 
 def _head_port_problems(head: NodeConfig, rpc_port: int, group: str):
     for taken in head_ports(rpc_port):
-        for instance in head.instances:
-            for claimed in instance.record().port_ranges():
+        for instance in head.instance_records():
+            for claimed in instance.port_ranges():
                 if taken.overlaps(claimed):
                     yield (f"{head.host}: the {taken} of multi-node instance {group} (head {head.host}) clashes "
                            f"with instance {instance.name}'s {claimed}; move {taken.field} or instance "

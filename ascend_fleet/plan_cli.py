@@ -182,8 +182,9 @@ def print_fleet(fleet: FleetPlan, inventory: Path) -> None:
     for number, reports in enumerate(groups.values(), start=1):
         hosts = list(dict.fromkeys(report.host for report in reports))
         instances = sorted({report.instance.name for report in reports})
+        hccl = [f"{first}-{last}" for first, last in sorted({(r.hccl_ports[0], r.hccl_ports[-1]) for r in reports})]
         console.print(f"group {number}: {len(hosts)} host{'s' if len(hosts) > 1 else ''} "
-                      f"({few(hosts)}), instances {few(instances)}", highlight=False)
+                      f"({few(hosts)}), instances {few(instances)}, HCCL ranges {few(hccl)}", highlight=False)
     for message, hosts in fleet.warnings().items():
         console.print(f"[yellow]warning:[/] {message} ({', '.join(hosts)})", highlight=False)
 

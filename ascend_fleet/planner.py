@@ -698,7 +698,6 @@ def check_hccl_headroom(free_outside_budget: int, hccl_reserve: int) -> list[Fin
     return []
 
 
-HCCL_PORT_COUNT = 16  # HCCL takes HCCL_IF_BASE_PORT .. +15
 # vLLM's ParallelConfig default: the port a multi-node instance's head coordinates its engines on
 # (--data-parallel-rpc-port).
 DP_RPC_PORT = 29550
@@ -733,13 +732,18 @@ class InstanceRecord:
     port: int
     hccl_base_port: int
     vllm_port: int
+    hccl_port_span: int  # the ports HCCL takes from hccl_base_port: its CANN's (a profile's stack.hccl_port_span)
+
+    @property
+    def hccl_range(self) -> PortRange:
+        return PortRange("HCCL range", "hccl_base_port", range(self.hccl_base_port, self.hccl_base_port + self.hccl_port_span))
 
     def port_ranges(self) -> tuple[PortRange, ...]:
         """Every port the instance takes: its API port, vLLM's internal ports and HCCL's."""
         return (
             PortRange("port", "port", range(self.port, self.port + 1)),
             PortRange("VLLM_PORT", "vllm_port", range(self.vllm_port, self.vllm_port + VLLM_PORT_SPAN)),
-            PortRange("HCCL range", "hccl_base_port", range(self.hccl_base_port, self.hccl_base_port + HCCL_PORT_COUNT)),
+            self.hccl_range,
         )
 
 

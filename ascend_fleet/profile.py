@@ -63,7 +63,7 @@ class _Strict(BaseModel):
 
 
 class Stack(_Strict):
-    """Every version the profile pins."""
+    """Every version the profile pins, and the fact of its CANN the product places instances by (HCCL's span)."""
 
     driver: str = Field(description="NPU driver (Ascend HDK) version, e.g. 25.2.0")
     driver_firmware_range: tuple[str, str] = Field(
@@ -71,6 +71,9 @@ class Stack(_Strict):
     firmware: str
     cann: str = Field(description="CANN toolkit and operator kernels/ops version")
     nnal: str
+    hccl_port_span: int = Field(ge=1, description="ports HCCL takes from HCCL_IF_BASE_PORT up, as this CANN's "
+                                "environment variable reference says under HCCL_IF_BASE_PORT (16 in 8.0's, 32 "
+                                "from 8.3's); each instance of a node takes a range this long")
     python: str = Field(pattern=r"^3\.\d+$")
     torch: str
     torch_npu: str

@@ -843,7 +843,7 @@ def blue_green_problem(fleet: Fleet, model: dict) -> str | None:
         config = fleet.configs[host]
         profile = profile_of_the_run(fleet.inventory, config.profile)
         replacement = fleet.other_config(host).model_copy(update={"model": Model(**model)})
-        records = [i.record() for i in (*config.instances, *replacement.instances)]
+        records = [*config.instance_records(), *replacement.instance_records()]
         for finding in check_node_instances(records):
             if finding.code != "shared-npu":
                 return f"{host}: {finding.message}"

@@ -45,9 +45,8 @@ def environment_stage() -> None:
 
     # Both colours: a blue/green swap starts the other set of instances without this stage.
     role = data_parallel_role(host.name)
-    reserved = reserved_ports([instance.record() for colour in COLOURS
-                               for instance in host_node_config(host, colour).instances],
-                              role.head_ports() if role and role.is_head else ())
+    records = [record for colour in COLOURS for record in host_node_config(host, colour).instance_records()]
+    reserved = reserved_ports(records, role.head_ports() if role and role.is_head else ())
     sysctls = {**HOST_SYSCTLS, RESERVED_PORTS: reserved}
     sysctl_conf = placed.file(name="Host tuning and reserved instance ports (sysctl)", dest=SYSCTL_FILE, mode="644",
                               content=render(TEMPLATES / "sysctl-ascend-fleet.conf.j2", sysctls=sysctls))

@@ -50,8 +50,9 @@ pytestmark = pytest.mark.lab
 WORKERS = ("worker1", "worker2", "worker3")
 FILLER = "/mnt/nvme/filler"
 # Every port the lab data's instances take, blue and green (issue 13): API 8000-8001 and the green
-# 8002-8003; VLLM_PORT 51000 + 16 per instance, four instances; HCCL 60000 + 16 per instance.
-RESERVED = "8000-8003,51000-51063,60000-60063"
+# 8002-8003; VLLM_PORT 51000 + 16 per instance, four instances; HCCL 60000 + 32 per instance (the lab
+# profile's CANN 8.5.1 takes 32: stack.hccl_port_span).
+RESERVED = "8000-8003,51000-51063,60000-60127"
 STAGES = ("Preflight", "NPU driver and firmware", "NPU network", "CANN", "Python stack", "Ascend environment",
           "Weights", "Serve", "Gateway", "Verify")
 TIMINGS: dict[str, float] = {}
@@ -432,7 +433,7 @@ def test_an_nvme_too_small_for_the_weights_stops_before_anything_changes(lab, de
 def test_two_instances_on_one_npu_are_refused_before_any_host_is_touched(lab, deployed):
     instances = json.dumps([
         {"name": "vllm-0", "npus": [0, 1, 2, 3], "port": 8000, "hccl_base_port": 60000, "vllm_port": 51000},
-        {"name": "vllm-1", "npus": [3, 4, 5, 6], "port": 8001, "hccl_base_port": 60016, "vllm_port": 51016},
+        {"name": "vllm-1", "npus": [3, 4, 5, 6], "port": 8001, "hccl_base_port": 60032, "vllm_port": 51016},
     ])
     result = lab.pyinfra("deploys/full.py", "--limit", "worker1", "--data", f"instances={instances}", check=False)
     assert result.returncode != 0

@@ -26,9 +26,12 @@ from safetensors.numpy import save_file
 from ascend_fleet.lab.sim.tinymodel import build_tiny_qwen35_moe
 from ascend_fleet.lab.sim.wheels import OPTIONS_DIR, build_standin_wheels
 from ascend_fleet.planner import MODELSLIM_DESCRIPTION
+from ascend_fleet.profile import available_profiles, load_profile
 from ascend_fleet.vllm_metrics import parse_metrics
 
 VLLM_VERSION = "0.13.0"
+CANN_VERSION = "8.5.0"  # vllm-ascend 0.13.0's (profile vllm-ascend-0.13.0): its HCCL takes 32 ports
+HCCL_PORT_SPAN = 32
 NPU_COUNT = 4
 LOAD_SECONDS = 1.5
 STARTUP_TIMEOUT = 30
@@ -40,7 +43,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def free_port_range(count: int = 16) -> int:
+def free_port_range(count: int = HCCL_PORT_SPAN) -> int:
     """A base port whose next `count` ports are all free right now."""
     for base in range(41000, 60000, 97):
         try:
@@ -76,8 +79,9 @@ def node_root(tmp_path_factory) -> Path:
     return make_node_root(tmp_path_factory.mktemp("node"))
 
 
-def make_node_root(root: Path) -> Path:
-    """dev/davinciN, the lab's hardware file, the simulator's run directory and a CANN home under root."""
+def make_node_root(root: Path, cann: str = CANN_VERSION) -> Path:
+    """dev/davinciN, the lab's hardware file, the simulator's run directory and a CANN home under root
+    with its toolkit's install record (whose release the simulated HCCL takes its port span from)."""
     (root / "dev").mkdir()
     for npu in range(NPU_COUNT):
         (root / "dev" / f"davinci{npu}").touch()
@@ -92,7 +96,9 @@ def make_node_root(root: Path) -> Path:
     }
     (root / "etc/ascend-lab/hardware.json").write_text(json.dumps(hardware))
     (root / "run/ascend-sim").mkdir(parents=True)
-    (root / "cann").mkdir()
+    (root / "cann/x86_64-linux").mkdir(parents=True)
+    (root / "cann/x86_64-linux/ascend_toolkit_install.info").write_text(
+        f"package_name=Ascend-cann-toolkit\nversion={cann}\narch=x86_64\nos=linux\n")
     return root
 
 
@@ -408,13 +414,61 @@ def test_npu_held_by_another_instance_is_refused(serving, site_dir, node_root, m
 
 
 def test_taken_hccl_port_range_is_refused(site_dir, node_root, model_dir, tmp_path):
+    """The last of CANN 8.5's 32 ports taken: HCCL binds its whole range, so the start fails there."""
     base = free_port_range()
+    last = base + HCCL_PORT_SPAN - 1
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", base + 5))
+        squatter.bind(("127.0.0.1", last))
         squatter.listen()
         code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(base)})
     assert code == 1
-    assert "EJ0003" in output and "Failed to bind the IP port" in output and f"port[{base + 5}]" in output
+    assert "EJ0003" in output and "Failed to bind the IP port" in output and f"port[{last}]" in output
+    assert f"HCCL range {base}-{last} from HCCL_IF_BASE_PORT, 32 ports on CANN {CANN_VERSION}" in output
+
+
+def test_an_instance_16_ports_above_a_running_ones_hccl_base_is_refused_on_cann_8_5(serving, site_dir, node_root,
+                                                                                    model_dir, tmp_path):
+    """Instances spaced 16 apart, as the product placed them for every CANN: on CANN 8.5 the second one's
+    range starts inside the first one's 32, and it fails at its first port as a bind clash does."""
+    server, _ = serving
+    second = server.hccl_base + 16
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir)], {"HCCL_IF_BASE_PORT": str(second)})
+    assert code == 1
+    assert "EJ0003" in output and f"port[{second}]" in output, output[-2000:]
+
+
+def test_cann_8_0s_hccl_takes_16_ports(site_dir, model_dir, tmp_path):
+    """On CANN 8.0 (the handbook's 8.0.RC2) HCCL takes 16 ports: a listener on the 17th is no clash."""
+    (tmp_path / "node-8.0").mkdir()
+    root = make_node_root(tmp_path / "node-8.0", cann="8.0.RC2")
+    base = free_port_range()
+    with socket.socket() as neighbour:
+        neighbour.bind(("127.0.0.1", base + 16))
+        neighbour.listen()
+        server = SimServer(site_dir, root, tmp_path / "cann-8.0.log", "0", [str(model_dir)],
+                           {"HCCL_IF_BASE_PORT": str(base)})
+        try:
+            assert server.health_statuses()[-1] == 200
+        finally:
+            server.kill()
+
+
+def test_without_a_toolkit_record_the_simulated_hccl_does_not_start(site_dir, node_root, model_dir, tmp_path):
+    (tmp_path / "empty-cann").mkdir()
+    code, output = run_to_exit(site_dir, node_root, tmp_path, "3", [str(model_dir)],
+                               {"ASCEND_TOOLKIT_HOME": str(tmp_path / "empty-cann")})
+    assert code == 1
+    assert f"no CANN toolkit record under ASCEND_TOOLKIT_HOME={tmp_path / 'empty-cann'}" in output
+
+
+def test_every_shipped_profiles_hccl_span_is_what_the_simulated_hccl_of_its_cann_takes(site_dir):
+    """The profile's span is the product's claim; the simulated HCCL's comes from its CANN's release."""
+    profiles = {name: load_profile(name).stack for name in available_profiles()}
+    script = ("import json, sys; from vllm._sim.claims import hccl_port_span; "
+              "print(json.dumps({n: hccl_port_span(c) for n, c in json.loads(sys.argv[1]).items()}))")
+    taken = subprocess.run([sys.executable, "-c", script, json.dumps({n: s.cann for n, s in profiles.items()})],
+                           env={**os.environ, "PYTHONPATH": str(site_dir)}, capture_output=True, text=True, check=True)
+    assert json.loads(taken.stdout) == {name: stack.hccl_port_span for name, stack in profiles.items()}
 
 
 def test_missing_shard_fails_clearly(site_dir, node_root, tmp_path):

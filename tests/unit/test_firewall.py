@@ -101,9 +101,10 @@ def test_a_workers_node_exporter_answers_the_monitoring_hosts_only(monkeypatch, 
 
 def test_a_single_node_instances_engine_ports_answer_loopback_only(monkeypatch, resolver):
     rules = host_rules(load(monkeypatch))
-    # vLLM's 16 from VLLM_PORT and HCCL's 16 from HCCL_IF_BASE_PORT, four instances of each colour.
-    assert "tcp dport { 51000-51127, 60000-60127 } ip saddr @engines_v4 accept" in chain(rules)
-    assert "tcp dport { 51000-51127, 60000-60127 } reject with tcp reset" in chain(rules)
+    # vLLM's 16 from VLLM_PORT and HCCL's 32 from HCCL_IF_BASE_PORT (the profile's CANN 8.5.1), four
+    # instances of each colour.
+    assert "tcp dport { 51000-51127, 60000-60255 } ip saddr @engines_v4 accept" in chain(rules)
+    assert "tcp dport { 51000-51127, 60000-60255 } reject with tcp reset" in chain(rules)
     assert elements(rules, "engines_v4") == elements(rules, "engines_v6") == ""
 
 
@@ -115,8 +116,8 @@ def test_a_multi_node_instances_engine_ports_answer_its_own_members_only(monkeyp
         "10.0.1.1/32, 10.0.1.2/32, 192.168.13.31/32, 192.168.13.32/32")
     assert elements(other, "engines_v4") == "10.0.1.3/32, 10.0.1.4/32, 192.168.13.33/32, 192.168.13.34/32"
     # The head's DP RPC port (data_parallel.rpc_port) too; one instance a member, both colours' ports.
-    assert "tcp dport { 13389, 51000-51031, 60000-60031 } reject with tcp reset" in chain(head)
-    assert "tcp dport { 51000-51031, 60000-60031 } reject with tcp reset" in chain(member)
+    assert "tcp dport { 13389, 51000-51031, 60000-60063 } reject with tcp reset" in chain(head)
+    assert "tcp dport { 51000-51031, 60000-60063 } reject with tcp reset" in chain(member)
 
 
 def test_a_gateways_prometheus_and_exporters_answer_the_monitoring_hosts_and_the_data_only(monkeypatch, resolver):

@@ -125,6 +125,9 @@ def test_plan_reports_every_instance_of_every_prod_worker():
     assert len(fleet["instances"]) == 20
     first = fleet["instances"][0]
     assert (first["host"], first["instance"]["name"]) == ("npu-01.example.internal", "vllm-0")
+    # Four TP2 instances a node, HCCL ranges 32 apart on the profile's CANN 8.5.1 (they were 16, and overlapped).
+    assert [i["hccl_ports"] for i in fleet["instances"][:4]] == [[60000, 60031], [60032, 60063], [60064, 60095],
+                                                                 [60096, 60127]]
     # Only the 16 full-attention layers of 64 keep KV: 16 x 4 KV heads x 256 x (K, V) x 2 bytes,
     # and TP2 puts 2 of the 4 KV heads on each NPU.
     assert first["plan"]["kv_cache_bytes_per_token"] == 16 * 4 * 256 * 2 * 2 == 65_536
@@ -142,7 +145,8 @@ def test_plan_of_alike_instances_is_one_row_that_a_pipe_reads_at_80_columns():
     rows = [line.split() for line in lines if line.strip().startswith("1 ")]
     assert rows == [["1", "20", "TP2", "+", "MTP", "15.1", "1,209,393", "9.01x", "228", "5.0", "fits"]]
     assert ("group 1: 5 hosts (npu-01.example.internal, npu-02.example.internal, npu-03.example.internal and 2 "
-            "more), instances vllm-0, vllm-1, vllm-2 and 1 more") in " ".join(result.output.split())
+            "more), instances vllm-0, vllm-1, vllm-2 and 1 more, HCCL ranges 60000-60031, 60032-60063, 60064-60095 "
+            "and 1 more") in " ".join(result.output.split())
 
 
 def test_plan_limit_keeps_the_instances_of_the_hosts_it_names():

@@ -10,6 +10,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig, node_config
+from ascend_fleet.profile import load_profile
 
 WORKER = {
     "profile": "vllm-ascend-0.13.0",
@@ -27,6 +28,9 @@ NPU_ADDRESSES = [f"10.20.0.{11 + npu}" for npu in range(8)]
 NPU_NETWORK = {"npu_addresses": NPU_ADDRESSES, "npu_netmask": "255.255.255.0", "npu_gateway": "10.20.0.254"}
 
 
+TAKES = "(HCCL takes hccl_base_port and the next 31 ports on profile vllm-ascend-0.13.0's CANN)"
+
+
 def instance(name, npus, port=8000, hccl=60000, vllm=51000) -> dict:
     return {"name": name, "npus": npus, "port": port, "hccl_base_port": hccl, "vllm_port": vllm}
 
@@ -42,9 +46,33 @@ def test_8_npus_at_tp4_are_two_instances_with_their_own_npus_and_ports():
     first, second = config().instances
     assert (first.npus, second.npus) == ([0, 1, 2, 3], [4, 5, 6, 7])
     assert (first.port, second.port) == (8000, 8001)
-    # HCCL takes 16 ports from HCCL_IF_BASE_PORT: the ranges must not overlap.
-    assert (first.hccl_base_port, second.hccl_base_port) == (60000, 60016)
+    # HCCL takes 32 ports from HCCL_IF_BASE_PORT on the profile's CANN 8.5.0: the ranges must not overlap.
+    assert (first.hccl_base_port, second.hccl_base_port) == (60000, 60032)
     assert first.vllm_port != second.vllm_port
+
+
+def test_derived_hccl_ranges_are_the_profiles_cann_span_apart():
+    """The example fleet's four TP2 instances of a node: 32 apart on CANN 8.3 and later (before, 16 apart,
+    each one's range overlapped its neighbour's), 16 on the handbook's CANN 8.0."""
+    node = config(tensor_parallel_size=2)
+    assert node.hccl_port_span == 32
+    assert [i.hccl_base_port for i in node.instances] == [60000, 60032, 60064, 60096]
+    assert [str(taken) for record in node.instance_records() for taken in record.port_ranges()
+            if taken.field == "hccl_base_port"] == [
+        "HCCL range 60000-60031", "HCCL range 60032-60063", "HCCL range 60064-60095", "HCCL range 60096-60127"]
+    handbook = config(tensor_parallel_size=2, profile="handbook")
+    assert [i.hccl_base_port for i in handbook.instances] == [60000, 60016, 60032, 60048]
+
+
+def test_the_span_comes_from_the_profile_the_data_names():
+    asked = []
+
+    def profile_of(name):
+        asked.append(name)
+        return load_profile("handbook")
+
+    node = node_config({**WORKER, "tensor_parallel_size": 2}, "worker1", profile_of)
+    assert asked == ["vllm-ascend-0.13.0"] and node.hccl_port_span == 16
 
 
 @pytest.mark.parametrize("tp, expected", [(1, 8), (2, 4), (8, 1)])
@@ -56,7 +84,7 @@ def test_one_instance_per_tp_group(tp, expected):
 
 def test_port_bases_move_every_derived_port():
     instances = config(instance_ports={"api": 9000, "hccl": 61000, "vllm": 52000}).instances
-    assert [(i.port, i.hccl_base_port, i.vllm_port) for i in instances] == [(9000, 61000, 52000), (9001, 61016, 52016)]
+    assert [(i.port, i.hccl_base_port, i.vllm_port) for i in instances] == [(9000, 61000, 52000), (9001, 61032, 52016)]
 
 
 def test_given_instances_are_kept_as_written():
@@ -75,7 +103,7 @@ def test_instance_environment_adds_its_npus_and_ports():
     node = config()
     env = node.instance_env(node.instances[1])
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
-    assert (env["HCCL_IF_BASE_PORT"], env["VLLM_PORT"]) == ("60016", "51016")
+    assert (env["HCCL_IF_BASE_PORT"], env["VLLM_PORT"]) == ("60032", "51016")
     assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
 
 
@@ -113,12 +141,12 @@ def test_reads_a_pyinfra_host():
 def test_green_instances_take_the_next_ports_and_share_the_npus_when_blue_uses_them_all():
     green = config(colour="green").instances
     assert [(i.name, i.npus, i.port, i.hccl_base_port, i.vllm_port) for i in green] == [
-        ("vllm-0-green", [0, 1, 2, 3], 8002, 60032, 51032), ("vllm-1-green", [4, 5, 6, 7], 8003, 60048, 51048)]
+        ("vllm-0-green", [0, 1, 2, 3], 8002, 60064, 51032), ("vllm-1-green", [4, 5, 6, 7], 8003, 60096, 51048)]
 
 
 def test_green_instances_take_the_npus_past_blues_when_the_node_has_them():
     (green,) = config(colour="green", instances=[instance("vllm-0", [0, 1, 2, 3])]).instances
-    assert (green.name, green.npus, green.port, green.hccl_base_port) == ("vllm-0-green", [4, 5, 6, 7], 8001, 60016)
+    assert (green.name, green.npus, green.port, green.hccl_base_port) == ("vllm-0-green", [4, 5, 6, 7], 8001, 60032)
 
 
 def test_the_colour_comes_from_the_fleet_state_unless_the_data_names_one(tmp_path):
@@ -178,51 +206,60 @@ REFUSALS = {
                                   "worker1: instances.a.npus: 2 NPUs but tensor_parallel_size is 4; expected one TP group of 4"),
     "npu beyond count": ({"instances": [instance("a", [6, 7, 8, 9])]},
                          "worker1: instances.a.npus: NPU 8 does not exist; npu_count is 8 (NPUs 0-7)"),
-    "shared npu": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [3, 4, 5, 6], 8001, 60016, 51016)]},
+    "shared npu": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [3, 4, 5, 6], 8001, 60032, 51016)]},
                    "worker1: instances: a and b both use NPU 3; expected each NPU used once"),
-    # Every port an instance takes (API port, VLLM_PORT and the 15 above, HCCL's 16) against every
-    # other port of the host, its own included.
-    "shared api port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8000, 60016, 51016)]},
+    # Every port an instance takes (API port, VLLM_PORT and the 15 above, HCCL's 32 on the profile's CANN 8.5.0)
+    # against every other port of the host, its own included.
+    "shared api port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8000, 60032, 51016)]},
                         "worker1: instances: a and b both take port 8000; move a's port or b's port"),
-    "overlapping hccl ranges": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60008, 51016)]},
-                                "worker1: instances: a HCCL range 60000-60015 and b HCCL range 60008-60023 overlap; move "
-                                "a's hccl_base_port or b's hccl_base_port (HCCL takes hccl_base_port and the next 15 ports)"),
-    "shared vllm port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60016, 51000)]},
+    # 16 apart, as data written for CANN 8.0's 16 ports has them.
+    "overlapping hccl ranges": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60016, 51016)]},
+                                "worker1: instances: a HCCL range 60000-60031 and b HCCL range 60016-60047 overlap; move "
+                                f"a's hccl_base_port or b's hccl_base_port {TAKES}"),
+    "shared vllm port": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60032, 51000)]},
                          "worker1: instances: a VLLM_PORT 51000-51015 and b VLLM_PORT 51000-51015 overlap"),
-    "adjacent vllm ports": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60016, 51001)]},
+    "adjacent vllm ports": ({"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 8001, 60032, 51001)]},
                             "worker1: instances: a VLLM_PORT 51000-51015 and b VLLM_PORT 51001-51016 overlap; move a's "
                             "vllm_port or b's vllm_port (vLLM takes vllm_port and the next 15 ports)"),
     "api port in another's vllm range": (
-        {"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 51005, 60016, 51016)]},
+        {"instances": [instance("a", [0, 1, 2, 3]), instance("b", [4, 5, 6, 7], 51005, 60032, 51016)]},
         "worker1: instances: b port 51005 lies in a's VLLM_PORT 51000-51015; move a's vllm_port or b's port"),
     "api port in its own hccl range": ({"instances": [instance("vllm-0", [0, 1, 2, 3], 60005, 60000, 51000)]},
-                                       "worker1: instances: vllm-0 port 60005 lies in its own HCCL range 60000-60015; "
-                                       "move its port or hccl_base_port (HCCL takes hccl_base_port and the next 15 ports)"),
+                                       "worker1: instances: vllm-0 port 60005 lies in its own HCCL range 60000-60031; "
+                                       f"move its port or hccl_base_port {TAKES}"),
     "vllm range over its own hccl range": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 60000, 59990)]},
                                            "worker1: instances: a VLLM_PORT 59990-60005 overlaps its own HCCL range "
-                                           "60000-60015; move its vllm_port or hccl_base_port"),
+                                           "60000-60031; move its vllm_port or hccl_base_port"),
     "derived api port in its own hccl range": ({"instance_ports": {"api": 60005, "hccl": 60000}},
                                                "worker1: instance_ports: vllm-0 port 60005 lies in its own HCCL range "
-                                               "60000-60015; move instance_ports.api or instance_ports.hccl (derived "
-                                               "instance i takes api + i, vllm + 16i and hccl + 16i;"),
+                                               "60000-60031; move instance_ports.api or instance_ports.hccl (derived "
+                                               "instance i takes api + i, vllm + 16i and hccl + 32i;"),
     "derived api ports in the vllm range": ({"instance_ports": {"api": 51001}},
                                             "worker1: instance_ports: vllm-0 port 51001 lies in its own VLLM_PORT "
                                             "51000-51015; move instance_ports.api or instance_ports.vllm"),
     "vllm range past 65535": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 60000, 65530)]},
                               "worker1: instances.0.vllm_port: Input should be less than or equal to 65520 (got 65530)"),
-    "duplicate names": ({"instances": [instance("a", [0, 1, 2, 3]), instance("a", [4, 5, 6, 7], 8001, 60016, 51016)]},
+    "duplicate names": ({"instances": [instance("a", [0, 1, 2, 3]), instance("a", [4, 5, 6, 7], 8001, 60032, 51016)]},
                         "worker1: instances: two instances are named a; expected distinct names"),
     "memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": 0.99}},
                            "worker1: serving.gpu_memory_utilization: --gpu-memory-utilization 0.99 is above 0.98"),
     "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
     "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE must be a whole number of MB"),
     "port range": ({"instance_ports": {"api": 70000}}, "worker1: instance_ports.api: Input should be less than or equal to 65535"),
-    # HCCL takes its base port and the next 15, all within 1024-65520.
-    "hccl range past 65520": ({"instance_ports": {"hccl": 65506}},
-                              "worker1: instance_ports.hccl: Input should be less than or equal to 65505"),
-    "derived hccl range past 65520": ({"instance_ports": {"hccl": 65505}},
-                                      "worker1: instance_ports: a derived instance's hccl_base_port: Input should be "
-                                      "less than or equal to 65505 (got 65521); lower the base ports or run fewer instances"),
+    # HCCL takes its base port and the next 31 (CANN 8.5.0), all within 1024-65520.
+    "hccl base past 65520": ({"instance_ports": {"hccl": 65521}},
+                             "worker1: instance_ports.hccl: Input should be less than or equal to 65520"),
+    "hccl range past 65520": ({"instance_ports": {"hccl": 65500}, "tensor_parallel_size": 8},
+                              "worker1: instance_ports.hccl: vllm-0's HCCL range 65500-65531 ends past 65520, the last "
+                              f"port HCCL_IF_BASE_PORT's range may take {TAKES}; lower it or run fewer instances"),
+    "derived hccl range past 65520": ({"instance_ports": {"hccl": 65480}},
+                                      "worker1: instance_ports.hccl: vllm-1's HCCL range 65512-65543 ends past 65520"),
+    "derived hccl base past 65520": ({"instance_ports": {"hccl": 65490}},
+                                     "worker1: instance_ports: a derived instance's hccl_base_port: Input should be "
+                                     "less than or equal to 65520 (got 65522); lower the base ports or run fewer instances"),
+    "given hccl range past 65520": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 65500, 51000)]},
+                                    "worker1: instances.a.hccl_base_port: a's HCCL range 65500-65531 ends past 65520, the "
+                                    f"last port HCCL_IF_BASE_PORT's range may take {TAKES}; lower it"),
     "hccl base below 1024": ({"instances": [instance("a", [0, 1, 2, 3], 8000, 1000, 51000)]},
                              "worker1: instances.0.hccl_base_port: Input should be greater than or equal to 1024"),
     # Hostile values that would reach a unit, an env file or a shell command on the node (issue 29).
@@ -338,7 +375,8 @@ def test_every_host_data_key_is_listed_under_an_unknown_one():
     with pytest.raises(FleetError) as caught:
         config(max_len=4)
     listed = " ".join(str(caught.value).splitlines()[1:]).removeprefix("  keys: ").split(", ")
-    assert [key.strip() for key in listed] == [key for key in NodeConfig.model_fields if key != "host"]
+    assert [key.strip() for key in listed] == [key for key in NodeConfig.model_fields
+                                               if key not in ("host", "hccl_port_span")]
 
 
 def test_a_bundle_without_the_index_the_site_serves_it_at_is_refused_and_its_locks_are_the_default():

@@ -31,11 +31,17 @@ def full_deploy(tmp_path: Path, data: dict) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("data, line", [
     ({"instances": [{"name": "vllm-0", "npus": [0, 1, 2, 3], "port": 60005, "hccl_base_port": 60000, "vllm_port": 51000}]},
-     "@local: instances: vllm-0 port 60005 lies in its own HCCL range 60000-60015; move its port or hccl_base_port "
-     "(HCCL takes hccl_base_port and the next 15 ports)"),
+     "@local: instances: vllm-0 port 60005 lies in its own HCCL range 60000-60031; move its port or hccl_base_port "
+     "(HCCL takes hccl_base_port and the next 31 ports on profile lab's CANN)"),
+    # Two instances 16 apart, as data written for CANN 8.0's 16 ports has them: the lab's CANN 8.5.1 takes 32.
+    ({"tensor_parallel_size": 2, "instances": [
+        {"name": "vllm-0", "npus": [0, 1], "port": 8000, "hccl_base_port": 60000, "vllm_port": 51000},
+        {"name": "vllm-1", "npus": [2, 3], "port": 8001, "hccl_base_port": 60016, "vllm_port": 51016}]},
+     "@local: instances: vllm-0 HCCL range 60000-60031 and vllm-1 HCCL range 60016-60047 overlap; move vllm-0's "
+     "hccl_base_port or vllm-1's hccl_base_port (HCCL takes hccl_base_port and the next 31 ports on profile lab's CANN)"),
     # Raised in the profile loader, and again by the stage that names the host.
     ({"profile": "nosuch"}, "@local: profile 'nosuch': no "),
-], ids=["api port in its own hccl range", "unknown profile"])
+], ids=["api port in its own hccl range", "hccl ranges 16 apart on cann 8.5", "unknown profile"])
 def test_a_data_error_stops_the_run_before_any_operation_with_our_line_alone(tmp_path, data, line):
     result = full_deploy(tmp_path, {**data, "fleet_state_dir": str(tmp_path)})
     output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)

@@ -96,8 +96,8 @@ def test_the_head_reserves_its_rpc_port_and_its_instances_ranges_not_29500(tmp_p
     inventory = fleet(tmp_path, hosts, "pair_a = ['npu-01', 'npu-02']\n")
     configs = {config.host: config for config in fleet_node_configs(inventory)}
     head = fleet_roles(inventory)["npu-01"]
-    reserved = reserved_ports([configs["npu-01"].instances[0].record()], head.head_ports())
-    assert reserved == "13389,29500,51000-51015,60000-60015"
+    reserved = reserved_ports(configs["npu-01"].instance_records(), head.head_ports())
+    assert reserved == "13389,29500,51000-51015,60000-60031"
 
 
 def test_each_member_names_its_own_serving_nic_and_preflight_holds_it_to_serving_address(tmp_path):

@@ -318,20 +318,26 @@ def test_max_model_len_beyond_position_embeddings_refuses():
     assert "max-model-len" in codes(result.findings)
 
 
-BLUE = InstanceRecord("blue", npus=(0, 1, 2, 3), port=8000, hccl_base_port=60000, vllm_port=61000)
-GREEN = InstanceRecord("green", npus=(4, 5, 6, 7), port=8001, hccl_base_port=60016, vllm_port=61016)
+# HCCL takes 32 ports on CANN 8.3 and later (profiles' stack.hccl_port_span).
+BLUE = InstanceRecord("blue", npus=(0, 1, 2, 3), port=8000, hccl_base_port=60000, vllm_port=61000, hccl_port_span=32)
+GREEN = InstanceRecord("green", npus=(4, 5, 6, 7), port=8001, hccl_base_port=60032, vllm_port=61016, hccl_port_span=32)
 
 
 def test_reserved_ports_are_every_instance_range_in_the_kernels_own_form():
     """net.ipv4.ip_local_reserved_ports reads back ascending, touching ranges merged, a lone port
     alone; the deploy compares that with what it sets, so the form decides whether a rerun is a no-op."""
-    assert reserved_ports([BLUE, GREEN]) == "8000-8001,60000-60031,61000-61031"
+    assert reserved_ports([BLUE, GREEN]) == "8000-8001,60000-60063,61000-61031"
     assert reserved_ports([replace(BLUE, port=9000), replace(GREEN, vllm_port=61100)]) == \
-        "8001,9000,60000-60031,61000-61015,61100-61115"
+        "8001,9000,60000-60063,61000-61015,61100-61115"
+    # CANN 8.0's HCCL takes 16.
+    assert reserved_ports([replace(BLUE, hccl_port_span=16)]) == "8000,60000-60015,61000-61015"
 
 
 def test_instances_with_distinct_npus_and_ports_pass():
     assert check_node_instances([BLUE, GREEN]) == []
+    # 16 apart is enough where HCCL takes 16 (CANN 8.0), not where it takes 32
+    assert check_node_instances([replace(BLUE, hccl_port_span=16),
+                                 replace(GREEN, hccl_base_port=60016, hccl_port_span=16)]) == []
 
 
 @pytest.mark.parametrize(
@@ -339,10 +345,10 @@ def test_instances_with_distinct_npus_and_ports_pass():
     [
         (replace(GREEN, npus=(3, 4, 5, 6)), "shared-npu"),
         (replace(GREEN, port=8000), "shared-port"),
-        (replace(GREEN, hccl_base_port=60008), "shared-port"),  # 60008-60023 overlaps 60000-60015
+        (replace(GREEN, hccl_base_port=60016), "shared-port"),  # 60016-60047 overlaps 60000-60031
         (replace(GREEN, vllm_port=61000), "shared-port"),
         (replace(GREEN, vllm_port=61001), "shared-port"),  # vLLM takes 61000-61015 for blue, 61001-61016 for green
-        (replace(GREEN, port=60015), "shared-port"),  # API port inside blue's HCCL range
+        (replace(GREEN, port=60031), "shared-port"),  # API port inside blue's HCCL range, its last
         (replace(GREEN, port=61010), "shared-port"),  # API port inside blue's VLLM_PORT range
     ],
 )
@@ -355,8 +361,8 @@ def test_instances_sharing_an_npu_or_a_port_refuse(green, expected):
 @pytest.mark.parametrize(
     ("blue", "message"),
     [
-        (replace(BLUE, port=60005), "blue port 60005 lies in its own HCCL range 60000-60015"),
-        (replace(BLUE, vllm_port=59990), "blue VLLM_PORT 59990-60005 overlaps its own HCCL range 60000-60015"),
+        (replace(BLUE, port=60005), "blue port 60005 lies in its own HCCL range 60000-60031"),
+        (replace(BLUE, vllm_port=59990), "blue VLLM_PORT 59990-60005 overlaps its own HCCL range 60000-60031"),
         (replace(BLUE, port=61015), "blue port 61015 lies in its own VLLM_PORT 61000-61015"),
     ],
 )

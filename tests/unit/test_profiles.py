@@ -206,6 +206,13 @@ def test_firmware_outside_the_driver_range_is_refused(profile_dir):
     assert "firmware 9.0.0.0.205 is outside the driver's compatible range [7.0.0,8.9.9]" in message
 
 
+def test_a_profile_that_does_not_say_how_many_ports_its_hccl_takes_is_refused(profile_dir):
+    """HCCL's span is a fact of the CANN release, in no code: a profile without it cannot place instances."""
+    rewrite(profile_dir, lambda raw: raw["stack"].pop("hccl_port_span"))
+    assert refusal(profile_dir) == (f"profile vllm-ascend-0.13.0: {profile_dir / 'vllm-ascend-0.13.0.yaml'}: "
+                                    "stack.hccl_port_span: missing")
+
+
 def test_a_source_that_is_not_one_of_the_profiles_indexes_is_refused(profile_dir):
     rewrite(profile_dir, lambda raw: raw["pip"].update(sources={"triton-ascend": "https://example.org/simple"}))
     message = refusal(profile_dir)

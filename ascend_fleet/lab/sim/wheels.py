@@ -57,6 +57,7 @@ STANDINS_DIR = SIM_DIR / "standins"
 PLANNER_FILE = SIM_DIR.parents[1] / "planner.py"
 PERFMODEL_FILE = SIM_DIR.parents[1] / "perfmodel.py"
 RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
+VERSIONS_FILE = SIM_DIR.parents[1] / "versions.py"  # Huawei's version order, for the simulated HCCL's span
 
 # A zip entry's timestamp is part of its bytes; a fixed one keeps wheels reproducible.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -181,6 +182,7 @@ def vllm_contents(version: str) -> Standin:
             "vllm/_sim/planner.py": PLANNER_FILE.read_bytes(),
             "vllm/_sim/perfmodel.py": PERFMODEL_FILE.read_bytes(),
             "vllm/_sim/runtime.py": RUNTIME_FILE.read_bytes(),
+            "vllm/_sim/versions.py": VERSIONS_FILE.read_bytes(),
         },
     )
 

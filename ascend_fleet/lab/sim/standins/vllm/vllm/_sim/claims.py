@@ -12,11 +12,38 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm._sim import runtime
+from vllm._sim import runtime, versions
 from vllm._sim.errors import StartupError
 
 HCCL_DEFAULT_BASE_PORT = 60000
-HCCL_PORT_COUNT = 16  # HCCL listens on HCCL_IF_BASE_PORT .. +15
+# The ports HCCL takes from HCCL_IF_BASE_PORT, a fact of the CANN it belongs to: CANN's environment variable
+# reference (HCCL_IF_BASE_PORT) says 16 in its 8.0.0 edition (60000-60015) and 32 in 8.3.RC1's, 8.5.0's and
+# 9.0.0's (60000-60031). 8.1 and 8.2 are not known (8.2.RC1's edition says 32, then reserves 60000-60015):
+# taken as 16. The simulated HCCL reads its CANN's release, as the real one is that release; the
+# product's span is the profile's (stack.hccl_port_span), which the lab so checks rather than copies.
+HCCL_PORT_SPAN_FROM = "8.3.RC1"
+HCCL_PORT_SPANS = (16, 32)  # before HCCL_PORT_SPAN_FROM, from it on
+
+
+# The record the CANN toolkit's installer leaves, <ASCEND_TOOLKIT_HOME>/<arch>-linux/<this>, with `version=`.
+TOOLKIT_RECORD = "ascend_toolkit_install.info"
+
+
+def cann_version() -> str | None:
+    """The release of the CANN toolkit at ASCEND_TOOLKIT_HOME, from its install record; None without one."""
+    home = os.environ.get("ASCEND_TOOLKIT_HOME")
+    for record in sorted(Path(home).glob(f"*-linux/{TOOLKIT_RECORD}")) if home else ():
+        for line in record.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key == "version":
+                return value
+    return None
+
+
+def hccl_port_span(cann: str) -> int:
+    """The ports CANN `cann`'s HCCL takes from HCCL_IF_BASE_PORT."""
+    before, after = HCCL_PORT_SPANS
+    return after if versions.version_key(cann) >= versions.version_key(HCCL_PORT_SPAN_FROM) else before
 
 
 @dataclass
@@ -77,29 +104,36 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def hccl_bind_error(port: int, base: int) -> str:
-    """HCCL's EJ0003 report, with the range that collided."""
+def hccl_bind_error(port: int, ports: range, cann: str) -> str:
+    """HCCL's EJ0003 report, then the lab's hint: the range that collided and whose span it is."""
     stamp = time.strftime("%Y-%m-%d-%H:%M:%S")
     return (
         f"EJ0003: [PID: {os.getpid()}] {stamp} Failed to bind the IP port. "
         "Reason: The IP address and port have been bound already. "
-        f"(host nic listen start failed, port[{port}], HCCL range {base}-{base + HCCL_PORT_COUNT - 1} "
-        "from HCCL_IF_BASE_PORT; give each instance its own range)"
+        f"(host nic listen start failed, port[{port}], HCCL range {ports[0]}-{ports[-1]} from HCCL_IF_BASE_PORT, "
+        f"{len(ports)} ports on CANN {cann}; give each instance its own range)"
     )
 
 
-def bind_hccl_ports(claims: Claims) -> int:
-    """Listen on the HCCL port range like HCCL's host NIC does; returns the base port."""
+def bind_hccl_ports(claims: Claims) -> range:
+    """Listen on the whole HCCL port range like HCCL's host NIC does; returns the range. A port another
+    process holds fails the start, as HCCL's bind does."""
     base = int(os.environ.get("HCCL_IF_BASE_PORT", HCCL_DEFAULT_BASE_PORT))
     host = os.environ.get("HCCL_IF_IP", "0.0.0.0")
-    for port in range(base, base + HCCL_PORT_COUNT):
+    cann = cann_version()
+    if cann is None:
+        raise StartupError(f"no CANN toolkit record under ASCEND_TOOLKIT_HOME={os.environ.get('ASCEND_TOOLKIT_HOME')} "
+                           f"(*-linux/{TOOLKIT_RECORD}): the lab's HCCL takes its port span from the "
+                           "installed CANN's release; install the toolkit and source its set_env.sh")
+    ports = range(base, base + hccl_port_span(cann))
+    for port in ports:
         try:
             claims.sockets.append(_listen(host, port))
         except OSError as err:
             if err.errno != errno.EADDRINUSE:
                 raise
-            raise StartupError(hccl_bind_error(port, base)) from None
-    return base
+            raise StartupError(hccl_bind_error(port, ports, cann)) from None
+    return ports
 
 
 def bind_internal_port(claims: Claims, log) -> int:
