@@ -148,9 +148,9 @@ def test_a_worker_of_four_instances_gets_hccl_ranges_32_apart_and_each_binds_its
         assert connect(lab, worker, worker, last) == "open"
         assert connect(lab, "worker1", worker, last) == "refused"
     finally:
-        # Stopped first: the serve stage restarts a node's instances in name order, so back to TP4 in place
-        # it would start vllm-0 on NPUs 0-3 while the TP2 vllm-1 still holds NPUs 2-3 ("NPU 2 ... is already
-        # in use"), a defect of its own (found here, not this test's subject).
+        # Stopped first: the serve stage restarts a node's instances one by one in the data's order, so back
+        # to TP4 in place it would start vllm-0 on NPUs 0-3 while the TP2 vllm-1 still holds NPUs 2-3 ("NPU 2
+        # ... is already in use"), a defect of its own (found here, not this test's subject).
         lab.run(worker, f"systemctl stop '{instance_unit('vllm-*')}'")
         lab.pyinfra("deploys/full.py", "--limit", worker, *ALL_AT_ONCE)  # the lab's own data again: two instances
     assert [int(instance_env(lab, worker, name)["HCCL_IF_BASE_PORT"]) for name in instances[:2]] == [60000, 60032]
