@@ -53,7 +53,8 @@ NEVER = 'python_version < "0"'  # a marker no node meets: an override that takes
 ROUTER_GLIBC = "2.28"
 # uv's words for a pin no index it asked has.
 NO_VERSION = re.compile(r"there is no version of (?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s,]+)")
-# Packages built for NVIDIA GPUs: PyPI's torch requires them, the PyTorch CPU index's +cpu builds do not.
+# Packages built for NVIDIA GPUs: PyPI's torch requires them, the PyTorch CPU index's +cpu builds do not; no use
+# on an Ascend node, and GBs each (the lab's stand-ins leave them out too).
 CUDA_PACKAGES = frozenset({"triton", "xformers", "flashinfer-python"})
 CUDA_PREFIXES = ("nvidia-", "cuda-")
 
@@ -101,7 +102,8 @@ class UvResolver:
                      *(option for url in indexes[1:] for option in ("--extra-index-url", url)),
                      # pip's way with several indexes: the best version from any of them.
                      "--index-strategy", "unsafe-best-match", "--emit-index-annotation",
-                     "--find-links", str(self.standins), "--only-binary", ":all:", *(option for name in source_builds for option in ("--no-binary", name))]
+                     "--find-links", str(self.standins), "--only-binary", ":all:",
+                     *(option for name in source_builds for option in ("--no-binary", name))]
         self.environ = {**{k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))},
                         "UV_NO_CONFIG": "1"}
 

@@ -44,6 +44,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.lab.base import node_platforms
 from ascend_fleet.profile import ARCHES, OverrideStep, is_cpu_build, load_profile
 from ascend_fleet.profile_check import pip_environment
+from ascend_fleet.profile_lock import CUDA_PACKAGES, CUDA_PREFIXES, is_cuda_requirement
 
 RECORD_FILE = Path(__file__).with_name("real_metadata.json")
 # The profile whose builds over a pin (its override steps) the lab's profile installs as stand-ins.
@@ -72,9 +73,6 @@ REAL_WHEELS: dict[str, tuple[str, ...]] = {
     "opencv-python-headless": ("4.11.0.86", "5.1.0.95"),
 }
 
-# Packages built for NVIDIA GPUs: no use on an Ascend node, and GBs each.
-CUDA_PACKAGES = frozenset({"triton", "xformers", "flashinfer-python"})
-CUDA_PREFIX = "nvidia-"
 BROKEN = "connection broken by '"  # pip's warning when it retries an index that does not answer
 # The OS's reason in those warnings ("[Errno -2] Name or service not known").
 NO_ANSWER_ERRNO = re.compile(r"\[Errno [^\]]+\][^'\")]*")
@@ -133,12 +131,6 @@ def find(record: list[RealWheel], name: str, version: str, arch: str) -> RealWhe
     raise FleetError(f"lab: the real wheels' record has no {name} {version} for {arch}; "
                      "add it to REAL_WHEELS in ascend_fleet/lab/sim/real_metadata.py and run "
                      "`ascend-fleet lab refresh-metadata`")
-
-
-def is_cuda_requirement(requirement: str) -> bool:
-    """A requirement on an NVIDIA build (nvidia-*, triton, xformers, flashinfer-python)."""
-    name = canonicalize_name(Requirement(requirement).name)
-    return name.startswith(CUDA_PREFIX) or name in CUDA_PACKAGES
 
 
 def cpu_torch_pins(wheel: RealWheel) -> list[str]:
@@ -268,7 +260,7 @@ def read_cpu_build(name: str, version: str, arch: str, index_url: str, today: st
         return read_wheel(name, version, arch, index_url, today)
     except PipReadError as exc:
         basis = (f"PyPI's {name} {Version(version).public} for {arch}, less its CUDA packages "
-                 f"({CUDA_PREFIX}*, {', '.join(sorted(CUDA_PACKAGES))})")
+                 f"({', '.join(f'{prefix}*' for prefix in CUDA_PREFIXES)}, {', '.join(sorted(CUDA_PACKAGES))})")
         return RealWheel(name=name, version=version, arch=arch, index=index_url, read=today,
                          unknown=f"not read: {exc}", standin_basis=basis)
 

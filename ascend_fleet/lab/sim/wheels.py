@@ -47,8 +47,9 @@ from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from ascend_fleet.lab.sim.real_metadata import RealWheel, is_cuda_requirement, load_record, standin_basis
+from ascend_fleet.lab.sim.real_metadata import RealWheel, load_record, standin_basis
 from ascend_fleet.profile import ARCHES, is_cpu_build
+from ascend_fleet.profile_lock import is_cuda_requirement
 from ascend_fleet.vllm_cli import OPTIONS_DIR, option_table_path
 from ascend_fleet.vllm_cpu import build_vllm_metadata_shim
 
