@@ -654,8 +654,9 @@ def describe_wheels(wheels: list[IndexFile], arch: str) -> str:
 
 
 def check_profile(profile: Profile, platforms: list[Platform], index_urls: list[str] | None = None,
-                  progress: Callable[[str], None] = lambda line: None) -> Check:
-    """Resolve every install step of the profile on every platform; index_urls replace the profile's indexes."""
+                  progress: Callable[[str], None] = lambda line: None, indexes: Indexes | None = None) -> Check:
+    """Resolve every install step of the profile on every platform; index_urls replace the profile's indexes;
+    indexes: the pages read so far (`profile check` reads them once for the steps and the end state)."""
     steps = profile.install_steps()
     positions = [n for n, step in enumerate(profile.pip.install, 1) if isinstance(step, InstallStep)]
     if index_urls:
@@ -670,7 +671,7 @@ def check_profile(profile: Profile, platforms: list[Platform], index_urls: list[
     for number, step in zip(positions, steps):
         for url in dict.fromkeys([index_url, *step.extra_index_urls]):
             index_steps.setdefault(url, []).append(number)
-    indexes = Indexes()
+    indexes = indexes or Indexes()
     indexes.probe(list(index_steps))
     answering = [url for url in index_steps if url not in indexes.unanswered]
     if not answering:

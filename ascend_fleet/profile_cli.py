@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform, check_profile, platforms_to_check
+from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, check_profile, platforms_to_check
 from ascend_fleet.profile_lock import (
     ROUTER_GLIBC,
     LockError,
@@ -54,9 +54,10 @@ def check(
     """
     profile = load_profile(name)
     platforms = platforms_to_check(profile, arch, python, glibc)
-    result = check_profile(profile, platforms, index_url, progress_console.print)
+    indexes = Indexes()  # each project page read once, for the steps and for the end state
+    result = check_profile(profile, platforms, index_url, progress_console.print, indexes)
     locks, lock_problem_count = lock_verdicts(profile, platforms)
-    ends, end_problem_count = end_state_verdicts(profile, platforms, index_url)
+    ends, end_problem_count = end_state_verdicts(profile, platforms, index_url, indexes)
     if as_json:
         console.print_json(json.dumps({**result.as_dict(), "locks": locks, "end_state": ends}))
     else:

@@ -457,14 +457,14 @@ def lock_problems(profile: Profile, platform: Platform, path: Path) -> list[str]
 
 
 def end_state_verdicts(profile: Profile, platforms: list[Platform], index_urls: list[str] | None = None,
-                       progress: Callable[[str], None] = lambda line: None) -> tuple[list[str], int]:
+                       indexes: Indexes | None = None) -> tuple[list[str], int]:
     """One line per platform on what all the steps leave together, a line per `pip check` complaint the
     profile does not accept (a problem each) and per file an index that did not answer holds (a note)."""
-    lines, problems, indexes = [], 0, Indexes()
+    lines, problems, indexes = [], 0, indexes or Indexes()
     for platform in platforms:
         where = f"{profile.name} {platform}: end state"
         try:
-            state = end_state(profile, platform, index_urls, progress, indexes)
+            state = end_state(profile, platform, index_urls, lambda line: None, indexes)
         except LockError as exc:
             lines.append(f"{where}: note: not judged: {exc}")
             continue
