@@ -782,8 +782,8 @@ def _placement_problems(records: tuple[InstanceRecord, ...], listeners: tuple[tu
                 if port in claimed.ports]
     problems += [("instances", f"{finding.message}; expected each NPU used once")
                  for finding in check_node_instances(records) if finding.code == "shared-npu"]
-    problems += [("instance_ports" if derived else "instances", f"{clash}; {_port_remedy(clash, derived, span, profile)}")
-                 for clash in port_clashes(records)]
+    problems += [("instance_ports" if derived else "instances",
+                  f"{clash}; {_port_remedy(clash, derived, span, profile)}") for clash in port_clashes(records)]
     return tuple(problems)
 
 

@@ -61,9 +61,8 @@ def publish_profiles(profile_names: list[str], mirror_root: Path, arch: str, con
 
 def lock_profiles(profile_names: list[str], index_url: str, locks_dir: Path, arch: str, console: Console) -> None:
     """Each profile's lock against the lab mirror's index, as `ascend-fleet profile lock` makes a site's: the
-    lab's nodes install from it (host data pip_locks_dir). A profile whose steps do not lock (one that
-    accepts no complaint, such as lab-previous: vllm 0.11.0's pins against vllm-ascend's) is installed
-    step by step, as before, and said so."""
+    lab's nodes install from it (host data pip_locks_dir). A profile whose steps do not lock (they leave a
+    complaint it does not accept) is installed step by step, as before, and said so."""
     for profile in (load_profile(name) for name in profile_names):
         platform = Platform(arch, profile.stack.python, f"2.{NODE_GLIBC_MINOR}")
         try:
