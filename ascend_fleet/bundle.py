@@ -59,6 +59,7 @@ from ascend_fleet.os_repository import (
     build_dnf_repository,
     fleet_packages,
     kernel_headers_packages,
+    kernel_releases,
     repository_name,
     served_release,
 )
@@ -132,6 +133,7 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     chosen = targets(inventory_data, workers, arches)
     releases = [(served_release(name.strip()), archive.strip() or None)
                 for name, _, archive in (release.partition("=") for release in os_releases)]
+    kernels = kernel_releases(list(kernels))
     for sub in (LOCKS_DIR, PACKAGES_DIR, VENDOR_DIR, MODELS_DIR, CONTROL_DIR):
         (out / sub).mkdir(parents=True, exist_ok=True)
     bundle_control_install(out / CONTROL_DIR, progress)
@@ -148,8 +150,7 @@ def build_bundle(inventory: Path, out: Path, arches: list[str] | None = None,
     bundle_models(workers, model_dirs, out / MODELS_DIR, progress)
     write_simple_index(out)
     mirror_hosts = bool(inventory_data.groups.get(MIRROR_GROUP))
-    repositories = [bundle_os(inventory_data, known, arch, configs, mirror_hosts, archive, list(kernels), out,
-                              progress)
+    repositories = [bundle_os(inventory_data, known, arch, configs, mirror_hosts, archive, kernels, out, progress)
                     for known, archive in releases for arch in dict.fromkeys(target.arch for target in chosen)]
     progress("hashing every file for the manifest")
     manifest = {"platforms": platforms, "routers": routers, "os": repositories, "files": current_files(out)}

@@ -13,6 +13,7 @@ repository of their own (gpgcheck=0 for the same reason as trusted=yes).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -74,6 +75,22 @@ def fleet_packages(scope: object, known: NodeOs, configs: list[NodeConfig], mirr
                       known.node_exporter and known.node_exporter.package,
                       *((known.virtual_address_packages or ()) if config.gateway_vip else ())]
     return sorted({name for name in names if name})
+
+
+# A kernel release as an RPM-family node's `uname -r` prints it: VERSION-RELEASE.ARCH (openEuler's kernel.spec,
+# KernelVer %{version}-%{release}.%{_target_cpu}); it becomes the headers packages' names.
+KERNEL_RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~]*-[A-Za-z0-9._+~]+\.(x86_64|aarch64)")
+
+
+def kernel_releases(kernels: list[str]) -> list[str]:
+    """The kernels `bundle --kernel` names, each refused in one line unless it reads as `uname -r` prints one
+    (a release without its arch would be left out of every arch's packages without a word)."""
+    for kernel in kernels:
+        if not KERNEL_RELEASE.fullmatch(kernel):
+            raise FleetError(f"bundle: --kernel {kernel!r}: expected a kernel release as `uname -r` prints it on the "
+                             "node, VERSION-RELEASE.ARCH with ARCH x86_64 or aarch64 (e.g. "
+                             "6.6.0-28.0.0.34.oe2403.aarch64)")
+    return list(kernels)
 
 
 def kernel_headers_packages(known: NodeOs, arch: str, kernels: list[str]) -> list[str]:

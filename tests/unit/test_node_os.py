@@ -21,7 +21,7 @@ from ascend_fleet.facts.systemd import UnitState
 from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, SITE_MIRROR_ROOT, unit_file
 from ascend_fleet.node_os import node_os
 from ascend_fleet.operations import placed, units
-from ascend_fleet.os_repository import fleet_packages, kernel_headers_packages
+from ascend_fleet.os_repository import fleet_packages, kernel_headers_packages, kernel_releases
 from ascend_fleet.profile import load_profile
 from ascend_fleet.stages import checks, context, firewall, monitoring, platform
 from tests.fakehost import FakeHost, commands, fact, on
@@ -380,3 +380,16 @@ def test_a_bundle_carries_the_headers_of_the_kernels_it_is_given_for_their_arch_
     assert kernel_headers_packages(known, "aarch64", kernels) == [f"kernel-devel-{KERNEL}",
                                                                     f"kernel-headers-{KERNEL}"]
     assert kernel_headers_packages(node_os("Debian", "12"), "aarch64", kernels) == []
+
+
+@pytest.mark.parametrize("kernel", ["6.6.0-28.0.0.34.oe2403", "6.6.0-28.0.0.34.oe2403.aarch64\n", "6.6.0 x.aarch64",
+                                    "6.6.0-28;rm.aarch64", "6.6.0-28'.aarch64", "6.6.0-%d.aarch64", "--refresh",
+                                    "6.6.0-28.0.0.34.oe2403.riscv64"])
+def test_a_kernel_that_is_not_uname_r_with_an_arch_is_refused_in_one_line_before_any_download(kernel):
+    """Without its arch the release would be left out of every arch's packages without a word; a blank, quote,
+    ; or % would reach dnf's command line as a package name."""
+    with pytest.raises(FleetError) as refused:
+        kernel_releases([KERNEL, kernel])
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"bundle: --kernel {kernel!r}: expected a kernel release as")
+    assert kernel_releases([KERNEL]) == [KERNEL]
