@@ -170,8 +170,8 @@ def pip_check(environment: dict[str, Dist], platform: Platform) -> list[str]:
             if requirement.marker and not requirement.marker.evaluate(node):
                 continue
             wanted = canonicalize_name(requirement.name)
-            if wanted not in environment:
-                complaints.append(f"{name} {dist.version} requires {requirement}, which is not installed.")
+            if wanted not in environment:  # pip names a missing one by its name alone
+                complaints.append(f"{name} {dist.version} requires {wanted}, which is not installed.")
             elif not requirement.specifier.contains(environment[wanted].version, prereleases=True):
                 complaints.append(f"{name} {dist.version} has requirement {requirement}, but you have "
                                   f"{wanted} {environment[wanted].version}.")

@@ -91,11 +91,13 @@ def test_a_platform_without_a_lock_is_said_and_is_no_problem():
 
 def test_pip_check_is_worked_out_for_the_node_and_its_complaints_become_overrides():
     environment = {
-        "vllm": Dist("0.18.0", "", ["torch==2.10.0", 'triton==3.6.0; platform_machine == "x86_64"', "numpy"]),
+        "vllm": Dist("0.18.0", "", ["torch==2.10.0", 'triton==3.6.0; platform_machine == "x86_64"',
+                                    'numpy>=1.26; platform_system == "Linux"']),
         "torch": Dist("2.9.0", "", []),
     }
     complaints = pip_check(environment, AARCH64)
-    # triton's marker is the node's (aarch64), not this machine's
+    # triton's marker is the node's (aarch64), not this machine's; a missing one is named as pip check names it,
+    # by its name alone (pip's check command: "%s %s requires %s, which is not installed.", the dependency's name)
     assert complaints == ["vllm 0.18.0 has requirement torch==2.10.0, but you have torch 2.9.0.",
                           "vllm 0.18.0 requires numpy, which is not installed."]
     assert complaint_overrides(complaints, environment) == ['numpy; python_version < "0"', "torch==2.9.0"]
