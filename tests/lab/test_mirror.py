@@ -19,6 +19,7 @@ from tests.lab.test_sim_platform import (
     HDK_FLAGS,
     PKGS,
     RESET,
+    RESTORE_HEADERS,
     Mirror,
     fetch,
     firmware_file,
@@ -39,7 +40,8 @@ def node(lab):
     """A worker with no Ascend software and no venv (other tests may have used it)."""
     node = lab.workers[1]
     lab.run(node, f"{RESET}; rm -rf {VENV}")
-    return node
+    yield node
+    lab.run(node, RESTORE_HEADERS)
 
 
 def arch_of(lab, node) -> str:

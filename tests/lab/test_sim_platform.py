@@ -34,6 +34,10 @@ RESET = ("rm -rf /usr/local/Ascend /etc/ascend_install.info /etc/Ascend /var/lib
          # An earlier deploy on the shared lab installs dkms, which would answer the headers question.
          "if dpkg -s dkms >/dev/null 2>&1; then apt-get remove -y -q dkms >/dev/null; fi")
 HDK_FLAGS = "--nox11 --full --quiet"
+# What RESET takes that the node had from `lab up` (lab/nodes.py write_kernel): the running kernel's headers tree,
+# which a Debian lab node has as installed. A node a test reset gets it back, so a later deploy on the shared lab
+# (which installs dkms, and DKMS builds against it) finds it as every node has it.
+RESTORE_HEADERS = "mkdir -p /lib/modules/$(uname -r)/build/include"
 
 
 class Mirror:
@@ -87,7 +91,8 @@ def kernels_file(cann, arch):
 def worker(lab):
     node = lab.workers[0]
     lab.run(node, RESET)
-    return node
+    yield node
+    lab.run(node, RESTORE_HEADERS)
 
 
 @pytest.fixture
