@@ -61,7 +61,7 @@ def check(
     if as_json:
         console.print_json(json.dumps({**result.as_dict(), "locks": locks, "end_state": ends}))
     else:
-        for line in [*locks, *result.lines(), *ends]:  # each platform's summary, then what all steps leave
+        for line in [*locks, *ends, *result.lines()]:  # each platform's summary last, as before
             console.print(line, markup=False)
     return 1 if result.problem_count or lock_problem_count or end_problem_count else 0
 

@@ -311,18 +311,23 @@ def test_0_23_0_on_aarch64_names_triton_ascend_from_huaweis_index_and_no_other_p
     assert run.returncode == 1
     where = "vllm-ascend-0.23.0 aarch64 Python 3.11 glibc 2.35"
     packages = [line for line in problem_lines(run) if " did not answer (" not in line]
-    assert packages == [f"{where} step 2: triton-ascend==3.2.2 (required by vllm-ascend) is not on {PYPI}; the "
+    # Step 3 installs vllm-ascend, step 5 triton-ascend again after the uninstall (Dockerfile:69-71 at v0.23.0).
+    assert packages == [f"{where} step 3: triton-ascend==3.2.2 (required by vllm-ascend) is not on {PYPI}; the "
+                        f"profile takes it from {HUAWEI} (pip.sources), which did not answer",
+                        f"{where} step 5: triton-ascend==3.2.2 is not on {PYPI}; the "
                         f"profile takes it from {HUAWEI} (pip.sources), which did not answer"]
     summary = run.stdout.splitlines()[-1]
-    assert summary.startswith(f"{where}: 1 problem: step 1 (vllm==0.23.0): ")
-    assert summary.endswith("triton-ascend 3.2.2 not checked, arctic-inference 0.1.1 built on the node")
+    assert summary.startswith(f"{where}: 2 problems: step 1 (vllm==0.23.0): ")
+    assert "triton-ascend 3.2.2 not checked, arctic-inference 0.1.1 built on the node; step 4 (uninstall triton " \
+           "triton-ascend); step 5 (triton-ascend==3.2.2 " in summary
+    assert summary.endswith("triton-ascend 3.2.2 not checked")
 
 
 @pytest.mark.network  # PyPI's index
 def test_0_23_0_on_glibc_2_28_has_no_vllm_ascend_wheel_its_wheels_being_manylinux_2_34(checked):
     run = checked["0.23.0 glibc 2.28"]
     assert run.returncode == 1
-    assert ("vllm-ascend-0.23.0 aarch64 Python 3.11 glibc 2.28 step 2: vllm-ascend==0.23.0 has no wheel for aarch64 "
+    assert ("vllm-ascend-0.23.0 aarch64 Python 3.11 glibc 2.28 step 3: vllm-ascend==0.23.0 has no wheel for aarch64 "
             "Python 3.11 glibc 2.28: its wheels are for manylinux_2_34_aarch64 (cp310, cp311, cp312)") in run.stdout
 
 
@@ -341,6 +346,20 @@ def test_each_real_profile_resolves_on_pypi_but_for_what_it_takes_from_its_other
     assert run.returncode == (1 if problem_lines(run) else 0)
     summary = run.stdout.splitlines()[-1]
     assert "not resolved" not in summary and "; step 2 (" in summary, summary
+
+
+@pytest.mark.network  # PyPI's index
+@pytest.mark.parametrize("name", ["vllm-ascend-0.11.0", "vllm-ascend-0.13.0", "vllm-ascend-0.18.0",
+                                  "vllm-ascend-0.23.0", "0.23.0 aarch64"])
+def test_each_real_profiles_end_state_leaves_only_what_it_accepts(checked, name):
+    """What all the steps leave together, judged as the stack gate's pip check (0.11.0 and 0.23.0 on x86_64,
+    whose +cpu torch is judged from a stand-in; 0.13.0, 0.18.0 and 0.23.0 on aarch64; the aarch64 locks of
+    test_profile_lock judge 0.11.0's too)."""
+    ends = [line for line in checked[name].stdout.splitlines() if ": end state: " in line]
+    assert not [line for line in ends if "`pip check` would say" in line or "not judged" in line], ends
+    (summary,) = [line for line in ends if "`pip check` complaints" in line]
+    complaints, accepted = re.search(r"(\d+) `pip check` complaints, (\d+) accepted", summary).groups()
+    assert int(complaints) > 0 and complaints == accepted, summary
 
 
 @pytest.mark.network  # PyPI's index
