@@ -21,6 +21,24 @@ class InstanceEnvironments(FactBase):
         return [line for line in output if line]
 
 
+
+class InstanceDevices(FactBase):
+    """The NPUs each instance's environment file (`<name>.env` in a directory) gives it
+    (ASCEND_RT_VISIBLE_DEVICES), by instance name: what a running instance holds; {} if none."""
+
+    default = dict
+
+    def command(self, directory: str) -> str:
+        return f"grep -Hs '^ASCEND_RT_VISIBLE_DEVICES=' {shlex.quote(directory)}/*.env; true"
+
+    def process(self, output: list[str]) -> dict[str, tuple[int, ...]]:
+        devices = {}
+        for line in output:
+            path, _, value = line.partition(":ASCEND_RT_VISIBLE_DEVICES=")
+            numbers = value.strip().strip('"').split(",")
+            devices[path.rsplit("/", 1)[-1].removesuffix(".env")] = tuple(int(n) for n in numbers if n.isdigit())
+        return devices
+
 def last_line_command(quoted_unit: str, since: str = "", old_main: str = "") -> str:
     """Shell printing the last line a unit's own processes logged (not systemd's messages about it),
     "" if none: the main process's own when it exited non-zero (its error, not the start check's

@@ -14,7 +14,7 @@ from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
 from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
-from ascend_fleet.facts.systemd import InstanceEnvironments, UnitState
+from ascend_fleet.facts.systemd import InstanceDevices, InstanceEnvironments, UnitState
 from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
@@ -217,9 +217,9 @@ def serve_stage() -> None:
     if not config.serve_only:
         retire_instances(config)
     leave_seconds = once_per_run(host.state, "leave routing", lambda: leave_routing_seconds(inventory))
-    for instance in config.instances:
-        if config.serve_only and instance.name not in config.serve_only:
-            continue
+    serving = [i for i in config.instances if not config.serve_only or i.name in config.serve_only]
+    held = host.get_fact(InstanceDevices, directory=INSTANCE_ENV_DIR)
+    for position, instance in enumerate(serving):
         unit = placed.file(
             name=f"Unit {instance_unit(instance.name)}", dest=unit_file(instance_unit(instance.name)), mode="644",
             content=instance_unit_file(config, instance, profile, leave_seconds,
@@ -241,6 +241,12 @@ def serve_stage() -> None:
             served.instances_out_of_service(name=f"Instance {instance.name} out of the gateway's record to restart",
                                             why="restarting", fleet_state_dir=config.fleet_state_dir,
                                             still_serving=all_but(instance.name))
+            for holder in holders_of_its_npus(instance, serving[position + 1:], held):
+                served.instances_out_of_service(name=f"Instance {holder} out of the gateway's record: "
+                                                     f"{instance.name} takes its NPUs", why="restarting",
+                                                fleet_state_dir=config.fleet_state_dir, still_serving=all_but(holder))
+                systemd.service(name=f"Instance {holder} stopped until its turn: {instance.name} takes its NPUs",
+                                service=instance_unit(holder), running=False)
         units.failure_cleared(name=f"Instance {instance.name} not left failed", unit=instance_unit(instance.name))
         if routed:
             units.restarted_while_routed(
@@ -253,6 +259,13 @@ def serve_stage() -> None:
         served.instance_served(name=f"Instance {instance.name} in the gateway's record once healthy",
                                fleet_state_dir=config.fleet_state_dir, instance=instance.name,
                                find_problem=lambda i=instance: instance_problem(config, i))
+
+
+def holders_of_its_npus(instance: Instance, later: list[Instance], held: dict[str, tuple[int, ...]]) -> list[str]:
+    """The instances later in the serve order whose present environment holds an NPU the instance's new one
+    takes (a layout changed in place, TP2 to TP4): stopped before it starts, as a second claimant of an NPU
+    fails, and started again in their own turn, on their new NPUs."""
+    return [other.name for other in later if set(held.get(other.name, ())) & set(instance.npus)]
 
 
 def serving_through_gateway(config: NodeConfig, instance: Instance) -> bool:

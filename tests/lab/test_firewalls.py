@@ -148,11 +148,10 @@ def test_a_worker_of_four_instances_gets_hccl_ranges_32_apart_and_each_binds_its
         assert connect(lab, worker, worker, last) == "open"
         assert connect(lab, "worker1", worker, last) == "refused"
     finally:
-        # Stopped first: the serve stage restarts a node's instances one by one in the data's order, so back
-        # to TP4 in place it would start vllm-0 on NPUs 0-3 while the TP2 vllm-1 still holds NPUs 2-3 ("NPU 2
-        # ... is already in use"), a defect of its own (found here, not this test's subject).
-        lab.run(worker, f"systemctl stop '{instance_unit('vllm-*')}'")
-        lab.pyinfra("deploys/full.py", "--limit", worker, *ALL_AT_ONCE)  # the lab's own data again: two instances
+        # Back to TP4 in place: vllm-0 takes NPUs 0-3 while the TP2 vllm-1 still holds 2-3, so the serve stage
+        # stops vllm-1 first (before it did not, and vllm-0 failed: "NPU 2 ... is already in use").
+        back = lab.pyinfra("deploys/full.py", "--limit", worker, *ALL_AT_ONCE)  # the lab's own data: two instances
+    assert "Instance vllm-1 stopped until its turn: vllm-0 takes its NPUs" in back.stdout
     assert [int(instance_env(lab, worker, name)["HCCL_IF_BASE_PORT"]) for name in instances[:2]] == [60000, 60032]
     assert lab.run(worker, f"test -e {instance_env_file('vllm-2')}", check=False).returncode != 0
 
