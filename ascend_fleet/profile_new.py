@@ -351,6 +351,10 @@ def clashes(earlier: dict[str, Dist], later: dict[str, Dist], platform: Platform
     for path, by in owners.items():
         if len(by) < 2 or len(set(by.values())) < 2:
             continue  # one owner, or the same bytes (a namespace package's empty __init__.py)
+        if "/" not in path:  # a stray file at site-packages' top (two wheels' build_backend.py): no package
+            notes.append(f"{' and '.join(sorted(by))} both install {path} at site-packages' top, no package of "
+                         "either: left as it is")
+            continue
         names = sorted(by, key=lambda n: (n not in earlier, n))
         first, second = names[0], names[1]
         clash = found.setdefault((first, second), Clash(first, second, (everyone[first].version,
@@ -588,8 +592,11 @@ def propose_removals(name: str, release: Release, stack: dict, steps: list[dict]
         removed = steps[:1] + [{"remove": [n for r in removals for n in r[1]]}] + steps[1:]
         after = environment(removed)
         for clash in clashes({}, after, platform, reader, []):
-            ascend = clash.second if clash.second in release.exact_pins() else clash.first
-            removals.append((2, [clash.first, clash.second], f"{ascend}=={after[ascend].version}", clash))
+            pinned = [name for name in (clash.first, clash.second) if name in release.exact_pins()]
+            if pinned:  # both go, and the one the release pins comes back alone
+                removals.append((2, [clash.first, clash.second], f"{pinned[0]}=={after[pinned[0]].version}", clash))
+            else:
+                notes.append(f"{platform}: {clash_said(clash, None, ())}, neither pinned by the release: left")
     return removals
 
 
@@ -626,7 +633,7 @@ def merge_removals(first: dict, second: dict, by_arch: dict[str, list[tuple]], d
 
 def clash_said(clash: Clash, docker: Dockerfile | None, names: tuple[str, ...]) -> str:
     said = (f"{clash.first} {clash.versions[0]} and {clash.second} {clash.versions[1]} both install "
-            f"{', '.join(m + '/' for m in clash.modules[:3])} ({clash.paths} paths with different content)")
+            f"{', '.join(m + '/' for m in clash.modules[:3])} ({clash.paths} files with different content)")
     agrees = [c for c in (docker.pip_commands() if docker else []) if c.verb == "uninstall"
               and {canonicalize_name(n) for n in names} <= {canonicalize_name(t) for t in c.targets}]
     if agrees:

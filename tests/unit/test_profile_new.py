@@ -99,6 +99,9 @@ MODULES = {
     "torch-npu": {"torch_npu/__init__.py": "npu"}, "transformers": {"transformers/__init__.py": "t"},
     "memfabric-hybrid": {"memfabric_hybrid/__init__.py": "m"},
     "nsa-one": {"nsa/__init__.py": "", "nsa/one.py": "1"}, "nsa-two": {"nsa/__init__.py": "", "nsa/two.py": "2"},
+    # flashinfer-python 0.6.12 and torch-c-dlpack-ext 0.1.5 both ship a stray build_backend.py (their real RECORDs)
+    "flashinfer-python": {"flashinfer/__init__.py": "f", "build_backend.py": "one"},
+    "torch-c-dlpack-ext": {"torch_c_dlpack_ext/__init__.py": "d", "build_backend.py": "two"},
 }
 
 
@@ -117,7 +120,8 @@ class FakePyPI(Indexes):
                 "docs/source/community/versioning_policy.md": POLICY}))
         for name, version in [("vllm", "0.23.0"), ("torch", "2.11.0"), ("torch", "2.10.0"), ("triton", "3.6.0"),
                               ("triton-ascend", "3.2.0"), ("transformers", "5.5.4"), ("memfabric-hybrid", "1.2.0"),
-                              ("nsa-one", "1.0"), ("nsa-two", "1.0")]:
+                              ("nsa-one", "1.0"), ("nsa-two", "1.0"), ("flashinfer-python", "0.6.12"),
+                              ("torch-c-dlpack-ext", "0.1.5")]:
             self.add(name, f"{name.replace('-', '_')}-{version}-py3-none-any.whl",
                      wheel(name.replace("-", "_"), version, MODULES[name]))
         for arch in ("aarch64", "x86_64"):
@@ -148,9 +152,9 @@ def dist(version: str, index: str = PYPI, unread: str | None = None) -> Dist:
 # which only Huawei's index (not answering) has: a stand-in, as profile_lock's StandinSupplier gives.
 STEP_LEAVES = {
     "vllm": {"vllm": dist("0.23.0"), "torch": dist("2.11.0"), "triton": dist("3.6.0"),
-             "nsa-one": dist("1.0"), "nsa-two": dist("1.0")},
+             "nsa-one": dist("1.0"), "nsa-two": dist("1.0"), "flashinfer-python": dist("0.6.12")},
     "vllm-ascend": {"torch": dist("2.10.0"), "triton": dist("3.6.0"), "torch-npu": dist("2.10.0.post4"),
-                    "transformers": dist("5.5.4"), "memfabric-hybrid": dist("1.2.0"),
+                    "transformers": dist("5.5.4"), "memfabric-hybrid": dist("1.2.0"), "torch-c-dlpack-ext": dist("0.1.5"),
                     "triton-ascend": dist("3.2.2", HUAWEI, unread=f"{HUAWEI} did not answer")},
     "triton-ascend": {"triton-ascend": dist("3.2.2", HUAWEI, unread=f"{HUAWEI} did not answer")},
 }
@@ -234,14 +238,16 @@ def test_clashing_distributions_get_the_uninstalls_upstreams_image_runs_and_name
         ["vllm"], ["remove", "triton"], ["vllm-ascend", "torch", "torch-npu", "transformers"],
         ["remove", "triton", "triton-ascend"], ["triton-ascend==3.2.2"]]
     assert [step["extra_index_urls"] for step in steps if "requires" in step] == [[CPU], [HUAWEI, CPU], [HUAWEI]]
-    assert made.whys[1] == ("triton 3.6.0 and triton-ascend 3.2.2 both install triton/ (2 paths with different "
+    assert made.whys[1] == ("triton 3.6.0 and triton-ascend 3.2.2 both install triton/ (2 files with different "
                             "content); upstream's image uninstalls the same (vllm_ascend-0.23.0.post1.tar.gz:"
                             "Dockerfile:53)")
     assert made.whys[3].endswith("(vllm_ascend-0.23.0.post1.tar.gz:Dockerfile:70)")
     # triton-ascend's own files are on Huawei's index: PyPI's nearest release stood in, and the report says so
     assert any(note.startswith("triton-ascend 3.2.2's files are not readable here") and
                "triton_ascend-3.2.0-py3-none-any.whl" in note for note in made.notes)
-    assert not any("nsa" in why for why in made.whys)
+    assert not any("nsa" in why or "build_backend" in why for why in made.whys)
+    assert "flashinfer-python and torch-c-dlpack-ext both install build_backend.py at site-packages' top, no " \
+           "package of either: left as it is" in made.notes
 
 
 def test_the_written_candidate_is_its_data_and_a_deploy_refuses_it_naming_the_unknown_keys(tmp_path):
