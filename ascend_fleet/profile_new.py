@@ -23,7 +23,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -285,7 +285,6 @@ class Clash:
     versions: tuple[str, str]
     modules: list[str]  # the top-level names they share
     paths: int  # how many paths differ
-    notes: list[str] = field(default_factory=list)  # a RECORD judged from another release, and why
 
 
 class RecordReader:
