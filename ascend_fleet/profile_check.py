@@ -142,12 +142,17 @@ def platforms_to_check(profile: Profile, arch: str | None, python: str | None, g
         raise FleetError(f"profile check: --arch {arch}: profile {profile.name} lists {', '.join(profile.arch)}; "
                          "give one of those")
     python = python or profile.stack.python
-    if not re.fullmatch(r"3\.\d+", python):
-        raise FleetError(f"profile check: --python {python}: give the nodes' Python as 3.Y, e.g. 3.11")
-    if not re.fullmatch(r"2\.\d+", glibc) or int(glibc.split(".")[1]) < MANYLINUX2014_MINOR:
-        raise FleetError(f"profile check: --glibc {glibc}: give the nodes' glibc as 2.Y, at least 2.17 "
-                         "(`ldd --version` on a node)")
+    node_interpreter("profile check", python, glibc)
     return [Platform(a, python, glibc) for a in ([arch] if arch else profile.arch)]
+
+
+def node_interpreter(command: str, python: str, glibc: str) -> None:
+    """Refuses a malformed --python or --glibc of the command, in one line."""
+    if not re.fullmatch(r"3\.\d+", python):
+        raise FleetError(f"{command}: --python {python}: give the nodes' Python as 3.Y, e.g. 3.11")
+    if not re.fullmatch(r"2\.\d+", glibc) or int(glibc.split(".")[1]) < MANYLINUX2014_MINOR:
+        raise FleetError(f"{command}: --glibc {glibc}: give the nodes' glibc as 2.Y, at least 2.17 "
+                         "(`ldd --version` on a node)")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -11,7 +13,14 @@ from rich.console import Console
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.profile import Profile, load_profile
-from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform, check_profile, platforms_to_check
+from ascend_fleet.profile_check import (
+    DEFAULT_GLIBC,
+    Indexes,
+    Platform,
+    check_profile,
+    node_interpreter,
+    platforms_to_check,
+)
 from ascend_fleet.profile_lock import (
     ROUTER_GLIBC,
     LockError,
@@ -22,6 +31,7 @@ from ascend_fleet.profile_lock import (
     lock_verdicts,
     router_lock_path,
 )
+from ascend_fleet.profile_new import PROJECT, judge, newest_prerelease, qualify_candidate, read_release, real_judges
 
 profile_app = typer.Typer(no_args_is_help=True, help="Stack profiles (profiles/*.yaml).")
 console = Console(highlight=False, soft_wrap=True)
@@ -131,3 +141,44 @@ def lock_routers(profile: Profile, platforms: list[Platform], index_url: list[st
         path.write_text(text)
         console.print(f"{where}: {path}", markup=False)
     return failed
+
+
+@profile_app.command("new")
+def new(
+    version: Annotated[Optional[str], typer.Argument(
+        metavar="VERSION", help="a vllm-ascend release on the index, e.g. 0.23.0.post1")] = None,
+    newest_rc: Annotated[bool, typer.Option(
+        "--newest-rc", help="the newest release candidate (pre-release) the index lists, instead of VERSION")] = False,
+    out: Annotated[Path, typer.Option(
+        "--out", help="where the candidate (VERSION's profile name .yaml) and its locks (locks/) are written; not "
+                      "the profiles a deploy reads")] = Path("candidates"),
+    python: Annotated[str, typer.Option("--python", help="the nodes' Python, 3.Y")] = "3.11",
+    glibc: Annotated[str, typer.Option(
+        "--glibc", help="the nodes' glibc, 2.Y (default: Ubuntu 22.04's, the OS of vllm-ascend's own images)")
+    ] = DEFAULT_GLIBC,
+    index_url: Annotated[str, typer.Option("--index-url", help="the index the release is read from")
+                         ] = "https://pypi.org/simple",
+) -> int:
+    """Write a candidate profile for a vllm-ascend release from what the index shows of it (its wheels'
+    tags or its source archive, its Requires-Dist, upstream's Dockerfile and versioning policy in its source
+    archive, the RECORDs of the wheels its steps resolve to), with each value the index cannot tell null and
+    where to find it; run `profile check` and `profile lock` on it; print a go / no-go report. Exits 1 on
+    no-go."""
+    started = time.monotonic()
+    if bool(version) == newest_rc:
+        raise FleetError("profile new: give a VERSION (e.g. 0.23.0.post1) or --newest-rc, one of them")
+    node_interpreter("profile new", python, glibc)
+    indexes = Indexes()
+    indexes.probe([index_url])
+    if index_url in indexes.unanswered:
+        raise FleetError(f"profile new: --index-url {index_url} did not answer ({indexes.unanswered[index_url]})")
+    version = version or newest_prerelease(indexes, index_url)
+    progress_console.print(f"profile new: {PROJECT} {version} from {index_url}", markup=False)
+    release = read_release(indexes, index_url, version)
+    judges = real_judges(indexes, progress_console.print)
+    candidate = qualify_candidate(release, python, glibc, indexes, judges, progress_console.print)
+    platforms = [Platform(arch, python, glibc) for arch in candidate.data.get("arch", [])]
+    report = judge(candidate, platforms, judges, indexes, out, started)
+    for line in report.lines():
+        console.print(line, markup=False)
+    return 0 if report.go else 1
