@@ -9,6 +9,7 @@ import subprocess
 from ascend_fleet import TEMPLATES
 from ascend_fleet.facts.systemd import InstanceDevices
 from ascend_fleet.hostdata import InstancePorts, derive_instances
+from ascend_fleet.node_layout import instance_home
 from ascend_fleet.stages.serving import holders_of_its_npus
 from ascend_fleet.templating import render
 
@@ -23,7 +24,7 @@ def devices_on_node(tmp_path, instances) -> dict[str, tuple[int, ...]]:
     """InstanceDevices as a node answers it, over env files the product's own template wrote."""
     for instance in instances:
         (tmp_path / f"{instance.name}.env").write_text(render(
-            TEMPLATES / "vllm-instance.env.j2", instance=instance, home=f"/var/lib/{instance.name}",
+            TEMPLATES / "vllm-instance.env.j2", instance=instance, home=instance_home(instance.name),
             settings={"ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, instance.npus))}, stack_fingerprint="s",
             model_id="m", revision="r", restages=0, api_key=None))
     output = subprocess.run(["sh", "-c", InstanceDevices().command(str(tmp_path))], capture_output=True, text=True,
