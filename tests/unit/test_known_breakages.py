@@ -125,6 +125,23 @@ def test_the_0_23_0_guide_steps_leave_cuda_triton_beside_triton_ascend(served):
     assert state.environment["torch"].version == "2.10.0"
 
 
+def test_a_package_the_profiles_index_lacks_altogether_is_still_stood_in_for_from_the_index_that_did_not_answer(
+        served):
+    """An index with no triton-ascend project at all (an operator's mirror, where PyPI has at least 3.2.0): uv says
+    it "was not found in the package registry", not "there is no version of triton-ascend==3.2.2"; the end state is
+    judged all the same, from the stand-in."""
+    case = BY_NAME["guide-steps-0.23.0"]
+    root = served.root / "no-triton-ascend"
+    build_metadata_standins([w for w in case.wheels() if w.name != "triton-ascend"], root / PACKAGES_DIR, case.arch,
+                            case.kept)
+    write_simple_index(root)
+    lines, problems = end_state_verdicts(case.profile(UNANSWERED), [case.platform], [f"{served.url}/{root.name}/simple"],
+                                         Indexes())
+    assert [line for line in lines if ": end state: `pip check` would say: " in line] == refusals(case), lines
+    assert any(line.startswith(f"{where(case)}: end state: note: triton-ascend 3.2.2 judged from a stand-in: ")
+               for line in lines), lines
+
+
 # --- a step's resolution, by the check's pip ---
 
 
