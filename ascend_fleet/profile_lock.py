@@ -51,8 +51,10 @@ GLIBC_IN_HEADER = re.compile(r"^# ascend-fleet profile lock .* --glibc (?P<glibc
 NEVER = 'python_version < "0"'  # a marker no node meets: an override that takes a package out
 # vllm-router's wheels are manylinux_2_28 (0.1.17): its lock takes no wheel that needs a newer glibc.
 ROUTER_GLIBC = "2.28"
-# uv's words for a pin no index it asked has.
+# uv's words for a pin no index it asked has: a version the indexes do not list, or a project none of them lists
+# (then the pin is the one uv names beside it).
 NO_VERSION = re.compile(r"there is no version of (?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s,]+)")
+NOT_LISTED = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*) was not found in the package registry")
 # Packages built for NVIDIA GPUs: PyPI's torch requires them, the PyTorch CPU index's +cpu builds do not; no use
 # on an Ascend node, and GBs each (the lab's stand-ins leave them out too).
 CUDA_PACKAGES = frozenset({"triton", "xformers", "flashinfer-python"})
@@ -259,6 +261,15 @@ class StandinSupplier:
         return True
 
 
+def missing_pin(reason: str) -> tuple[str, str] | None:
+    """(name, version) of the pin uv's reason says no index it asked has, or None."""
+    if found := NO_VERSION.search(reason):
+        return found["name"], found["version"]
+    if (found := NOT_LISTED.search(reason)) and (pin := re.search(rf"\b{re.escape(found['name'])}==([^\s,]+)", reason)):
+        return found["name"], pin[1]
+    return None
+
+
 def steps_environment(profile: Profile, platform: Platform, resolver: UvResolver,
                       progress: Callable[[str], None], standins: StandinSupplier | None = None) -> dict[str, Dist]:
     """What the profile's steps leave on a node of platform, step by step as pip does them; a file of an
@@ -273,8 +284,8 @@ def steps_environment(profile: Profile, platform: Platform, resolver: UvResolver
                     resolved, _ = resolver.compile(requirements, preferred=environment)
                     break
                 except LockError as exc:
-                    missing = NO_VERSION.search(str(exc))
-                    if not (standins and missing and standins.stand_in(*missing.groups(), resolver.standins)):
+                    missing = missing_pin(str(exc))
+                    if not (standins and missing and standins.stand_in(*missing, resolver.standins)):
                         raise LockError(f"step {number} ({', '.join(step.requires)}) does not resolve: {exc}") from None
             for name, dist in resolved.items():
                 environment[name] = standins.given.get(name, dist) if standins else dist

@@ -8,7 +8,6 @@ import re
 import pytest
 
 from ascend_fleet.profile import (
-    InstallStep,
     PipBuild,
     PipLocked,
     PipRemoval,
@@ -22,7 +21,6 @@ from ascend_fleet.profile_lock import (
     LOCKS_DIR,
     Dist,
     complaint_overrides,
-    end_state,
     glibc_problem,
     lock_path,
     lock_profile,
@@ -152,23 +150,3 @@ def test_with_a_lock_an_uninstall_leaves_what_the_lock_holds():
     lock = PipLocked("l.txt", "", {"vllm": "0.23.0", "triton-ascend": "3.2.2"}, [])
     removals = [step.packages for step in profile.node_steps("aarch64", lock=lock) if isinstance(step, PipRemoval)]
     assert removals == [["triton"], ["triton"]]  # triton-ascend, which the lock installs, stays
-
-
-# vllm-ascend-0.23.0's steps as the profile had them before issue 47: the installation guide's two pip runs alone.
-GUIDE_ONLY_0_23_0 = [{"requires": ["vllm"]},
-                     {"requires": ["vllm-ascend", "torch", "torch-npu", "transformers"],
-                      "extra_index_urls": ["https://mirrors.huaweicloud.com/ascend/repos/pypi/variant",
-                                           "https://mirrors.huaweicloud.com/ascend/repos/pypi"]}]
-
-
-@pytest.mark.network  # PyPI's index
-def test_the_end_state_of_0_23_0s_guide_steps_is_refused_with_each_complaint_in_pip_checks_words():
-    """The known breakage: PyPI's vllm 0.23.0 pins torch 2.11.0 (which brings CUDA triton on aarch64 too) and the
-    newest instrumentator needs starlette>=1.0 under vllm-ascend's fastapi<0.124."""
-    profile = load_profile("vllm-ascend-0.23.0")
-    pip = profile.pip.model_copy(update={"install": [InstallStep(**step) for step in GUIDE_ONLY_0_23_0]})
-    state = end_state(profile.model_copy(update={"pip": pip}), AARCH64, progress=lambda line: None)
-    assert "vllm 0.23.0 has requirement torch==2.11.0, but you have torch 2.10.0." in state.unaccepted
-    assert any(line.startswith("prometheus-fastapi-instrumentator 8.") and "starlette<2.0.0,>=1.0.0" in line
-               for line in state.unaccepted), state.unaccepted
-    assert {"triton", "triton-ascend"} <= state.environment.keys()  # both own site-packages/triton/

@@ -15,7 +15,7 @@
 - ``triton``: CUDA triton, which x86_64 torch requires: a version in the same site-packages/triton/
   as triton_ascend's, so an uninstall of one deletes the other's files as on a real node.
 
-Two ways to build them:
+Three ways to build them:
 
 - ``build_lab_standins(out_dir, arch)``: one stand-in per real wheel in the record
   (real_metadata.json, real_metadata.py), for the lab's rows. Each carries the real
@@ -25,6 +25,11 @@ Two ways to build them:
   and why). The vllm stand-in adds the server's imports its real wheel does not name.
   pip on a node thus meets the real pins (vllm's torch==2.9.0 against vllm-ascend's
   torch==2.8.0) and refuses a wheel for another glibc, arch or Python as it would the real one.
+- ``build_metadata_standins(record, out_dir, arch, kept)``: for any record of real wheels (the known
+  breakages' fixtures, tests/fixtures/breakages), metadata alone: each recorded wheel's file name and
+  tags, Requires-Python, and of its Requires-Dist the lines on a kept distribution (default: those the
+  record holds), verbatim.
+  An index of them is a closed world in which pip and uv meet the real pins, and nothing else.
 - ``build_standin_wheels(versions, out_dir)``: py3-none-any stand-ins with requirements
   of our own, for what has no real wheel recorded: profiles/lab-real.yaml's
   vllm_ascend 0.32.0 (no such release) and vllm ``0.32.0+cpu``, which gets no stand-in
@@ -109,6 +114,7 @@ class Standin:
     build: str | None = None  # the file name's build tag, when the real one has it (torch 2.10.0's "3")
     entry_points: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     generated: Mapping[str, bytes] = field(default_factory=dict)
+    metadata_only: bool = False  # no file but its .dist-info, not even what standins/<name>/ holds
 
     def source_files(self) -> dict[str, bytes]:
         """The package's files from standins/<name>/, by path inside the wheel."""
@@ -120,6 +126,8 @@ class Standin:
         }
 
     def files(self) -> dict[str, bytes]:
+        if self.metadata_only:
+            return {}
         version_module = f'__version__ = "{self.version}"\n'.encode()
         return {**self.source_files(), f"{self.package or self.name}/_version.py": version_module, **self.generated}
 
@@ -192,10 +200,17 @@ def requirement_name(requirement: str) -> str:
     return canonicalize_name(Requirement(requirement).name)
 
 
-def left_out(basis: RealWheel) -> dict[str, str]:
-    """The real wheel's requirements its stand-in does not declare, each with why."""
+def left_out(basis: RealWheel, kept: frozenset[str] = KEPT) -> dict[str, str]:
+    """The real wheel's requirements its stand-in does not declare (those on a distribution not kept), each with why."""
     return {line: LEFT_OUT_CUDA if is_cuda_requirement(line) else LEFT_OUT_UNUSED
-            for line in basis.requires_dist or () if requirement_name(line) not in KEPT}
+            for line in basis.requires_dist or () if requirement_name(line) not in kept}
+
+
+def file_tags(file: str) -> tuple[str, str | None]:
+    """A wheel file name's compressed tags and its build tag (None without one)."""
+    # name-version[-build]-python-abi-platform: no part holds a "-" in a wheel's file name.
+    parts = file.removesuffix(".whl").split("-")
+    return "-".join(parts[-3:]), parts[2] if len(parts) == 6 else None
 
 
 def recorded_standin(record: list[RealWheel], wheel: RealWheel) -> Standin:
@@ -207,10 +222,21 @@ def recorded_standin(record: list[RealWheel], wheel: RealWheel) -> Standin:
     kept = tuple(line for line in basis.requires_dist if line not in omitted)
     named = {requirement_name(line) for line in kept}
     own = tuple(r for r in contents.requires if requirement_name(r) not in named)
-    # name-version[-build]-python-abi-platform: no part holds a "-" in a wheel's file name.
-    parts = basis.file.removesuffix(".whl").split("-")
+    tag, build = file_tags(basis.file)
     return replace(contents, metadata_name=basis.name, requires=kept + own, requires_python=basis.requires_python,
-                   tag="-".join(parts[-3:]), build=parts[2] if len(parts) == 6 else None)
+                   tag=tag, build=build)
+
+
+def metadata_standin(wheel: RealWheel, kept: frozenset[str]) -> Standin:
+    """A recorded wheel as metadata alone: its file name's distribution, version, build and tags, its
+    Requires-Python, and of its Requires-Dist the lines on kept distributions, verbatim."""
+    if wheel.requires_dist is None:
+        raise WheelBuildError(f"{wheel.name} {wheel.version}: its metadata is not known ({wheel.unknown})")
+    tag, build = file_tags(wheel.file)
+    omitted = left_out(wheel, kept)
+    return Standin(wheel.file.split("-", 1)[0], wheel.version, f"Stand-in for {wheel.name}: its metadata only",
+                   metadata_name=wheel.name, requires=tuple(r for r in wheel.requires_dist if r not in omitted),
+                   requires_python=wheel.requires_python, tag=tag, build=build, metadata_only=True)
 
 
 def _metadata(standin: Standin) -> bytes:
@@ -295,6 +321,15 @@ def build_standin_wheels(versions: Mapping[str, str], out_dir: Path) -> list[Pat
     if vllm and is_cpu_build(vllm):  # the real serving tier: real vLLM for CPU, named vllm by a metadata-only wheel
         wheels.append(build_vllm_metadata_shim(out_dir, Version(vllm).public))
     return wheels
+
+
+def build_metadata_standins(record: list[RealWheel], out_dir: Path, arch: str,
+                            kept: frozenset[str] | None = None) -> list[Path]:
+    """Write the metadata-only stand-in of every wheel recorded for arch into out_dir, each keeping its
+    requirements on the kept distributions (default: those the record holds), and return their paths."""
+    kept = frozenset(canonicalize_name(wheel.name) for wheel in record) if kept is None else kept
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [write_wheel(metadata_standin(wheel, kept), out_dir) for wheel in record if wheel.arch == arch]
 
 
 def build_lab_standins(out_dir: Path, arch: str, record: list[RealWheel] | None = None) -> list[Path]:
