@@ -146,12 +146,14 @@ class Lab:
             raise AssertionError(f"{node}: `{command}` exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
-    def pyinfra(self, *args: str, check: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
+    def pyinfra(self, *args: str, check: bool = True, timeout: float = 1800,
+                cwd: Path = PROJECT) -> subprocess.CompletedProcess:
         """Run pyinfra on the lab's inventory; its output (pyinfra logs to stderr) is in .stdout.
-        With --dry, without -y: -y would skip the change detection a dry run is for."""
+        With --dry, without -y: -y would skip the change detection a dry run is for. cwd: the folder it
+        runs from, whose profiles/ comes before the package's (an operator's fleet repository)."""
         yes = [] if "--dry" in args else ["-y"]
         result = subprocess.run([str(BIN / "pyinfra"), *yes, self.inventory, *args], env=self.env,
-                                cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 timeout=timeout)
         if check and result.returncode != 0:
             raise failed_run(f"pyinfra {self.inventory} {' '.join(args)}", result.returncode, result.stdout)

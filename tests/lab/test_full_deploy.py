@@ -252,7 +252,7 @@ def test_the_stack_is_its_upstream_row_installed_in_steps_where_one_pip_run_is_r
     """The stand-ins carry the real wheels' pins, so the lab meets what a real node meets: one pip
     run of every pin is a conflict on torch (PyPI's vllm pins its own), the guide's steps succeed,
     and vllm's pin is left broken as upstream accepts. Then, in the Dockerfile's order, the CUDA
-    triton that x86_64 torch brought is gone, and upstream's builds sit over the wheel's pins."""
+    triton that x86_64's first step brought (xgrammar's) is gone, and upstream's builds sit over the wheel's pins."""
     profile = load_profile("lab")
     venv = profile.pip.venv
     listing = json.loads(lab.run("worker1", f"{venv}/bin/python -m pip list --format json").stdout)

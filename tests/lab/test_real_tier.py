@@ -4,6 +4,10 @@ A one-worker lab of its own (the session lab is three workers on the sim tier), 
 with `--profile lab-real` and deployed through inventories/lab_real.py. Real `vllm bench serve`,
 from the worker's serving venv, runs against the real instance and against the simulated server
 started beside it from the sim tier's stand-in; both results are kept as JSON.
+
+Last, the same worker takes the vllm-ascend 0.23.0 row (profiles/lab-0.23.0.yaml, issue 47): its driver and
+CANN are the ones that profile names, so the Python stack and serve stages alone move it, and no other
+lab is brought up for it.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from pathlib import Path
 import openai
 import pytest
 import requests
+import yaml
 
 from ascend_fleet import vllm_cpu
 from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
-from ascend_fleet.profile import load_profile
-from tests.lab.conftest import Lab, brought_up, module_lab, needs_bench_venv
+from ascend_fleet.profile import load_profile, profile_path
+from tests.lab.conftest import PROJECT, Lab, brought_up, module_lab, needs_bench_venv
+from tests.unit.test_profile_lock import GUIDE_ONLY_0_23_0
 
 pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
 
@@ -35,6 +41,10 @@ SIM_VENV = "/opt/sim-vllm"
 SIM_UNIT = "lab-sim-vllm"
 BENCH_DIR = Path("/root/bench")
 RESULTS: dict[str, dict] = {}
+# The 0.23.0 row (issue 47): the lab's profile of it, and the same as it was before the fix.
+ROW_0_23_0 = "lab-0.23.0"
+GUIDE_ONLY = "lab-0.23.0-guide-only"
+VENV = load_profile(ROW_0_23_0).pip.venv
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +52,7 @@ def real_lab():
     """One worker and a gateway; the mirror carries lab-real and, for the simulated server, lab."""
     # Subnets N+1..N+3 are the other modules' extra labs.
     yield from brought_up(module_lab("real", "r", 4, inventory="inventories/lab_real.py"), 1,
-                          "--profile", "lab-real", "--profile", "lab")
+                          "--profile", "lab-real", "--profile", "lab", "--profile", ROW_0_23_0)
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +263,88 @@ def test_vllm_bench_serve_runs_to_completion_against_the_simulated_server(real_l
     assert (result["completed"], result["failed"]) == (result["num_prompts"], 0)
     assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
 
+
+
+# --- The 0.23.0 row's stack gate (issue 47), last: it replaces the real tier's virtualenv ---
+
+
+@pytest.fixture(scope="module")
+def guide_only_fleet(tmp_path_factory) -> Path:
+    """An operator's fleet folder whose profiles/ has the lab's 0.23.0 row as it was before issue 47's fix: the
+    installation guide's two steps alone (tests/unit/test_profile_lock.py's GUIDE_ONLY_0_23_0; the lab's nodes
+    reach Huawei's indexes through the lab mirror), no uninstall, no accepts. Its other folders are the
+    project's."""
+    fleet = tmp_path_factory.mktemp("guide-only-fleet")
+    for name in ("inventories", "group_data", "deploys"):
+        (fleet / name).symlink_to(PROJECT / name)
+    profile = yaml.safe_load(profile_path(ROW_0_23_0).read_text())
+    profile["name"] = GUIDE_ONLY
+    profile["pip"]["install"] = [{"requires": step["requires"]} for step in GUIDE_ONLY_0_23_0]
+    (fleet / "profiles").mkdir()
+    (fleet / "profiles" / f"{GUIDE_ONLY}.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return fleet
+
+
+def venv_now(lab: Lab) -> tuple[dict[str, str], list[str], str]:
+    """The worker's serving virtualenv: what it holds, what `pip check` says, what `import triton` finds."""
+    python = f"{VENV}/bin/python"
+    listed = json.loads(lab.run("worker1", f"{python} -m pip list --format json").stdout)
+    check = lab.run("worker1", f"{python} -m pip check", check=False).stdout.splitlines()
+    triton = lab.run("worker1", f"{python} -c 'import triton; print(triton.__version__)' 2>&1 | tail -1",
+                     check=False).stdout.strip()
+    return {r["name"].lower().replace("_", "-"): r["version"] for r in listed}, check, triton
+
+
+def test_the_0_23_0_rows_guide_steps_stop_at_the_stack_gate_with_a_real_nodes_pip_check(real_lab, deployed,
+                                                                                       guide_only_fleet):
+    """Every PyPI vllm 0.23.0 pins torch 2.11.0 (CUDA triton with it), vllm-ascend moves torch to 2.10.0, and
+    vllm's instrumentator (8.1.0, starlette>=1.0) is left under vllm-ascend's fastapi<0.124 (starlette<0.51):
+    the gate stops the node, and what the fix's accepts leave of it is the instrumentator's complaint."""
+    real_lab.run("worker1", f"systemctl stop {UNIT} && rm -rf {VENV}")  # a node with no serving stack yet
+    result = real_lab.pyinfra("deploys/python_stack.py", "--limit", "worker1", "--data", f"profile={GUIDE_ONLY}",
+                              check=False, cwd=guide_only_fleet)
+    gate = re.search(rf"worker1: `pip check` in {VENV}: (.+?)(?: \(and (\d+) more\))?; profile {GUIDE_ONLY} "
+                     r"accepts only its steps' `accepts` lines", result.stdout)
+    assert result.returncode != 0 and gate, result.stdout[-3000:]
+    installed, check, _ = venv_now(real_lab)
+    assert (gate[1], int(gate[2] or 0)) == (check[0], len(check) - 1), check
+    assert "vllm 0.23.0 has requirement torch==2.11.0, but you have torch 2.10.0+cpu." in check
+    instrumentator = [line for line in check if line.startswith("prometheus-fastapi-instrumentator 8.")]
+    assert instrumentator and "has requirement starlette<2.0.0,>=1.0.0, but you have starlette 0.5" in \
+        instrumentator[0], check
+    assert load_profile(ROW_0_23_0).unaccepted_complaints(check) == instrumentator
+    # Both own site-packages/triton/: CUDA triton (torch 2.11.0's) beside triton-ascend 3.2.2.
+    assert (installed["triton"], installed["triton-ascend"]) == ("3.6.0", "3.2.2")
+
+
+def test_the_0_23_0_rows_fixed_steps_pass_the_stack_gate_and_serve(real_lab, deployed):
+    """profiles/lab-0.23.0.yaml over what the guide's steps left (an operator's rerun after the fix): the gate
+    passes with only the accepted complaints, CUDA triton is gone, and the simulated vLLM 0.23.0 answers through
+    the gateway."""
+    real_lab.pyinfra("deploys/python_stack.py", "deploys/serve.py", "--limit", "worker1", "--data",
+                     f"profile={ROW_0_23_0}")
+    installed, check, _ = venv_now(real_lab)
+    assert {name: installed.get(name) for name in ("vllm", "vllm-ascend", "torch", "torch-npu", "triton-ascend",
+                                                   "triton", "prometheus-fastapi-instrumentator")} == {
+        "vllm": "0.23.0", "vllm-ascend": "0.23.0", "torch": "2.10.0+cpu", "torch-npu": "2.10.0.post4",
+        "triton-ascend": "3.2.2", "triton": None, "prometheus-fastapi-instrumentator": "7.1.0"}
+    assert check and load_profile(ROW_0_23_0).unaccepted_complaints(check) == [], check
+    assert json.loads(real_lab.run("worker1", f"curl -sf http://127.0.0.1:{REAL_PORT}/version").stdout) == {
+        "version": "0.23.0"}
+    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    reply = requests.post(f"http://{gateway}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"], reply.text
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "product defect found here (issue 47): with the profile's lock, the node installs the lock and then runs the "
+    "uninstalls of what it does not hold (`pip uninstall triton`); over a virtualenv that already had CUDA triton "
+    "(the guide's steps left it), that deletes the site-packages/triton/ files triton-ascend 3.2.2 wrote, which the "
+    "lock's install found already satisfied. pip still lists triton-ascend, the gate passes and a rerun changes "
+    "nothing. Step by step (no lock) the Dockerfile's order reinstalls it. Strict: remove this mark with the fix"))
+def test_the_0_23_0_rows_fix_over_the_guides_virtualenv_leaves_triton_ascend_alone_in_site_packages_triton(real_lab, deployed):
+    """Why upstream uninstalls triton and triton-ascend, then installs triton-ascend again (Dockerfile@v0.23.0:70-71):
+    both own site-packages/triton/, and `import triton` must find triton-ascend's files."""
+    _, _, triton = venv_now(real_lab)
+    assert triton == "3.2.2", triton

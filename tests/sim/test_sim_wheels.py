@@ -129,6 +129,20 @@ def test_what_a_standin_leaves_out_is_never_the_stack_and_cuda_builds_are_named_
     assert 'triton==3.5.0; platform_system == "Linux" and platform_machine == "x86_64"' not in left_out(torch)
 
 
+def test_a_pin_off_pypi_copies_pypis_newest_release_of_its_minor_series_and_vllm_keeps_the_instrumentator():
+    """triton-ascend 3.2.2 (vllm-ascend 0.23.0's pin) is on Huawei's index alone, which does not answer here;
+    vllm's instrumentator requirement stays, whose 8.x needs the starlette>=1.0 vllm-ascend 0.23.0 moves."""
+    for arch in ("x86_64", "aarch64"):
+        pin, pypi = find(RECORD, "triton-ascend", "3.2.2", arch), find(RECORD, "triton-ascend", "3.2.0", arch)
+        basis = standin_basis(RECORD, pin)
+        assert pin.unknown and (basis.version, basis.requires_dist) == ("3.2.2", pypi.requires_dist)
+        assert basis.file == pypi.file.replace("-3.2.0-", "-3.2.2-")
+    vllm = find(RECORD, "vllm", "0.23.0", "x86_64")
+    assert "prometheus-fastapi-instrumentator>=7.0.0" in vllm.requires_dist
+    assert "prometheus-fastapi-instrumentator>=7.0.0" not in left_out(vllm)
+    assert "fastapi<0.124.0" in find(RECORD, "vllm-ascend", "0.23.0", "x86_64").requires_dist
+
+
 def test_lab_standins_are_byte_identical_across_builds(lab_standins, tmp_path):
     arch, wheels = lab_standins
     assert [w.read_bytes() for w in build_lab_standins(tmp_path, arch)] == [w.read_bytes() for w in wheels]
@@ -150,9 +164,9 @@ def placeholder_wheels(standins: list[Path], out_dir: Path) -> None:
     for wheel in standins:
         for line in dist_info_file(wheel, "METADATA").get_all("Requires-Dist") or []:
             requirement = Requirement(line)
-            if canonicalize_name(requirement.name) not in provided:
+            if canonicalize_name(requirement.name) not in provided:  # no wheel is named by a prefix (!=5.1.*)
                 versions.setdefault(canonicalize_name(requirement.name), {"0"}).update(
-                    s.version for s in requirement.specifier)
+                    s.version for s in requirement.specifier if not s.version.endswith(".*"))
     for name, named in versions.items():
         for version in named:
             write_wheel(Standin(name.replace("-", "_"), version, "placeholder"), out_dir)
@@ -186,6 +200,7 @@ def pip_dry_run(find_links: Path, tmp_path: Path, *requirements: str, python: st
 ROWS = {  # vllm-ascend release: (torch, torch-npu, what step 1 installs, what step 2 moves torchvision to)
     "0.18.0": ("2.9.0", "2.9.0", {"torch": "2.10.0", "torchvision": "0.25.0", "torchaudio": "2.10.0"}, "0.24.0"),
     "0.11.0": ("2.7.1", "2.7.1", {"torch": "2.8.0", "torchvision": "0.23.0", "torchaudio": "2.8.0"}, "0.22.1"),
+    "0.23.0": ("2.10.0", "2.10.0.post4", {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0"}, "0.25.0"),
 }
 
 
@@ -215,7 +230,7 @@ def test_upstreams_two_steps_each_resolve_and_the_second_moves_torch(find_links,
     assert (second["torch"], second["torch-npu"]) == (f"{torch}+cpu", torch_npu)  # torch_npu x86_64 pins +cpu
     assert second["torchvision"] == torchvision  # the torchvision whose torch pin accepts vllm-ascend's torch
     # vllm-ascend 0.11.0 requires no torchaudio, so step 2 leaves vllm's; 0.18.0 pins its own.
-    assert second.get("torchaudio") == {"0.11.0": None, "0.18.0": "2.9.0"}[release]
+    assert second.get("torchaudio") == {"0.11.0": None, "0.18.0": "2.9.0", "0.23.0": "2.10.0"}[release]
 
 
 def test_pip_refuses_a_standin_for_another_python_or_an_older_glibc_as_the_real_wheel(find_links, tmp_path):
@@ -253,11 +268,12 @@ def test_torch_npu_registers_torch_npu_over_the_torch_standin(lab_standins, tmp_
 
 def fake_pip(calls: list[tuple[list[str], dict]]):
     """subprocess.run standing in for pip: PyPI has every wheel (requiring torch==<v>+cpu for torch-npu, and
-    CUDA triton 3.6.0 on x86_64 for torch), the PyTorch CPU index and vllm-ascend's object storage do not answer."""
+    CUDA triton 3.6.0 on x86_64 for torch), the PyTorch CPU index, vllm-ascend's object storage and Huawei's
+    index do not answer."""
     def run(argv, capture_output, text, env):
         calls.append((argv, env))
         index, requirement = argv[argv.index("--index-url") + 1], argv[-1]
-        if index == PYTORCH_CPU_INDEX or "://" in requirement:
+        if index != PYPI_INDEX or "://" in requirement:
             stderr = ("WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError('<x>: "
                       "Failed to establish a new connection: [Errno -2] Name or service not known')': /whl/cpu/torch/\n"
                       f"ERROR: No matching distribution found for {requirement}\n")
@@ -284,9 +300,16 @@ def test_refresh_reads_every_wheel_with_pip_alone_and_records_an_unanswered_cpu_
     wanted = {(canonicalize_name(n), v) for n, versions in real_metadata.REAL_WHEELS.items() for v in versions}
     assert {(canonicalize_name(w.name), w.version) for w in record if not w.unknown} == wanted | {("triton", "3.6.0")}
     assert {w.arch for w in record if w.name == "triton"} == {"x86_64"}  # torch requires it there only
-    builds = [w for w in record if w.unknown and "+cpu" not in w.version]
+    off_pypi = [w for w in record if real_metadata.OFF_PYPI.get(w.name, (None,))[0] == w.version]
+    builds = [w for w in record if w.unknown and "+cpu" not in w.version and w not in off_pypi]
     assert sorted(w.file for w in builds) == sorted(file for _, file, _ in real_metadata.upstream_builds(
         real_metadata.UPSTREAM_PROFILE)) and all("the pin it is installed over" in w.standin_basis for w in builds)
+    # triton-ascend 3.2.2, from the index vllm-ascend-0.23.0's `sources` names, which does not answer.
+    assert {(w.name, w.version, w.arch, w.index) for w in off_pypi} == {
+        ("triton-ascend", "3.2.2", arch, "https://mirrors.huaweicloud.com/ascend/repos/pypi")
+        for arch in ("x86_64", "aarch64")}
+    assert all(w.unknown and w.requires_dist is None and "minor series below it" in w.standin_basis
+               for w in off_pypi)
     cpu = [w for w in record if w.unknown and "+cpu" in w.version]
     assert {(w.version, w.arch) for w in cpu} == {(f"{v}+cpu", a) for v in real_metadata.REAL_WHEELS["torch-npu"]
                                                  for a in ("x86_64", "aarch64")}
@@ -542,4 +565,28 @@ def test_the_lab_previous_x86_64_steps_leave_only_what_its_row_accepts_and_no_cu
     deploy_steps(steps[1:], venv, index)
     installed, _, check = venv_state(venv)
     assert "triton" not in installed, (installed.get("torch"), installed.get("triton"), check)
+    assert check and profile.unaccepted_complaints(check) == [], check
+
+
+def test_the_0_23_0_rows_steps_over_the_guides_virtualenv_leave_triton_ascend_alone_in_site_packages_triton(
+        tmp_path_factory, tmp_path):
+    """The guide's two steps (tests/unit/test_profile_lock.py's GUIDE_ONLY_0_23_0) leave CUDA triton 3.6.0 (torch
+    2.11.0's) beside triton-ascend 3.2.2; lab-0.23.0's steps run over that, step by step as on a node without the
+    profile's lock, uninstall both and put triton-ascend back alone (Dockerfile@v0.23.0:70-71)."""
+    from ascend_fleet.profile import InstallStep, load_profile
+    from tests.unit.test_profile_lock import GUIDE_ONLY_0_23_0
+    profile = load_profile("lab-0.23.0")
+    guide = profile.model_copy(update={"pip": profile.pip.model_copy(update={
+        "install": [InstallStep(requires=step["requires"]) for step in GUIDE_ONLY_0_23_0]})})
+    directory = tmp_path_factory.mktemp("lab-0.23.0-index")
+    placeholder_wheels(build_lab_standins(directory, "x86_64"), directory)
+    index = simple_index(directory, [r for step in profile.install_steps() for r in step.requirements])
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    deploy_steps(guide.node_steps("x86_64"), venv, index)
+    installed, triton, _ = venv_state(venv)
+    assert (installed["triton"], installed["triton-ascend"], triton) == ("3.6.0", "3.2.2", "3.2.2")
+    deploy_steps(profile.node_steps("x86_64"), venv, index)
+    installed, triton, check = venv_state(venv)
+    assert "triton" not in installed and (installed["triton-ascend"], triton) == ("3.2.2", "3.2.2")
     assert check and profile.unaccepted_complaints(check) == [], check

@@ -141,6 +141,20 @@ def test_the_lab_mirrors_the_0_18_0_steps_with_its_stand_in_builds_from_its_inde
         assert sum(isinstance(s, PipRemoval) for s in steps) == (2 if arch == "x86_64" else 1)
 
 
+def test_the_lab_0_23_0_row_is_the_0_23_0_profiles_python_stack_steps_and_accepts():
+    """The lab's 0.23.0 row (issue 47) runs vllm-ascend-0.23.0's five steps on each arch, from the lab's index."""
+    lab, real = load_profile("lab-0.23.0"), load_profile("vllm-ascend-0.23.0")
+    python_row = ("python", "torch", "torch_npu", "vllm", "vllm_ascend", "transformers")
+    assert [getattr(lab.stack, key) for key in python_row] == [getattr(real.stack, key) for key in python_row]
+    assert lab.accepted_complaints() == real.accepted_complaints()
+
+    def what(steps) -> list:
+        return [step.packages if isinstance(step, PipRemoval) else step.requirements for step in steps]
+    for arch in ("x86_64", "aarch64"):
+        assert what(lab.node_steps(arch)) == what(real.node_steps(arch))
+        assert not any(step.extra_index_urls for step in lab.node_steps(arch) if not isinstance(step, PipRemoval))
+
+
 @pytest.mark.parametrize("name", available_profiles())
 def test_a_profile_without_an_upstream_row_matches_none(name):
     profile = load_profile(name)

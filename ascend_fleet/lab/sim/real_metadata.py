@@ -1,10 +1,10 @@
 """The record of the real wheels the lab's stand-ins copy: real_metadata.json.
 
 One entry per real wheel (distribution, version, arch, for a node's Python 3.11) that
-the installs of the lab's two rows reach on a real node: vllm-ascend 0.18.0
-(profiles/lab.yaml) and 0.11.0 (profiles/lab-previous.yaml), each installed as upstream
-does, `pip install vllm==V` and then `pip install vllm-ascend==V torch torch-npu`. Each
-entry holds the index it came from, the wheel's file name and sha256 (pip's report,
+the installs of the lab's three rows reach on a real node: vllm-ascend 0.18.0
+(profiles/lab.yaml), 0.11.0 (profiles/lab-previous.yaml) and 0.23.0 (profiles/lab-0.23.0.yaml),
+each installed as upstream does, `pip install vllm==V` and then `pip install vllm-ascend==V torch
+torch-npu`. Each entry holds the index it came from, the wheel's file name and sha256 (pip's report,
 `download_info`), its `Requires-Python` and its whole `Requires-Dist`, verbatim, and the
 date it was read. `ascend-fleet lab refresh-metadata` reads it again with pip itself.
 
@@ -13,12 +13,13 @@ the PyTorch CPU index. Where that index did not answer, the entry says so (`unkn
 has no metadata; its stand-in then copies PyPI's wheel of the same version less the CUDA
 packages (`standin_basis`), which is what the entry's `standin_basis` says.
 
-The CUDA `triton` that PyPI's torch requires on x86_64 (`triton==3.6.0; platform_machine ==
-"x86_64"` for torch 2.10.0) is recorded for the arch whose torch requires it: it shares
-site-packages/triton/ with triton-ascend, which the profiles' uninstalls must meet. The builds the
-upstream profile (UPSTREAM_PROFILE) installs over a pin (torch_npu 2.9.0.post1+git<hash>,
-triton_ascend 3.2.0.dev20260322) are read from their source; where it does not answer, their entry
-is unknown and the stand-in copies the pin they are installed over (`basis_of`).
+The CUDA `triton` that PyPI's torch requires (`triton==3.6.0; platform_machine == "x86_64"` for
+torch 2.10.0; `triton==3.6.0; platform_system == "Linux"` for 2.11.0, aarch64 too) is recorded for the
+arch whose torch requires it: it shares site-packages/triton/ with triton-ascend, which the profiles'
+uninstalls must meet. The builds the upstream profile (UPSTREAM_PROFILE) installs over a pin (torch_npu
+2.9.0.post1+git<hash>, triton_ascend 3.2.0.dev20260322) are read from their source, and the pins PyPI does
+not have (OFF_PYPI: triton-ascend 3.2.2) from the index their profile's `sources` names; where it does not
+answer, their entry is unknown and the stand-in copies the recorded wheel basis_of names.
 """
 
 from __future__ import annotations
@@ -51,26 +52,40 @@ RECORD_FILE = Path(__file__).with_name("real_metadata.json")
 UPSTREAM_PROFILE = "vllm-ascend-0.18.0"
 PYPI_INDEX = "https://pypi.org/simple"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-PYTHON = "3.11"  # both rows' Python; the stand-ins carry these wheels' cp311 tags
+PYTHON = "3.11"  # the rows' Python; the stand-ins carry these wheels' cp311 tags
 READERS = 4  # pip runs at once: each waits on the network, not the CPU
 
-# What the two rows' installs reach on a real node, by distribution.
+# What the three rows' installs reach on a real node, by distribution.
 REAL_WHEELS: dict[str, tuple[str, ...]] = {
-    "vllm": ("0.11.0", "0.18.0"),
-    "vllm-ascend": ("0.11.0", "0.18.0"),
+    "vllm": ("0.11.0", "0.18.0", "0.23.0"),
+    "vllm-ascend": ("0.11.0", "0.18.0", "0.23.0"),
     # Each vllm-ascend's pin; 2.13.0 is the real counterpart of profiles/lab-real.yaml's stand-in.
-    "torch-npu": ("2.7.1", "2.9.0", "2.13.0"),
-    # vllm-ascend 0.11.0 / 0.18.0 pin 2.7.1 / 2.9.0; vllm 0.11.0 / 0.18.0 pin 2.8.0 / 2.10.0.
-    "torch": ("2.7.1", "2.8.0", "2.9.0", "2.10.0"),
-    # vllm pins 0.23.0 / 0.25.0; vllm-ascend 0.11.0's unpinned torchvision then moves to the one whose
-    # torch pin accepts its torch, 0.22.1 (torch==2.7.1); vllm-ascend 0.18.0 pins 0.24.0 itself.
-    "torchvision": ("0.22.1", "0.23.0", "0.24.0", "0.25.0"),
-    # vllm's pins (2.8.0 / 2.10.0); vllm-ascend 0.11.0 requires no torchaudio, 0.18.0 pins 2.9.0.
-    "torchaudio": ("2.8.0", "2.9.0", "2.10.0"),
+    "torch-npu": ("2.7.1", "2.9.0", "2.10.0.post4", "2.13.0"),
+    # vllm-ascend 0.11.0 / 0.18.0 / 0.23.0 pin 2.7.1 / 2.9.0 / 2.10.0; vllm 0.11.0 / 0.18.0 / 0.23.0 pin
+    # 2.8.0 / 2.10.0 / 2.11.0.
+    "torch": ("2.7.1", "2.8.0", "2.9.0", "2.10.0", "2.11.0"),
+    # vllm pins 0.23.0 / 0.25.0 / 0.26.0; vllm-ascend 0.11.0's unpinned torchvision then moves to the one whose
+    # torch pin accepts its torch, 0.22.1 (torch==2.7.1); vllm-ascend 0.18.0 / 0.23.0 pin 0.24.0 / 0.25.0.
+    "torchvision": ("0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.26.0"),
+    # vllm's pins (2.8.0 / 2.10.0 / 2.11.0); vllm-ascend 0.11.0 requires no torchaudio, 0.18.0 / 0.23.0 pin
+    # 2.9.0 / 2.10.0.
+    "torchaudio": ("2.8.0", "2.9.0", "2.10.0", "2.11.0"),
+    # vllm-ascend 0.18.0's pin; 0.23.0's (3.2.2) is not on PyPI: OFF_PYPI.
     "triton-ascend": ("3.2.0",),
     # vllm 0.11.0 / 0.18.0 require >=4.11.0 / >=4.13.0, both vllm-ascends <=4.11.0.86: the first step takes
     # PyPI's newest (5.1.0.95, 2026-12-05, which requires numpy>=2), the vllm-ascend step moves it to 4.11.0.86.
     "opencv-python-headless": ("4.11.0.86", "5.1.0.95"),
+    # vllm 0.11.0 pins 0.1.25; vllm 0.18.0 / 0.23.0 (>=0.1.32,<1 / >=0.2.0,<1) and vllm-ascend (>=0.1.30) take
+    # PyPI's newest, 0.2.9 (2026-12-07). On x86_64 it requires CUDA triton, which the profiles' uninstalls
+    # leave it without (their accepts: "xgrammar V requires triton").
+    "xgrammar": ("0.1.25", "0.2.9"),
+}
+
+# Pins of the rows that PyPI does not have, by distribution: (version, the profile whose `sources` names the
+# index that has it). vllm-ascend 0.23.0's wheel pins triton-ascend==3.2.2; PyPI's newest is 3.2.0 (its
+# simple index, 2026-12-07), Dockerfile@v0.23.0:71 installs it from Huawei's index.
+OFF_PYPI: dict[str, tuple[str, str]] = {
+    "triton-ascend": ("3.2.2", "vllm-ascend-0.23.0"),
 }
 
 BROKEN = "connection broken by '"  # pip's warning when it retries an index that does not answer
@@ -147,14 +162,18 @@ def cpu_torch_pins(wheel: RealWheel) -> list[str]:
 def basis_of(record: list[RealWheel], wheel: RealWheel) -> RealWheel:
     """The recorded wheel an unknown build copies: PyPI's of its public version (torch 2.9.0+cpu: 2.9.0), else
     the one of its release it is installed over (torch_npu 2.9.0.post1+gitdc51c2d: 2.9.0, triton_ascend
-    3.2.0.dev20260322: 3.2.0)."""
-    release = Version(wheel.version).release
+    3.2.0.dev20260322: 3.2.0), else the newest release of its minor series below it (triton-ascend 3.2.2:
+    3.2.0, PyPI's newest)."""
+    version = Version(wheel.version)
     known = [w for w in record if w.requires_dist is not None and w.matches(wheel.name, w.version, wheel.arch)]
-    same = [w for w in known if w.version == Version(wheel.version).public] or \
-        [w for w in known if Version(w.version).release == release and Version(w.version).local is None]
+    releases = [w for w in known if Version(w.version).local is None]
+    same = [w for w in known if w.version == version.public] or \
+        [w for w in releases if Version(w.version).release == version.release] or \
+        sorted((w for w in releases if Version(w.version).release[:2] == version.release[:2]
+                and Version(w.version) < version), key=lambda w: Version(w.version), reverse=True)
     if not same:
-        raise FleetError(f"lab: neither {wheel.name} {wheel.version} nor a recorded wheel of its release has known "
-                         f"metadata for {wheel.arch}; run `ascend-fleet lab refresh-metadata`")
+        raise FleetError(f"lab: neither {wheel.name} {wheel.version} nor a recorded wheel of its release or minor "
+                         f"series has known metadata for {wheel.arch}; run `ascend-fleet lab refresh-metadata`")
     return same[0]
 
 
@@ -173,7 +192,7 @@ def standin_basis(record: list[RealWheel], wheel: RealWheel) -> RealWheel:
 
 def cuda_triton_pins(wheel: RealWheel) -> list[str]:
     """The CUDA triton versions a torch wheel requires on its own arch (torch 2.10.0 x86_64: ["3.6.0"]; none
-    on aarch64, where its marker is false)."""
+    on aarch64, where its marker is false; torch 2.11.0: ["3.6.0"] on both)."""
     node = {"platform_system": "Linux", "platform_machine": wheel.arch, "python_version": PYTHON,
             "python_full_version": f"{PYTHON}.0", "sys_platform": "linux", "extra": ""}
     pins = []
@@ -254,6 +273,20 @@ def read_wheel(name: str, version: str, arch: str, index_url: str, today: str) -
                      requires_dist=tuple(metadata.get("requires_dist", ())))
 
 
+def read_off_pypi(name: str, version: str, profile_name: str, arch: str, today: str) -> RealWheel:
+    """A pin PyPI does not have, read from the index profile_name's `sources` names for it, or an entry saying
+    why it is not known and what its stand-in copies (basis_of)."""
+    index_url = load_profile(profile_name).pip.sources[name].rstrip("/")
+    try:
+        return read_wheel(name, version, arch, index_url, today)
+    except PipReadError as exc:
+        return RealWheel(name=name, version=version, arch=arch, index=index_url, read=today,
+                         unknown=f"not read: {exc}",
+                         standin_basis=f"PyPI's newest {name} of its minor series below it for {arch} (its "
+                                       "Requires-Dist less CUDA packages, its tags); the file name is that "
+                                       "wheel's with this version, not read")
+
+
 def read_cpu_build(name: str, version: str, arch: str, index_url: str, today: str) -> RealWheel:
     """A +cpu build from the PyTorch CPU index, or an entry saying why it is not known."""
     try:
@@ -268,9 +301,9 @@ def read_cpu_build(name: str, version: str, arch: str, index_url: str, today: st
 def refresh_record(index_url: str = PYPI_INDEX, cpu_index_url: str = PYTORCH_CPU_INDEX,
                    path: Path = RECORD_FILE, progress: Callable[[str], None] = print) -> list[RealWheel]:
     """Read every wheel of REAL_WHEELS on every arch from index_url, then the +cpu torch builds the
-    torch-npu wheels pin from cpu_index_url, the CUDA triton the torch wheels require, and the upstream
-    profile's builds over a pin from their source, and write the record. A wheel index_url does not have
-    stops the refresh before the record is touched."""
+    torch-npu wheels pin from cpu_index_url, the CUDA triton the torch wheels require, the upstream
+    profile's builds over a pin from their source and OFF_PYPI's pins from their profile's index, and write
+    the record. A wheel index_url does not have stops the refresh before the record is touched."""
     today = datetime.date.today().isoformat()
     wanted = [(name, version, arch) for name, versions in REAL_WHEELS.items() for version in versions
               for arch in ARCHES]
@@ -291,6 +324,9 @@ def refresh_record(index_url: str = PYPI_INDEX, cpu_index_url: str = PYTORCH_CPU
         wheels += pool.map(lambda build: read_cpu_build("torch", *build, cpu_index_url, today), cpu_builds)
         wheels += pool.map(lambda pin: read("triton", *pin), tritons)
         wheels += pool.map(lambda build: read_build(*build, today), upstream_builds(UPSTREAM_PROFILE))
+        wheels += pool.map(lambda pin: read_off_pypi(*pin, today),
+                           [(name, version, profile, arch) for name, (version, profile) in OFF_PYPI.items()
+                            for arch in ARCHES])
     for wheel in wheels[len(wanted):]:
         progress(f"{wheel.name} {wheel.version} {wheel.arch}: {wheel.unknown or wheel.file}")
     write_record(wheels, path)

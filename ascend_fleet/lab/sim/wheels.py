@@ -12,17 +12,19 @@
   a version and nothing else; torch is the module torch_npu's stand-in extends.
 - ``opencv_python_headless`` (import name ``cv2``): a version, for the pins vllm and vllm-ascend put on it
   (>=4.13.0 against <=4.11.0.86 at 0.18.0).
-- ``triton``: CUDA triton, which x86_64 torch requires: a version in the same site-packages/triton/
-  as triton_ascend's, so an uninstall of one deletes the other's files as on a real node.
+- ``xgrammar``: a version, for the CUDA triton it requires on x86_64 (vllm's and vllm-ascend's requirement
+  on it brings triton in on a real node whatever torch build pip picks).
+- ``triton``: CUDA triton, which torch requires (x86_64; torch 2.11.0 aarch64 too): a version in the same
+  site-packages/triton/ as triton_ascend's, so an uninstall of one deletes the other's files as on a real node.
 
 Three ways to build them:
 
 - ``build_lab_standins(out_dir, arch)``: one stand-in per real wheel in the record
   (real_metadata.json, real_metadata.py), for the lab's rows. Each carries the real
   wheel's file name and tags, its Requires-Python, and of its Requires-Dist every line on
-  a package of the stack (STACK) and every line on a package the simulated server imports
-  (SIM_SERVER_IMPORTS), verbatim; the other lines are left out (``left_out`` says which
-  and why). The vllm stand-in adds the server's imports its real wheel does not name.
+  a package of the stack (STACK), on a package the simulated server imports
+  (SIM_SERVER_IMPORTS) and on one the stack gate's complaints name (GATE_COMPLAINTS),
+  verbatim; the other lines are left out (``left_out`` says which and why). The vllm stand-in adds the server's imports its real wheel does not name.
   pip on a node thus meets the real pins (vllm's torch==2.9.0 against vllm-ascend's
   torch==2.8.0) and refuses a wheel for another glibc, arch or Python as it would the real one.
 - ``build_metadata_standins(record, out_dir, arch, kept)``: for any record of real wheels (the known
@@ -87,10 +89,15 @@ STACK = frozenset(canonicalize_name(name) for name in (
     "torch", "torchvision", "torchaudio", "torch-npu", "triton-ascend", "transformers", "numpy", "vllm", "vllm-ascend",
     "opencv-python-headless",
 ))
-# CUDA triton, which PyPI's torch requires on x86_64, is kept though a CUDA build: it shares
-# site-packages/triton/ with triton-ascend, and the profiles' uninstalls of it must meet it.
+# CUDA triton, which PyPI's torch requires (on x86_64; from 2.11.0 on aarch64 too), is kept though a CUDA
+# build: it shares site-packages/triton/ with triton-ascend, and the profiles' uninstalls of it must meet it.
 SHARES_TRITON = canonicalize_name("triton")
-KEPT = STACK | {canonicalize_name(name) for name in SIM_SERVER_IMPORTS} | {SHARES_TRITON}
+# What the stack gate's pip check names on a real node beyond the stack and the simulator's imports: vllm
+# requires prometheus-fastapi-instrumentator>=7.0.0, whose 8.x requires starlette>=1.0.0, which vllm-ascend's
+# fastapi<0.124.0 keeps below 0.51 (a real wheel on the node, with its real metadata); and xgrammar, which
+# requires CUDA triton on x86_64 (a stand-in: "xgrammar 0.2.9 requires triton" once the uninstalls ran).
+GATE_COMPLAINTS = frozenset(canonicalize_name(name) for name in ("prometheus-fastapi-instrumentator", "xgrammar"))
+KEPT = STACK | {canonicalize_name(name) for name in SIM_SERVER_IMPORTS} | {SHARES_TRITON} | GATE_COMPLAINTS
 LEFT_OUT_CUDA = "a CUDA build: no use on an Ascend node, and GBs"
 LEFT_OUT_UNUSED = "not imported by the simulator: the lab would fetch it for nothing"
 
@@ -152,6 +159,8 @@ def standin_contents(distribution: str, version: str) -> Standin:
                            package="cv2")
         case "triton":
             return Standin("triton", version, "Stand-in for CUDA triton: its version, in site-packages/triton/")
+        case "xgrammar":
+            return Standin("xgrammar", version, "Stand-in for xgrammar: its version only")
     raise WheelBuildError(f"no stand-in for {distribution}")
 
 
