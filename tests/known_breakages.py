@@ -94,6 +94,9 @@ def guide_steps(*, accepts: tuple[str, ...] = (), huawei: bool = False) -> list[
     return [{"requires": ["vllm"]}, second]
 
 
+# vllm-ascend-0.23.0's steps as the profile had them before issue 47: the installation guide's two pip runs alone.
+GUIDE_ONLY_0_23_0 = guide_steps(huawei=True)
+
 WHERE = "{where}"
 CASES = [
     Breakage(
@@ -113,7 +116,7 @@ CASES = [
         "guide's two pip runs alone); PyPI's vllm 0.23.0 pins torch==2.11.0, torch 2.11.0 requires triton==3.6.0 on "
         "Linux, prometheus-fastapi-instrumentator 8.1.0 requires starlette>=1.0.0 and vllm-ascend 0.23.0's "
         "fastapi<0.124.0 keeps it below 0.51 (the wheels' Requires-Dist, PyPI, the record's date)",
-        "vllm-ascend-0.23.0", {}, guide_steps(huawei=True),
+        "vllm-ascend-0.23.0", {}, GUIDE_ONLY_0_23_0,
         # triton-ascend: vllm-ascend's pin, from Huawei's index, which does not answer here: a stand-in of the check's
         (*STACK, "triton", "triton-ascend", "fastapi", "starlette", "prometheus-fastapi-instrumentator"),
         (f"{WHERE}: end state: `pip check` would say: prometheus-fastapi-instrumentator 8.1.0 has requirement "

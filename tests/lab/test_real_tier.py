@@ -26,8 +26,8 @@ import yaml
 from ascend_fleet import vllm_cpu
 from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
 from ascend_fleet.profile import load_profile, profile_path
+from tests.known_breakages import GUIDE_ONLY_0_23_0
 from tests.lab.conftest import PROJECT, Lab, brought_up, module_lab, needs_bench_venv
-from tests.unit.test_profile_lock import GUIDE_ONLY_0_23_0
 
 pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
 
@@ -271,7 +271,7 @@ def test_vllm_bench_serve_runs_to_completion_against_the_simulated_server(real_l
 @pytest.fixture(scope="module")
 def guide_only_fleet(tmp_path_factory) -> Path:
     """An operator's fleet folder whose profiles/ has the lab's 0.23.0 row as it was before issue 47's fix: the
-    installation guide's two steps alone (tests/unit/test_profile_lock.py's GUIDE_ONLY_0_23_0; the lab's nodes
+    installation guide's two steps alone (tests/known_breakages.py's GUIDE_ONLY_0_23_0; the lab's nodes
     reach Huawei's indexes through the lab mirror), no uninstall, no accepts. Its other folders are the
     project's."""
     fleet = tmp_path_factory.mktemp("guide-only-fleet")

@@ -570,11 +570,11 @@ def test_the_lab_previous_x86_64_steps_leave_only_what_its_row_accepts_and_no_cu
 
 def test_the_0_23_0_rows_steps_over_the_guides_virtualenv_leave_triton_ascend_alone_in_site_packages_triton(
         tmp_path_factory, tmp_path):
-    """The guide's two steps (tests/unit/test_profile_lock.py's GUIDE_ONLY_0_23_0) leave CUDA triton 3.6.0 (torch
+    """The guide's two steps (tests/known_breakages.py's GUIDE_ONLY_0_23_0) leave CUDA triton 3.6.0 (torch
     2.11.0's) beside triton-ascend 3.2.2; lab-0.23.0's steps run over that, step by step as on a node without the
     profile's lock, uninstall both and put triton-ascend back alone (Dockerfile@v0.23.0:70-71)."""
     from ascend_fleet.profile import InstallStep, load_profile
-    from tests.unit.test_profile_lock import GUIDE_ONLY_0_23_0
+    from tests.known_breakages import GUIDE_ONLY_0_23_0
     profile = load_profile("lab-0.23.0")
     guide = profile.model_copy(update={"pip": profile.pip.model_copy(update={
         "install": [InstallStep(requires=step["requires"]) for step in GUIDE_ONLY_0_23_0]})})
