@@ -331,22 +331,24 @@ class Profile(_Strict):
 
     def node_steps(self, arch: str, python: str | None = None, lock: PipLocked | None = None) -> list[NodeStep]:
         """Every step a node of arch runs, in the profile's order: installs, the uninstalls of its arch, and the
-        builds installed over their pins; with a lock, the lock in the first install's place and no other
-        install. Refuses an override with no build for the node or no sha256."""
+        builds installed over their pins; with a lock, the uninstalls first, then the lock in place of every
+        install, then the builds. Refuses an override with no build for the node or no sha256."""
         python = python or self.stack.python
-        installs = iter([lock] if lock else self.install_steps())
+        installs = iter(self.install_steps())
+        removals: list[NodeStep] = []
         steps: list[NodeStep] = []
         for number, step in enumerate(self.pip.install, 1):
             if isinstance(step, InstallStep):
-                steps += [install] if (install := next(installs, None)) else []
+                steps += [] if lock else [next(installs)]
             elif isinstance(step, RemoveStep):
-                # The lock is what all the steps leave: an uninstall of a distribution it holds would undo it.
-                kept = [name for name in step.remove if not lock or canonicalize_name(name) not in lock.pins]
-                if arch in step.arch and kept:
-                    steps.append(PipRemoval(kept))
+                if arch in step.arch:
+                    (removals if lock else steps).append(PipRemoval(list(step.remove)))
             else:
                 steps.append(self._build_step(number, step, arch, python))
-        return steps
+        # The lock is what all the steps leave, and the uninstalls go before it whole: after it, over a
+        # virtualenv an earlier run left CUDA triton in, `pip uninstall triton` would delete the files of
+        # site-packages/triton/ that triton-ascend shares, which the lock's install had found in place.
+        return [*removals, lock, *steps] if lock else steps
 
     def _build_step(self, number: int, step: OverrideStep, arch: str, python: str) -> PipBuild:
         path = profile_path(self.name) or f"profiles/{self.name}.yaml"

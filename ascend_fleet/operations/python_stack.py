@@ -86,9 +86,11 @@ def without_reinstalled(installed: dict[str, str], steps: list[NodeStep], index:
 def in_place(steps: list[NodeStep]) -> str:
     """What a converged virtualenv holds, as the no-op says it."""
     said = []
-    for step in steps:
+    for index, step in enumerate(steps):
         if isinstance(step, PipRemoval):
-            said.append(f"{', '.join(step.packages)} absent")
+            again = set().union(*(installed_by(later) for later in steps[index + 1:]))
+            if absent := [name for name in step.packages if normalize(name) not in again]:
+                said.append(f"{', '.join(absent)} absent")
         elif isinstance(step, PipBuild):
             said.append(f"{step.name} {step.version} over its pin")
         elif isinstance(step, PipLocked):

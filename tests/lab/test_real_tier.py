@@ -337,12 +337,6 @@ def test_the_0_23_0_rows_fixed_steps_pass_the_stack_gate_and_serve(real_lab, dep
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"], reply.text
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "product defect found here (issue 47): with the profile's lock, the node installs the lock and then runs the "
-    "uninstalls of what it does not hold (`pip uninstall triton`); over a virtualenv that already had CUDA triton "
-    "(the guide's steps left it), that deletes the site-packages/triton/ files triton-ascend 3.2.2 wrote, which the "
-    "lock's install found already satisfied. pip still lists triton-ascend, the gate passes and a rerun changes "
-    "nothing. Step by step (no lock) the Dockerfile's order reinstalls it. Strict: remove this mark with the fix"))
 def test_the_0_23_0_rows_fix_over_the_guides_virtualenv_leaves_triton_ascend_alone_in_site_packages_triton(real_lab, deployed):
     """Why upstream uninstalls triton and triton-ascend, then installs triton-ascend again (Dockerfile@v0.23.0:70-71):
     both own site-packages/triton/, and `import triton` must find triton-ascend's files."""

@@ -145,8 +145,8 @@ def test_a_lock_for_a_newer_glibc_than_the_nodes_is_refused_naming_the_option_th
         "not load here; lock it again with --glibc 2.34 (the oldest of the fleet's)")
 
 
-def test_with_a_lock_an_uninstall_leaves_what_the_lock_holds():
+def test_with_a_lock_the_uninstalls_come_whole_before_it_and_the_lock_installs_again_what_they_take():
     profile = load_profile("vllm-ascend-0.23.0")
     lock = PipLocked("l.txt", "", {"vllm": "0.23.0", "triton-ascend": "3.2.2"}, [])
-    removals = [step.packages for step in profile.node_steps("aarch64", lock=lock) if isinstance(step, PipRemoval)]
-    assert removals == [["triton"], ["triton"]]  # triton-ascend, which the lock installs, stays
+    steps = profile.node_steps("aarch64", lock=lock)
+    assert steps == [PipRemoval(["triton"]), PipRemoval(["triton", "triton-ascend"]), lock]

@@ -279,10 +279,29 @@ REINSTALLED_ORDER = [PipStep(["front==1.0"], []), PipStep(["plugin==1.0"], []),
 def test_an_uninstall_of_what_a_later_step_installs_again_is_done_once_and_a_rerun_changes_nothing():
     fake = FakeHost({PipPackages: {"front": "1.0", "plugin": "1.0", "kernels": "3.2.2"}})
     assert commands(python_stack.pinned, fake, venv="/v", steps=REINSTALLED_ORDER, index_url="https://x/simple") == []
-    assert fake.noops == ["front==1.0, plugin==1.0, cuda-kernels, kernels absent, kernels==3.2.2 installed"]
+    assert fake.noops == ["front==1.0, plugin==1.0, cuda-kernels absent, kernels==3.2.2 installed"]
     # CUDA's build beside it again (a step moved it back): both go, and the one the stack wants comes back.
     fake = FakeHost({PipPackages: {"front": "1.0", "plugin": "1.0", "kernels": "3.2.2", "cuda-kernels": "3.6"}})
     found = [str(c.get_raw_value()) if hasattr(c, "get_raw_value") else c for c in
              commands(python_stack.pinned, fake, venv="/v", steps=REINSTALLED_ORDER, index_url="https://x/simple")]
     assert [c.split("--disable-pip-version-check ")[1] for c in found] == [
         "uninstall --yes cuda-kernels kernels", "install --index-url https://x/simple kernels==3.2.2"]
+
+
+def test_with_a_lock_the_uninstalls_go_first_and_the_lock_installs_again_what_they_took():
+    """Over a virtualenv an earlier run left CUDA's build in beside the one the lock holds (both own one
+    directory, as triton and triton-ascend own site-packages/triton/): both go, then the lock puts its own
+    back; after it, an uninstall would delete the shared files of a build the lock found in place."""
+    lock = PipLocked("l.txt", "kernels==3.2.2 --hash=sha256:0\n", {"front": "1.0", "kernels": "3.2.2"}, [])
+    steps = [PipRemoval(["cuda-kernels", "kernels"]), lock]
+    fake = FakeHost({PipPackages: {"front": "1.0", "kernels": "3.2.2", "cuda-kernels": "3.6"},
+                     **new_file(f"{PIP_LOCK_DIR}/l.txt")})
+    found = [str(c.get_raw_value()) if hasattr(c, "get_raw_value") else c for c in
+             commands(python_stack.pinned, fake, venv="/v", steps=steps, index_url="https://x/simple")
+             if isinstance(c, str) or hasattr(c, "get_raw_value")]
+    assert [c.split("--disable-pip-version-check ")[1] for c in found if " -m pip " in c] == [
+        "uninstall --yes cuda-kernels kernels",
+        f"install --index-url https://x/simple --no-deps --require-hashes -r {PIP_LOCK_DIR}/l.txt"]
+    converged = FakeHost({PipPackages: {"front": "1.0", "kernels": "3.2.2"}})
+    assert commands(python_stack.pinned, converged, venv="/v", steps=steps, index_url="https://x/simple") == []
+    assert converged.noops == ["cuda-kernels absent, the 2 packages of l.txt installed"]
