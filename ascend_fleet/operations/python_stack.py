@@ -73,13 +73,18 @@ def installed_by(step: NodeStep) -> set[str]:
     return set()
 
 
+def installed_again(steps: list[NodeStep], index: int) -> set[str]:
+    """The distributions a step after steps[index] installs (again, when that step uninstalls them)."""
+    return set().union(*(installed_by(step) for step in steps[index + 1:]))
+
+
 def without_reinstalled(installed: dict[str, str], steps: list[NodeStep], index: int) -> dict[str, str]:
     """What an uninstall at steps[index] is judged against: the virtualenv less what a later step installs
     again (upstream's image uninstalls triton and triton-ascend, then installs triton-ascend alone), whose
     own step judges it."""
     if not isinstance(steps[index], PipRemoval):
         return installed
-    again = set().union(*(installed_by(step) for step in steps[index + 1:]))
+    again = installed_again(steps, index)
     return {name: version for name, version in installed.items() if name not in again}
 
 
@@ -88,7 +93,7 @@ def in_place(steps: list[NodeStep]) -> str:
     said = []
     for index, step in enumerate(steps):
         if isinstance(step, PipRemoval):
-            again = set().union(*(installed_by(later) for later in steps[index + 1:]))
+            again = installed_again(steps, index)
             if absent := [name for name in step.packages if normalize(name) not in again]:
                 said.append(f"{', '.join(absent)} absent")
         elif isinstance(step, PipBuild):
