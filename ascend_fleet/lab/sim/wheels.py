@@ -24,7 +24,8 @@ Three ways to build them:
   wheel's file name and tags, its Requires-Python, and of its Requires-Dist every line on
   a package of the stack (STACK), on a package the simulated server imports
   (SIM_SERVER_IMPORTS) and on one the stack gate's complaints name (GATE_COMPLAINTS),
-  verbatim; the other lines are left out (``left_out`` says which and why). The vllm stand-in adds the server's imports its real wheel does not name.
+  verbatim; the other lines are left out (``left_out`` says which and why). The vllm stand-in
+  adds the server's imports its real wheel does not name.
   pip on a node thus meets the real pins (vllm's torch==2.9.0 against vllm-ascend's
   torch==2.8.0) and refuses a wheel for another glibc, arch or Python as it would the real one.
 - ``build_metadata_standins(record, out_dir, arch, kept)``: for any record of real wheels (the known
@@ -211,8 +212,14 @@ def requirement_name(requirement: str) -> str:
 
 def left_out(basis: RealWheel, kept: frozenset[str] = KEPT) -> dict[str, str]:
     """The real wheel's requirements its stand-in does not declare (those on a distribution not kept), each with why."""
+    declares = declared(basis, kept)
     return {line: LEFT_OUT_CUDA if is_cuda_requirement(line) else LEFT_OUT_UNUSED
-            for line in basis.requires_dist or () if requirement_name(line) not in kept}
+            for line in basis.requires_dist or () if line not in declares}
+
+
+def declared(wheel: RealWheel, kept: frozenset[str] = KEPT) -> tuple[str, ...]:
+    """The real wheel's requirements its stand-in declares, verbatim: those on a kept distribution."""
+    return tuple(line for line in wheel.requires_dist or () if requirement_name(line) in kept)
 
 
 def file_tags(file: str) -> tuple[str, str | None]:
@@ -227,8 +234,7 @@ def recorded_standin(record: list[RealWheel], wheel: RealWheel) -> Standin:
     on the stack and the simulator's imports verbatim, and what the stand-in's own code needs beyond them."""
     basis = standin_basis(record, wheel)
     contents = standin_contents(basis.name, basis.version)
-    omitted = left_out(basis)
-    kept = tuple(line for line in basis.requires_dist if line not in omitted)
+    kept = declared(basis)
     named = {requirement_name(line) for line in kept}
     own = tuple(r for r in contents.requires if requirement_name(r) not in named)
     tag, build = file_tags(basis.file)
@@ -242,9 +248,8 @@ def metadata_standin(wheel: RealWheel, kept: frozenset[str]) -> Standin:
     if wheel.requires_dist is None:
         raise WheelBuildError(f"{wheel.name} {wheel.version}: its metadata is not known ({wheel.unknown})")
     tag, build = file_tags(wheel.file)
-    omitted = left_out(wheel, kept)
     return Standin(wheel.file.split("-", 1)[0], wheel.version, f"Stand-in for {wheel.name}: its metadata only",
-                   metadata_name=wheel.name, requires=tuple(r for r in wheel.requires_dist if r not in omitted),
+                   metadata_name=wheel.name, requires=declared(wheel, kept),
                    requires_python=wheel.requires_python, tag=tag, build=build, metadata_only=True)
 
 
