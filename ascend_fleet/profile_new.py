@@ -24,6 +24,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -192,19 +193,20 @@ class Release:
     dockerfile: Dockerfile | None
     policy_row: tuple[str, int] | None  # the versioning policy's line for the release, and its line number
 
-    def pin(self, name: str) -> str | None:
-        """The version an `==V` requirement of the release names for a distribution."""
+    @cached_property
+    def exact_pins(self) -> dict[str, str]:
+        """The version each `==V` requirement of the release (no marker) names, by distribution: the first's."""
+        pins: dict[str, str] = {}
         for line in self.requires:
             requirement = Requirement(line)
             specs = list(requirement.specifier)
-            if (canonicalize_name(requirement.name) == canonicalize_name(name) and len(specs) == 1
-                    and specs[0].operator == "==" and not requirement.marker):
-                return specs[0].version
-        return None
+            if len(specs) == 1 and specs[0].operator == "==" and not requirement.marker:
+                pins.setdefault(canonicalize_name(requirement.name), specs[0].version)
+        return pins
 
-    def exact_pins(self) -> dict[str, str]:
-        return {canonicalize_name(Requirement(r).name): v for r in self.requires
-                if (v := self.pin(Requirement(r).name)) is not None}
+    def pin(self, name: str) -> str | None:
+        """The version an `==V` requirement of the release names for a distribution."""
+        return self.exact_pins.get(canonicalize_name(name))
 
 
 def newest_prerelease(indexes: Indexes, index_url: str) -> str:
@@ -478,9 +480,9 @@ def qualify_candidate(release: Release, python: str, glibc: str, indexes: Indexe
     unknowns.append(f"packages.files: {PACKAGE_FILES_WHERE}")
     sources, unsourced = pin_sources(release, indexes)
     problems += unsourced
-    source_builds = sorted(name for name in [PROJECT, *release.exact_pins()]
+    source_builds = sorted(name for name in [PROJECT, *release.exact_pins]
                            if not has_wheel(indexes, release.index_url, name,
-                                            release.version if name == PROJECT else release.exact_pins()[name],
+                                            release.version if name == PROJECT else release.exact_pins[name],
                                             python, arches))
     if problems and any(stack[key] is None for key in ("vllm", "torch", "torch_npu", "transformers")):
         return Candidate(name, {}, [], facts, unknowns, problems, notes)
@@ -541,7 +543,7 @@ def pin_sources(release: Release, indexes: Indexes) -> tuple[dict[str, str], lis
     """For each exact pin the main index lacks: the index upstream's Dockerfile installs it from by name
     (pip.sources); a problem line for one that no line names."""
     sources, problems = {}, []
-    for name, version in release.exact_pins().items():
+    for name, version in release.exact_pins.items():
         if any(f.version == Version(version) for f in indexes.files(release.index_url, name)):
             continue
         command = release.dockerfile.installs_of(name) if release.dockerfile else None
@@ -591,7 +593,7 @@ def propose_removals(name: str, release: Release, stack: dict, steps: list[dict]
         removed = steps[:1] + [{"remove": [n for r in removals for n in r[1]]}] + steps[1:]
         after = environment(removed)
         for clash in clashes({}, after, platform, reader, []):
-            pinned = [name for name in (clash.first, clash.second) if name in release.exact_pins()]
+            pinned = [name for name in (clash.first, clash.second) if name in release.exact_pins]
             if pinned:  # both go, and the one the release pins comes back alone
                 removals.append((2, [clash.first, clash.second], f"{pinned[0]}=={after[pinned[0]].version}", clash))
             else:
