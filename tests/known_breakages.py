@@ -94,6 +94,10 @@ def guide_steps(*, accepts: tuple[str, ...] = (), huawei: bool = False) -> list[
     return [{"requires": ["vllm"]}, second]
 
 
+# PyPI's torch-npu 2.7.1 series (the records' date): what `profile check` lists beside a 2.7.1 pin it lacks.
+TORCH_NPU_2_7_1 = ("2.7.1rc1", "2.7.1", "2.7.1.post2", "2.7.1.post4", "2.7.1.post6", "2.7.1.post8", "2.7.1.post10",
+                   "2.7.1.post11")
+
 # vllm-ascend-0.23.0's steps as the profile had them before issue 47: the installation guide's two pip runs alone.
 GUIDE_ONLY_0_23_0 = guide_steps(huawei=True)
 
@@ -135,10 +139,9 @@ CASES = [
         "vllm-ascend's versioning policy (docs/source/community/versioning_policy.md at v0.13.0, line 28): the "
         "v0.11.0 row's torch_npu is 2.7.1.post1, which PyPI never had (its 2.7.1 series: the record)",
         "vllm-ascend-0.11.0", {"torch_npu": "2.7.1.post1"}, guide_steps(), STACK,
-        (f"{WHERE} step 2: torch-npu==2.7.1.post1: no index checked has it; versions there: 2.7.1rc1, 2.7.1, "
-         "2.7.1.post2, 2.7.1.post4, 2.7.1.post6, 2.7.1.post8, 2.7.1.post10, 2.7.1.post11",),
-        versions={"torch-npu": ("2.7.1rc1", "2.7.1", "2.7.1.post2", "2.7.1.post4", "2.7.1.post6", "2.7.1.post8",
-                                "2.7.1.post10", "2.7.1.post11"), "torch": ("2.7.1",), "vllm-ascend": ("0.11.0",),
+        (f"{WHERE} step 2: torch-npu==2.7.1.post1: no index checked has it; versions there: "
+         f"{', '.join(TORCH_NPU_2_7_1)}",),
+        versions={"torch-npu": TORCH_NPU_2_7_1, "torch": ("2.7.1",), "vllm-ascend": ("0.11.0",),
                   "transformers": ("4.57.1",)}),
     Breakage(
         "issue-1796-0.9.2rc1",
@@ -160,10 +163,9 @@ CASES = [
         "installed, `pip install vllm-ascend==0.11.0rc0` from a PyPI mirror; its Requires-Dist pins "
         "torch-npu==2.7.1.dev20250724 (pyproject.toml at v0.11.0rc0 line 15), on Huawei's index alone",
         "vllm-ascend-0.11.0", {"vllm_ascend": "0.11.0rc0", "torch_npu": "2.7.1.dev20250724"}, guide_steps(), STACK,
-        (f"{WHERE} step 2: torch-npu==2.7.1.dev20250724: no index checked has it; versions there: 2.7.1rc1, 2.7.1, "
-         "2.7.1.post2, 2.7.1.post4, 2.7.1.post6, 2.7.1.post8, 2.7.1.post10, 2.7.1.post11",),
-        versions={"torch-npu": ("2.7.1rc1", "2.7.1", "2.7.1.post2", "2.7.1.post4", "2.7.1.post6", "2.7.1.post8",
-                                "2.7.1.post10", "2.7.1.post11"), "torch": ("2.7.1",), "vllm-ascend": ("0.11.0rc0",),
+        (f"{WHERE} step 2: torch-npu==2.7.1.dev20250724: no index checked has it; versions there: "
+         f"{', '.join(TORCH_NPU_2_7_1)}",),
+        versions={"torch-npu": TORCH_NPU_2_7_1, "torch": ("2.7.1",), "vllm-ascend": ("0.11.0rc0",),
                   "transformers": ("4.57.1",)}),
     Breakage(
         "issue-5710-0.11.0",
