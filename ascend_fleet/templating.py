@@ -32,6 +32,12 @@ def env_value(value: str) -> str:
     return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
 
 
+def comment_line(text: str) -> str:
+    """Text after a comment's # on one line: each line break written as a space (a break would end the
+    comment, and what follows it would be read as the file's data)."""
+    return re.sub(r"[\r\n\v\f\x85\u2028\u2029]+", " ", text)
+
+
 def render(template: Path, **variables) -> str:
     """Render one template; a variable the template needs but was not given is an error."""
     environment = jinja2.Environment(
@@ -41,4 +47,5 @@ def render(template: Path, **variables) -> str:
     )
     environment.filters["systemd_word"] = systemd_word
     environment.filters["env_value"] = env_value
+    environment.filters["comment_line"] = comment_line
     return environment.get_template(template.name).render(**variables)

@@ -12,6 +12,7 @@ import time
 import zipfile
 
 import pytest
+import yaml
 
 from ascend_fleet.errors import FleetError
 from ascend_fleet.profile import load_profile
@@ -24,6 +25,7 @@ from ascend_fleet.profile_new import (
     newest_prerelease,
     qualify_candidate,
     read_release,
+    write_candidate,
 )
 
 PYPI = "https://pypi.org/simple"
@@ -292,3 +294,17 @@ def test_go_only_when_nothing_is_unknown_unreachable_or_found():
     assert report.go and report.lines()[0].startswith("profile new vllm-ascend-0.23.0.post1: GO")
     indexes.unanswered = {CPU: "no answer within 5 s"}
     assert not judge(known, [AARCH64], Judges(steps_leave, check_finding(), locks_as({})), indexes, None, time.monotonic()).go
+
+
+@pytest.mark.parametrize("hostile", ["0.23.0\nname: evil", "0.23.0\r\nname: evil", "a\u2028name: evil", "a % b",
+                                     'say "it"', "two words", "a; rm -rf /", "x: {y: 1}", "# not a comment"])
+def test_what_the_release_says_is_written_as_yaml_reads_it_back_and_a_comment_stays_one_line(tmp_path, hostile):
+    """What the index and the source archive say reaches the candidate's values and its comments (facts, each
+    step's why): each value loads back as it was, and a fact with a line break stays inside its comment."""
+    made = candidate()
+    data = {**made.data, "summary": hostile, "upstream": {**made.data["upstream"], "note": hostile}}
+    whys = [hostile, *made.whys[1:]]
+    path = write_candidate(Candidate(made.name, data, whys, [*made.facts, hostile], [], [], []), tmp_path)
+    text = path.read_text()
+    assert yaml.safe_load(text) == data
+    assert [line for line in text.splitlines() if line.startswith("name:")] == [f'name: "{made.name}"']
