@@ -86,10 +86,15 @@ def empty_nvme(mountpoint: Path) -> None:
             entry.unlink()
 
 
+def identity_context(spec: LabSpec, node: NodeSpec, public_key: str) -> dict:
+    """What the node's templates (templates/lab/node) are rendered with."""
+    return dict(node=node, nodes=spec.nodes, host_address=spec.host_address, mirror_url=spec.mirror_url,
+                lab_public_key=public_key, compile_bytecode=spec.serves_real_vllm)
+
+
 def write_identity(spec: LabSpec, node: NodeSpec, upper: Path, public_key: str) -> None:
     """Host name, host keys, machine id, the lab's login key and mirror settings, into the overlay."""
-    context = dict(node=node, nodes=spec.nodes, host_address=spec.host_address, mirror_url=spec.mirror_url,
-                   lab_public_key=public_key)
+    context = identity_context(spec, node, public_key)
     render_tree(TEMPLATES / "lab" / "node", upper, context)
     enable_unit(upper, "ascend-lab-proc.service", "multi-user.target")
     if node.hardware.preexisting.cuda_env:

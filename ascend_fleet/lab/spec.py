@@ -22,7 +22,7 @@ from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.lab.flavours import DEFAULT_OS, OsName
 from ascend_fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.planner import ModelShape
-from ascend_fleet.profile import available_profiles, load_profile
+from ascend_fleet.profile import available_profiles, is_cpu_build, load_profile
 
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
 CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))
@@ -183,6 +183,11 @@ class LabSpec(_Strict):
         if self.gateways < 2:
             return None
         return f"{self.network.broadcast_address - 1}/{self.network.prefixlen}"
+
+    @property
+    def serves_real_vllm(self) -> bool:
+        """Whether a profile the mirror serves installs real vLLM for CPU (the real tier), not the stand-in."""
+        return any(is_cpu_build(load_profile(name).stack.vllm) for name in self.profiles)
 
     @property
     def site_mirror_url(self) -> str:

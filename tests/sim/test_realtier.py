@@ -1,11 +1,15 @@
 """The real tier: its recipe (the vllm metadata shim, the serving environment), the lab-real profile, its wheels and inventory."""
 
 import importlib.metadata
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
-from ascend_fleet import PROJECT_ROOT
+from ascend_fleet import PROJECT_ROOT, TEMPLATES
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
+from ascend_fleet.lab.nodes import identity_context, render_tree
 from ascend_fleet.lab.sim.wheels import build_standin_wheels
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
@@ -78,3 +82,20 @@ def test_the_real_tier_inventory_gives_each_lab_host_one_cpu_instance(tmp_path, 
     assert [(i.name, i.npus, i.port) for i in worker.instances] == [("vllm-0", [0], 8000)]
     assert worker.npu_env["VLLM_TARGET_DEVICE"] == "cpu" and "HCCL_BUFFSIZE" not in worker.npu_env
     assert worker.serving.dtype == "bfloat16" and configs["gateway"].is_gateway
+
+
+def test_pip_on_a_stand_in_labs_nodes_skips_the_bytecode_compile_and_on_the_real_tiers_makes_it(tmp_path):
+    """A lab node's /etc/pip.conf, with which pip installs a wheel: the stand-in lab skips the compile (never
+    imported, 28 of 34 CPU seconds a virtualenv), the real tier's lab keeps pip's default (real vLLM imports it)."""
+    (wheel,) = build_standin_wheels({"torch_npu": "2.9.0"}, tmp_path / "wheels")
+    compiled = {}
+    for profiles in (["lab", "lab-previous"], ["lab-real", "lab"]):
+        spec = LabSpec.build(1, lab_dir=tmp_path, profiles=profiles)
+        root = tmp_path / profiles[0]
+        render_tree(TEMPLATES / "lab" / "node", root, identity_context(spec, spec.nodes[0], "key"))
+        target = root / "site-packages"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",
+                        str(target), str(wheel)], env={**os.environ, "PIP_CONFIG_FILE": str(root / "etc" / "pip.conf")},
+                       check=True)
+        compiled[profiles[0]] = list(target.rglob("*.pyc"))
+    assert compiled["lab"] == [] and compiled["lab-real"]
