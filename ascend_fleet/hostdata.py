@@ -39,6 +39,7 @@ from ascend_fleet.planner import (
     speculates_with_mtp,
 )
 from ascend_fleet.profile import Profile, available_profiles, load_profile, profile_path
+from ascend_fleet.vllm_config import json_problem, serving_config_problems
 
 # pyinfra's own keys in host.data: connector settings (ssh_*) and operation defaults (_sudo, ...).
 PYINFRA_KEY_PREFIXES = ("ssh_", "_")
@@ -77,6 +78,26 @@ def _one_line(value: str) -> str:
         raise ValueError("expected one non-empty line without control characters (a newline would end a unit's "
                          "line or add a variable to an env file)")
     return value
+
+
+# An inline comment as group data might write one: the env file passes it to CANN as part of the value.
+INLINE_COMMENT = re.compile(r"(^|\s)#")
+
+
+def _env_value_problem(key: str, value: str) -> str | None:
+    """Why an npu_env value is not what its reader takes, or None. systemd's EnvironmentFile and CANN's own
+    parsing read the value as written: a digit that is not ASCII (full-width ２, which Python's int() would
+    take) is no digit to them, a "# comment" is part of the value, a blank around it too."""
+    if any(character.isdigit() and not character.isascii() for character in value):
+        return "holds a digit that is not ASCII (e.g. full-width); write it with 0-9"
+    if INLINE_COMMENT.search(value):
+        return "holds a # comment, which the env file would pass to CANN as part of the value; drop the comment"
+    if value != value.strip():
+        return "starts or ends with a blank, which the env file would keep in the value; drop it"
+    if key == "HCCL_BUFFSIZE" and not (re.fullmatch(r"[0-9]+", value) and int(value) > 0):
+        return ("HCCL_BUFFSIZE is the size in MB of the buffer HCCL shares data between two NPUs through "
+                "(vllm-ascend's tuning guide): a whole number above 0, e.g. 200")
+    return None
 
 
 def _node_path(value: str) -> str:
@@ -198,6 +219,21 @@ class Serving(_Strict):
     @property
     def speculates_with_mtp(self) -> bool:
         return speculates_with_mtp(self.speculative_config)
+
+    @field_validator("speculative_config", "compilation_config", "additional_config")
+    @classmethod
+    def _json_objects(cls, value: dict | None) -> dict | None:
+        """vLLM reads these options as JSON, which the unit passes it as one word: a value JSON cannot hold (a
+        Python set in group data) is refused here, not met by json.dumps while the unit is written."""
+        if value is not None and (problem := json_problem(value)):
+            raise ValueError(problem)
+        return value
+
+    @property
+    def config_options(self) -> dict[str, dict | None]:
+        """The dict-valued options by vLLM's dest, which its config classes type (vllm_config.py); vllm-ascend's
+        additional_config has none: its keys are read one by one across the plugin, untyped."""
+        return {"speculative_config": self.speculative_config, "compilation_config": self.compilation_config}
 
     @model_validator(mode="after")
     def _tool_choice_with_its_parser(self) -> Serving:
@@ -500,8 +536,9 @@ class NodeConfig(_Strict):
             if SECRET_ENV.search(key):
                 raise ValueError(f"{key} looks like a credential, and npu.env is readable by every user of the "
                                  "node; the instances' API key comes from the gateway's (README, secrets)")
-        if not env.get("HCCL_BUFFSIZE", "0").isdigit():
-            raise ValueError("HCCL_BUFFSIZE must be a whole number of MB")
+        for key, value in env.items():
+            if problem := _env_value_problem(key, value):
+                raise ValueError(f"{key}={ascii(value) if not value.isascii() else repr(value)}: {problem}")
         return env
 
     @property
@@ -615,16 +652,17 @@ def node_config(data: Mapping, host: str = "host", profile_of: Callable[[str], P
         raise FleetError(f"{host}: profile: unknown profile {config.profile!r}; expected one of: "
                          f"{', '.join(available_profiles())}")
     try:
-        config = config.model_copy(update={"hccl_port_span": profile_of(config.profile).stack.hccl_port_span})
+        profile = profile_of(config.profile)
     except FleetError as exc:
         raise FleetError(f"{host}: {exc}") from None
+    config = config.model_copy(update={"hccl_port_span": profile.stack.hccl_port_span})
     derived = not config.instances  # the data lists none: instance_ports places them
     try:
         config = _with_derived_values(config)
     except ValidationError as exc:  # instance i takes each base port plus i steps: a late one can leave the range
         raise FleetError(f"{host}: instance_ports: a derived instance's {describe_validation(exc, Instance)}; "
                          "lower the base ports or run fewer instances") from None
-    problem = next(_problems(config, derived), None)
+    problem = next(_problems(config, derived), None) or next(_serving_option_problems(config, profile.stack.vllm), None)
     if problem:
         key, what = problem
         raise FleetError(f"{host}: {key}: {what}")
@@ -671,6 +709,12 @@ def _problems(config: NodeConfig, derived: bool):
     for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
         if finding.severity == ERROR:
             yield "serving.gpu_memory_utilization", finding.message
+
+
+def _serving_option_problems(config: NodeConfig, vllm_version: str):
+    """Each key of a dict-valued serving option that the profile's vLLM does not take as given."""
+    if config.serving is not None:
+        yield from serving_config_problems(config.serving.config_options, vllm_version)
 
 
 def _npu_network_problems(config: NodeConfig):

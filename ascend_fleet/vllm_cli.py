@@ -11,16 +11,14 @@ multi-node instances alike (for a single-node instance the two run the same `run
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from functools import cache, lru_cache
-from pathlib import Path
-
-from packaging.version import Version
 
 from ascend_fleet.hostdata import Instance, NodeConfig, Serving
 from ascend_fleet.multi_node import DataParallelRole
 from ascend_fleet.planner import ERROR, WARNING, Finding
-
-OPTIONS_DIR = Path(__file__).with_name("vllm_options")
+from ascend_fleet.vllm_config import OPTIONS_DIR, config_classes, release_data
 
 
 def vllm_args(config: NodeConfig, instance: Instance, model_path: str, vllm_version: str,
@@ -70,18 +68,6 @@ def shutdown_args(vllm_version: str) -> list[str]:
     return [SHUTDOWN_TIMEOUT, str(SHUTDOWN_DRAIN_SECONDS)] if table and SHUTDOWN_TIMEOUT in table else []
 
 
-def option_table_path(vllm_version: str) -> Path:
-    """Where the option data of a vLLM release is kept; a +cpu build has its release's."""
-    return OPTIONS_DIR / f"{Version(vllm_version).public}.json"
-
-
-@cache
-def release_data(vllm_version: str) -> dict | None:
-    """What vllm_options/extract.py took from the release's wheel, or None when nothing was."""
-    path = option_table_path(vllm_version)
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 @cache
 def option_table(vllm_version: str) -> dict[str, dict] | None:
     """{flag: argparse action} of the release's `vllm serve` (what the unit runs), or None when no table
@@ -124,9 +110,8 @@ def parser_name_finding(flag: str, value: str | None, args: tuple[str, ...], vll
 
 def check_serving_rules(serving: Serving, vllm_version: str) -> list[Finding]:
     """What vLLM refuses at start-up across serving keys, as every release pinned checks it: the scheduler's
-    batch against the context and the seats (SchedulerConfig, vllm/config/scheduler.py, 0.11.0 to 0.18.0), and
-    the speculative method (SpeculativeConfig.method, a Literal pydantic holds it to: vllm_options'
-    speculative_methods, from vllm/config/speculative.py)."""
+    batch against the context and the seats (SchedulerConfig, vllm/config/scheduler.py, 0.11.0 to 0.18.0). The
+    keys inside the dict-valued options are typed when the data is read (hostdata, vllm_config.py)."""
     findings = []
     batched = serving.max_num_batched_tokens
     if batched is not None and serving.enable_chunked_prefill is False and batched < serving.max_model_len:
@@ -138,11 +123,6 @@ def check_serving_rules(serving: Serving, vllm_version: str) -> list[Finding]:
         findings.append(Finding(ERROR, "vllm-batch-below-seats", f"serving.max_num_batched_tokens {batched} is below "
                                 f"max_num_seqs {serving.max_num_seqs}: vLLM refuses to start; raise it or lower "
                                 "max_num_seqs"))
-    method = (serving.speculative_config or {}).get("method")
-    methods = (release_data(vllm_version) or {}).get("speculative_methods")
-    if method is not None and methods is not None and method not in methods:
-        findings.append(Finding(ERROR, "vllm-speculative-method", f"serving.speculative_config.method: {method} is not "
-                                f"a speculative method of vLLM {vllm_version}; set one of {', '.join(methods)}"))
     return findings
 
 
@@ -161,45 +141,80 @@ OWNED_OPTIONS = {
 }
 # Action kinds that take no value.
 NO_VALUE_KINDS = {"store_true", "store_false", "store_const", "count", "help", "version", "boolean_optional"}
-VALUE_TYPES = {"int": int, "float": float}
 
 
 def _flag(word: str) -> str | None:
     """The option a command-line word names (FlexibleArgumentParser takes --max_model_len for
-    --max-model-len), or None for a value (a negative number included)."""
+    --max-model-len, and --compilation-config.mode for a key of --compilation-config), or None for a value
+    (a negative number included)."""
     if not word.startswith("-") or word[1:2].isdigit() or word == "-":
         return None
-    flag = word.split("=", 1)[0]
+    flag = word.split("=", 1)[0].split(".", 1)[0]
     return flag.replace("_", "-") if flag.startswith("--") else flag
 
 
+@dataclass(frozen=True)
+class ParsedWord:
+    """One command-line word as argparse reads it: an option (its action, {} for an unknown one, and its
+    value) or a word that is neither an option nor the value of the one before it (action None). A key of a
+    dict-valued option given on its own (--compilation-config.mode 3) has its key path."""
+
+    word: str
+    action: dict | None
+    values: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+
+    @property
+    def value(self) -> str | None:
+        """The option's value words as one, or None when it has none."""
+        return " ".join(self.values) if self.values else None
+
+    @property
+    def flag(self) -> str | None:
+        return _flag(self.word)
+
+
 def _parsed(args: list[str], table: dict[str, dict]):
-    """(index, word, action, value) for each option word, then (index, word, None, None) for each word that is
-    neither an option nor the value of the one before it (the model path, first, included), as argparse
-    reads them. An unknown option's action is {}."""
+    """Each ParsedWord of `args` (the model path, first, included)."""
     index = 0
     while index < len(args):
         word = args[index]
         flag = _flag(word)
         if flag is None:
-            yield index, word, None, None
+            yield ParsedWord(word, None)
             index += 1
             continue
         action = table.get(flag, {})
-        value = None
+        name = word.split("=", 1)[0]
+        keys = tuple(name.split(".")[1:]) if "." in name else ()
+        values = []
         if "=" in word:
-            value = word.split("=", 1)[1]
-        elif action and action["kind"] not in NO_VALUE_KINDS:
-            following = args[index + 1:]
-            values = []
-            for next_word in following:
-                if _flag(next_word) is not None or (values and action["nargs"] in (None, "?")):
+            values = [word.split("=", 1)[1]]
+        elif action and (keys or action["kind"] not in NO_VALUE_KINDS):
+            for next_word in args[index + 1:]:
+                if _flag(next_word) is not None or (values and (keys or action["nargs"] in (None, "?"))):
                     break
                 values.append(next_word)
             index += len(values)
-            value = " ".join(values) if values else None
-        yield index, word, action, value
+        if keys and values:
+            values = [json.dumps(_nested(keys, values[0]))]
+        yield ParsedWord(word, action, tuple(values), keys)
         index += 1
+
+
+def _nested(keys: tuple[str, ...], text: str) -> dict:
+    """The JSON object FlexibleArgumentParser makes of --option.a.b VALUE: the value read as JSON, else the
+    string; a key ending in + takes a comma-separated list (argparse_utils.py, 0.18.0)."""
+    if keys[-1].endswith("+"):
+        keys, value = (*keys[:-1], keys[-1][:-1]), text.split(",")
+    else:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+    for key in reversed(keys):
+        value = {key: value}
+    return value
 
 
 def check_vllm_args(args: list[str], vllm_version: str) -> list[Finding]:
@@ -216,10 +231,10 @@ def _vllm_args_findings(args: tuple[str, ...], vllm_version: str) -> tuple[Findi
         return (Finding(WARNING, "vllm-options-unknown", f"no option table for vLLM {vllm_version} (have {known}); "
                                  "the serving options are not checked against it"),)
     findings = []
-    for _, word, action, value in _parsed(args, table):
+    for parsed in _parsed(args, table):
+        action, flag, value = parsed.action, parsed.flag, parsed.value
         if action is None:
             continue
-        flag = _flag(word)
         if not action:
             findings.append(Finding(ERROR, "vllm-option-unknown", f"vLLM {vllm_version} has no option {flag}; "
                                     "remove it from the serving data (or extra_args)"))
@@ -231,25 +246,62 @@ def _vllm_args_findings(args: tuple[str, ...], vllm_version: str) -> tuple[Findi
         elif action["kind"] not in NO_VALUE_KINDS and action["nargs"] != "?" and value is None:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes a value; give "
                                     "it one"))
-        elif (kind := VALUE_TYPES.get(action["type"])) and value is not None and not _parses_as(kind, value):
+        elif wrong := next((word for word in parsed.values if _type_problem(action["type"], word)), None):
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes "
-                                    f"{'an integer' if kind is int else 'a number'}, not {value!r}"))
+                                    f"{_type_problem(action['type'], wrong)}, not {wrong!r}"))
+        elif value is not None and (problem := _config_problem(action["dest"], value, vllm_version)):
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {parsed.word}: {problem}"))
     return tuple(findings)
 
 
-def _parses_as(kind: type, value: str) -> bool:
+# argparse's type of an option (vllm_options' type tag: extract.py type_tag) and what it takes.
+VALUE_TYPES = {"int": (int, "an integer"), "float": (float, "a number"), "human_int": (None, "an integer (e.g. 32768, "
+               "32k or 32K)"), "optional_int": (int, "an integer or None"), "optional_float": (float, "a number or None")}
+# vLLM's human_readable_int (vllm/engine/arg_utils.py, 0.18.0): a number with a decimal (k m g t) or binary
+# (K M G T) suffix, decimals only with a decimal one, else a plain int.
+HUMAN_INT = re.compile(r"\s*(\d+(\.\d+)?[kmgt]|\d+[KMGT]|[+-]?\d+)\s*")
+
+
+def _type_problem(tag: str, value: str) -> str | None:
+    """What argparse's type wants, when `value` is not it; None when it is (or the type is a string)."""
+    if tag not in VALUE_TYPES:
+        return None
+    kind, expected = VALUE_TYPES[tag]
+    if tag == "human_int":
+        return None if HUMAN_INT.fullmatch(value) else expected
+    if tag.startswith("optional_") and value in ("", "None"):
+        return None
     try:
         kind(value)
-        return True
     except ValueError:
-        return False
+        return expected
+    return None
+
+
+def _config_problem(dest: str, value: str, vllm_version: str) -> str | None:
+    """A dict-valued option's JSON (from extra_args) as its config class types it: the first key it does
+    not take, or JSON that does not parse."""
+    classes = config_classes(vllm_version)
+    if classes is None or dest not in classes.options or (dest == "speculative_config" and value in ("", "None")):
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        return f"{value!r} is not JSON ({exc}); vLLM reads it as a JSON object of {classes.options[dest]}'s keys"
+    if not isinstance(parsed, dict):
+        return f"{value!r} is not a JSON object; vLLM reads it as one of {classes.options[dest]}'s keys"
+    return next((f"{path}: {what}" for path, what in classes.problems(dest, parsed)), None)
 
 
 def check_extra_args(tool_args: list[str], extra_args: list[str], vllm_version: str) -> list[Finding]:
     """serving.extra_args holds only options of the pinned vLLM and their values, none of which sets what
     the tool sets (the instance's port, model, TP size, a serving key; its value would depend on which
-    of the two argparse reads last)."""
+    of the two argparse reads last), nor any twice (vLLM keeps the last and only warns)."""
     return list(_extra_args_findings(tuple(tool_args), tuple(extra_args), vllm_version))
+
+
+# Action kinds an option may be given more than once for, each adding to its value.
+REPEATABLE_KINDS = {"append", "count"}
 
 
 @lru_cache(maxsize=256)  # as _vllm_args_findings
@@ -258,9 +310,11 @@ def _extra_args_findings(tool_args: tuple[str, ...], extra_args: tuple[str, ...]
     table = option_table(vllm_version)
     if table is None or not extra_args:
         return ()
-    tool_dests = {action["dest"]: _flag(word) for _, word, action, _ in _parsed(tool_args, table) if action}
+    tool_dests = {parsed.action["dest"] for parsed in _parsed(tool_args, table) if parsed.action}
     findings = []
-    for _, word, action, _ in _parsed(extra_args, table):
+    given: dict[tuple, str] = {}
+    for parsed in _parsed(extra_args, table):
+        action, word = parsed.action, parsed.word
         if action is None:
             findings.append(Finding(ERROR, "extra-arg-stray", f"serving.extra_args: {word!r} is neither an option of "
                                     f"vLLM {vllm_version} nor the value of the option before it; remove it"))
@@ -268,4 +322,14 @@ def _extra_args_findings(tool_args: tuple[str, ...], extra_args: tuple[str, ...]
             where = OWNED_OPTIONS.get(action["dest"]) or f"serving.{action['dest']}"
             findings.append(Finding(ERROR, "extra-arg-owned", f"serving.extra_args: {word} sets {action['dest']}, "
                                     f"which ascend-fleet sets from {where}; set it there, not in extra_args"))
+        elif action and action["kind"] not in REPEATABLE_KINDS:
+            # A dotted key (--compilation-config.mode) adds to its option's object; the whole object, or a key
+            # given twice, vLLM replaces.
+            key = (action["dest"], *parsed.keys)
+            earlier = next((given[k] for k in given if k == key or (k[0] == key[0] and 1 in (len(k), len(key)))),
+                           None)
+            if earlier:
+                findings.append(Finding(ERROR, "extra-arg-twice", f"serving.extra_args: {word} sets {'.'.join(key)}, "
+                                        f"which {earlier} before it sets too; vLLM keeps only the last: give it once"))
+            given[key] = word
     return tuple(findings)

@@ -39,9 +39,9 @@ def environment_stage() -> None:
     placed.file(name="Login environment", content=render(TEMPLATES / "ascend-env.sh.j2", env_scripts=ENV_SCRIPTS),
                 dest=LOGIN_SCRIPT, mode="644")
     files.directory(name="Service environment directory", path=CONFIG_DIR, mode="755")
-    settings = {name: str(value) for name, value in (host.data.get("npu_env") or {}).items()}
+    # npu_env as the NodeConfig validated and converted it (numbers as strings), not the raw host data.
     service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
-                     env_scripts=ENV_SCRIPTS, venv=node_profile().pip.venv, settings=settings)
+                     env_scripts=ENV_SCRIPTS, venv=node_profile().pip.venv, settings=host_node_config(host).npu_env)
 
     # Both colours: a blue/green swap starts the other set of instances without this stage.
     role = data_parallel_role(host.name)

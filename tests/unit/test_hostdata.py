@@ -244,7 +244,23 @@ REFUSALS = {
     "memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": 0.99}},
                            "worker1: serving.gpu_memory_utilization: --gpu-memory-utilization 0.99 is above 0.98"),
     "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
-    "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE must be a whole number of MB"),
+    "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE='big': HCCL_BUFFSIZE is "
+                      "the size in MB of the buffer HCCL shares data between two NPUs through (vllm-ascend's tuning "
+                      "guide): a whole number above 0"),
+    # npu_env values as the env file and CANN read them (issue 49).
+    "zero hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": 0}}, "worker1: npu_env: HCCL_BUFFSIZE='0': HCCL_BUFFSIZE is the "
+                           "size in MB"),
+    "full-width digits": ({"npu_env": {"HCCL_BUFFSIZE": "\uff12\uff10\uff10"}},
+                          "worker1: npu_env: HCCL_BUFFSIZE='\\uff12\\uff10\\uff10': holds a digit that is not ASCII "
+                          "(e.g. full-width); write it with 0-9"),
+    "full-width digit of another variable": ({"npu_env": {"TASK_QUEUE_ENABLE": "\uff12"}},
+                                             "worker1: npu_env: TASK_QUEUE_ENABLE='\\uff12': holds a digit that is not "
+                                             "ASCII"),
+    "inline comment": ({"npu_env": {"HCCL_CONNECT_TIMEOUT": "1200  # seconds"}},
+                       "worker1: npu_env: HCCL_CONNECT_TIMEOUT='1200  # seconds': holds a # comment, which the env "
+                       "file would pass to CANN as part of the value; drop the comment"),
+    "trailing blank": ({"npu_env": {"HCCL_OP_EXPANSION_MODE": "AIV "}},
+                       "worker1: npu_env: HCCL_OP_EXPANSION_MODE='AIV ': starts or ends with a blank"),
     "port range": ({"instance_ports": {"api": 70000}}, "worker1: instance_ports.api: Input should be less than or equal to 65535"),
     # HCCL takes its base port and the next 31 (CANN 8.5.0), all within 1024-65520.
     "hccl base past 65520": ({"instance_ports": {"hccl": 65521}},

@@ -26,6 +26,7 @@ from ascend_fleet.node_layout import (
     instance_unit,
 )
 from ascend_fleet.plan_cli import layout
+from ascend_fleet.planner import ERROR, Finding
 from ascend_fleet.profile import load_profile
 from ascend_fleet.templating import render
 from ascend_fleet.vllm_cli import OPTIONS_DIR, check_extra_args, check_serving_rules, check_vllm_args, vllm_args
@@ -111,6 +112,12 @@ EXTRA_ARGS_REFUSED = {
     "a second value": (["--seed", "1", "2"], "serving.extra_args: '2' is neither an option"),
     "multi-node by hand": (["--headless"], "serving.extra_args: --headless sets headless, which ascend-fleet sets from "
                            "data_parallel;"),
+    "an option given twice": (["--seed", "1", "--seed=2"], "serving.extra_args: --seed=2 sets seed, which --seed before "
+                              "it sets too; vLLM keeps only the last: give it once"),
+    "a key of a JSON option given twice": (["--kv-transfer-config", '{"kv_role": "kv_both"}',
+                                            "--kv-transfer-config.kv_role", "kv_producer"],
+                                           "serving.extra_args: --kv-transfer-config.kv_role sets "
+                                           "kv_transfer_config.kv_role, which --kv-transfer-config before it sets too"),
 }
 
 
@@ -133,6 +140,38 @@ def test_short_options_and_values_are_read_as_vllm_reads_them():
     assert check_extra_args(["MODEL", "--port", "8000"], ["--trust-remote-code", "--seed", "1024"], "0.18.0") == []
 
 
+# extra_args values as vLLM 0.18.0's argparse types them (the option table's type), and the JSON of a
+# dict-valued option as its config class does.
+EXTRA_VALUES_REFUSED = {
+    "each value of a list option": (["--cudagraph-capture-sizes", "1", "two"],
+                                    "vLLM 0.18.0 --cudagraph-capture-sizes takes an integer or None, not 'two'"),
+    "a human-readable int": (["--max-num-batched-tokens", "8q"], "vLLM 0.18.0 --max-num-batched-tokens takes an "
+                             "integer (e.g. 32768, 32k or 32K), not '8q'"),
+    "JSON that does not parse": (["--kv-transfer-config", "{kv_role: kv_both}"], "vLLM 0.18.0 --kv-transfer-config: "
+                                 "'{kv_role: kv_both}' is not JSON"),
+    "a key its class does not have": (["--kv-transfer-config", '{"kv_rol": "kv_both"}'], "vLLM 0.18.0 "
+                                      "--kv-transfer-config: kv_rol: vLLM 0.18.0's KVTransferConfig has no key 'kv_rol' "
+                                      "(vLLM refuses to start with it); did you mean kv_role?"),
+    "a dotted key's value": (["--kv-transfer-config.kv_role=kv_middle"], "vLLM 0.18.0 "
+                             "--kv-transfer-config.kv_role=kv_middle: kv_role: 'kv_middle' (a string): vLLM 0.18.0's "
+                             "KVTransferConfig.kv_role (KVRole | None) takes one of kv_producer, kv_both, kv_consumer"),
+}
+
+
+@pytest.mark.parametrize("args, refusal", EXTRA_VALUES_REFUSED.values(), ids=EXTRA_VALUES_REFUSED.keys())
+def test_extra_args_values_are_typed_as_vllms_parser_types_them(args, refusal):
+    assert [f.message for f in check_vllm_args(args, "0.18.0")][0].startswith(refusal)
+
+
+def test_extra_args_values_vllm_takes_pass():
+    assert check_vllm_args(["--max-num-batched-tokens", "32k", "--max-model-len", "1K", "--seed", "None",
+                            "--kv-transfer-config.kv_role", "kv_both", "--kv-transfer-config.kv_connector=x"],
+                           "0.18.0") == [Finding(ERROR, "vllm-option-value", "vLLM 0.18.0 --seed takes an integer, "
+                                                 "not 'None'")]
+    assert check_extra_args(["MODEL"], ["--kv-transfer-config.kv_role", "kv_both", "--kv-transfer-config.kv_connector",
+                                        "x", "--middleware", "a", "--middleware", "b"], "0.18.0") == []
+
+
 # What vLLM refuses at start-up across keys (vllm/config/scheduler.py and speculative.py of each release).
 SERVING_REFUSED = {
     "batch below the context without chunked prefill": (
@@ -140,9 +179,6 @@ SERVING_REFUSED = {
         "below max_model_len 32768 with enable_chunked_prefill False: vLLM refuses to start"),
     "batch below the seats": ('"max_num_batched_tokens": 64, "max_num_seqs": 128', "serving.max_num_batched_tokens 64 "
                               "is below max_num_seqs 128: vLLM refuses to start; raise it or lower max_num_seqs"),
-    "mistyped speculative method": ('"speculative_config": {"method": "qwen3_5_mpt", "num_speculative_tokens": 1}',
-                                    "serving.speculative_config.method: qwen3_5_mpt is not a speculative method of "
-                                    "vLLM 0.18.0; set one of ngram, medusa, "),
 }
 
 
@@ -154,11 +190,64 @@ def test_serving_keys_vllm_refuses_together_are_refused_before_any_host_changes(
         check_fleet(inventory, MODELS / "qwen3.5-27b")
 
 
-def test_speculative_methods_are_those_of_the_pinned_release():
-    # qwen3_5_mtp came with Qwen3.5 (vLLM 0.17); 0.13.0's SpeculativeMethod does not have it.
-    config = SimpleNamespace(speculative_config={"method": "qwen3_5_mtp"}, max_num_batched_tokens=None)
-    assert [f.code for f in check_serving_rules(config, "0.13.0")] == ["vllm-speculative-method"]
-    assert check_serving_rules(config, "0.18.0") == []
+# Keys inside the dict-valued serving options, each as the pinned vLLM's config class types it
+# (vllm_options/<version>.json config_classes, read from the release's wheel: vllm/config/*.py).
+CONFIG_KEYS_REFUSED = {
+    "a string where vLLM wants an int": (
+        "vllm-ascend-0.18.0", '"speculative_config": {"method": "qwen3_5_mtp", "num_speculative_tokens": "1"}',
+        "node1: serving.speculative_config.num_speculative_tokens: '1' (a string): vLLM 0.18.0's "
+        "SpeculativeConfig.num_speculative_tokens (int) takes an integer"),
+    "a misspelt key, the nearest suggested": (
+        "vllm-ascend-0.18.0", '"compilation_config": {"cudagraph_mod": "FULL_DECODE_ONLY"}',
+        "node1: serving.compilation_config.cudagraph_mod: vLLM 0.18.0's CompilationConfig has no key 'cudagraph_mod' "
+        "(vLLM refuses to start with it); did you mean cudagraph_mode?"),
+    "a mode vLLM does not have": (
+        "vllm-ascend-0.18.0", '"compilation_config": {"cudagraph_mode": "FULL_DECODE"}',
+        "node1: serving.compilation_config.cudagraph_mode: 'FULL_DECODE' (a string): vLLM 0.18.0's "
+        "CompilationConfig.cudagraph_mode (CUDAGraphMode) takes one of NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, "
+        "FULL_AND_PIECEWISE"),
+    "a speculative method of a later release (qwen3_5_mtp came with 0.17)": (
+        "vllm-ascend-0.13.0", '"speculative_config": {"method": "qwen3_5_mtp", "num_speculative_tokens": 1}',
+        "node1: serving.speculative_config.method: 'qwen3_5_mtp' (a string): vLLM 0.13.0's SpeculativeConfig.method "
+        "(SpeculativeMethod | None) takes one of ngram, "),
+    "a key of a nested class": (
+        "vllm-ascend-0.18.0", '"compilation_config": {"pass_config": {"fuse_norm_quant": "yes"}}',
+        "node1: serving.compilation_config.pass_config.fuse_norm_quant: 'yes' (a string): vLLM 0.18.0's "
+        "PassConfig.fuse_norm_quant (bool) takes true or false"),
+    "a bound the class declares": (
+        "vllm-ascend-0.18.0", '"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}',
+        "node1: serving.speculative_config.num_speculative_tokens: 0: vLLM 0.18.0 takes a value above 0 there"),
+    "a key an older release ignores": (
+        "vllm-ascend-0.11.0", '"compilation_config": {"mode": 3}',
+        "node1: serving.compilation_config.mode: vLLM 0.11.0's CompilationConfig has no key 'mode' (vLLM ignores it, "
+        "so the setting would do nothing); its keys: backend, "),
+    "a Python set (was a traceback)": (
+        "vllm-ascend-0.18.0", '"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "x": {1, 2}}',
+        "node1: serving.speculative_config: x: {1, 2} is a Python set, which JSON cannot hold; write a list [...]"),
+    "a non-JSON value in vllm-ascend's additional_config": (
+        "vllm-ascend-0.18.0", '"additional_config": {"pa_shape_list": {8, 16}}',
+        "node1: serving.additional_config: pa_shape_list: {8, 16} is a Python set, which JSON cannot hold"),
+}
+
+
+@pytest.mark.parametrize("profile, serving, refusal", CONFIG_KEYS_REFUSED.values(), ids=CONFIG_KEYS_REFUSED.keys())
+def test_keys_of_dict_valued_options_are_typed_as_the_pinned_vllm_types_them(tmp_path, profile, serving, refusal):
+    with pytest.raises(FleetError) as refused:
+        config_of(tmp_path, profile, serving)
+    message = str(refused.value)
+    assert message.startswith(refusal) and "\n" not in message, message
+
+
+def test_the_recipes_dict_valued_options_pass_as_each_release_types_them(tmp_path):
+    # Enum members by name in any case (CompilationConfig's validators upper() them) or by value.
+    _, config = config_of(tmp_path, "vllm-ascend-0.18.0", RECIPE.replace(
+        '{"cudagraph_mode": "FULL_DECODE_ONLY"}', '{"cudagraph_mode": "full_decode_only", "mode": 3, '
+        '"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}}'))
+    assert config.serving.compilation_config["mode"] == 3
+    for version in ("0.11.0", "0.13.0", "0.18.0", "0.23.0", "0.32.0"):
+        data = json.loads((OPTIONS_DIR / f"{version}.json").read_text())["config_classes"]
+        assert {"speculative_config", "compilation_config"} <= set(data["options"]), version
+        assert data["source"]["wheel"].startswith(f"vllm-{version}") and len(data["source"]["sha256"]) == 64
 
 
 def test_the_prod_recipe_serves_tool_calls_and_reasoning_with_parsers_its_vllm_has():

@@ -58,7 +58,7 @@ from packaging.version import Version
 from ascend_fleet.lab.sim.real_metadata import RealWheel, load_record, standin_basis
 from ascend_fleet.profile import ARCHES, is_cpu_build
 from ascend_fleet.profile_lock import is_cuda_requirement
-from ascend_fleet.vllm_cli import OPTIONS_DIR, option_table_path
+from ascend_fleet.vllm_config import OPTIONS_DIR, option_table_path
 from ascend_fleet.vllm_cpu import build_vllm_metadata_shim
 
 SIM_DIR = Path(__file__).parent
