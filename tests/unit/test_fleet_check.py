@@ -218,3 +218,26 @@ def test_a_model_config_that_is_not_a_json_object_is_one_line(tmp_path):
     rc, output = run(tmp_path, str(BIN / "ascend-fleet"), "plan", "--model-config", str(tmp_path / "config.json"))
     assert (rc, output) == (1, f"error: {tmp_path}/config.json: a JSON list, not the object a model's config.json "
                                "is; pass the model's config.json or its directory\n")
+
+
+# Issue 49: inside dict-valued serving options and npu_env, as the pinned vLLM and the env file read them;
+# a Python set there was a traceback.
+TYPED_OPTIONS_REFUSED = {
+    "a Python set in speculative_config": (
+        '"enforce_eager": True}', '"enforce_eager": True, "x": {1, 2}}',
+        "serving.speculative_config: x: {1, 2} is a Python set, which JSON cannot hold; write a list [...]"),
+    "a cudagraph mode vLLM does not have": (
+        '"FULL_DECODE_ONLY"', '"FULL_DECODE"',
+        "serving.compilation_config.cudagraph_mode: 'FULL_DECODE' (a string): vLLM 0.18.0's "
+        "CompilationConfig.cudagraph_mode (CUDAGraphMode) takes one of NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, "
+        "FULL_AND_PIECEWISE"),
+    "a zero HCCL_BUFFSIZE": ('"HCCL_BUFFSIZE": 512', '"HCCL_BUFFSIZE": 0', "npu_env: HCCL_BUFFSIZE='0': "),
+}
+
+
+@pytest.mark.parametrize("old, new, refusal", TYPED_OPTIONS_REFUSED.values(), ids=TYPED_OPTIONS_REFUSED.keys())
+def test_typed_serving_options_and_npu_env_are_one_line_before_any_connection(site, old, new, refusal):
+    edit(site / "group_data/prod.py", old, new)
+    rc, output = run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py")
+    assert rc == 2 and "Traceback" not in output and output.count("\n") == 1, output
+    assert output.startswith("error: npu-01.example.internal, ") and f" more: {refusal}" in output, output
