@@ -7,17 +7,30 @@ A run is predicted from its model's config.json (the architecture's `config`), i
 graph mode, lengths and concurrency. What a run lacks for that is said (`unpredictable`), not guessed.
 Its lengths are the published ones as fixed lengths (a dataset's means stand for its spread); a run
 that publishes no output length (a TPOT at a prompt length) is timed over UNSTATED_OUTPUT_TOKENS.
-The chip: the sources say "A2" or "910B" and most name no variant; the 64 GiB 910B3 is assumed."""
+The chip: the sources say "A2" or "910B" and most name no variant; the 64 GiB 910B3 is assumed.
+
+The fit (fit(), on the fitting half only, deterministic): the model's decode step, for a run's
+concurrency and mean context, is linear in the per-layer cost of the run's graph mode and the
+per-sequence-layer cost; their least squares over the fitting half's published TPOTs (relative
+errors) gives them. Efficiency.hbm is not fitted: with it free the least squares puts it below zero
+(the fitting half is nearly all one model at TP4, so weight reads and per-layer costs are not told
+apart); perfmodel's assumed share stands. Then Efficiency.compute is bisected to the fitting half's TTFTs
+(closed-loop runs) through the simulation. Every other constant stays as perfmodel.py cites it."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import perfmodel, planner
 from .perf_runs import Run, load_runs
+
+# The release's default when a run gives no graph option: ACL graph (vllm-ascend v0.15.0rc1,
+# docs/source/user_guide/feature_guide/graph_mode.md lines 11, 15, 20: "ACLGraph is enabled by
+# default"); its cudagraph_mode is not stated there, piecewise is assumed.
+RELEASE_DEFAULT_GRAPH_MODE = "piecewise"
 
 REPOSITORY = Path(__file__).resolve().parents[1]  # architecture.config paths are relative to it
 CHIP = planner.CHIPS["910B3"]
@@ -58,17 +71,109 @@ def lengths(run: Run) -> tuple[int, int]:
     return round(run.workload.input_tokens), max(round(output), 2)
 
 
-def predict_run(run: Run) -> perfmodel.LoadResult:
-    shape = shape_of(run)
+def graph_mode(run: Run) -> str:
+    """The run's graph mode: its serving options', or the release's default (null: the same)."""
+    return RELEASE_DEFAULT_GRAPH_MODE if run.graph_mode in (None, "default") else run.graph_mode
+
+
+def plan_of(run: Run, shape: planner.ModelShape) -> planner.InstancePlan:
     prompt, output = lengths(run)
     dtype, quantization = PRECISION[run.precision]
-    plan = planner.plan_instance(shape, CHIP, tp=run.parallel.tp, dp=run.parallel.dp, ep=run.parallel.ep,
-                                 max_model_len=prompt + output, gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION,
-                                 dtype=dtype, quantization=quantization)
-    return perfmodel.predict(shape, plan, CHIP, concurrency=run.workload.concurrency, prompt_tokens=prompt,
-                             output_tokens=output,
-                             max_num_seqs=run.workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-                             max_num_batched_tokens=run.workload.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    return planner.plan_instance(shape, CHIP, tp=run.parallel.tp, dp=run.parallel.dp, ep=run.parallel.ep,
+                                 max_model_len=prompt + output,
+                                 gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION, dtype=dtype,
+                                 quantization=quantization)
+
+
+def step_cost(run: Run, efficiency: perfmodel.Efficiency) -> perfmodel.StepCost:
+    shape = shape_of(run)
+    speculative = run.speculative
+    return perfmodel.StepCost.for_plan(
+        shape, plan_of(run, shape), CHIP, efficiency=efficiency, graph_mode=graph_mode(run),
+        speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
+        acceptance_rate=(speculative.acceptance_rate or 0.0) if speculative else 0.0)
+
+
+def predict_run(run: Run, efficiency: perfmodel.Efficiency = perfmodel.CALIBRATED) -> perfmodel.LoadResult:
+    cost = step_cost(run, efficiency)
+    prompt, output = lengths(run)
+    limits = perfmodel.SchedulerLimits(
+        max_num_seqs=run.workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=run.workload.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        kv_cache_tokens=plan_of(run, shape_of(run)).kv_cache_tokens * run.parallel.dp)
+    concurrency = run.workload.concurrency
+    return perfmodel.simulate(perfmodel.fixed_load(4 * concurrency, prompt, output), limits, cost,
+                              max_concurrency=concurrency)
+
+
+def decode_terms(run: Run, efficiency: perfmodel.Efficiency) -> tuple[float, dict[str, float]]:
+    """The run's steady decode step (every sequence at the mean context) as known seconds plus the
+    coefficients of the fitted unknowns: {"<graph mode>": layers, "sequence": layers x sequences}."""
+    cost = step_cost(run, efficiency)
+    prompt, output = lengths(run)
+    sequences = run.workload.concurrency
+    context = sequences * (prompt + output / 2)
+    touched = 1 - (1 - cost.expert_share_per_token) ** sequences
+    read = (cost.dense_weight_bytes + cost.expert_weight_bytes * touched + cost.kv_bytes_per_token * context
+            + cost.state_bytes_per_sequence * sequences)
+    peak = CHIP.fp16_flops * (2 if cost.int8 else 1)
+    compute = (cost.flops_per_token * sequences + cost.attention_flops_per_context_token * context) / (
+        peak * efficiency.compute)
+    memory = read / (CHIP.hbm_bytes_per_second * efficiency.hbm)
+    known = max(memory, compute) + cost.collectives_seconds(sequences) + efficiency.step_overhead_seconds
+    return known, {graph_mode(run): cost.layers, "sequence": cost.layers * sequences}
+
+
+def solve(rows: list[list[float]], targets: list[float]) -> list[float]:
+    """Least squares by the normal equations (a handful of unknowns), Gaussian elimination."""
+    size = len(rows[0])
+    matrix = [[sum(row[i] * row[j] for row in rows) for j in range(size)]
+              + [sum(row[i] * target for row, target in zip(rows, targets))] for i in range(size)]
+    for col in range(size):
+        pivot = max(range(col, size), key=lambda r: abs(matrix[r][col]))
+        matrix[col], matrix[pivot] = matrix[pivot], matrix[col]
+        if abs(matrix[col][col]) < 1e-30:
+            raise ValueError(f"unknown {col} is not determined by the fitting runs")
+        for r in range(size):
+            if r != col:
+                factor = matrix[r][col] / matrix[col][col]
+                matrix[r] = [a - factor * b for a, b in zip(matrix[r], matrix[col])]
+    return [matrix[i][size] / matrix[i][i] for i in range(size)]
+
+
+def fit(runs: list[Run], start: perfmodel.Efficiency = perfmodel.CALIBRATED) -> perfmodel.Efficiency:
+    """The Efficiency the fitting runs give (module docstring)."""
+    tpot_runs = [run for run in runs if not unpredictable(run) and run.published.tpot_ms]
+    terms = [decode_terms(run, start) for run in tpot_runs]
+    unknowns = sorted({name for _, coefficients in terms for name in coefficients})
+    rows, targets = [], []
+    for run, (known, coefficients) in zip(tpot_runs, terms):
+        published = run.published.tpot_ms / 1000
+        rows.append([coefficients.get(name, 0.0) / published for name in unknowns])
+        targets.append((published - known) / published)
+    values = dict(zip(unknowns, solve(rows, targets)))
+    fitted = replace(
+        start,
+        layer_seconds_full_decode=values.get("full_decode_only", 0.0),
+        layer_seconds_piecewise=values.get("piecewise", 0.0),
+        layer_seconds_eager=values.get("eager", values.get("piecewise", 0.0)),
+        sequence_layer_seconds=values["sequence"])
+    ttft_runs = [run for run in runs if not unpredictable(run) and run.published.ttft_ms
+                 and run.workload.request_rate in (None, "inf")]
+    if not ttft_runs:
+        return fitted
+    low, high = 0.05, 1.0  # the share of the chip's peak: slower prefill below, faster above
+
+    def ttft_error(compute: float) -> float:
+        efficiency = replace(fitted, compute=compute)
+        return sum(math.log(predict_run(run, efficiency).mean_ttft_ms / run.published.ttft_ms) for run in ttft_runs)
+
+    for _ in range(20):
+        middle = (low + high) / 2
+        low, high = (middle, high) if ttft_error(middle) > 0 else (low, middle)
+    return replace(fitted, compute=round((low + high) / 2, 3))
+
+
 
 
 @dataclass(frozen=True)
@@ -98,12 +203,12 @@ class Comparison:
 FIGURES = ("ttft_ms", "tpot_ms", "output_throughput_tok_s")
 
 
-def compare(run: Run) -> Comparison:
+def compare(run: Run, efficiency: perfmodel.Efficiency = perfmodel.CALIBRATED) -> Comparison:
     published = {name: getattr(run.published, name) for name in FIGURES}
     reason = unpredictable(run)
     if reason:
         return Comparison(run, reason, tuple(Figure(name, published[name], None) for name in FIGURES))
-    result = predict_run(run)
+    result = predict_run(run, efficiency)
     predicted = {"ttft_ms": result.mean_ttft_ms, "tpot_ms": result.mean_tpot_ms,
                  "output_throughput_tok_s": result.output_throughput}
     return Comparison(run, None, tuple(Figure(name, published[name], predicted[name]) for name in FIGURES))
@@ -133,7 +238,10 @@ def halves_by_id() -> dict[str, str]:
 
 
 def main() -> None:
-    comparisons = [compare(run) for run in load_runs().runs]
+    runs = load_runs()
+    fitted = fit(runs.halves()[0])
+    print(f"fitted on the fitting half: {fitted}")
+    comparisons = [compare(run, fitted) for run in runs.runs]
     print(table(comparisons, halves_by_id()))
     ratios = [c.figure("tpot_ms").ratio for c in comparisons if c.run.fit and c.figure("tpot_ms").ratio]
     if ratios:
