@@ -156,7 +156,7 @@ def fit(runs: list[Run], start: perfmodel.Efficiency = perfmodel.CALIBRATED) -> 
         start,
         layer_seconds_full_decode=values.get("full_decode_only", 0.0),
         layer_seconds_piecewise=values.get("piecewise", 0.0),
-        layer_seconds_eager=values.get("eager", values.get("piecewise", 0.0)),
+        layer_seconds_eager=values.get("eager"),
         sequence_layer_seconds=values["sequence"])
     ttft_runs = [run for run in runs if not unpredictable(run) and run.published.ttft_ms
                  and run.workload.request_rate in (None, "inf")]

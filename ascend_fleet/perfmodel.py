@@ -50,10 +50,12 @@ class Efficiency:
     # fixed cost of one layer in one step, by graph mode (GRAPH_MODES), and per running sequence
     layer_seconds_full_decode: float = 0.0
     layer_seconds_piecewise: float = 0.0
-    layer_seconds_eager: float = 0.0
+    layer_seconds_eager: float | None = 0.0  # None: no eager run fitted it, eager is not predicted
     sequence_layer_seconds: float = 0.0
 
     def layer_seconds(self, graph_mode: str) -> float:
+        if graph_mode == "eager" and self.layer_seconds_eager is None:
+            raise ValueError("eager mode's per-layer cost is unknown: no eager run was fitted")
         return {"full_decode_only": self.layer_seconds_full_decode, "piecewise": self.layer_seconds_piecewise,
                 "eager": self.layer_seconds_eager}[graph_mode]
 

@@ -39,6 +39,9 @@ def test_the_fit_is_deterministic_and_gives_every_fitted_term(fitted):
     assert perf_fit.fit(FITTING) == fitted
     assert fitted.layer_seconds_full_decode > 0 and fitted.layer_seconds_piecewise > fitted.layer_seconds_full_decode
     assert fitted.sequence_layer_seconds > 0 and 0 < fitted.compute <= 1
+    assert fitted.layer_seconds_eager is None  # no measured eager run is fitted: unknown, not borrowed
+    with pytest.raises(ValueError, match="no eager run"):
+        fitted.layer_seconds("eager")
 
 
 def test_only_the_held_out_run_whose_precision_is_unknown_goes_unpredicted(held_out):
