@@ -49,8 +49,8 @@ PRECISION = {  # perf_runs precision -> the planner's (dtype, quantization)
 }
 
 
-def unpredictable(run: Run) -> str | None:
-    """Why the model cannot predict `run`, None when it can."""
+def unpredictable(run: Run, efficiency: perfmodel.Efficiency = perfmodel.CALIBRATED) -> str | None:
+    """Why the model (with `efficiency`) cannot predict `run`, None when it can."""
     if run.model.architecture is None:
         return "no config.json of the model (architecture unknown)"
     if run.precision not in PRECISION:
@@ -59,6 +59,10 @@ def unpredictable(run: Run) -> str | None:
         return "the source states no concurrency (an open-loop rate only)"
     if run.workload.input_tokens is None:
         return "the source states no input length"
+    if run.speculative and run.speculative.acceptance_rate is None:
+        return f"{run.speculative.method} drafts, but the source states no acceptance rate"
+    if graph_mode(run) == "eager" and efficiency.layer_seconds_eager is None:
+        return "eager mode: no eager run was fitted, its per-layer cost is unknown"
     return None
 
 
@@ -85,22 +89,24 @@ def plan_of(run: Run, shape: planner.ModelShape) -> planner.InstancePlan:
                                  quantization=quantization)
 
 
-def step_cost(run: Run, efficiency: perfmodel.Efficiency) -> perfmodel.StepCost:
-    shape = shape_of(run)
+def step_cost(run: Run, efficiency: perfmodel.Efficiency, shape: planner.ModelShape,
+              plan: planner.InstancePlan) -> perfmodel.StepCost:
     speculative = run.speculative
     return perfmodel.StepCost.for_plan(
-        shape, plan_of(run, shape), CHIP, efficiency=efficiency, graph_mode=graph_mode(run),
+        shape, plan, CHIP, efficiency=efficiency, graph_mode=graph_mode(run),
         speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
-        acceptance_rate=(speculative.acceptance_rate or 0.0) if speculative else 0.0)
+        acceptance_rate=speculative.acceptance_rate if speculative else 0.0)
 
 
 def predict_run(run: Run, efficiency: perfmodel.Efficiency = perfmodel.CALIBRATED) -> perfmodel.LoadResult:
-    cost = step_cost(run, efficiency)
+    shape = shape_of(run)
+    plan = plan_of(run, shape)
+    cost = step_cost(run, efficiency, shape, plan)
     prompt, output = lengths(run)
     limits = perfmodel.SchedulerLimits(
         max_num_seqs=run.workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens=run.workload.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        kv_cache_tokens=plan_of(run, shape_of(run)).kv_cache_tokens * run.parallel.dp)
+        kv_cache_tokens=plan.kv_cache_tokens * run.parallel.dp)
     concurrency = run.workload.concurrency
     return perfmodel.simulate(perfmodel.fixed_load(4 * concurrency, prompt, output), limits, cost,
                               max_concurrency=concurrency)
@@ -109,7 +115,8 @@ def predict_run(run: Run, efficiency: perfmodel.Efficiency = perfmodel.CALIBRATE
 def decode_terms(run: Run, efficiency: perfmodel.Efficiency) -> tuple[float, dict[str, float]]:
     """The run's steady decode step (every sequence at the mean context) as known seconds plus the
     coefficients of the fitted unknowns: {"<graph mode>": layers, "sequence": layers x sequences}."""
-    cost = step_cost(run, efficiency)
+    shape = shape_of(run)
+    cost = step_cost(run, efficiency, shape, plan_of(run, shape))
     prompt, output = lengths(run)
     sequences = run.workload.concurrency
     context = sequences * (prompt + output / 2)
@@ -205,7 +212,7 @@ FIGURES = ("ttft_ms", "tpot_ms", "output_throughput_tok_s")
 
 def compare(run: Run, efficiency: perfmodel.Efficiency = perfmodel.CALIBRATED) -> Comparison:
     published = {name: getattr(run.published, name) for name in FIGURES}
-    reason = unpredictable(run)
+    reason = unpredictable(run, efficiency)
     if reason:
         return Comparison(run, reason, tuple(Figure(name, published[name], None) for name in FIGURES))
     result = predict_run(run, efficiency)
