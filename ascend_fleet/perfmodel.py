@@ -12,7 +12,17 @@ One step (vLLM V1: one forward pass over every token the scheduler picked), per 
     compute      2 x active parameters per NPU x tokens / (peak x Efficiency.compute)
     collectives  per TP all-reduce (2 a layer) and EP all-to-all (2 a MoE layer):
                  latency x rounds (a message over HCCL_BUFFSIZE goes in several) + bytes / links
-    step         max(memory, compute) + collectives + Efficiency.step_overhead_seconds
+    compute      also attention's FLOPs: 4 x heads x head_dim per token per context token it attends to,
+                 on each full-attention layer (QK^T and PV; a prefill chunk attends to half itself)
+    launches     layers x (Efficiency.layer_seconds of the graph mode + sequences x
+                 Efficiency.sequence_layer_seconds): what the published A2 runs show beyond the above
+    step         max(memory, compute) + collectives + launches + Efficiency.step_overhead_seconds
+    speculative  with an MTP draft of k tokens accepted at rate a: a decoding sequence verifies k + 1
+                 tokens and the draft runs k one-layer passes; the step yields 1 + k x a tokens, so
+                 it is counted as that many steps' worth of one token (its time divided by 1 + k x a)
+
+Efficiency's layer and sequence terms are zero in CALIBRATED (the handbook calibration callers use
+until issue 48 item 5); perf_fit.py fits them on half of the published A2 runs.
 """
 
 from __future__ import annotations
@@ -37,9 +47,22 @@ class Efficiency:
     compute: float = 0.75  # assumed
     collective_latency_seconds: float = 15e-6  # assumed
     step_overhead_seconds: float = 0.001  # assumed
+    # fixed cost of one layer in one step, by graph mode (GRAPH_MODES), and per running sequence
+    layer_seconds_full_decode: float = 0.0
+    layer_seconds_piecewise: float = 0.0
+    layer_seconds_eager: float | None = 0.0  # None: no eager run fitted it, eager is not predicted
+    sequence_layer_seconds: float = 0.0
+
+    def layer_seconds(self, graph_mode: str) -> float:
+        if graph_mode == "eager" and self.layer_seconds_eager is None:
+            raise ValueError("eager mode's per-layer cost is unknown: no eager run was fitted")
+        return {"full_decode_only": self.layer_seconds_full_decode, "piecewise": self.layer_seconds_piecewise,
+                "eager": self.layer_seconds_eager}[graph_mode]
 
 
 CALIBRATED = Efficiency()
+# vllm-ascend's graph modes (--compilation-config cudagraph_mode, --enforce-eager)
+GRAPH_MODES = ("eager", "piecewise", "full_decode_only")
 
 
 @dataclass(frozen=True)
@@ -81,11 +104,16 @@ class StepCost:
     int8: bool
     hccl_buffsize_bytes: int
     efficiency: Efficiency = CALIBRATED
+    attention_flops_per_context_token: float = 0.0  # per new token and context token it attends to, this NPU
+    graph_mode: str = "piecewise"
+    speculative_tokens: int = 0  # an MTP draft's num_speculative_tokens
+    acceptance_rate: float = 0.0  # the share of drafted tokens accepted
 
     @classmethod
     def for_plan(cls, shape: planner.ModelShape, plan: planner.InstancePlan, chip: planner.Chip,
                  hccl_buffsize_mib: int = planner.DEFAULT_POLICY.hccl_buffsize_mib,
-                 efficiency: Efficiency = CALIBRATED) -> StepCost:
+                 efficiency: Efficiency = CALIBRATED, graph_mode: str = "piecewise", speculative_tokens: int = 0,
+                 acceptance_rate: float = 0.0) -> StepCost:
         params = shape.parameter_count()
         routed_only = planner.ParameterCount(0, 0, 0, 0, 0, 0, params.routed_experts, 0, 0)
         experts = planner.weight_bytes_per_npu(shape, plan.dtype, plan.quantization, tp=plan.tp, ep=plan.ep,
@@ -99,20 +127,41 @@ class StepCost:
                    kv_bytes_per_token=plan.kv_cache_bytes_per_token_per_npu,
                    state_bytes_per_sequence=plan.linear_state_bytes_per_sequence_per_npu,
                    int8=plan.quantization in ("w8a8",), hccl_buffsize_bytes=hccl_buffsize_mib * planner.MIB,
-                   efficiency=efficiency)
+                   efficiency=efficiency,
+                   attention_flops_per_context_token=4 * shape.full_attention_layers * shape.num_attention_heads
+                   * shape.head_dim / plan.tp,
+                   graph_mode=graph_mode, speculative_tokens=speculative_tokens, acceptance_rate=acceptance_rate)
 
     def seconds(self, batch: Batch) -> float:
-        """Wall time of one engine step over `batch`."""
-        tokens = batch.tokens
-        if not tokens:
+        """Wall time of one engine step over `batch` (per token it yields, with a speculative draft)."""
+        if not batch.tokens:
             return 0.0
+        decoding = sum(1 for request, tokens in batch.scheduled if request.computed + tokens >= request.known_tokens)
+        verified = decoding * self.speculative_tokens  # draft tokens each decoding sequence checks
+        tokens = batch.tokens + verified
+        attended = sum(tokens * (request.computed + tokens / 2) for request, tokens in batch.scheduled)
+        attended += verified * batch.context_tokens / max(batch.sequences, 1)
+        step = self.forward_seconds(tokens, batch.context_tokens, batch.sequences, attended, self.layers)
+        if self.speculative_tokens and decoding:
+            draft = self.forward_seconds(decoding, batch.context_tokens, decoding, 0.0, 1) * self.speculative_tokens
+            return (step + draft) / (1 + self.speculative_tokens * self.acceptance_rate)
+        return step
+
+    def forward_seconds(self, tokens: int, context_tokens: int, sequences: int, attended: float, layers: int) -> float:
+        """One forward pass of `layers` (the model's, or an MTP draft's one) over `tokens` new tokens of
+        `sequences`, reading `context_tokens` of KV and computing attention over `attended` pairs."""
+        share = layers / self.layers
         touched = 1 - (1 - self.expert_share_per_token) ** tokens  # expected share of experts hit
-        read = (self.dense_weight_bytes + self.expert_weight_bytes * touched
-                + self.kv_bytes_per_token * batch.context_tokens + self.state_bytes_per_sequence * batch.sequences)
+        read = share * (self.dense_weight_bytes + self.expert_weight_bytes * touched
+                        + self.kv_bytes_per_token * context_tokens + self.state_bytes_per_sequence * sequences)
         memory = read / (self.chip.hbm_bytes_per_second * self.efficiency.hbm)
         peak = self.chip.fp16_flops * (2 if self.int8 else 1)
-        compute = self.flops_per_token * tokens / (peak * self.efficiency.compute)
-        return max(memory, compute) + self.collectives_seconds(tokens) + self.efficiency.step_overhead_seconds
+        flops = share * (self.flops_per_token * tokens + self.attention_flops_per_context_token * attended)
+        compute = flops / (peak * self.efficiency.compute)
+        launches = layers * (self.efficiency.layer_seconds(self.graph_mode)
+                             + sequences * self.efficiency.sequence_layer_seconds)
+        return (max(memory, compute) + share * self.collectives_seconds(tokens) + launches
+                + self.efficiency.step_overhead_seconds)
 
     def collectives_seconds(self, tokens: int) -> float:
         """TP all-reduces (attention and MLP outputs) and EP all-to-alls (dispatch and combine) of one step."""
@@ -437,11 +486,13 @@ def fixed_load(count: int, prompt_tokens: int, output_tokens: int, rate: float =
 
 def predict(shape: planner.ModelShape, plan: planner.InstancePlan, chip: planner.Chip, concurrency: int,
             prompt_tokens: int, output_tokens: int, max_num_seqs: int, max_num_batched_tokens: int,
-            hccl_buffsize_mib: int = planner.DEFAULT_POLICY.hccl_buffsize_mib) -> LoadResult:
+            hccl_buffsize_mib: int = planner.DEFAULT_POLICY.hccl_buffsize_mib, efficiency: Efficiency = CALIBRATED,
+            graph_mode: str = "piecewise", speculative_tokens: int = 0, acceptance_rate: float = 0.0) -> LoadResult:
     """What the model predicts for `concurrency` clients each sending fixed-length requests back to
     back (vllm bench serve --max-concurrency C --request-rate inf): four rounds of them."""
     limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              kv_cache_tokens=plan.kv_cache_tokens * plan.dp)
-    cost = StepCost.for_plan(shape, plan, chip, hccl_buffsize_mib)
+    cost = StepCost.for_plan(shape, plan, chip, hccl_buffsize_mib, efficiency, graph_mode, speculative_tokens,
+                             acceptance_rate)
     return simulate(fixed_load(4 * concurrency, prompt_tokens, output_tokens), limits, cost,
                     max_concurrency=concurrency)
