@@ -1,7 +1,7 @@
 """Addresses, ports and sources that clash, refused before any connection from the data alone (issue 49):
 the virtual address against every host's addresses and its subnet's ends, one machine under two names,
 every port a host takes across its roles, the firewall's sources typed and resolved, the gateways'
-addresses resolved, revisions as one path segment."""
+addresses resolved, revisions as one path segment, and `gateway = {}` taking the fleet's lease."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ascend_fleet import PROFILES, PROJECT_ROOT
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import load_inventory
 from ascend_fleet.fleet_check import fleet_problems
+from ascend_fleet.fleetlease import lease_of_deploy
 from ascend_fleet.hostdata import node_config
 from ascend_fleet.profile import load_profile
 from tests.unit.test_fleet_check import BIN, edit, resolving, run  # noqa: F401 (resolving: a fixture)
@@ -234,3 +235,14 @@ def test_the_check_stops_the_deploy_before_it_connects(site):
     rc, output = run(site, str(BIN / "pyinfra"), "-y", "inventories/prod.py", str(PROJECT_ROOT / "deploys/full.py"))
     assert rc == 2 and f"--> pyinfra error: {line}" in output and "Connecting to hosts" not in output, output
     assert run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py") == (2, f"error: {line}\n")
+
+
+# --- Safety switched off by data ---
+
+
+def test_an_empty_gateway_mapping_is_a_gateway_and_a_plain_deploy_takes_the_lease_on_it(site, lease_host):
+    (site / "group_data/gateway.py").write_text("gateway = {}\n")
+    inventory = load_inventory(site / "inventories/prod.py", site, {"fleet_state_dir": str(site / "state")})
+    lease = lease_of_deploy(inventory, ("deploys/full.py",))
+    assert lease is not None and lease_host.ran_on == ["gw-01.example.internal"]
+    lease.release()
