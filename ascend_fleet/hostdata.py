@@ -875,13 +875,8 @@ def host_ports(config: NodeConfig, blue: list[Instance], derived: bool, mirror: 
     mirror's (a host of group mirror) and a multi-node head's DP RPC port."""
     uses = []
     if config.is_worker:
-        for colour in COLOURS:
-            for given, placed in zip(blue, colour_instances(blue, colour, config.npu_count, config.hccl_port_span)):
-                record = InstanceRecord(placed.name, tuple(placed.npus), placed.port, placed.hccl_base_port,
-                                        placed.vllm_port, config.hccl_port_span)
-                uses += [PortUse(str(taken), taken.ports, DERIVED_FROM[taken.field] if derived
-                                 else f"instances.{given.name}.{taken.field}", placed.name, taken.field)
-                         for taken in record.port_ranges()]
+        placed = tuple((i.name, tuple(i.npus), i.port, i.hccl_base_port, i.vllm_port) for i in blue)
+        uses += _instance_port_uses(placed, config.npu_count, config.hccl_port_span, derived)
         if config.model:
             uses.append(PortUse("model.peer_port", _one_port(config.model.peer_port), "model.peer_port"))
     fixed = [*MONITORED_HOST_PORTS] if config.is_worker or config.is_gateway else []
@@ -897,6 +892,23 @@ def host_ports(config: NodeConfig, blue: list[Instance], derived: bool, mirror: 
     if head_rpc_port is not None:
         uses.append(PortUse("data_parallel.rpc_port", _one_port(head_rpc_port), "data_parallel.rpc_port"))
     uses += [PortUse(who, _one_port(port), None, note=where) for who, port, where in fixed]
+    return tuple(uses)
+
+
+# A fleet's alike workers place alike instances: each placement's uses made once per process, not once per host.
+@lru_cache(maxsize=256)
+def _instance_port_uses(blue: tuple[tuple, ...], npu_count: int, span: int, derived: bool) -> tuple[PortUse, ...]:
+    """The ports of both colours' instances, placed from the blue ones' (name, npus, port, hccl, vllm)."""
+    instances = [Instance.model_construct(name=name, npus=list(npus), port=port, hccl_base_port=hccl, vllm_port=vllm)
+                 for name, npus, port, hccl, vllm in blue]
+    uses = []
+    for colour in COLOURS:
+        for given, placed in zip(instances, colour_instances(instances, colour, npu_count, span)):
+            record = InstanceRecord(placed.name, tuple(placed.npus), placed.port, placed.hccl_base_port,
+                                    placed.vllm_port, span)
+            uses += [PortUse(str(taken), taken.ports, DERIVED_FROM[taken.field] if derived
+                             else f"instances.{given.name}.{taken.field}", placed.name, taken.field)
+                     for taken in record.port_ranges()]
     return tuple(uses)
 
 
