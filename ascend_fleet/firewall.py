@@ -49,6 +49,8 @@ COMMENT_PREFIX = "ascend-fleet rules sha256:"
 VRRP = 112  # IANA's protocol number of VRRP: keepalived's adverts between the gateways
 SSH_PORT = 22  # pyinfra's, when the host's data names no ssh_port
 OPENING_NAME = re.compile(r"[a-z][a-z0-9_]*")  # the table's set names are made of it
+# An entry no host name can be (digits and dots only, or a colon): an IPv4 or IPv6 address or network.
+ADDRESS_LIKE = re.compile(r"[0-9./]+|[0-9A-Fa-f.:/]*:[0-9A-Fa-f.:/]*")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -59,10 +61,14 @@ def host_address(member) -> str:
 
 
 def networks(entry: str, host: str, what: str) -> list[Network]:
-    """An address, a network (CIDR) or a name resolved on the control machine (every address it has)."""
+    """An address, a network (CIDR) or a name resolved on the control machine (every address it has). What
+    reads as an address is one: the resolver would take 10.0.0 for 10.0.0.0 and 1234 for 0.0.4.210."""
     try:
         found = [ipaddress.ip_network(entry, strict=False)]
     except ValueError:
+        if ADDRESS_LIKE.fullmatch(entry):
+            raise FleetError(f"{host}: firewall: {what} {entry!r} is not an address or network "
+                             f"({_address_error(entry)}); give e.g. 10.0.0.7, 10.0.0.0/24 or fd00::/64") from None
         try:
             found = [ipaddress.ip_network(address) for address in resolve(entry)]
         except (OSError, UnicodeError, ValueError) as exc:
@@ -72,6 +78,15 @@ def networks(entry: str, host: str, what: str) -> list[Network]:
         raise FleetError(f"{host}: firewall: {what} {entry!r} names an IPv6 zone (%...), which no nftables rule "
                          "matches; give the address without it")
     return found
+
+
+def _address_error(entry: str) -> str:
+    """What ipaddress says is wrong with an address or network of the family it reads as."""
+    try:
+        (ipaddress.IPv6Network if ":" in entry else ipaddress.IPv4Network)(entry, strict=False)
+    except ValueError as exc:
+        return str(exc)
+    return "not an address"
 
 
 def addresses(members: Iterable, host: str, what: str) -> list[Network]:

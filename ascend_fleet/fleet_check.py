@@ -11,9 +11,10 @@ ours runs earlier in its CLI. Node-side checks (the system, the NPUs, the NVMe) 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
@@ -25,9 +26,9 @@ import typer
 from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
-from ascend_fleet import FILES
+from ascend_fleet import FILES, firewall
 from ascend_fleet.errors import FleetError
-from ascend_fleet.firewall import ssh_lockout_problems
+from ascend_fleet.firewall import SSH_PORT, host_address, sources, ssh_lockout_problems
 from ascend_fleet.fleet import (
     MODELS_DIR,
     ModelConfigs,
@@ -38,8 +39,12 @@ from ascend_fleet.fleet import (
     plan_configs,
 )
 from ascend_fleet.fleetlease import lease_of_deploy
+from ascend_fleet.fleetstate import BLUE
+from ascend_fleet.gateway import vrrp_address
 from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.hostdata import NodeConfig, host_ports, port_use_problems
+from ascend_fleet.multi_node import DataParallelRole
+from ascend_fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.per_run import profile_of_the_run
 from ascend_fleet.profile import Profile
 
@@ -62,15 +67,97 @@ def fleet_problems(inventory: Inventory, source: Path | None = None, model_confi
             problems.append(str(exc))
     if len(configs) == len(inventory):
         fleet = list(fleet_data_problems(inventory, configs))
+        fleet += same_machine_problems(inventory)
         problems += fleet
         if not fleet:
             roles = data_parallel_roles(group_members(inventory), configs)
+            problems += inventory_port_problems(inventory, configs, roles)
             problems += plan_configs(inventory, configs, roles, ModelConfigs(model_config, models_dir),
                                      problems).errors()
             problems += vendor_file_problems(inventory, configs)
             problems += bundle_problems(configs)
+            problems += resolved_address_problems(inventory, configs)
+            problems += firewall_source_problems(configs)
             problems += ssh_lockout_problems(inventory)
-    return merge_hosts(problems, [host.name for host in inventory])
+    # The firewall's sources and the SSH lockout check read the same sshd_allowed_sources: one line each.
+    return merge_hosts(dict.fromkeys(problems), [host.name for host in inventory])
+
+
+def same_machine_problems(inventory: Inventory) -> Iterator[str]:
+    """A machine listed under two names (one address and SSH port): the deploy would place two sets of
+    instances on its NPUs and ports, and count it twice."""
+    seen: dict[tuple[str, object], str] = {}
+    for member in inventory:
+        address = host_address(member)
+        port = member.data.get("ssh_port") or SSH_PORT
+        owner = seen.setdefault((_canonical_address(address), port), member.name)
+        if owner != member.name:
+            yield (f"{member.name}: ssh_hostname: {address!r} (SSH port {port}) is how {owner} is reached too: one "
+                   "machine under two names would get two sets of instances on the same NPUs and ports; list it once")
+
+
+def _canonical_address(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address.lower().rstrip(".")
+
+
+def inventory_port_problems(inventory: Inventory, configs: list[NodeConfig],
+                            roles: dict[str, DataParallelRole]) -> Iterator[str]:
+    """The ports of a role only the inventory tells (the site mirror's on a host of group mirror, a
+    multi-node head's DP RPC port) against every other port of the host (hostdata.host_ports); the rest
+    node_config has checked."""
+    mirror = set(group_members(inventory).get(MIRROR_GROUP, ()))
+    for config in configs:
+        role = roles.get(config.host)
+        head_rpc_port = role.rpc_port if role and role.is_head else None
+        if config.host not in mirror and head_rpc_port is None:
+            continue
+        member = inventory.get_host(config.host)
+        uses = host_ports(config, host_node_config(member, BLUE).instances, not member.data.get("instances"),
+                          mirror=config.host in mirror, head_rpc_port=head_rpc_port)
+        yield from (f"{config.host}: {key}: {what}" for key, what in port_use_problems(uses))
+
+
+def resolved_address_problems(inventory: Inventory, configs: list[NodeConfig]) -> Iterator[str]:
+    """Each host address the deploy resolves on this machine that does not resolve: the gateways' for
+    keepalived's VRRP peers (gateway.vrrp_address: an IPv4 address), and every worker's and gateway's when
+    the instance firewall names them (firewall.py). The deploy would stop on it after connecting, with the
+    fleet's lease taken and some hosts changed."""
+    firewalled = [config for config in configs if config.instance_firewall and (config.is_worker or config.is_gateway)]
+    named_by_firewall = {"worker": any(config.is_worker for config in firewalled), "gateway": bool(firewalled)}
+    for member, config in zip(inventory, configs):
+        if config.is_gateway and config.gateway_vip is not None:
+            try:
+                vrrp_address(member, member.name)
+            except FleetError as exc:
+                yield str(exc)
+        elif config.is_worker and named_by_firewall["worker"] or config.is_gateway and named_by_firewall["gateway"]:
+            address = host_address(member)
+            try:
+                firewall.resolve(address)
+            except (OSError, UnicodeError) as exc:
+                # Said without the name when it is the host's: hosts alike share one line (merge_hosts).
+                given = "not given, and the host's name" if address == member.name else f"{address!r}"
+                yield (f"{member.name}: ssh_hostname: {given} does not resolve on this machine ({exc}), and the "
+                       "instance firewall names the host by its address; give the address as ssh_hostname, fix the "
+                       "name, or set instance_firewall: false")
+
+
+def firewall_source_problems(configs: list[NodeConfig]) -> Iterator[str]:
+    """Each entry of the firewall's source lists that is not an address, a network or a name that resolves
+    here (firewall.sources), on the hosts whose firewall uses them."""
+    for config in configs:
+        if not config.instance_firewall or not (config.is_worker or config.is_gateway):
+            continue
+        keys = ("instance_allowed_sources",) * config.is_worker + ("monitoring_allowed_sources",
+                                                                    "sshd_allowed_sources")
+        for key in keys:
+            try:
+                sources(getattr(config, key), config.host, key)
+            except FleetError as exc:
+                yield str(exc)
 
 
 def inventory_problems(inventory: Path, cwd: Path | None = None, override_data: dict | None = None,

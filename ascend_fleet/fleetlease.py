@@ -52,7 +52,7 @@ from pyinfra.api import Inventory
 from ascend_fleet import remote
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import SHARED_RECORDS, FleetState
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.host_config import host_node_config
 from ascend_fleet.node_layout import FLEET_LEASE_DIR
 
 HEARTBEAT_SECONDS = 10
@@ -283,10 +283,11 @@ def lease_of_deploy(inventory: Inventory, deploy_files: tuple[str, ...]) -> Flee
     fleet without a gateway)."""
     if os.environ.get(LEASE_ENV) or not any(Path(f).name in LEASED_DEPLOYS for f in deploy_files):
         return None
-    gateway = next((host for host in inventory if host.data.get("gateway")), None)
+    # The validated data's gateways, as every stage's: `gateway = {}` is a gateway of the defaults.
+    gateway = next((host for host in inventory if host_node_config(host).is_gateway), None)
     if gateway is None:
         return None
-    state_dir = gateway.data.get("fleet_state_dir") or NodeConfig.model_fields["fleet_state_dir"].default
+    state_dir = host_node_config(gateway).fleet_state_dir
     lease = FleetLease(gateway.name, gateway.data.dict(), FleetState(state_dir), f"pyinfra {' '.join(deploy_files)}")
     lease.take()
     lease.start_heartbeat()

@@ -99,7 +99,8 @@ def client_url(config: NodeConfig, address: str) -> str:
 
 def virtual_address_problems(inventory: Iterable, configs: list[NodeConfig]):
     """One line per way the gateways' data cannot give one virtual address: gateways that disagree
-    on it (every gateway must carry the same), or an address some host of the fleet already has."""
+    on it (every gateway must carry the same), or an address some host of the fleet already has (the
+    address the fleet reaches it by, or its serving_address)."""
     gateways = [config for config in configs if config.is_gateway]
     if not gateways:
         return
@@ -111,11 +112,14 @@ def virtual_address_problems(inventory: Iterable, configs: list[NodeConfig]):
             return
     if first.gateway_vip is None:
         return
-    address = str(first.gateway_vip.address.ip)
+    address = first.gateway_vip.address.ip
+    expected = "expected an address no host has, which keepalived moves between the gateways"
+    serving = {config.host: config.serving_address for config in configs}
     for member in inventory:
-        if host_address(member) == address:
-            yield (f"{first.host}: gateway_vip: {address} is host {member.name}'s own address; expected an "
-                   "address no host has, which keepalived moves between the gateways")
+        if host_address(member) == str(address):
+            yield f"{first.host}: gateway_vip: {address} is host {member.name}'s own address; {expected}"
+        elif serving[member.name] == address:
+            yield f"{first.host}: gateway_vip: {address} is {member.name}'s serving_address; {expected}"
 
 
 def _shown(config: NodeConfig) -> str:

@@ -39,6 +39,13 @@ from ascend_fleet.planner import (
     speculates_with_mtp,
 )
 from ascend_fleet.profile import Profile, available_profiles, load_profile, profile_path
+from ascend_fleet.service_ports import (
+    NGINX_EXPORTER_PORT,
+    NGINX_STATUS_PORT,
+    NODE_EXPORTER_PORT,
+    PROMETHEUS_PORT,
+    ROUTER_METRICS_PORT,
+)
 from ascend_fleet.vllm_config import json_problem, serving_config_problems
 
 # pyinfra's own keys in host.data: connector settings (ssh_*) and operation defaults (_sudo, ...).
@@ -106,6 +113,14 @@ def _node_path(value: str) -> str:
     return _one_line(value)
 
 
+def _path_segment(value: str) -> str:
+    _one_line(value)
+    if "/" in value or value in (".", ".."):
+        raise ValueError("expected one path segment (no /, not . or ..): it names a directory on the node "
+                         "(<model_dir>/<org>/<name>/<revision>); for a branch whose name has a /, give its commit")
+    return value
+
+
 def _one_word(value: str) -> str:
     if not value or re.search(r"\s", value) or CONTROL_CHARACTERS.search(value):
         raise ValueError("expected one word: no space, newline or control character")
@@ -132,6 +147,7 @@ URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
 OneLine = Annotated[str, AfterValidator(_one_line)]
 Url = Annotated[str, AfterValidator(_url)]
 NodePath = Annotated[str, AfterValidator(_node_path)]
+PathSegment = Annotated[str, AfterValidator(_path_segment)]
 OneWord = Annotated[str, AfterValidator(_one_word)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 # A Linux interface name: at most 15 characters (IFNAMSIZ - 1), no slash or space.
@@ -146,7 +162,7 @@ class Model(_Strict):
     """The model an instance serves and where its weights come from."""
 
     id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="<org>/<name> as the hub spells it")
-    revision: OneLine = Field(description="a tag or commit: weights are pinned")
+    revision: PathSegment = Field(description="a tag or commit: weights are pinned; one directory on the node")
     source: Literal["modelscope", "hf", "http", "rsync"]
     url: Url | None = Field(None, description="http: the mirror serving <url>/models/<org>/<name>/<revision>/")
     peer: str | None = Field(None, description="rsync: a host that already holds the weights")
@@ -163,6 +179,13 @@ class Model(_Strict):
         if isinstance(data, dict) and "id" in data:
             return {"served_model_name": data["id"], **data}
         return data
+
+    @field_validator("id")
+    @classmethod
+    def _id_parts_are_directories(cls, value: str) -> str:
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError("expected <org>/<name>, neither . nor ..: each is a directory on the node")
+        return value
 
     @model_validator(mode="after")
     def _source_settings(self) -> Model:
@@ -348,6 +371,17 @@ class VirtualAddress(_Strict):
     advert_seconds: Annotated[float, AfterValidator(_centiseconds)] = Field(
         0.5, ge=0.01, le=40.95, description="how often the holder says it is alive; a peer takes over after 3 "
                                             "of them go unheard")
+
+    @field_validator("address")
+    @classmethod
+    def _a_host_address_of_its_subnet(cls, address: IPv4Interface) -> IPv4Interface:
+        subnet = address.network
+        # A /31 or /32 has no network or broadcast address (RFC 3021).
+        if subnet.prefixlen <= 30 and address.ip in (subnet.network_address, subnet.broadcast_address):
+            which = "network" if address.ip == subnet.network_address else "broadcast"
+            raise ValueError(f"{address.ip} is the {which} address of {subnet}, which no host may hold; pick an "
+                             "address inside it that no host has")
+        return address
 
 
 # A Prometheus duration, e.g. 30s, 5m, 1h.
@@ -658,18 +692,20 @@ def node_config(data: Mapping, host: str = "host", profile_of: Callable[[str], P
     config = config.model_copy(update={"hccl_port_span": profile.stack.hccl_port_span})
     derived = not config.instances  # the data lists none: instance_ports places them
     try:
-        config = _with_derived_values(config)
+        config, blue = _with_derived_values(config)
     except ValidationError as exc:  # instance i takes each base port plus i steps: a late one can leave the range
         raise FleetError(f"{host}: instance_ports: a derived instance's {describe_validation(exc, Instance)}; "
                          "lower the base ports or run fewer instances") from None
-    problem = next(_problems(config, derived), None) or next(_serving_option_problems(config, profile.stack.vllm), None)
+    problem = (next(_problems(config, derived, blue), None)
+               or next(_serving_option_problems(config, profile.stack.vllm), None))
     if problem:
         key, what = problem
         raise FleetError(f"{host}: {key}: {what}")
     return config
 
 
-def _with_derived_values(config: NodeConfig) -> NodeConfig:
+def _with_derived_values(config: NodeConfig) -> tuple[NodeConfig, list[Instance]]:
+    """The config with what the data leaves out derived, and its blue instances (its colour's are placed from them)."""
     derived = {}
     if config.model_dir is None and config.nvme_mount:
         derived["model_dir"] = f"{config.nvme_mount.rstrip('/')}/models"
@@ -680,9 +716,9 @@ def _with_derived_values(config: NodeConfig) -> NodeConfig:
     elif not config.instances and config.is_worker and config.npu_count % config.tensor_parallel_size == 0:
         derived["instances"] = derive_instances(config.npu_count, config.tensor_parallel_size, config.instance_ports,
                                                 config.hccl_port_span)
-    derived["instances"] = colour_instances(derived.get("instances", config.instances), config.colour, config.npu_count,
-                                            config.hccl_port_span)
-    return config.model_copy(update=derived)
+    blue = derived.get("instances", config.instances)
+    derived["instances"] = colour_instances(blue, config.colour, config.npu_count, config.hccl_port_span)
+    return config.model_copy(update=derived), blue
 
 
 def _key_lists(exc: ValidationError) -> str:
@@ -695,20 +731,21 @@ def _key_lists(exc: ValidationError) -> str:
     return lists
 
 
-def _problems(config: NodeConfig, derived: bool):
+def _problems(config: NodeConfig, derived: bool, blue: list[Instance]):
     """(key, what was expected) for each way the data cannot work, most basic first."""
     if not config.is_worker:
         if config.npu_addresses:
             yield "npu_addresses", "set on a host without NPUs (npu_count 0); drop it or set npu_count"
-        return
-    for key in ("chip", "nvme_mount", "model", "serving"):
-        if getattr(config, key) is None:
-            yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
-    yield from _instance_problems(config, derived)
-    yield from _npu_network_problems(config)
-    for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
-        if finding.severity == ERROR:
-            yield "serving.gpu_memory_utilization", finding.message
+    else:
+        for key in ("chip", "nvme_mount", "model", "serving"):
+            if getattr(config, key) is None:
+                yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
+        yield from _instance_problems(config, derived)
+        yield from _npu_network_problems(config)
+        for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
+            if finding.severity == ERROR:
+                yield "serving.gpu_memory_utilization", finding.message
+    yield from port_use_problems(host_ports(config, blue, derived))
 
 
 def _serving_option_problems(config: NodeConfig, vllm_version: str):
@@ -797,10 +834,7 @@ def _instance_problems(config: NodeConfig, derived: bool):
                 f"{instance.name} runs as service_user {config.service_user}: pick a port from 1024 to 65535")
     records = config.instance_records()
     yield from _hccl_range_end_problems(config, records, derived)
-    # The host's other listeners: the weights peer port; the gateway's, on a host that is both.
-    listeners = (("model.peer_port", config.model.peer_port if config.model else None),
-                 ("gateway.listen_port", config.gateway.listen_port if config.gateway else None))
-    yield from _placement_problems(tuple(records), listeners, derived, config.hccl_port_span, config.profile)
+    yield from _placement_problems(tuple(records), derived, config.hccl_port_span, config.profile)
 
 
 def _hccl_range_end_problems(config: NodeConfig, records: list[InstanceRecord], derived: bool):
@@ -817,15 +851,12 @@ def _hccl_range_end_problems(config: NodeConfig, records: list[InstanceRecord], 
 # A fleet's alike hosts place alike instances (every argument is a frozen dataclass or a value): each
 # placement judged once per process, not once per host.
 @lru_cache(maxsize=256)
-def _placement_problems(records: tuple[InstanceRecord, ...], listeners: tuple[tuple[str, int | None], ...],
-                        derived: bool, span: int, profile: str) -> tuple[tuple[str, str], ...]:
-    """(key, what) for each NPU or port the instances share, among themselves or with a listener of the host."""
-    problems = [(key, f"{port} lies in instance {record.name}'s {claimed}; move {key} or the instance's "
-                      f"{claimed.field}")
-                for key, port in listeners for record in records for claimed in record.port_ranges()
-                if port in claimed.ports]
-    problems += [("instances", f"{finding.message}; expected each NPU used once")
-                 for finding in check_node_instances(records) if finding.code == "shared-npu"]
+def _placement_problems(records: tuple[InstanceRecord, ...], derived: bool, span: int,
+                        profile: str) -> tuple[tuple[str, str], ...]:
+    """(key, what) for each NPU or port the instances share among themselves (host_ports: with the host's
+    other services)."""
+    problems = [("instances", f"{finding.message}; expected each NPU used once")
+                for finding in check_node_instances(records) if finding.code == "shared-npu"]
     problems += [("instance_ports" if derived else "instances",
                   f"{clash}; {_port_remedy(clash, derived, span, profile)}") for clash in port_clashes(records)]
     return tuple(problems)
@@ -853,3 +884,111 @@ def _port_remedy(clash: PortClash, derived: bool, span: int, profile: str) -> st
     else:
         moves = f"{clash.first}'s {clash.first_range.field} or {clash.second}'s {clash.second_range.field}"
     return f"move {moves}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+@dataclass(frozen=True)
+class PortUse:
+    """A port, or a range, one service of a host takes: who takes it as messages name it, the data key that
+    moves it (None: the fleet's own port, service_ports.py), and for an instance's its instance."""
+
+    user: str
+    ports: range
+    key: str | None
+    instance: str | None = None
+    field: str = ""  # an instance's: the Instance field that places it
+    note: str = ""  # a fleet's own port's: on which hosts it is taken
+
+    def __str__(self) -> str:
+        first, last = self.ports[0], self.ports[-1]
+        return f"{first}" if first == last else f"{first}-{last}"
+
+
+# The fleet's own listeners, by role: (who, port, where).
+MONITORED_HOST_PORTS = (("node_exporter's port", NODE_EXPORTER_PORT, "on every worker and gateway"),)
+GATEWAY_PORTS = (("Prometheus's port", PROMETHEUS_PORT, "on every gateway"),
+                 ("the nginx exporter's port", NGINX_EXPORTER_PORT, "on every gateway"),
+                 ("nginx's stub_status port", NGINX_STATUS_PORT, "on every gateway's loopback"))
+ROUTER_PORTS = (("vllm-router's metrics port", ROUTER_METRICS_PORT, "on the gateway's loopback with routing "
+                 "cache_aware"),)
+
+
+def host_ports(config: NodeConfig, blue: list[Instance], derived: bool, mirror: bool = False,
+               head_rpc_port: int | None = None) -> tuple[PortUse, ...]:
+    """Every port the host takes, for every role it has: both colours' instances (a swap runs them side by
+    side) placed from `blue` (derived: from instance_ports), the weights (and packages' and wheels') peer port,
+    the gateway's, vllm-router's, the exporters' and Prometheus's, and, which the inventory tells, the site
+    mirror's (a host of group mirror) and a multi-node head's DP RPC port."""
+    uses = []
+    if config.is_worker:
+        placed = tuple((i.name, tuple(i.npus), i.port, i.hccl_base_port, i.vllm_port) for i in blue)
+        uses += _instance_port_uses(placed, config.npu_count, config.hccl_port_span, derived)
+        if config.model:
+            uses.append(PortUse("model.peer_port", _one_port(config.model.peer_port), "model.peer_port"))
+    fixed = [*MONITORED_HOST_PORTS] if config.is_worker or config.is_gateway else []
+    if config.gateway:
+        uses.append(PortUse("gateway.listen_port", _one_port(config.gateway.listen_port), "gateway.listen_port"))
+        fixed += GATEWAY_PORTS
+        if config.gateway.routing.policy == "cache_aware":
+            uses.append(PortUse("gateway.routing.router_port", _one_port(config.gateway.routing.router_port),
+                                "gateway.routing.router_port"))
+            fixed += ROUTER_PORTS
+    if mirror:
+        uses.append(PortUse("site_mirror_port", _one_port(config.site_mirror_port), "site_mirror_port"))
+    if head_rpc_port is not None:
+        uses.append(PortUse("data_parallel.rpc_port", _one_port(head_rpc_port), "data_parallel.rpc_port"))
+    uses += [PortUse(who, _one_port(port), None, note=where) for who, port, where in fixed]
+    return tuple(uses)
+
+
+# A fleet's alike workers place alike instances: each placement's uses made once per process, not once per host.
+@lru_cache(maxsize=256)
+def _instance_port_uses(blue: tuple[tuple, ...], npu_count: int, span: int, derived: bool) -> tuple[PortUse, ...]:
+    """The ports of both colours' instances, placed from the blue ones' (name, npus, port, hccl, vllm)."""
+    instances = [Instance.model_construct(name=name, npus=list(npus), port=port, hccl_base_port=hccl, vllm_port=vllm)
+                 for name, npus, port, hccl, vllm in blue]
+    uses = []
+    for colour in COLOURS:
+        for given, placed in zip(instances, colour_instances(instances, colour, npu_count, span)):
+            record = InstanceRecord(placed.name, tuple(placed.npus), placed.port, placed.hccl_base_port,
+                                    placed.vllm_port, span)
+            uses += [PortUse(str(taken), taken.ports, DERIVED_FROM[taken.field] if derived
+                             else f"instances.{given.name}.{taken.field}", placed.name, taken.field)
+                     for taken in record.port_ranges()]
+    return tuple(uses)
+
+
+def _one_port(port: int) -> range:
+    return range(port, port + 1)
+
+
+@lru_cache(maxsize=256)
+def port_use_problems(uses: tuple[PortUse, ...]) -> tuple[tuple[str, str], ...]:
+    """(key, what) for each two of a host's port uses that share a port, naming both; two instances' are
+    _placement_problems' (with their remedies)."""
+    problems = []
+    for index, first in enumerate(uses):
+        for second in uses[index + 1:]:
+            if first.instance and second.instance or not _overlap(first.ports, second.ports):
+                continue
+            problems.append(_port_clash(first, second))
+    return tuple(dict.fromkeys(problems))
+
+
+def _overlap(first: range, second: range) -> bool:
+    return first.start < second.stop and second.start < first.stop
+
+
+def _port_clash(first: PortUse, second: PortUse) -> tuple[str, str]:
+    """Named under the key to move: a listener's before an instance's, the data's before the fleet's own."""
+    listener, other = (second, first) if first.instance else (first, second)
+    if listener.key is None:
+        if other.instance:
+            return other.key, (f"instance {other.instance}'s {other.user} takes {listener.user} {listener} "
+                               f"({listener.note}); move {other.key}")
+        listener, other = other, listener
+    if other.instance:
+        return listener.key, (f"{listener} lies in instance {other.instance}'s {other.user}; move {listener.key} or "
+                              f"the instance's {other.field}")
+    if other.key is None:
+        return listener.key, f"{listener} is {other.user} ({other.note}); pick another"
+    return listener.key, f"{listener} is also {other.key} on this host; give each its own port"

@@ -15,11 +15,9 @@ import re
 from ascend_fleet.errors import FleetError
 from ascend_fleet.hostdata import Gateway, Routing
 from ascend_fleet.routes import GATEWAY_UPSTREAM, worker_url
+from ascend_fleet.service_ports import ROUTER_METRICS_PORT as METRICS_PORT
 
 LOOPBACK = "127.0.0.1"
-# vllm-router always serves Prometheus metrics (it has no flag to turn them off): its own default port, kept
-# on loopback, where the gateway's Prometheus may scrape it.
-METRICS_PORT = 29000
 # The variable of ROUTER_WORKERS_FILE the unit's command line ends with: systemd splits an unbraced $VAR
 # into words, one URL each, and none when it is empty.
 WORKERS_VARIABLE = "VLLM_ROUTER_WORKERS"

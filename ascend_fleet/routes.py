@@ -30,6 +30,7 @@ from ascend_fleet.node_layout import (
     ROUTE_WATCH_STATE,
     ROUTE_WATCH_TEXTFILE,
 )
+from ascend_fleet.service_ports import NODE_EXPORTER_PORT
 from ascend_fleet.templating import render
 
 GATEWAY_UPSTREAM = {"max_fails": 2, "read_timeout": 3600, "upstream_keepalive_timeout": 4}
@@ -37,9 +38,7 @@ GATEWAY_UPSTREAM = {"max_fails": 2, "read_timeout": 3600, "upstream_keepalive_ti
 # needs about 0.77 KB a server over a 12 KB base (256k holds 319; 4000 need 3092k). Sized at twice that,
 # for longer names and names that resolve to several addresses (a peer each), never below nginx's usual 256k.
 UPSTREAM_ZONE_MIN_KB, UPSTREAM_ZONE_KB_PER_SERVER, UPSTREAM_ZONE_BASE_KB = 256, 2, 64
-# node_exporter's port on every worker (stages/monitoring.py serves it; the gateways may reach it as
-# the monitoring hosts), asked for its textfile collector only: the NPU health npu-smi wrote there.
-NODE_EXPORTER_PORT = 9100
+# node_exporter is asked for its textfile collector only: the NPU health npu-smi wrote there.
 NPU_METRICS_QUERY = "/metrics?collect%5B%5D=textfile"
 
 

@@ -39,14 +39,11 @@ from ascend_fleet.node_os import NodeOs
 from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
-from ascend_fleet.routes import NODE_EXPORTER_PORT
+from ascend_fleet.service_ports import NGINX_EXPORTER_PORT, NGINX_STATUS_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
 from ascend_fleet.stages.context import host_os, os_packages
 from ascend_fleet.templating import render
 
 MONITORING_TEMPLATES = TEMPLATES / "monitoring"
-NGINX_EXPORTER_PORT = 9113
-NGINX_STATUS_PORT = 8080  # loopback only; the exporter's default scrape URI
-PROMETHEUS_PORT = 9090
 PROMETHEUS_READY_SECONDS = 60
 # Not Debian's default job names ("node" scrapes localhost:9100): the first start, on that default
 # config, leaves series behind that would read as a down exporter of ours.

@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 import yaml
 from pyinfra.api import State
 
-from ascend_fleet import PROFILES, PROJECT_ROOT
+from ascend_fleet import PROFILES, PROJECT_ROOT, firewall, gateway
 from ascend_fleet.fleet import load_inventory, plan_fleet
 from ascend_fleet.fleet_check import fleet_problems, inventory_problems, merge_hosts, vendor_file_problems
 from ascend_fleet.profile import load_profile
@@ -35,6 +36,23 @@ def site(tmp_path) -> Path:
         shutil.copy(PROJECT_ROOT / "inventories" / name, tmp_path / "inventories" / name)
     shutil.copytree(PROJECT_ROOT / "group_data", tmp_path / "group_data")
     return tmp_path
+
+
+# What a site's resolver would say of the example fleets' names (which resolve nowhere here).
+EXAMPLE_ADDRESSES = {"gw-01.example.internal": "10.0.0.2", "gw-02.example.internal": "10.0.0.3",
+                     "grafana.example.internal": "10.9.0.7",
+                     **{f"npu-0{n}.example.internal": f"10.0.1.{n}" for n in range(1, 6)}}
+
+
+@pytest.fixture
+def resolving(monkeypatch):
+    """The example fleets' names resolve, as a site's own do (the firewall and keepalived need them)."""
+    def resolve(name):
+        if name not in EXAMPLE_ADDRESSES:
+            raise socket.gaierror(-2, "Name or service not known")
+        return [EXAMPLE_ADDRESSES[name]]
+    monkeypatch.setattr(firewall, "resolve", resolve)
+    monkeypatch.setattr(gateway, "resolve", resolve)
 
 
 def edit(path: Path, old: str, new: str) -> None:
@@ -149,8 +167,10 @@ UNFILLED_SHA256 = ("profile vllm-ascend-0.18.0: no sha256 for 9 vendor packages 
 
 
 @pytest.fixture
-def big_site(site, monkeypatch) -> Path:
+def big_site(site, monkeypatch, resolving) -> Path:
     """The example fleet with 40 workers, its model's config.json in files/models as a fleet keeps it, run from."""
+    for n in range(6, 41):
+        monkeypatch.setitem(EXAMPLE_ADDRESSES, f"npu-{n:02d}.example.internal", f"10.0.1.{n}")
     edit(site / "inventories/prod.py", "for n in range(1, 6)]", "for n in range(1, 41)]")
     edit(site / "inventories/prod.py", 'wave2 = ["npu-04.example.internal", "npu-05.example.internal"]',
          'wave2 = [f"npu-{n:02d}.example.internal" for n in range(4, 41)]')
