@@ -215,9 +215,16 @@ def config_classes(vllm_version: str) -> ConfigClasses | None:
 
 def serving_config_problems(options: dict[str, dict | None], vllm_version: str) -> list[tuple[str, str]]:
     """(key, what) for each key of the dict-valued serving options ({dest: value}) the pinned vLLM's config
-    class does not take as given, the key as the data spells it (serving.compilation_config.mode)."""
+    class does not take as given, the key as the data spells it (serving.compilation_config.mode). Hosts of
+    one group share their options: each set is judged once (JSON keeps a string apart from a number)."""
+    return list(_serving_config_problems(json.dumps(options), vllm_version))
+
+
+@cache
+def _serving_config_problems(options_json: str, vllm_version: str) -> tuple[tuple[str, str], ...]:
+    options = json.loads(options_json)
     classes = config_classes(vllm_version)
     if classes is None:
-        return []
-    return [(f"serving.{dest}.{path}", what) for dest, value in options.items() if value
-            for path, what in classes.problems(dest, value)]
+        return ()
+    return tuple((f"serving.{dest}.{path}", what) for dest, value in options.items() if value
+                 for path, what in classes.problems(dest, value))

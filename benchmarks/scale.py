@@ -41,7 +41,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -62,11 +61,11 @@ UNFILLED_SHA256 = re.compile(r"^error: profile \S+: no sha256 for \d+ vendor pac
 GATEWAYS = 2  # inventories/prod.py's pair
 
 
-def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
+def synthetic_fleet(directory: Path, workers: int, hung: HungSSH) -> Path:
     """An inventory of `workers` 8-NPU workers in rollout waves and two gateways, as inventories/prod.py
     has them, with the example fleet's data as shipped (group_data/prod.py, its profile included) and a
-    fleet state as a fleet that served for a while has it. Every host's SSH is 127.0.0.1:ssh_port.
-    Returns the file."""
+    fleet state as a fleet that served for a while has it. Each host's SSH is its own loopback
+    address (`check` refuses one machine under two names) on the hung server's port. Returns the file."""
     (directory / "inventories").mkdir(parents=True)
     (directory / "group_data").mkdir()
     for name in ("all.py", "gateway.py"):
@@ -78,13 +77,15 @@ def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
     names = [f"npu-{n:04d}" for n in range(workers)]
     inventory = directory / "inventories" / "scale.py"
     inventory.write_text(
-        f"_ssh = {{'ssh_hostname': '127.0.0.1', 'ssh_port': {ssh_port}, 'fleet_state_dir': 'state'}}\n"
+        f"_ssh = {{'ssh_port': {hung.port}, 'fleet_state_dir': 'state'}}\n"
         "_worker = {**_ssh, 'chip': '910B3', 'npu_count': 8, 'nvme_mount': '/mnt/nvme'}\n"
-        f"workers = [(name, _worker) for name in {names!r}]\n"
+        f"workers = [(name, {{**_worker, 'ssh_hostname': address}}) for name, address in "
+        f"{list(zip(names, hung.workers))!r}]\n"
         f"canary = {names[:1]!r}\n"
         f"wave1 = {names[1:workers // 2]!r}\n"
         f"wave2 = {names[workers // 2:]!r}\n"
-        "gateway = [('gw-01', _ssh), ('gw-02', _ssh)]\n"
+        f"gateway = [('gw-01', {{**_ssh, 'ssh_hostname': {hung.gateways[0]!r}}}), "
+        f"('gw-02', {{**_ssh, 'ssh_hostname': {hung.gateways[1]!r}}})]\n"
         "from ascend_fleet.fleet_check import check_before_connecting\n"
         "check_before_connecting()\n")
     instances = [f"vllm-{i}" for i in range(INSTANCES_PER_WORKER)]
@@ -97,26 +98,23 @@ def synthetic_fleet(directory: Path, workers: int, ssh_port: int) -> Path:
 
 
 class HungSSH:
-    """A loopback port that accepts every connection and never sends a byte (a host whose sshd hangs)."""
+    """Loopback addresses, one a host, that accept every connection on one port and never send a byte (hosts
+    whose sshd hangs): the kernel completes each handshake into the listener's backlog, nothing accepts it."""
 
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-        self.port = self.listener.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:
-                return
-            self.held.append(connection)
+    def __init__(self, workers: int):
+        self.workers = [f"127.1.{n // 250}.{n % 250 + 1}" for n in range(workers)]
+        self.gateways = [f"127.2.0.{n + 1}" for n in range(GATEWAYS)]
+        # A listener a host: raise the open-files limit to the hard one where the soft one is too low.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * (workers + GATEWAYS) + 1024)), hard))
+        first = socket.create_server((self.gateways[0], 0), backlog=4096)
+        self.port = first.getsockname()[1]
+        self.listeners = [first] + [socket.create_server((address, self.port), backlog=4096)
+                                    for address in [*self.gateways[1:], *self.workers]]
 
     def close(self) -> None:
-        self.listener.close()
-        for connection in self.held:
-            connection.close()
+        for listener in self.listeners:
+            listener.close()
 
 
 # A rollout's work before it takes the lease and drains (rollout_cli.rollout), timed in a fresh process.
@@ -189,12 +187,12 @@ def control_plane(sizes: list[int]) -> tuple[dict[str, dict[int, float]], dict[s
     figures: dict[str, dict[int, float]] = {"check": {}, "plan": {}, "gateway": {}, "routes": {}, "rollout": {},
                                                 "status": {}}
     cpu: dict[str, dict[int, float]] = {"check": {}, "plan": {}}
-    hung = HungSSH()
+    hung = HungSSH(max(sizes))
     try:
         for workers in sizes:
             with tempfile.TemporaryDirectory(prefix=f"scale-{workers}-") as scratch:
                 root = Path(scratch)
-                inventory = synthetic_fleet(root / "fleet", workers, hung.port)
+                inventory = synthetic_fleet(root / "fleet", workers, hung)
                 figures["check"][workers], cpu["check"][workers], result = timed([CLI, "check", str(inventory)],
                                                                                  root / "fleet")
                 expect_unfilled_sha256(result, f"check of {workers} workers")
