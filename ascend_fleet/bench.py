@@ -34,9 +34,11 @@ from pyinfra.api import Host, Inventory
 from rich.console import Console
 from rich.table import Table
 
+from ascend_fleet.cli import above_zero, result_directory
 from ascend_fleet.credentials import api_key
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleetstate import split_backend_key
 from ascend_fleet.gateway import address_holders, client_url, gateway_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
@@ -165,7 +167,7 @@ class BenchOptions:
             recorded = result["ascend_fleet"]["bench"]
             return cls(**{name: recorded[name] for name in cls.__dataclass_fields__ if recorded.get(name) is not None})
         except (KeyError, TypeError):
-            raise FleetError(f"{path}: no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`") from None
+            raise InputError(f"{visible(path)}: no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`") from None
 
 
 @contextmanager
@@ -305,7 +307,7 @@ def parse_share(text: str) -> float:
     except ValueError:
         value = -1
     if not 0 <= value < 1:
-        raise FleetError(f"--max-regression {text!r}: expected a share such as 5% or 0.05")
+        raise InputError(f"--max-regression {text!r}: expected a share such as 5% or 0.05")
     return value
 
 
@@ -393,7 +395,8 @@ def bench(
     dataset: Annotated[str, typer.Option("--dataset", help="random or sharegpt")] = "random",
     dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path", help="sharegpt: the ShareGPT JSON file")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
-    request_rate: Annotated[float, typer.Option("--request-rate", help="requests per second; inf: all at once")] = 10.0,
+    request_rate: Annotated[float, typer.Option(
+        "--request-rate", callback=above_zero, help="requests per second; inf: all at once")] = 10.0,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", min=1)] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="random: prompt tokens", min=1)] = 256,
     output_len: Annotated[int, typer.Option("--output-len", help="random: output tokens", min=1)] = 128,
@@ -427,11 +430,13 @@ def bench(
     if dataset == "sharegpt" and (dataset_path is None or not dataset_path.is_file()):
         raise FleetError("--dataset sharegpt needs --dataset-path FILE (ShareGPT_V3_unfiltered_cleaned_split.json)")
     limits = parse_slo(slo)
+    if instance:
+        split_backend_key(instance, "--instance", whole_host=False)  # before the venv is built for nothing
     previous = _read_result(compare) if compare else None
+    result_directory(result_dir, "--result-dir")
     ensure_bench_venv("bench")
     loaded = load_inventory(inventory)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    result_dir.mkdir(parents=True, exist_ok=True)
     options = BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts, request_rate,
                            max_concurrency, input_len, output_len, seed)
     with contextlib.ExitStack() as stack:
@@ -464,20 +469,23 @@ def bench(
 @contextmanager
 def direct_target(inventory_path: Path, inventory: Inventory, named: str) -> Iterator[Target]:
     """--instance HOST/INSTANCE as a target reached through an SSH tunnel."""
-    host_name, _, instance = named.partition("/")
+    host_name, instance = split_backend_key(named, "--instance", whole_host=False)
     host = inventory.get_host(host_name) if host_name in {h.name for h in inventory} else None
     config = host_node_config(host) if host else None
     if config is None or instance not in [i.name for i in config.instances]:
-        raise FleetError(f"--instance {named}: no such instance in {inventory_path}; give HOST/INSTANCE, e.g. "
-                         "worker1/vllm-0")
+        raise InputError(f"--instance {visible(named)}: no such instance in {inventory_path}; give HOST/INSTANCE, "
+                         "e.g. worker1/vllm-0")
     with instance_target(inventory_path, host, config, instance) as target:
         yield target
 
 
 def _read_result(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        result = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FleetError(f"{path}: no such result file") from None
-    except json.JSONDecodeError as exc:
-        raise FleetError(f"{path}: not a bench result (invalid JSON: {exc})") from None
+        raise InputError(f"{visible(path)}: no such result file") from None
+    except (OSError, ValueError) as exc:  # a directory, bytes that are not UTF-8, not JSON
+        raise InputError(f"{visible(path)}: not a bench result ({exc})") from None
+    if not isinstance(result, dict):
+        raise InputError(f"{visible(path)}: not a bench result (a JSON {type(result).__name__}, not an object)")
+    return result

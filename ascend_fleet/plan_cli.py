@@ -13,6 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ascend_fleet.cli import above_zero
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import (
     MODELS_DIR,
@@ -55,15 +56,17 @@ def plan(
         "--models-dir", help="with INVENTORY: local model configs as <org>/<name>/<revision>/config.json "
                              f"[default: {MODELS_DIR}]")] = None,
     chip: Annotated[str, typer.Option("--chip", help="NPU model: 910B3 or 910B4")] = "910B3",
-    tp: Annotated[int, typer.Option("--tp", help="--tensor-parallel-size")] = 1,
-    dp: Annotated[int, typer.Option("--dp", help="--data-parallel-size (engines, e.g. one per node)")] = 1,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="--tensor-parallel-size")] = 1,
+    dp: Annotated[int, typer.Option("--dp", min=1, help="--data-parallel-size (engines, e.g. one per node)")] = 1,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="spread experts over all tp x dp NPUs")] = False,
     mtp: Annotated[bool, typer.Option("--mtp", help="speculative decoding with the model's MTP layers (their weights resident)")] = False,
-    max_model_len: Annotated[int, typer.Option("--max-model-len")] = 32768,
-    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
+    max_model_len: Annotated[int, typer.Option("--max-model-len", min=1)] = 32768,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", max=1, callback=above_zero, help="the share of each NPU's HBM vLLM may use")] = 0.9,
     dtype: Annotated[str, typer.Option("--dtype", help="float16, bfloat16 or float32")] = "bfloat16",
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="w8a8, w4a8 or int4")] = None,
-    usable_hbm_gib: Annotated[Optional[float], typer.Option("--usable-hbm-gib", help="override the chip table's usable HBM per NPU")] = None,
+    usable_hbm_gib: Annotated[Optional[float], typer.Option(
+        "--usable-hbm-gib", callback=above_zero, help="override the chip table's usable HBM per NPU")] = None,
     profile: Annotated[Optional[str], typer.Option(
         "--profile", help="with --model-config: also check that this stack profile serves the model")] = None,
     predict_concurrency: Annotated[Optional[int], typer.Option(

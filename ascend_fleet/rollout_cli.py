@@ -16,7 +16,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ascend_fleet.bench import ensure_bench_venv, parse_share
-from ascend_fleet.errors import FleetError
+from ascend_fleet.cli import above_zero
+from ascend_fleet.errors import FleetError, InputError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.rollout import (
@@ -33,6 +34,7 @@ from ascend_fleet.rollout import (
     blue_green_problem,
     check_deploy_files,
     check_not_stopped,
+    check_rollout_arguments,
     describe_stopped,
     model_data,
     model_path,
@@ -57,7 +59,7 @@ Waves = Annotated[Optional[str], typer.Option(
 Data = Annotated[Optional[list[str]], typer.Option(
     "--data", help="KEY=VALUE passed to every pyinfra run, as pyinfra's --data (repeatable)")]
 DrainTimeout = Annotated[float, typer.Option(
-    "--drain-timeout", help="seconds to wait for a drained instance's running requests to reach 0")]
+    "--drain-timeout", min=0, help="seconds to wait for a drained instance's running requests to reach 0")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")]
 STATUS_STYLES = {"done": "green", "failed": "red", "running": "yellow", "pending": "dim"}
 
@@ -112,7 +114,7 @@ def wave_names(waves: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in waves.split(",") if name.strip()]
     if not names:
-        raise FleetError(f"--waves {waves!r}: no group named; pass groups in order, e.g. --waves canary,wave1")
+        raise InputError(f"--waves {waves!r}: no group named; pass groups in order, e.g. --waves canary,wave1")
     return names
 
 
@@ -122,7 +124,7 @@ def changing_nothing(command: str):
     try:
         yield
     except FleetError as exc:
-        raise FleetError(f"{command} changed nothing: {exc}") from None
+        raise type(exc)(f"{command} changed nothing: {exc}") from None  # an InputError stays one: exit 2
 
 
 def check_resumable(record: Record, inventory: Path, deploy: str, data: list[str] | None, fleet: Fleet) -> None:
@@ -143,7 +145,7 @@ def rollout(
     waves: Waves = None,
     max_unavailable: Annotated[Optional[int], typer.Option(
         "--max-unavailable", min=1, help="most instances out of the gateway at once; larger waves are split")] = None,
-    pause: Annotated[float, typer.Option("--pause", help="seconds to wait after each wave")] = 0,
+    pause: Annotated[float, typer.Option("--pause", min=0, help="seconds to wait after each wave")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue the stopped rollout at the step that failed")] = False,
     abandon: Annotated[bool, typer.Option(
         "--abandon", help="give up the stopped rollout: put what it drained back into the gateway, each instance "
@@ -177,15 +179,18 @@ def rollout(
             check_deploy_files(deploy, ROUTES_DEPLOY)
             # The capacity plan preflight would refuse, before a wave is drained for it.
             check_fleet(fleet.inventory)
+            # Every argument before the lease: a typo writes nothing on the first gateway.
+            names = wave_names(waves)
+            gate = None if bench_gate is None else BenchGate(baseline=str(bench_gate),
+                                                             max_regression=parse_share(max_regression))
+            check_rollout_arguments(fleet, names, limit, gate)
+            if gate is not None:
+                ensure_bench_venv("rollout --bench-gate")  # the first run builds it, minutes not held under the lease
             held.enter_context(fleet.leased(f"a rollout of {deploy}"))
             fleet = Fleet(inventory, fleet.data)
             record = check_not_stopped(fleet.state, resume)
             if record is None:
-                gate = None
-                if bench_gate is not None:
-                    ensure_bench_venv("rollout --bench-gate")
-                    gate = BenchGate(baseline=str(bench_gate), max_regression=parse_share(max_regression))
-                record = plan_rollout(fleet, deploy, wave_names(waves), max_unavailable, limit, gate)
+                record = plan_rollout(fleet, deploy, names, max_unavailable, limit, gate)
             else:
                 check_resumable(record, inventory, deploy, data, fleet)
                 fleet = Fleet(inventory, record.data)
@@ -256,6 +261,10 @@ def swap_model(
         with changing_nothing("swap-model"):
             fleet = Fleet(inventory, parse_data(data or []))
             check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, ROUTES_DEPLOY, MONITORING_DEPLOY)
+            # Every argument before the lease: a typo writes nothing on the first gateway.
+            new = model_data(fleet, model, revision)
+            names = wave_names(waves)
+            fleet.waves(names)
             held.enter_context(fleet.leased(f"a swap-model to {model}"))
             fleet = Fleet(inventory, fleet.data)
             stopped = recorded(fleet.state)
@@ -263,9 +272,6 @@ def swap_model(
                 raise FleetError(f"a rollout of {stopped.deploy} is stopped; finish it with `ascend-fleet rollout "
                                  f"{inventory} {stopped.deploy} --resume`, or give it up with "
                                  f"`ascend-fleet rollout {inventory} --abandon`, before a swap")
-            new = model_data(fleet, model, revision)
-            names = wave_names(waves)
-            fleet.waves(names)  # a wave refused before the weights are staged for it
             backends = fleet.all_backends()
             previous = {b.key: served_path(fleet, b) for b in backends}
             if all(previous[b.key] == model_path(fleet, b.host, new) for b in backends):
@@ -313,9 +319,10 @@ def swap_model(
 def load(
     inventory: Inventory,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="clients sending at once")] = 4,
-    duration: Annotated[float, typer.Option("--duration", help="seconds to keep sending")] = 30,
-    max_requests: Annotated[Optional[int], typer.Option("--requests", help="stop after this many requests")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per answer")] = 16,
+    duration: Annotated[float, typer.Option("--duration", callback=above_zero, help="seconds to keep sending")] = 30,
+    max_requests: Annotated[Optional[int], typer.Option(
+        "--requests", min=1, help="stop after this many requests")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="tokens per answer")] = 16,
     give_up_after: Annotated[float, typer.Option(
         "--give-up-after", min=0, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
     turns: Annotated[int, typer.Option(

@@ -34,6 +34,7 @@ from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColum
 from rich.table import Table
 from rich.text import Text
 
+from ascend_fleet.cli import above_zero
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
 from ascend_fleet.facts.gateway import AddressHeld
 from ascend_fleet.facts.hccn import NpuNicHealth
@@ -604,7 +605,8 @@ def status(
     inventory: Annotated[Path, typer.Argument(help="a pyinfra inventory, e.g. inventories/prod.py")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output (one JSON line per reading)")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="read again every --interval seconds until Ctrl-C")] = False,
-    interval: Annotated[float, typer.Option("--interval", help="seconds between readings with --watch")] = 5.0,
+    interval: Annotated[float, typer.Option(
+        "--interval", callback=above_zero, help="seconds between readings with --watch")] = 5.0,
     limit: Annotated[Optional[list[str]], typer.Option(
         "--limit", help="only these hosts (names, groups or patterns, as pyinfra's --limit); the gateways are "
                         "read too: they say what is routed")] = None,

@@ -41,6 +41,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from ascend_fleet import bench
+from ascend_fleet.cli import above_zero, result_directory
 from ascend_fleet.errors import FleetError
 from ascend_fleet.fleet import plan_fleet
 from ascend_fleet.hostdata import Serving
@@ -341,13 +342,13 @@ def tune(
     dataset: Annotated[str, typer.Option("--dataset", help="random or sharegpt")] = "random",
     dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
-    request_rate: Annotated[float, typer.Option("--request-rate", help="requests per second")] = 10.0,
+    request_rate: Annotated[float, typer.Option("--request-rate", callback=above_zero, help="requests per second")] = 10.0,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="instead of a rate: this many "
                                                                                     "clients back to back")] = None,
     input_len: Annotated[int, typer.Option("--input-len", min=1)] = 256,
     output_len: Annotated[int, typer.Option("--output-len", min=1)] = 128,
-    budget_minutes: Annotated[Optional[float], typer.Option("--budget-minutes", help="start no candidate after "
-                                                                                     "this long")] = None,
+    budget_minutes: Annotated[Optional[float], typer.Option(
+        "--budget-minutes", callback=above_zero, help="start no candidate after this long")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="finish the stopped tune recorded in the fleet state")] = False,
     result_dir: Annotated[Path, typer.Option("--result-dir")] = Path("tune-results"),
     as_json: Annotated[bool, typer.Option("--json", help="the record as JSON on stdout")] = False,
@@ -372,6 +373,8 @@ def tune(
     load = bench.BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts,
                               float("inf") if concurrency else request_rate, concurrency, input_len, output_len)
     asked = [Candidate(settings=settings) for settings in candidates_of(grid_values)]
+    result_directory(result_dir, "--result-dir")
+    bench.ensure_bench_venv("tune")  # built before the lease: the first run takes minutes
     with fleet.leased(f"a tune of {canary} {instance}"):  # the fleet's tune record, from here on
         previous = fleet.state.tune()
         record = resumed(previous, asked, canary, instance, limits) if resume else None
@@ -385,8 +388,6 @@ def tune(
             for candidate in record.candidates:
                 if (why := refusal(fleet, canary, instance, candidate.settings)) is not None:
                     candidate.status, candidate.reason = "skipped", why
-        bench.ensure_bench_venv("tune")
-        result_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
         with Progress(
                 SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
