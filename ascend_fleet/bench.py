@@ -32,6 +32,7 @@ from typing import Annotated, Optional
 import typer
 from pyinfra.api import Host, Inventory
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ascend_fleet.cli import above_zero, result_directory
@@ -341,7 +342,7 @@ def run_bench(command: list[str], log: Path, status: str | None = None) -> None:
     env = {**os.environ, **serving_env(BENCH_CACHE / "cache")}
     if key := api_key():  # vllm bench serve sends OPENAI_API_KEY as the Bearer key
         env["OPENAI_API_KEY"] = key
-    with log.open("w") as out, (console.status(f"{status} (log in {log})") if status else contextlib.nullcontext()):
+    with log.open("w") as out, (console.status(escape(f"{status} (log in {log})")) if status else contextlib.nullcontext()):
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -372,9 +373,9 @@ def _change(value, previous, higher_is_better: bool) -> str:
 def render(result: dict, previous: dict | None) -> Table:
     run = result["ascend_fleet"]
     table = Table(title="vllm bench serve", header_style="bold",
-                  caption=f"{run['model']['id']}@{run['model']['revision']}, profile {run['profile']['name']}, "
+                  caption=escape(f"{run['model']['id']}@{run['model']['revision']}, profile {run['profile']['name']}, "
                           + (f"instance {run['instance']}" if run.get("instance") else
-                             f"{run['instances']} instances via {run['gateway']['url']}"))
+                             f"{run['instances']} instances via {run['gateway']['url']}")))
     table.add_column("metric")
     table.add_column("value", justify="right")
     if previous is not None:
@@ -459,10 +460,10 @@ def bench(
             console.print(f"SLO {verdict['metric']} <= {verdict['limit_ms']:g} ms: "
                           f"{_value(verdict['measured_ms'], 'ms')}  {word}")
         if failed:
-            console.print(f"[bold red]{failed} of {num_prompts} requests failed[/]: see {result_dir / name}.log")
+            console.print(f"[bold red]{failed} of {num_prompts} requests failed[/]: see {escape(str(result_dir / name))}.log")
         for other in target.mixed:
-            console.print(f"[yellow]the fleet also serves {other}: this run mixes them[/]")
-        console.print(f"result: {result_file}")
+            console.print(f"[yellow]the fleet also serves {escape(other)}: this run mixes them[/]")
+        console.print(f"result: {result_file}", markup=False)
     return 0 if all(v["passed"] for v in slo_results) and not failed else 1
 
 

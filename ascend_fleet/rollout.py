@@ -817,17 +817,18 @@ def new_model_problem(model: dict) -> str | None:
     staged = MODELS_DIR / model["id"] / model["revision"] / "config.json"
     if staged.is_file():
         return None
+    named = visible(f"{model['id']}@{model['revision']}")  # a lookalike or a stray blank shows
     if not model.get("url"):
-        return (f"no config.json of {model['id']}@{model['revision']} on this machine to plan the swap with "
-                f"(source {model['source']} is read by the nodes only); put it at {staged.absolute()}")
+        return (f"no config.json of {named} on this machine to plan the swap with (source {model['source']} is "
+                f"read by the nodes only); put it at {visible(staged.absolute())}")
     url = f"{model['url'].rstrip('/')}/models/{model['id']}/{model['revision']}/config.json"
     try:
         answer = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
     except requests.RequestException as exc:
         return f"the mirror does not answer {url} ({type(exc).__name__}); is it up? (model.url of your data)"
     if answer.status_code == 404:
-        return (f"{url} answers HTTP 404: the mirror has no model {model['id']} at revision {model['revision']}; "
-                "check --model and --revision")
+        return (f"{visible(url)} answers HTTP 404: the mirror has no model {visible(model['id'])} at revision "
+                f"{visible(model['revision'])}; check --model and --revision")
     if answer.status_code != 200:
         return f"{url} answers HTTP {answer.status_code}; check the mirror (model.url of your data)"
     return None

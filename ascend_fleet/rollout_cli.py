@@ -12,8 +12,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ascend_fleet.bench import ensure_bench_venv, parse_share
 from ascend_fleet.cli import above_zero
@@ -67,7 +69,7 @@ STATUS_STYLES = {"done": "green", "failed": "red", "running": "yellow", "pending
 @contextmanager
 def step_progress(record: Record, quiet: bool):
     """A spinner line per step (on stderr), updated as the runner reports."""
-    with Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<22}"), TextColumn("{task.description}"),
+    with Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<22}", markup=False), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=progress_console, disable=quiet) as progress:
         tasks = {step.name: progress.add_task(step.status, step=step.name, start=False, total=1)
                  for step in record.steps}
@@ -77,7 +79,7 @@ def step_progress(record: Record, quiet: bool):
             progress.start_task(task)
             finished = step.status in ("done", "failed")
             colour = STATUS_STYLES.get(step.status, "")
-            progress.update(task, description=f"[{colour}]{what}[/]", completed=1 if finished else 0)
+            progress.update(task, description=f"[{colour}]{escape(what)}[/]", completed=1 if finished else 0)
             if finished:
                 progress.stop_task(task)
 
@@ -85,14 +87,14 @@ def step_progress(record: Record, quiet: bool):
 
 
 def summary(record: Record, title: str) -> Table:
-    table = Table(title=title)
+    """The steps as a table; names and details are values (a group, a host, an error), never read as markup."""
+    table = Table(title=Text(title))
     for column in ("step", "hosts", "instances", "status", "seconds", "detail"):
         table.add_column(column, overflow="fold")
     for step in record.steps:
-        colour = STATUS_STYLES.get(step.status, "")
-        table.add_row(step.name, ", ".join(step.hosts), str(len(step.instances)),
-                      f"[{colour}]{step.status}[/]", "" if step.seconds is None else f"{step.seconds:g}",
-                      step.detail)
+        table.add_row(Text(step.name), Text(", ".join(step.hosts)), str(len(step.instances)),
+                      Text(step.status, style=STATUS_STYLES.get(step.status, "")),
+                      "" if step.seconds is None else f"{step.seconds:g}", Text(step.detail))
     return table
 
 
@@ -195,7 +197,7 @@ def rollout(
                 check_resumable(record, inventory, deploy, data, fleet)
                 fleet = Fleet(inventory, record.data)
                 progress_console.print(f"resuming the {describe_stopped(record, fleet.state.drained())}",
-                                       highlight=False, soft_wrap=True)
+                                       highlight=False, soft_wrap=True, markup=False)
         ok = run_record(fleet, record, drain_timeout, pause, as_json, f"rollout of {deploy} on {inventory}")
     if as_json:
         print(json.dumps({"ok": ok, **record.model_dump()}, indent=2))
@@ -222,7 +224,7 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
             fleet = Fleet(inventory, {**record.data, **given})
             check_deploy_files(ROUTES_DEPLOY)
         what = describe_stopped(record, state.drained())
-        progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True)
+        progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True, markup=False)
         with progress_console.status("gating the drained instances, then putting them back into the gateway"):
             left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
     if as_json:
@@ -237,7 +239,7 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
 
         console.print(f"abandoned; every instance it drained is back in the gateway. Its change is on "
                       f"{steps('done')}, maybe on {steps('failed', 'running')} (where it stopped), not on "
-                      f"{steps('pending')}.", highlight=False, soft_wrap=True)
+                      f"{steps('pending')}.", highlight=False, soft_wrap=True, markup=False)
 
 
 @rollout_app.command("swap-model")
@@ -281,7 +283,7 @@ def swap_model(
                     print(json.dumps({"ok": True, "already_serving": served}))
                 else:
                     console.print(f"already serving {served} on every instance; nothing to do", highlight=False,
-                                  soft_wrap=True)
+                                  soft_wrap=True, markup=False)
                 return
             if (problem := new_model_problem(new)) is not None:
                 raise FleetError(problem)
@@ -290,8 +292,8 @@ def swap_model(
             refused = blue_green_problem(fleet, new)
         strategy = ("blue/green per wave" if refused is None
                     else f"one instance per node at a time (blue/green refused: {refused})")
-        progress_console.print(f"swap-model: {strategy}", highlight=False)
-        with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
+        progress_console.print(f"swap-model: {strategy}", highlight=False, markup=False)
+        with progress_console.status(escape(f"staging {new['id']}@{new['revision']} beside the served weights")):
             problem = Runner(fleet, None, lambda *_: None, drain_timeout).pyinfra(
                 WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
         if problem is not None:
@@ -312,7 +314,7 @@ def swap_model(
     if not as_json:
         console.print(f"every instance serves {new['id']}@{new['revision']} as {new['served_model_name']}. "
                       f"Set model revision {new['revision']} (id {new['id']}) in your group data, or the next "
-                      "deploy puts the old model back.", highlight=False)
+                      "deploy puts the old model back.", highlight=False, markup=False)
 
 
 @rollout_app.command("load")
@@ -345,7 +347,7 @@ def load(
     before = prefix_cache_totals(fleet)
     previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
     try:
-        with progress_console.status(f"{concurrency} clients through {where}"):
+        with progress_console.status(escape(f"{concurrency} clients through {where}")):
             report = generator.start().wait()
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -356,16 +358,16 @@ def load(
     if as_json:
         print(json.dumps({**result, "through": where}, indent=2))
     elif not (generator.interrupted or generator.gave_up):
-        table = Table(title=f"load through {where}", show_header=False)
-        for key, value in result.items():
-            table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
+        table = Table(title=Text(f"load through {where}"), show_header=False)
+        for key, value in result.items():  # errors quote what the gateway answered: never markup
+            table.add_row(key, Text("\n".join(value) if isinstance(value, list) else str(value)))
         console.print(table)
     if generator.interrupted:
         progress_console.print(f"load interrupted (Ctrl-C) after {result['duration_s']}s: {report.count} requests "
                                f"through {report.url}, {len(report.failures)} failed"
                                + (f" (last: {report.failures[-1].error})" if report.failures else "")
                                + f", p99 latency {result['p99_latency_s'] or '-'}s; {generator.in_flight()} "
-                               "in flight not counted", highlight=False, soft_wrap=True)
+                               "in flight not counted", highlight=False, soft_wrap=True, markup=False)
         return 130
     if generator.gave_up:
         raise FleetError(f"load: every request through {report.url} failed for {give_up_after:g}s "

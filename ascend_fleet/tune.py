@@ -37,8 +37,10 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ascend_fleet import bench
 from ascend_fleet.cli import above_zero, result_directory
@@ -273,17 +275,17 @@ class Tune:
 
 def render(record: TuneRecord) -> Table:
     best = winner(record)
-    table = Table(title=f"tune: {record.canary} {record.instance}", header_style="bold")
+    table = Table(title=Text(f"tune: {record.canary} {record.instance}"), header_style="bold")
     for column in ("candidate", "status", "goodput req/s", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                    "ITL p99 ms", "failed", "SLO"):
         table.add_column(column, justify="left" if column in ("candidate", "status") else "right", overflow="fold")
     for candidate in record.candidates:
         r = candidate.result
         if candidate.status != "done":
-            table.add_row(candidate.label, candidate.status, *[""] * 7, candidate.reason)
+            table.add_row(Text(candidate.label), candidate.status, *[""] * 7, Text(candidate.reason))
             continue
         ok = meets_slo(r, record.slo)
-        name = f"[bold green]{candidate.label} (winner)[/]" if candidate is best else candidate.label
+        name = Text(f"{candidate.label} (winner)", style="bold green") if candidate is best else Text(candidate.label)
         table.add_row(name, "done", f"{r['request_goodput'] or 0:.2f}", f"{r['request_throughput']:.2f}",
                       f"{r['output_throughput']:.0f}", f"{r['p50_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f}",
                       f"{r['p50_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f}", f"{r['p99_itl_ms']:.1f}", str(r["failed"]),
@@ -395,7 +397,7 @@ def tune(
             task = progress.add_task("tune", total=len(record.candidates))
 
             def report(what: str) -> None:
-                progress.update(task, description=what,
+                progress.update(task, description=escape(what),
                                 completed=sum(c.status != "pending" for c in record.candidates))
 
             recorded_load = bench.BenchOptions(**{k: v for k, v in record.load.items() if v is not None})
@@ -404,7 +406,7 @@ def tune(
     if ctrl_c.pressed:
         left = sum(c.status == "pending" for c in record.candidates)
         progress_console.print(f"interrupted: {canary} {instance} is back with its own settings and in the gateway; "
-                               f"the same command with --resume runs the {left} candidates left")
+                               f"the same command with --resume runs the {left} candidates left", markup=False)
         raise typer.Exit(130)
     return finish(record, fleet, result_dir, as_json)
 
@@ -440,7 +442,7 @@ def finish(record: TuneRecord, fleet: Fleet, result_dir: Path, as_json: bool) ->
             console.print(f"[yellow]{len(left)} candidates not run (budget): the same command with --resume runs them")
         if best:
             drawing = f"plot: {png}" if drawn else "no plot (pip install 'ascend-fleet[chart]' draws tune.png)"
-            console.print(f"winner: {best.label}; group data to apply: {snippet_file}; {drawing}")
+            console.print(f"winner: {best.label}; group data to apply: {snippet_file}; {drawing}", markup=False)
         else:
             console.print("[bold red]no candidate met the SLO without failed requests[/]")
     return 0 if best else 1
