@@ -244,7 +244,7 @@ def parse_slo(text: str) -> dict[str, float]:
         except ValueError:
             limit = None
         if not sep or key not in valid or limit is None or limit <= 0:
-            raise FleetError(f"--slo {item!r}: expected METRIC_ms=LIMIT with METRIC one of "
+            raise InputError(f"--slo {item!r}: expected METRIC_ms=LIMIT with METRIC one of "
                              f"{', '.join(LATENCIES)} (judged at p99), or STAT_METRIC_ms with STAT one of "
                              f"{', '.join(STATISTICS)}; e.g. {DEFAULT_SLO}")
         slo[key] = limit

@@ -107,7 +107,7 @@ def limited_hosts(inventory: Inventory, limit: list[str] | None, path: Path) -> 
         except NoGroupError:
             hosts = [host.name for host in inventory if fnmatch(host.name, pattern)]
         if not hosts:
-            error = FleetError(f"{path}: --limit {pattern}: no group or host of the inventory matches it; "
+            error = FleetError(f"{path}: --limit {visible(pattern)}: no group or host of the inventory matches it; "
                                f"groups: {', '.join(sorted(inventory.groups))}")
             error.exit_code = 2  # asked for what the inventory does not have, as a usage mistake
             raise error

@@ -44,7 +44,7 @@ from rich.text import Text
 
 from ascend_fleet import bench
 from ascend_fleet.cli import above_zero, result_directory
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import plan_fleet
 from ascend_fleet.hostdata import Serving
 from ascend_fleet.rollout import (
@@ -101,15 +101,15 @@ def parse_grid(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or not values.strip():
-            raise FleetError(f"--grid {item!r}: expected KEY=V1,V2,...; e.g. max_num_seqs=4,16,64")
+            raise InputError(f"--grid {item!r}: expected KEY=V1,V2,...; e.g. max_num_seqs=4,16,64")
         if key not in SERVING_KEYS and not key.isupper():
-            raise FleetError(f"--grid {key}: not a serving option ({', '.join(sorted(SERVING_KEYS))}) nor an NPU "
+            raise InputError(f"--grid {visible(key)}: not a serving option ({', '.join(sorted(SERVING_KEYS))}) nor an NPU "
                              "environment variable (upper case, e.g. HCCL_BUFFSIZE)")
         if key in grid:
-            raise FleetError(f"--grid {key} given twice; list every value in one --grid {key}=...")
+            raise InputError(f"--grid {key} given twice; list every value in one --grid {key}=...")
         grid[key] = [parse_data([f"v={value.strip()}"])["v"] for value in values.split(",")]
     if not grid:
-        raise FleetError("tune: pass at least one --grid KEY=V1,V2,...")
+        raise InputError("tune: pass at least one --grid KEY=V1,V2,...")
     return grid
 
 
@@ -361,17 +361,17 @@ def tune(
     limits = bench.parse_slo(slo)
     grid_values = parse_grid(grid)
     if dataset == "sharegpt" and (dataset_path is None or not dataset_path.is_file()):
-        raise FleetError("--dataset sharegpt needs --dataset-path FILE")
+        raise InputError("--dataset sharegpt needs --dataset-path FILE")
     fleet = Fleet(inventory, {})
     config = fleet.configs.get(canary)
     if config is None or not config.is_worker:
-        raise FleetError(f"--canary {canary}: not a worker of {inventory}; workers: {', '.join(fleet.workers)}")
+        raise InputError(f"--canary {visible(canary)}: not a worker of {inventory}; workers: {', '.join(fleet.workers)}")
     if canary in fleet.roles:
-        raise FleetError(f"--canary {canary}: serves a multi-node instance; tune takes an instance of one host")
+        raise InputError(f"--canary {canary}: serves a multi-node instance; tune takes an instance of one host")
     names = [i.name for i in config.instances]
     instance = instance or names[0]
     if instance not in names:
-        raise FleetError(f"--instance {instance}: {canary} serves {', '.join(names)}")
+        raise InputError(f"--instance {visible(instance)}: {canary} serves {', '.join(names)}")
     load = bench.BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts,
                               float("inf") if concurrency else request_rate, concurrency, input_len, output_len)
     asked = [Candidate(settings=settings) for settings in candidates_of(grid_values)]
