@@ -32,11 +32,14 @@ from typing import Annotated, Optional
 import typer
 from pyinfra.api import Host, Inventory
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ascend_fleet.cli import above_zero, result_directory
 from ascend_fleet.credentials import api_key
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import load_inventory
+from ascend_fleet.fleetstate import split_backend_key
 from ascend_fleet.gateway import address_holders, client_url, gateway_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
@@ -165,7 +168,7 @@ class BenchOptions:
             recorded = result["ascend_fleet"]["bench"]
             return cls(**{name: recorded[name] for name in cls.__dataclass_fields__ if recorded.get(name) is not None})
         except (KeyError, TypeError):
-            raise FleetError(f"{path}: no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`") from None
+            raise InputError(f"{visible(path)}: no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`") from None
 
 
 @contextmanager
@@ -241,7 +244,7 @@ def parse_slo(text: str) -> dict[str, float]:
         except ValueError:
             limit = None
         if not sep or key not in valid or limit is None or limit <= 0:
-            raise FleetError(f"--slo {item!r}: expected METRIC_ms=LIMIT with METRIC one of "
+            raise InputError(f"--slo {item!r}: expected METRIC_ms=LIMIT with METRIC one of "
                              f"{', '.join(LATENCIES)} (judged at p99), or STAT_METRIC_ms with STAT one of "
                              f"{', '.join(STATISTICS)}; e.g. {DEFAULT_SLO}")
         slo[key] = limit
@@ -305,7 +308,7 @@ def parse_share(text: str) -> float:
     except ValueError:
         value = -1
     if not 0 <= value < 1:
-        raise FleetError(f"--max-regression {text!r}: expected a share such as 5% or 0.05")
+        raise InputError(f"--max-regression {text!r}: expected a share such as 5% or 0.05")
     return value
 
 
@@ -339,7 +342,7 @@ def run_bench(command: list[str], log: Path, status: str | None = None) -> None:
     env = {**os.environ, **serving_env(BENCH_CACHE / "cache")}
     if key := api_key():  # vllm bench serve sends OPENAI_API_KEY as the Bearer key
         env["OPENAI_API_KEY"] = key
-    with log.open("w") as out, (console.status(f"{status} (log in {log})") if status else contextlib.nullcontext()):
+    with log.open("w") as out, (console.status(escape(f"{status} (log in {log})")) if status else contextlib.nullcontext()):
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -370,9 +373,9 @@ def _change(value, previous, higher_is_better: bool) -> str:
 def render(result: dict, previous: dict | None) -> Table:
     run = result["ascend_fleet"]
     table = Table(title="vllm bench serve", header_style="bold",
-                  caption=f"{run['model']['id']}@{run['model']['revision']}, profile {run['profile']['name']}, "
+                  caption=escape(f"{run['model']['id']}@{run['model']['revision']}, profile {run['profile']['name']}, "
                           + (f"instance {run['instance']}" if run.get("instance") else
-                             f"{run['instances']} instances via {run['gateway']['url']}"))
+                             f"{run['instances']} instances via {run['gateway']['url']}")))
     table.add_column("metric")
     table.add_column("value", justify="right")
     if previous is not None:
@@ -393,7 +396,8 @@ def bench(
     dataset: Annotated[str, typer.Option("--dataset", help="random or sharegpt")] = "random",
     dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path", help="sharegpt: the ShareGPT JSON file")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
-    request_rate: Annotated[float, typer.Option("--request-rate", help="requests per second; inf: all at once")] = 10.0,
+    request_rate: Annotated[float, typer.Option(
+        "--request-rate", callback=above_zero, help="requests per second; inf: all at once")] = 10.0,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", min=1)] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="random: prompt tokens", min=1)] = 256,
     output_len: Annotated[int, typer.Option("--output-len", help="random: output tokens", min=1)] = 128,
@@ -427,11 +431,13 @@ def bench(
     if dataset == "sharegpt" and (dataset_path is None or not dataset_path.is_file()):
         raise FleetError("--dataset sharegpt needs --dataset-path FILE (ShareGPT_V3_unfiltered_cleaned_split.json)")
     limits = parse_slo(slo)
+    if instance:
+        split_backend_key(instance, "--instance", whole_host=False)  # before the venv is built for nothing
     previous = _read_result(compare) if compare else None
+    result_directory(result_dir, "--result-dir")
     ensure_bench_venv("bench")
     loaded = load_inventory(inventory)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    result_dir.mkdir(parents=True, exist_ok=True)
     options = BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts, request_rate,
                            max_concurrency, input_len, output_len, seed)
     with contextlib.ExitStack() as stack:
@@ -454,30 +460,33 @@ def bench(
             console.print(f"SLO {verdict['metric']} <= {verdict['limit_ms']:g} ms: "
                           f"{_value(verdict['measured_ms'], 'ms')}  {word}")
         if failed:
-            console.print(f"[bold red]{failed} of {num_prompts} requests failed[/]: see {result_dir / name}.log")
+            console.print(f"[bold red]{failed} of {num_prompts} requests failed[/]: see {escape(str(result_dir / name))}.log")
         for other in target.mixed:
-            console.print(f"[yellow]the fleet also serves {other}: this run mixes them[/]")
-        console.print(f"result: {result_file}")
+            console.print(f"[yellow]the fleet also serves {escape(other)}: this run mixes them[/]")
+        console.print(f"result: {result_file}", markup=False)
     return 0 if all(v["passed"] for v in slo_results) and not failed else 1
 
 
 @contextmanager
 def direct_target(inventory_path: Path, inventory: Inventory, named: str) -> Iterator[Target]:
     """--instance HOST/INSTANCE as a target reached through an SSH tunnel."""
-    host_name, _, instance = named.partition("/")
+    host_name, instance = split_backend_key(named, "--instance", whole_host=False)
     host = inventory.get_host(host_name) if host_name in {h.name for h in inventory} else None
     config = host_node_config(host) if host else None
     if config is None or instance not in [i.name for i in config.instances]:
-        raise FleetError(f"--instance {named}: no such instance in {inventory_path}; give HOST/INSTANCE, e.g. "
-                         "worker1/vllm-0")
+        raise InputError(f"--instance {visible(named)}: no such instance in {inventory_path}; give HOST/INSTANCE, "
+                         "e.g. worker1/vllm-0")
     with instance_target(inventory_path, host, config, instance) as target:
         yield target
 
 
 def _read_result(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        result = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FleetError(f"{path}: no such result file") from None
-    except json.JSONDecodeError as exc:
-        raise FleetError(f"{path}: not a bench result (invalid JSON: {exc})") from None
+        raise InputError(f"{visible(path)}: no such result file") from None
+    except (OSError, ValueError) as exc:  # a directory, bytes that are not UTF-8, not JSON
+        raise InputError(f"{visible(path)}: not a bench result ({exc})") from None
+    if not isinstance(result, dict):
+        raise InputError(f"{visible(path)}: not a bench result (a JSON {type(result).__name__}, not an object)")
+    return result

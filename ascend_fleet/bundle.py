@@ -43,10 +43,19 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
+from pydantic import BaseModel, ValidationError
 
 from ascend_fleet import FILES, PROJECT_ROOT
-from ascend_fleet.bundle_layout import CONTROL_DIR, LOCKS_DIR, MANIFEST, MODELS_DIR, OS_DIR, VENDOR_DIR
-from ascend_fleet.errors import FleetError
+from ascend_fleet.bundle_layout import (
+    CONTROL_DIR,
+    LOCKS_DIR,
+    MANIFEST,
+    MODELS_DIR,
+    OS_DIR,
+    VENDOR_DIR,
+    read_bundle_manifest,
+)
+from ascend_fleet.errors import FleetError, InputError, describe_validation
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.hostdata import URL, Model, NodeConfig
 from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
@@ -366,7 +375,7 @@ def bundle_models(workers: list[NodeConfig], model_dirs: list[Path], models: Pat
     on_disk = {}
     for directory in model_dirs:
         if (directory / MANIFEST_NAME).exists():
-            manifest = read_manifest(directory)
+            manifest = given_weights_manifest(directory)
             on_disk[(manifest["model_id"], manifest["revision"])] = directory
         elif len(wanted) == 1:
             on_disk[next(iter(wanted))] = directory
@@ -384,10 +393,36 @@ def bundle_models(workers: list[NodeConfig], model_dirs: list[Path], models: Pat
                              "does not fetch: download it, then give --model-dir with its files")
 
 
+class WeightsFile(BaseModel):
+    sha256: str
+    size: int
+
+
+class WeightsManifest(BaseModel):
+    """The weights stager's manifest (model_tree.weights_manifest) as a --model-dir carries it."""
+
+    model_id: str
+    revision: str
+    files: dict[str, WeightsFile]
+
+
+def given_weights_manifest(directory: Path) -> dict:
+    """--model-dir's manifest, refused in one line naming it and the key when it is not of the shape the
+    weights stager writes (a hand-made or truncated one)."""
+    try:
+        manifest = read_manifest(directory)
+        WeightsManifest.model_validate(manifest)
+    except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+        why = describe_validation(exc, WeightsManifest) if isinstance(exc, ValidationError) else str(exc)
+        raise InputError(f"bundle: --model-dir {directory}: cannot read {MANIFEST_NAME} ({why}); make it with the "
+                         "weights' own files, or leave it out (the bundle makes one)") from None
+    return manifest
+
+
 def copy_model(directory: Path, model: Model, target: Path, progress: Callable[[str], None]) -> None:
     """Weights on disk into the tree, with their manifest (made here when they have none), checked."""
     given = (directory / MANIFEST_NAME).exists()
-    manifest = read_manifest(directory) if given else weights_manifest(directory, model.id, model.revision)
+    manifest = given_weights_manifest(directory) if given else weights_manifest(directory, model.id, model.revision)
     progress(f"model {model.id}@{model.revision}: {len(manifest['files'])} files from {directory}")
     for name, entry in manifest["files"].items():
         dest = target / name
@@ -426,10 +461,7 @@ def current_files(out: Path) -> dict[str, str]:
 
 def verify_bundle(out: Path) -> list[str]:
     """One line per file that is not as the manifest lists it: changed, missing, or not listed."""
-    try:
-        listed = json.loads((out / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise FleetError(f"bundle {out}: cannot read {MANIFEST} ({exc}); make it with `ascend-fleet bundle`") from None
+    listed = read_bundle_manifest(out).files
     found = current_files(out)
     lines = [f"bundle {out}: {name} differs from the manifest (sha256 {found[name]}, listed {digest})"
              for name, digest in listed.items() if name in found and found[name] != digest]
@@ -438,16 +470,12 @@ def verify_bundle(out: Path) -> list[str]:
     return lines
 
 
-def platforms_of(out: Path) -> list[dict]:
-    return json.loads((out / MANIFEST).read_text())["platforms"]
-
-
 def os_coverage_refusal(out: Path, known: NodeOs, arch: str) -> str | None:
     """Why the bundle has no OS packages for a node of this release and arch, or None."""
-    served = json.loads((out / MANIFEST).read_text()).get("os", [])
-    if any((r["distribution"], r["release"], r["arch"]) == (known.distribution, known.release, arch) for r in served):
+    served = read_bundle_manifest(out).os
+    if any((r.distribution, r.release, r.arch) == (known.distribution, known.release, arch) for r in served):
         return None
-    has = ", ".join(f"{r['distribution']} {r['release']} {r['arch']}" for r in served) or "none"
+    has = ", ".join(f"{r.distribution} {r.release} {r.arch}" for r in served) or "none"
     return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --os '{known.name}' --arch {arch}` where the archive answers")
 
@@ -456,26 +484,26 @@ def rpms_lacking(out: Path, known: NodeOs, arch: str, packages: list[str]) -> li
     """Which of these packages, each NAME-VERSION-RELEASE.ARCH, the bundle's dnf repository for this release and
     arch lacks: dnf download keeps the repository's file names, NAME-VERSION-RELEASE.ARCH.rpm (rpmbuild's
     default _rpmfilename, which openEuler's repositories keep)."""
-    listed = json.loads((out / MANIFEST).read_text())["files"]
+    listed = read_bundle_manifest(out).files
     return [package for package in packages
             if f"{OS_DIR}/{repository_name(known, arch)}/{package}.rpm" not in listed]
 
 
 def coverage_refusal(out: Path, profile: str, arch: str, python: str) -> str | None:
     """Why the bundle cannot serve a node of this profile, arch and Python, or None."""
-    served = platforms_of(out)
-    if any((p["profile"], p["arch"], p["python"]) == (profile, arch, python) for p in served):
+    served = read_bundle_manifest(out).platforms
+    if any((p.profile, p.arch, p.python) == (profile, arch, python) for p in served):
         return None
-    has = ", ".join(f"{p['profile']} {p['arch']} Python {p['python']}" for p in served) or "nothing"
+    has = ", ".join(f"{p.profile} {p.arch} Python {p.python}" for p in served) or "nothing"
     return (f"bundle {out} has no {profile} for {arch} Python {python} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch}` where the indexes answer")
 
 
 def router_coverage_refusal(out: Path, version: str, arch: str, python: str) -> str | None:
     """Why the bundle cannot install vllm-router `version` on a gateway of this arch and system Python, or None."""
-    served = json.loads((out / MANIFEST).read_text()).get("routers", [])
-    if any((r["vllm_router"], r["arch"], r["python"]) == (version, arch, python) for r in served):
+    served = read_bundle_manifest(out).routers
+    if any((r.vllm_router, r.arch, r.python) == (version, arch, python) for r in served):
         return None
-    has = ", ".join(f"vllm-router {r['vllm_router']} {r['arch']} Python {r['python']}" for r in served) or "none"
+    has = ", ".join(f"vllm-router {r.vllm_router} {r.arch} Python {r.python}" for r in served) or "none"
     return (f"bundle {out} has no vllm-router {version} for {arch} Python {python} (it has {has}); make it with "
             f"`ascend-fleet bundle INVENTORY --out {out} --arch {arch} --os RELEASE` where the indexes answer")

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from ascend_fleet.bundle import build_bundle, verify_bundle
 
-console = Console(highlight=False, soft_wrap=True)
-progress_console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, markup=False)  # lines quote paths and names: never markup
+progress_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def bundle(

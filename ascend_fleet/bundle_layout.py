@@ -7,7 +7,9 @@ import json
 import re
 from pathlib import Path
 
-from ascend_fleet.errors import FleetError
+from pydantic import BaseModel, ValidationError
+
+from ascend_fleet.errors import FleetError, describe_validation
 
 MANIFEST = "bundle-manifest.json"  # every file with its sha256, and the platforms and releases it serves
 LOCKS_DIR = "locks"  # the profiles' locks the nodes install from
@@ -21,10 +23,58 @@ def model_dir(bundle: Path, model_id: str, revision: str) -> Path:
     return bundle / MODELS_DIR / model_id / revision
 
 
+class PlatformEntry(BaseModel):
+    """A profile's stack for one arch and Python: its lock in the bundle."""
+
+    profile: str
+    arch: str
+    python: str
+    lock: str
+
+
+class RouterEntry(BaseModel):
+    """A vllm-router for one arch and the gateways' system Python: its lock in the bundle."""
+
+    vllm_router: str
+    arch: str
+    python: str
+    lock: str
+
+
+class OsEntry(BaseModel):
+    """A release's OS packages for one arch, as a repository in the bundle."""
+
+    distribution: str
+    release: str
+    arch: str
+    repository: str
+
+
+class Manifest(BaseModel):
+    """MANIFEST as `ascend-fleet bundle` writes it (bundle.build_bundle)."""
+
+    files: dict[str, str] = {}  # path in the bundle -> sha256
+    platforms: list[PlatformEntry] = []
+    routers: list[RouterEntry] = []
+    os: list[OsEntry] = []
+
+
+def read_bundle_manifest(bundle: Path) -> Manifest:
+    """The bundle's manifest; one that cannot be read, is not JSON or not of the shape the bundle writes
+    (a hand-edited or truncated one) is refused in one line naming the file and the key."""
+    path = bundle / MANIFEST
+    try:
+        return Manifest.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+        why = describe_validation(exc, Manifest) if isinstance(exc, ValidationError) else str(exc)
+        raise FleetError(f"bundle {bundle}: cannot read {MANIFEST} ({why}); make it again with "
+                         "`ascend-fleet bundle`") from None
+
+
 def listed_sha256(bundle: Path, name: str) -> str:
     """A file's sha256 as the bundle's manifest lists it (preflight checked the file against it); it goes
     into the nodes' package sources, so anything but 64 hex digits is refused."""
-    digest = json.loads((bundle / MANIFEST).read_text())["files"][name]
+    digest = read_bundle_manifest(bundle).files.get(name)
     if not re.fullmatch(r"[0-9a-f]{64}", str(digest)):
         raise FleetError(f"bundle {bundle}: {MANIFEST} lists {name} with {digest!r}, not a sha256; make the bundle "
                          "again with `ascend-fleet bundle`")

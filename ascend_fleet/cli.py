@@ -4,12 +4,14 @@ import importlib
 import logging
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, InputError, visible
 
 # Each command's module and how it joins the CLI: "group" (a sub-app under the command's name),
 # "merged" (a sub-app whose commands join the top level), "command" (one function). Only the
@@ -36,6 +38,28 @@ err_console = Console(stderr=True)
 # which click's own except clause does not catch.
 USAGE_ERRORS = tuple({click.ClickException, *(kind for kind in typer.BadParameter.__mro__
                                              if kind.__name__ == "ClickException")})
+
+
+def above_zero(value: float | None) -> float | None:
+    """A typer callback for a number that means nothing at 0 or below (a rate, a duration, an interval):
+    typer's min= takes 0 itself. Refused as typer refuses, exit 2; nan too."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g}: expected a number above 0")
+    return value
+
+
+def result_directory(path: Path, option: str) -> Path:
+    """The directory a command writes its results into, made if missing; refused in one line (exit 2) when
+    the path is a file or cannot be made, before any run that would have nowhere to write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"{option} {visible(path)}: a file, not a directory; give a directory (made if "
+                         "missing) for the results") from None
+    except OSError as exc:
+        raise InputError(f"{option} {visible(path)}: cannot be made ({exc.strerror}); give a directory this "
+                         "user can write") from None
+    return path
 
 
 def _print_version(asked: bool) -> None:
@@ -79,7 +103,8 @@ def main() -> None:
     try:
         rc = build_app(sys.argv[1] if len(sys.argv) > 1 else None)(standalone_mode=False)
     except FleetError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # The message quotes values (host names, model ids, paths): never read as markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(getattr(exc, "exit_code", 1))  # 2 where one asks for what the input cannot give
     except USAGE_ERRORS as exc:
         exc.show()
@@ -87,4 +112,7 @@ def main() -> None:
     except (click.Abort, typer.Abort):
         err_console.print("aborted")
         sys.exit(130)
+    except OSError as exc:  # a file this machine cannot read or write (a full disk, a permission): one line
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(1)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -32,7 +32,7 @@ Target = Annotated[str, typer.Argument(help="HOST (every instance it serves) or 
 
 
 def report(step: Step, what: str) -> None:
-    progress_console.print(f"{step.name}: {what}", highlight=False)
+    progress_console.print(f"{step.name}: {what}", highlight=False, markup=False)
 
 
 @drain_app.command("drain")
@@ -73,7 +73,7 @@ def undrain(inventory: Inventory, target: Target, data: Data = None) -> None:
                              f"rollout; `ascend-fleet rollout {inventory} --resume` or `--abandon` puts it back")
         wanted = [backend for backend in backends if backend.key in drained]
         if not wanted:
-            console.print(f"{target}: nothing drained, nothing to do", highlight=False)
+            console.print(f"{target}: nothing drained, nothing to do", highlight=False, markup=False)
             return
         if failing := failing_gates(fleet, wanted):
             out = "; ".join(f"{b.key} gate {verdict.gate}: {verdict.detail}" for b, verdict in failing)
@@ -82,4 +82,4 @@ def undrain(inventory: Inventory, target: Target, data: Data = None) -> None:
         if (problem := runner.set_gateway(drained - {b.key for b in wanted}, f"undrain {target}")) is not None:
             raise FleetError(f"undrain {target} changed nothing: {problem}")
     console.print(f"{', '.join(b.key for b in wanted)} back in routing at {', '.join(fleet.gateways)}",
-                  highlight=False, soft_wrap=True)
+                  highlight=False, soft_wrap=True, markup=False)

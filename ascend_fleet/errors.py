@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import reprlib
+import unicodedata
 from typing import get_args
 
 import pyinfra
@@ -36,6 +37,30 @@ class FleetError(*_BASES):
     host is changed and prints `pyinfra error: <message>`, not a traceback; `ascend-fleet`
     prints it as `error: <message>`.
     """
+
+
+class InputError(FleetError):
+    """A refusal of what the operator typed (an option's value, a name, a file given): exit 2, as click's
+    usage mistakes, before anything connects or changes."""
+
+    exit_code = 2
+
+
+def visible(value: object) -> str:
+    """A value as a message quotes it, so that what the eye cannot tell apart shows: as is when it is
+    printable ASCII without blanks at either end; else quoted with each other character escaped, and named:
+    `'Qwen/Qwen3\\u201032B' (U+2010 HYPHEN)`, `'main ' (a trailing blank)`. A lookalike or a stray blank
+    otherwise reads as the right name in "no such ..." (the path printed looks like the one meant)."""
+    text = str(value)
+    if not text:
+        return "'' (empty)"
+    notes = [f"U+{ord(char):04X}" + (f" {unicodedata.name(char)}" if unicodedata.name(char, "") else "")
+             for char in dict.fromkeys(text) if not " " <= char <= "~"]
+    if text[:1] == " ":
+        notes.append("a leading blank")
+    if text[-1:] == " ":
+        notes.append("a trailing blank")
+    return f"{ascii(text)} ({', '.join(notes)})" if notes else text
 
 
 def describe_validation(exc: ValidationError, model: type[BaseModel], hidden: frozenset[str] = frozenset()) -> str:
@@ -75,7 +100,9 @@ def _problem(error: dict, model: type[BaseModel], hidden: frozenset[str]) -> str
     message = error["msg"].removeprefix("Value error, ")
     if isinstance(error["input"], dict):  # a check of the whole mapping: its keys are already named by `where`
         return f"{where}: {message}"
-    return f"{where}: {message} (got {reprlib.repr(error['input'])})"
+    given = error["input"]
+    shown = visible(given) if isinstance(given, str) and visible(given) != given else reprlib.repr(given)
+    return f"{where}: {message} (got {shown})"
 
 
 def _suggestions(model: type[BaseModel], loc: tuple, hidden: frozenset[str]) -> list[str]:

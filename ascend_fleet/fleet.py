@@ -23,7 +23,7 @@ from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES
 from ascend_fleet.bundle_layout import model_dir
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, visible
 from ascend_fleet.gateway import virtual_address_problems
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, NodeConfig
@@ -107,7 +107,7 @@ def limited_hosts(inventory: Inventory, limit: list[str] | None, path: Path) -> 
         except NoGroupError:
             hosts = [host.name for host in inventory if fnmatch(host.name, pattern)]
         if not hosts:
-            error = FleetError(f"{path}: --limit {pattern}: no group or host of the inventory matches it; "
+            error = FleetError(f"{path}: --limit {visible(pattern)}: no group or host of the inventory matches it; "
                                f"groups: {', '.join(sorted(inventory.groups))}")
             error.exit_code = 2  # asked for what the inventory does not have, as a usage mistake
             raise error
@@ -134,9 +134,10 @@ def read_model_config(path: Path) -> dict:
     try:
         config = json.loads(config_file.read_text())
     except FileNotFoundError:
-        raise FleetError(f"{config_file}: no such file; pass --model-config a config.json or the model directory") from None
-    except json.JSONDecodeError as exc:
-        raise FleetError(f"{config_file}: not valid JSON ({exc})") from exc
+        raise FleetError(f"{visible(config_file)}: no such file; pass --model-config a config.json or the model "
+                         "directory") from None
+    except (OSError, ValueError) as exc:  # not JSON, not UTF-8 (UnicodeDecodeError), unreadable
+        raise FleetError(f"{config_file}: cannot be read as JSON ({exc})") from None
     if not isinstance(config, dict):
         raise FleetError(f"{config_file}: a JSON {type(config).__name__}, not the object a model's config.json is; "
                          "pass the model's config.json or its directory")
@@ -207,8 +208,8 @@ def read_modelslim_description(path: Path) -> dict | None:
         return json.loads(description.read_text())
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as exc:
-        raise FleetError(f"{description}: not valid JSON ({exc})") from exc
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"{description}: cannot be read as JSON ({exc})") from None
 
 
 def model_shape(config: dict, description: dict | None) -> ModelShape:
@@ -253,8 +254,8 @@ class ModelConfigs:
             base = f"{model.url}/models/{model.id}/{model.revision}"
             return (_fetch_json(f"{base}/config.json", config.host),
                     _fetch_json(f"{base}/{MODELSLIM_DESCRIPTION}", config.host, missing_ok=True))
-        raise FleetError(f"{config.host}: model {model.id}@{model.revision}: no config.json to plan with; "
-                         f"pass --model-config, or put it at {staged}")
+        raise FleetError(f"{config.host}: model {visible(f'{model.id}@{model.revision}')}: no config.json to plan "
+                         f"with; pass --model-config, or put it at {visible(staged)}")
 
 
 def _fetch_json(url: str, host: str, missing_ok: bool = False) -> dict | None:

@@ -29,6 +29,8 @@ import json
 import os
 from pathlib import Path
 
+from ascend_fleet.errors import InputError, visible
+
 GATEWAY_FILE = "gateway.json"
 ROLLOUT_FILE = "rollout.json"
 TUNE_FILE = "tune.json"
@@ -43,6 +45,18 @@ def other_colour(colour: str) -> str:
 
 def backend_key(host: str, instance: str) -> str:
     return f"{host}/{instance}"
+
+
+def split_backend_key(target: str, option: str, whole_host: bool = True) -> tuple[str, str | None]:
+    """An instance as an operator names it, HOST/INSTANCE (or HOST alone, every instance it serves, where
+    `whole_host`): (host, instance or None). A part left empty is refused in one line naming `option`:
+    `HOST/` would otherwise name every instance of the host."""
+    host, slash, instance = target.partition("/")
+    if not host.strip() or (slash or not whole_host) and not instance.strip() or "/" in instance:
+        alone = "HOST (every instance it serves) or " if whole_host else ""
+        raise InputError(f"{option} {visible(target)}: expected {alone}HOST/INSTANCE, both parts given, e.g. "
+                         "worker2/vllm-1")
+    return host, instance or None
 
 
 def counts_as_served(served: dict[str, set[str]], host: str, instance: str) -> bool:

@@ -11,9 +11,12 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.cli import above_zero
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import (
     MODELS_DIR,
     FleetPlan,
@@ -55,15 +58,17 @@ def plan(
         "--models-dir", help="with INVENTORY: local model configs as <org>/<name>/<revision>/config.json "
                              f"[default: {MODELS_DIR}]")] = None,
     chip: Annotated[str, typer.Option("--chip", help="NPU model: 910B3 or 910B4")] = "910B3",
-    tp: Annotated[int, typer.Option("--tp", help="--tensor-parallel-size")] = 1,
-    dp: Annotated[int, typer.Option("--dp", help="--data-parallel-size (engines, e.g. one per node)")] = 1,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="--tensor-parallel-size")] = 1,
+    dp: Annotated[int, typer.Option("--dp", min=1, help="--data-parallel-size (engines, e.g. one per node)")] = 1,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="spread experts over all tp x dp NPUs")] = False,
     mtp: Annotated[bool, typer.Option("--mtp", help="speculative decoding with the model's MTP layers (their weights resident)")] = False,
-    max_model_len: Annotated[int, typer.Option("--max-model-len")] = 32768,
-    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
+    max_model_len: Annotated[int, typer.Option("--max-model-len", min=1)] = 32768,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", max=1, callback=above_zero, help="the share of each NPU's HBM vLLM may use")] = 0.9,
     dtype: Annotated[str, typer.Option("--dtype", help="float16, bfloat16 or float32")] = "bfloat16",
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="w8a8, w4a8 or int4")] = None,
-    usable_hbm_gib: Annotated[Optional[float], typer.Option("--usable-hbm-gib", help="override the chip table's usable HBM per NPU")] = None,
+    usable_hbm_gib: Annotated[Optional[float], typer.Option(
+        "--usable-hbm-gib", callback=above_zero, help="override the chip table's usable HBM per NPU")] = None,
     profile: Annotated[Optional[str], typer.Option(
         "--profile", help="with --model-config: also check that this stack profile serves the model")] = None,
     predict_concurrency: Annotated[Optional[int], typer.Option(
@@ -93,6 +98,9 @@ def plan(
     override = int(usable_hbm_gib * GIB) if usable_hbm_gib is not None else None
     try:
         shape = model_shape(read_model_config(model_config), read_modelslim_description(model_config))
+    except ConfigError as exc:
+        raise InputError(f"{visible(model_config)}: {exc}; pass the model's own config.json") from None
+    try:
         quantization, quantization_findings = planned_quantization(shape, quantization, ascend=False)
         result = plan_instance(
             shape,
@@ -107,8 +115,8 @@ def plan(
             quantization=quantization,
             hbm_bytes_override=override,
         )
-    except ConfigError as exc:
-        raise FleetError(f"{model_config}: {exc}") from exc
+    except ConfigError as exc:  # an option the planner does not know (--chip, --dtype, --quantization)
+        raise InputError(f"plan: {exc}") from None
     findings = [*result.findings, *quantization_findings]
     if profile is not None:
         stack = load_profile(profile)
@@ -171,22 +179,22 @@ def print_fleet(fleet: FleetPlan, inventory: Path) -> None:
     row, readable at 80 columns), the hosts of each group below it; then each distinct warning once with its
     hosts. --json keeps one entry per instance."""
     groups = plan_groups(fleet)
-    table = Table(title=f"plan: {inventory} (GiB per NPU)", box=box.SIMPLE_HEAD, pad_edge=False,
+    table = Table(title=Text(f"plan: {inventory} (GiB per NPU)"), box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False)
     # Short headers: nine columns in 80 (`conc.` the concurrency at max_model_len, `seqs` the max-num-seqs it suggests)
     for column in ("#", "inst.", "layout", "weights", "KV tokens", "conc.", "seqs", "headroom", "verdict"):
         table.add_column(column, justify="left" if column in ("layout", "verdict") else "right")
     for number, (row, reports) in enumerate(groups.items(), start=1):
-        table.add_row(str(number), str(len(reports)), *row[:-1], f"[{VERDICT_STYLES[row[-1]]}]{row[-1]}[/]")
+        table.add_row(str(number), str(len(reports)), *row[:-1], Text(row[-1], style=VERDICT_STYLES[row[-1]]))
     console.print(table)
     for number, reports in enumerate(groups.values(), start=1):
         hosts = list(dict.fromkeys(report.host for report in reports))
         instances = sorted({report.instance.name for report in reports})
         hccl = [f"{first}-{last}" for first, last in sorted({(r.hccl_ports[0], r.hccl_ports[-1]) for r in reports})]
         console.print(f"group {number}: {len(hosts)} host{'s' if len(hosts) > 1 else ''} "
-                      f"({few(hosts)}), instances {few(instances)}, HCCL ranges {few(hccl)}", highlight=False)
+                      f"({few(hosts)}), instances {few(instances)}, HCCL ranges {few(hccl)}", highlight=False, markup=False)
     for message, hosts in fleet.warnings().items():
-        console.print(f"[yellow]warning:[/] {message} ({', '.join(hosts)})", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(message)} ({escape(', '.join(hosts))})", highlight=False)
 
 
 def plan_groups(fleet: FleetPlan) -> dict[tuple[str, ...], list[InstanceReport]]:
@@ -215,7 +223,7 @@ def layout(result: InstancePlan) -> str:
 
 def print_plan(result: InstancePlan, model_config: Path) -> None:
     """One table of per-NPU figures, then the findings."""
-    table = Table(title=f"plan: {model_config}", show_header=False)
+    table = Table(title=Text(f"plan: {model_config}"), show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     rows = [
@@ -234,14 +242,14 @@ def print_plan(result: InstancePlan, model_config: Path) -> None:
         ("suggested --max-num-seqs", str(result.suggested_max_num_seqs)),
         ("HCCL reserve per NPU", format_gib(result.hccl_reserve_bytes_per_npu, 2)),
         ("HBM headroom per NPU", format_gib(result.headroom_bytes_per_npu, 2)),
-        ("verdict", f"[{VERDICT_STYLES[result.verdict]}]{result.verdict}[/]"),
     ]
     for label, value in rows:
-        table.add_row(label, value)
+        table.add_row(label, Text(value))  # model_type is config.json's: never read as markup
+    table.add_row("verdict", Text(result.verdict, style=VERDICT_STYLES[result.verdict]))
     console.print(table)
     for finding in result.findings:
         style = "red" if finding.severity == "error" else "yellow"
-        console.print(f"[{style}]{finding.severity}:[/] {finding.message}", highlight=False)
+        console.print(f"[{style}]{finding.severity}:[/] {escape(finding.message)}", highlight=False)
 
 
 def print_prediction(predicted: LoadResult, concurrency: int, input_len: int, output_len: int) -> None:

@@ -199,45 +199,58 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Mapping) -> ModelShape:
-        """Parse a HF config.json; multimodal configs nest the decoder in text_config."""
-        text = config.get("text_config") or config
+        """Parse a HF config.json; multimodal configs nest the decoder in text_config. A value the planner
+        cannot size with (null where a size is needed, a count of 0, a size written as a string) is a
+        ConfigError naming its key and value, as config.json has them."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"config.json is a JSON {type(config).__name__}, not an object")
+        nested = config.get("text_config")
+        if nested is not None and not isinstance(nested, Mapping):
+            raise ConfigError(f"config.json text_config: {_quoted(nested)}, expected an object (the decoder's keys)")
+        text, where = (nested, "text_config.") if nested else (config, "")
 
         def required(key: str) -> int:
             if key not in text:
-                raise ConfigError(f"config.json has no {key}")
-            return int(text[key])
+                raise ConfigError(f"config.json has no {where}{key}")
+            return _whole(text, key, where)
 
         hidden_size = required("hidden_size")
         num_layers = required("num_hidden_layers")
         num_heads = required("num_attention_heads")
-        text_model_type = text.get("model_type", "")
-        model_type = config.get("model_type", text_model_type)
-        layer_types = _layer_types(text, num_layers)
+        text_model_type = _name(text, "model_type", where)
+        model_type = _name(config, "model_type", "") if "model_type" in config else text_model_type
+        layer_types = _layer_types(text, num_layers, where)
         linear_layers = layer_types.count(LINEAR_ATTENTION)
-        moe = _moe_shape(text, num_layers)
+        moe = _moe_shape(text, num_layers, where)
         dense_layers = num_layers - (moe.moe_layers if moe else 0)
         if dense_layers and "intermediate_size" not in text:
             raise ConfigError("config.json has dense MLP layers but no intermediate_size")
+        max_position_embeddings = text.get("max_position_embeddings")
+        ssm_state_dtype = text.get("mamba_ssm_dtype")
+        if ssm_state_dtype is not None and not isinstance(ssm_state_dtype, str):
+            raise ConfigError(f"config.json {where}mamba_ssm_dtype: {_quoted(ssm_state_dtype)}, expected a dtype's "
+                              "name, e.g. \"float32\"")
         return cls(
             model_type=model_type,
             text_model_type=text_model_type,
             hidden_size=hidden_size,
             num_layers=num_layers,
             num_attention_heads=num_heads,
-            num_kv_heads=int(text.get("num_key_value_heads", num_heads)),
-            head_dim=int(text.get("head_dim") or hidden_size // num_heads),
+            num_kv_heads=_whole(text, "num_key_value_heads", where, default=num_heads),
+            head_dim=_whole(text, "head_dim", where, default=hidden_size // num_heads),
             vocab_size=required("vocab_size"),
-            intermediate_size=int(text.get("intermediate_size", 0)),
+            intermediate_size=_whole(text, "intermediate_size", where, default=0, least=1 if dense_layers else 0),
             tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
             qkv_bias=bool(text.get("attention_bias", model_type in QKV_BIAS_MODEL_TYPES)),
             qk_norm=bool({model_type, text_model_type} & QK_NORM_MODEL_TYPES),
             attn_output_gate=bool(text.get("attn_output_gate", False)),
             full_attention_layers=num_layers - linear_layers,
-            linear_attention=_linear_attention_shape(text) if linear_layers else None,
+            linear_attention=_linear_attention_shape(text, where) if linear_layers else None,
             moe=moe,
-            max_position_embeddings=text.get("max_position_embeddings"),
-            ssm_state_dtype=text.get("mamba_ssm_dtype"),
-            mtp_layers=int(text.get("mtp_num_hidden_layers", 0)),
+            max_position_embeddings=(None if max_position_embeddings is None
+                                     else _whole(text, "max_position_embeddings", where)),
+            ssm_state_dtype=ssm_state_dtype,
+            mtp_layers=_whole(text, "mtp_num_hidden_layers", where, default=0, least=0),
         )
 
     def parameter_count(self) -> ParameterCount:
@@ -298,40 +311,73 @@ class ModelShape:
                        dense_mlp=layers.dense_mlp + 2 * h * h, replicated=layers.replicated + 2 * h)
 
 
-def _layer_types(text: Mapping, num_layers: int) -> list[str]:
+def _quoted(value: object) -> str:
+    """A config.json value as the file has it (a string in its quotes), cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _whole(section: Mapping, key: str, where: str, default: int | None = None, least: int = 1) -> int:
+    """section[key] as a whole number of at least `least`; `default` where the key is absent or null (as HF
+    reads null for an optional size), else a ConfigError naming the key and the value."""
+    value = section.get(key)
+    if value is None and default is not None:
+        return default
+    whole = isinstance(value, int) or isinstance(value, float) and value.is_integer()
+    if isinstance(value, bool) or not whole or value < least:
+        raise ConfigError(f"config.json {where}{key}: {_quoted(value)}, expected a whole number"
+                          + (f" of at least {least}" if least else " (0 or more)"))
+    return int(value)
+
+
+def _name(section: Mapping, key: str, where: str) -> str:
+    """section[key] as a string ("" where absent), else a ConfigError naming the key and the value."""
+    value = section.get(key, "")
+    if not isinstance(value, str):
+        raise ConfigError(f"config.json {where}{key}: {_quoted(value)}, expected a name in quotes")
+    return value
+
+
+def _layer_types(text: Mapping, num_layers: int, where: str) -> list[str]:
     """Per-layer attention kind; sliding-window layers count as full (an upper bound)."""
     if "layer_types" in text:
-        kinds = list(text["layer_types"])
+        kinds = text["layer_types"]
+        if not isinstance(kinds, list):
+            raise ConfigError(f"config.json {where}layer_types: {_quoted(kinds)}, expected a list of layer kinds")
         if len(kinds) != num_layers:
             raise ConfigError(f"layer_types lists {len(kinds)} layers, num_hidden_layers says {num_layers}")
         return [LINEAR_ATTENTION if kind == LINEAR_ATTENTION else FULL_ATTENTION for kind in kinds]
-    interval = text.get("full_attention_interval")
-    if interval:
+    if text.get("full_attention_interval"):
+        interval = _whole(text, "full_attention_interval", where)
         return [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers)]
     return [FULL_ATTENTION] * num_layers
 
 
-def _linear_attention_shape(text: Mapping) -> LinearAttentionShape:
+def _linear_attention_shape(text: Mapping, where: str) -> LinearAttentionShape:
     keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
     missing = [key for key in keys if key not in text]
     if missing:
         raise ConfigError(f"config.json has linear-attention layers but no {', '.join(missing)}")
-    return LinearAttentionShape(*(int(text[key]) for key in keys))
+    return LinearAttentionShape(*(_whole(text, key, where) for key in keys))
 
 
-def _moe_shape(text: Mapping, num_layers: int) -> MoeShape | None:
-    num_experts = int(text.get("num_experts", 0))
+def _moe_shape(text: Mapping, num_layers: int, where: str) -> MoeShape | None:
+    num_experts = _whole(text, "num_experts", where, default=0, least=0)
     if not num_experts:
         return None
+    if "moe_intermediate_size" not in text:
+        raise ConfigError(f"config.json has {num_experts} experts but no {where}moe_intermediate_size")
+    mlp_only = text.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list):
+        raise ConfigError(f"config.json {where}mlp_only_layers: {_quoted(mlp_only)}, expected a list of layer numbers")
     # Qwen2-MoE rule: a layer is sparse unless listed in mlp_only_layers or off the sparse step.
-    mlp_only = set(text.get("mlp_only_layers", []))
-    step = int(text.get("decoder_sparse_step", 1))
+    step = _whole(text, "decoder_sparse_step", where, default=1)
     moe_layers = sum(1 for i in range(num_layers) if i not in mlp_only and (i + 1) % step == 0)
     return MoeShape(
         num_experts=num_experts,
-        experts_per_token=int(text.get("num_experts_per_tok", 0)),
-        moe_intermediate_size=int(text["moe_intermediate_size"]),
-        shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0)),
+        experts_per_token=_whole(text, "num_experts_per_tok", where, default=0, least=0),
+        moe_intermediate_size=_whole(text, "moe_intermediate_size", where),
+        shared_expert_intermediate_size=_whole(text, "shared_expert_intermediate_size", where, default=0, least=0),
         moe_layers=moe_layers,
     )
 
@@ -510,6 +556,9 @@ DOES_NOT_FIT = "does not fit"
 
 def modelslim_scheme(description: Mapping) -> str:
     """The scheme whose sizes the planner uses for a msModelSlim description (W8A8*, W4A8*)."""
+    if not isinstance(description, Mapping):
+        raise ConfigError(f"{MODELSLIM_DESCRIPTION}: a JSON {type(description).__name__}, not the object msModelSlim "
+                          "writes")
     quant_type = str(description.get("model_quant_type", ""))
     for scheme in ("w8a8", "w4a8"):
         if quant_type.lower().startswith(scheme):

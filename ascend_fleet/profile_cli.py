@@ -34,8 +34,9 @@ from ascend_fleet.profile_lock import (
 from ascend_fleet.profile_new import PROJECT, judge, newest_prerelease, qualify_candidate, read_release, real_judges
 
 profile_app = typer.Typer(no_args_is_help=True, help="Stack profiles (profiles/*.yaml).")
-console = Console(highlight=False, soft_wrap=True)
-progress_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# Every line quotes what an index or a release says: never read as markup.
+console = Console(highlight=False, soft_wrap=True, markup=False)
+progress_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 @profile_app.command("check")

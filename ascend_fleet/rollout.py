@@ -51,9 +51,9 @@ from pyinfra.api import Inventory
 from ascend_fleet import fleetlease
 from ascend_fleet.bench import BenchOptions, instance_target, measure, regressions
 from ascend_fleet.credentials import api_headers
-from ascend_fleet.errors import FleetError, describe_validation
+from ascend_fleet.errors import FleetError, InputError, describe_validation, visible
 from ascend_fleet.fleet import MODELS_DIR, ModelConfigs, group_members, load_inventory, plan_node
-from ascend_fleet.fleetstate import BLUE, GATEWAY_FILE, FleetState, backend_key, other_colour
+from ascend_fleet.fleetstate import BLUE, GATEWAY_FILE, FleetState, backend_key, other_colour, split_backend_key
 from ascend_fleet.gateway import address_holders, client_url, gateway_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import Instance, Model, NodeConfig
@@ -167,17 +167,17 @@ class Fleet:
     def named_backends(self, target: str) -> list[Backend]:
         """The instances an operator names as HOST (all it serves) or HOST/INSTANCE, refused in one line
         when the inventory has no such instance or the host serves none itself (a multi-node member)."""
-        host, _, name = target.partition("/")
+        host, name = split_backend_key(target, "TARGET")
         if host not in self.configs or not self.configs[host].is_worker:
-            raise FleetError(f"{target}: no worker {host!r} in {self.inventory_path}; workers: "
+            raise InputError(f"{visible(target)}: no worker {visible(host)} in {self.inventory_path}; workers: "
                              f"{', '.join(self.workers[:8])}{' ...' if len(self.workers) > 8 else ''}")
         if self.head_of(host) != host:
-            raise FleetError(f"{target}: {host} is a member of a multi-node instance; name its head, "
+            raise InputError(f"{target}: {host} is a member of a multi-node instance; name its head, "
                              f"{self.head_of(host)}, which serves it")
         backends = self.backends(host, [name] if name else None)
         if not backends:
             names = ", ".join(i.name for i in self.configs[host].instances)
-            raise FleetError(f"{target}: {host} has no instance {name!r}; its instances: {names}")
+            raise InputError(f"{visible(target)}: {host} has no instance {visible(name)}; its instances: {names}")
         return backends
 
     def worker_groups(self) -> list[str]:
@@ -219,12 +219,12 @@ class Fleet:
         waves, placed = [], set()
         for name in names:
             if given and name not in self.inventory.groups:
-                raise FleetError(f"--waves {name}: no such group in {self.inventory_path}; "
+                raise InputError(f"--waves {visible(name)}: no such group in {self.inventory_path}; "
                                  f"groups: {', '.join(sorted(self.inventory.groups))}")
             workers = [host.name for host in self.inventory.groups.get(name, []) if host.name in self.workers]
             members = [host for host in workers if host not in placed]
             if given and not members:
-                raise FleetError(f"--waves {name}: " + (
+                raise InputError(f"--waves {name}: " + (
                     f"its workers ({', '.join(workers)}) are in an earlier wave already; name each group once"
                     if workers else f"group {name} of {self.inventory_path} has no worker (npu_count) to roll out "
                                     f"to; groups with workers: {', '.join(self.worker_groups())}"))
@@ -324,8 +324,8 @@ class BenchGate(BaseModel):
         path = Path(self.baseline)
         try:
             result = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise FleetError(f"--bench-gate {path}: {exc}; give a result file of `ascend-fleet bench`") from None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise InputError(f"--bench-gate {visible(path)}: {exc}; give a result file of `ascend-fleet bench`") from None
         return result, BenchOptions.of_result(result, path)
 
 
@@ -771,14 +771,25 @@ def check_capacity(fleet: Fleet, steps: list[Step]) -> None:
                              "a rollout needs at least two waves (or --max-unavailable below the fleet's size)")
 
 
+def check_rollout_arguments(fleet: Fleet, waves: list[str] | None, limit: list[str] | None,
+                            bench_gate: BenchGate | None) -> None:
+    """What plan_rollout refuses of the operator's --waves, --limit and --bench-gate, from the inventory and
+    the baseline alone: the command asks it before it takes the fleet's lease, so a typo writes nothing on
+    the first gateway."""
+    for host in limit or []:
+        if host not in fleet.workers:
+            raise InputError(f"--limit {visible(host)}: not a worker of {fleet.inventory_path}; "
+                             f"workers: {', '.join(fleet.workers)}")
+    fleet.waves(waves)
+    if bench_gate:
+        bench_gate.check()
+
+
 def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavailable: int | None,
                  limit: list[str] | None = None, bench_gate: BenchGate | None = None) -> Record:
     """One step per wave (split by max_unavailable); with `limit`, only those workers, in their waves;
     with `bench_gate`, the first step (the canary wave's) is benchmarked against its baseline."""
-    for host in limit or []:
-        if host not in fleet.workers:
-            raise FleetError(f"--limit {host}: not a worker of {fleet.inventory_path}; "
-                             f"workers: {', '.join(fleet.workers)}")
+    check_rollout_arguments(fleet, waves, limit, bench_gate)
     # A multi-node instance is one unit: it goes with its head's wave, its members in the same step,
     # and counts as one instance against max_unavailable.
     limited = {fleet.head_of(host) for host in limit or []}
@@ -795,7 +806,6 @@ def plan_rollout(fleet: Fleet, deploy: str, waves: list[str] | None, max_unavail
             steps.append(step_of(batch.name, hosts_of_batch, backends, deploy, data))
     check_capacity(fleet, steps)
     if bench_gate and steps:
-        bench_gate.check()
         steps[0].bench_gate = True
     return Record(kind="rollout", inventory=str(fleet.inventory_path), deploy=deploy, data=fleet.data, steps=steps,
                   bench_gate=bench_gate)
@@ -807,27 +817,35 @@ def new_model_problem(model: dict) -> str | None:
     staged = MODELS_DIR / model["id"] / model["revision"] / "config.json"
     if staged.is_file():
         return None
+    named = visible(f"{model['id']}@{model['revision']}")  # a lookalike or a stray blank shows
     if not model.get("url"):
-        return (f"no config.json of {model['id']}@{model['revision']} on this machine to plan the swap with "
-                f"(source {model['source']} is read by the nodes only); put it at {staged.absolute()}")
+        return (f"no config.json of {named} on this machine to plan the swap with (source {model['source']} is "
+                f"read by the nodes only); put it at {visible(staged.absolute())}")
     url = f"{model['url'].rstrip('/')}/models/{model['id']}/{model['revision']}/config.json"
     try:
         answer = requests.get(url, timeout=HTTP_TIMEOUT_SECONDS)
     except requests.RequestException as exc:
         return f"the mirror does not answer {url} ({type(exc).__name__}); is it up? (model.url of your data)"
     if answer.status_code == 404:
-        return (f"{url} answers HTTP 404: the mirror has no model {model['id']} at revision {model['revision']}; "
-                "check --model and --revision")
+        return (f"{visible(url)} answers HTTP 404: the mirror has no model {visible(model['id'])} at revision "
+                f"{visible(model['revision'])}; check --model and --revision")
     if answer.status_code != 200:
         return f"{url} answers HTTP {answer.status_code}; check the mirror (model.url of your data)"
     return None
 
 
 def model_data(fleet: Fleet, model_id: str, revision: str | None) -> dict:
-    """The data's model with another id and revision; clients keep the served name."""
+    """The data's model with another id and revision; clients keep the served name. Refused in one line as
+    host data would refuse it (an id that is not <org>/<name>, a revision that is no revision)."""
     current = fleet.configs[fleet.workers[0]].model
-    return {**current.model_dump(exclude_none=True), "id": model_id, "revision": revision or current.revision,
-            "served_model_name": current.served_model_name}
+    model = {**current.model_dump(exclude_none=True), "id": model_id, "revision": revision or current.revision,
+             "served_model_name": current.served_model_name}
+    try:
+        Model(**model)
+    except ValidationError as exc:
+        raise InputError(f"--model {visible(model_id)} --revision {visible(model['revision'])}: "
+                         f"{describe_validation(exc, Model)}") from None
+    return model
 
 
 def blue_green_problem(fleet: Fleet, model: dict) -> str | None:

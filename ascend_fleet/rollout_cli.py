@@ -12,11 +12,14 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ascend_fleet.bench import ensure_bench_venv, parse_share
-from ascend_fleet.errors import FleetError
+from ascend_fleet.cli import above_zero
+from ascend_fleet.errors import FleetError, InputError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
 from ascend_fleet.rollout import (
@@ -33,6 +36,7 @@ from ascend_fleet.rollout import (
     blue_green_problem,
     check_deploy_files,
     check_not_stopped,
+    check_rollout_arguments,
     describe_stopped,
     model_data,
     model_path,
@@ -57,7 +61,7 @@ Waves = Annotated[Optional[str], typer.Option(
 Data = Annotated[Optional[list[str]], typer.Option(
     "--data", help="KEY=VALUE passed to every pyinfra run, as pyinfra's --data (repeatable)")]
 DrainTimeout = Annotated[float, typer.Option(
-    "--drain-timeout", help="seconds to wait for a drained instance's running requests to reach 0")]
+    "--drain-timeout", min=0, help="seconds to wait for a drained instance's running requests to reach 0")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")]
 STATUS_STYLES = {"done": "green", "failed": "red", "running": "yellow", "pending": "dim"}
 
@@ -65,7 +69,7 @@ STATUS_STYLES = {"done": "green", "failed": "red", "running": "yellow", "pending
 @contextmanager
 def step_progress(record: Record, quiet: bool):
     """A spinner line per step (on stderr), updated as the runner reports."""
-    with Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<22}"), TextColumn("{task.description}"),
+    with Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<22}", markup=False), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=progress_console, disable=quiet) as progress:
         tasks = {step.name: progress.add_task(step.status, step=step.name, start=False, total=1)
                  for step in record.steps}
@@ -75,7 +79,7 @@ def step_progress(record: Record, quiet: bool):
             progress.start_task(task)
             finished = step.status in ("done", "failed")
             colour = STATUS_STYLES.get(step.status, "")
-            progress.update(task, description=f"[{colour}]{what}[/]", completed=1 if finished else 0)
+            progress.update(task, description=f"[{colour}]{escape(what)}[/]", completed=1 if finished else 0)
             if finished:
                 progress.stop_task(task)
 
@@ -83,14 +87,14 @@ def step_progress(record: Record, quiet: bool):
 
 
 def summary(record: Record, title: str) -> Table:
-    table = Table(title=title)
+    """The steps as a table; names and details are values (a group, a host, an error), never read as markup."""
+    table = Table(title=Text(title))
     for column in ("step", "hosts", "instances", "status", "seconds", "detail"):
         table.add_column(column, overflow="fold")
     for step in record.steps:
-        colour = STATUS_STYLES.get(step.status, "")
-        table.add_row(step.name, ", ".join(step.hosts), str(len(step.instances)),
-                      f"[{colour}]{step.status}[/]", "" if step.seconds is None else f"{step.seconds:g}",
-                      step.detail)
+        table.add_row(Text(step.name), Text(", ".join(step.hosts)), str(len(step.instances)),
+                      Text(step.status, style=STATUS_STYLES.get(step.status, "")),
+                      "" if step.seconds is None else f"{step.seconds:g}", Text(step.detail))
     return table
 
 
@@ -112,7 +116,7 @@ def wave_names(waves: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in waves.split(",") if name.strip()]
     if not names:
-        raise FleetError(f"--waves {waves!r}: no group named; pass groups in order, e.g. --waves canary,wave1")
+        raise InputError(f"--waves {waves!r}: no group named; pass groups in order, e.g. --waves canary,wave1")
     return names
 
 
@@ -122,7 +126,7 @@ def changing_nothing(command: str):
     try:
         yield
     except FleetError as exc:
-        raise FleetError(f"{command} changed nothing: {exc}") from None
+        raise type(exc)(f"{command} changed nothing: {exc}") from None  # an InputError stays one: exit 2
 
 
 def check_resumable(record: Record, inventory: Path, deploy: str, data: list[str] | None, fleet: Fleet) -> None:
@@ -143,7 +147,7 @@ def rollout(
     waves: Waves = None,
     max_unavailable: Annotated[Optional[int], typer.Option(
         "--max-unavailable", min=1, help="most instances out of the gateway at once; larger waves are split")] = None,
-    pause: Annotated[float, typer.Option("--pause", help="seconds to wait after each wave")] = 0,
+    pause: Annotated[float, typer.Option("--pause", min=0, help="seconds to wait after each wave")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue the stopped rollout at the step that failed")] = False,
     abandon: Annotated[bool, typer.Option(
         "--abandon", help="give up the stopped rollout: put what it drained back into the gateway, each instance "
@@ -177,20 +181,23 @@ def rollout(
             check_deploy_files(deploy, ROUTES_DEPLOY)
             # The capacity plan preflight would refuse, before a wave is drained for it.
             check_fleet(fleet.inventory)
+            # Every argument before the lease: a typo writes nothing on the first gateway.
+            names = wave_names(waves)
+            gate = None if bench_gate is None else BenchGate(baseline=str(bench_gate),
+                                                             max_regression=parse_share(max_regression))
+            check_rollout_arguments(fleet, names, limit, gate)
+            if gate is not None:
+                ensure_bench_venv("rollout --bench-gate")  # the first run builds it, minutes not held under the lease
             held.enter_context(fleet.leased(f"a rollout of {deploy}"))
             fleet = Fleet(inventory, fleet.data)
             record = check_not_stopped(fleet.state, resume)
             if record is None:
-                gate = None
-                if bench_gate is not None:
-                    ensure_bench_venv("rollout --bench-gate")
-                    gate = BenchGate(baseline=str(bench_gate), max_regression=parse_share(max_regression))
-                record = plan_rollout(fleet, deploy, wave_names(waves), max_unavailable, limit, gate)
+                record = plan_rollout(fleet, deploy, names, max_unavailable, limit, gate)
             else:
                 check_resumable(record, inventory, deploy, data, fleet)
                 fleet = Fleet(inventory, record.data)
                 progress_console.print(f"resuming the {describe_stopped(record, fleet.state.drained())}",
-                                       highlight=False, soft_wrap=True)
+                                       highlight=False, soft_wrap=True, markup=False)
         ok = run_record(fleet, record, drain_timeout, pause, as_json, f"rollout of {deploy} on {inventory}")
     if as_json:
         print(json.dumps({"ok": ok, **record.model_dump()}, indent=2))
@@ -217,7 +224,7 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
             fleet = Fleet(inventory, {**record.data, **given})
             check_deploy_files(ROUTES_DEPLOY)
         what = describe_stopped(record, state.drained())
-        progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True)
+        progress_console.print(f"abandoning the {what}", highlight=False, soft_wrap=True, markup=False)
         with progress_console.status("gating the drained instances, then putting them back into the gateway"):
             left_out = Runner(fleet, record, lambda *_: None, 0).abandon()
     if as_json:
@@ -232,7 +239,7 @@ def abandon_rollout(inventory: Path, data: list[str], others: list[str], as_json
 
         console.print(f"abandoned; every instance it drained is back in the gateway. Its change is on "
                       f"{steps('done')}, maybe on {steps('failed', 'running')} (where it stopped), not on "
-                      f"{steps('pending')}.", highlight=False, soft_wrap=True)
+                      f"{steps('pending')}.", highlight=False, soft_wrap=True, markup=False)
 
 
 @rollout_app.command("swap-model")
@@ -256,6 +263,10 @@ def swap_model(
         with changing_nothing("swap-model"):
             fleet = Fleet(inventory, parse_data(data or []))
             check_deploy_files(WEIGHTS_DEPLOY, SERVE_DEPLOY, ROUTES_DEPLOY, MONITORING_DEPLOY)
+            # Every argument before the lease: a typo writes nothing on the first gateway.
+            new = model_data(fleet, model, revision)
+            names = wave_names(waves)
+            fleet.waves(names)
             held.enter_context(fleet.leased(f"a swap-model to {model}"))
             fleet = Fleet(inventory, fleet.data)
             stopped = recorded(fleet.state)
@@ -263,9 +274,6 @@ def swap_model(
                 raise FleetError(f"a rollout of {stopped.deploy} is stopped; finish it with `ascend-fleet rollout "
                                  f"{inventory} {stopped.deploy} --resume`, or give it up with "
                                  f"`ascend-fleet rollout {inventory} --abandon`, before a swap")
-            new = model_data(fleet, model, revision)
-            names = wave_names(waves)
-            fleet.waves(names)  # a wave refused before the weights are staged for it
             backends = fleet.all_backends()
             previous = {b.key: served_path(fleet, b) for b in backends}
             if all(previous[b.key] == model_path(fleet, b.host, new) for b in backends):
@@ -275,7 +283,7 @@ def swap_model(
                     print(json.dumps({"ok": True, "already_serving": served}))
                 else:
                     console.print(f"already serving {served} on every instance; nothing to do", highlight=False,
-                                  soft_wrap=True)
+                                  soft_wrap=True, markup=False)
                 return
             if (problem := new_model_problem(new)) is not None:
                 raise FleetError(problem)
@@ -284,8 +292,8 @@ def swap_model(
             refused = blue_green_problem(fleet, new)
         strategy = ("blue/green per wave" if refused is None
                     else f"one instance per node at a time (blue/green refused: {refused})")
-        progress_console.print(f"swap-model: {strategy}", highlight=False)
-        with progress_console.status(f"staging {new['id']}@{new['revision']} beside the served weights"):
+        progress_console.print(f"swap-model: {strategy}", highlight=False, markup=False)
+        with progress_console.status(escape(f"staging {new['id']}@{new['revision']} beside the served weights")):
             problem = Runner(fleet, None, lambda *_: None, drain_timeout).pyinfra(
                 WEIGHTS_DEPLOY, fleet.workers, {**fleet.data, "model": new}, "weights")
         if problem is not None:
@@ -306,16 +314,17 @@ def swap_model(
     if not as_json:
         console.print(f"every instance serves {new['id']}@{new['revision']} as {new['served_model_name']}. "
                       f"Set model revision {new['revision']} (id {new['id']}) in your group data, or the next "
-                      "deploy puts the old model back.", highlight=False)
+                      "deploy puts the old model back.", highlight=False, markup=False)
 
 
 @rollout_app.command("load")
 def load(
     inventory: Inventory,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="clients sending at once")] = 4,
-    duration: Annotated[float, typer.Option("--duration", help="seconds to keep sending")] = 30,
-    max_requests: Annotated[Optional[int], typer.Option("--requests", help="stop after this many requests")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per answer")] = 16,
+    duration: Annotated[float, typer.Option("--duration", callback=above_zero, help="seconds to keep sending")] = 30,
+    max_requests: Annotated[Optional[int], typer.Option(
+        "--requests", min=1, help="stop after this many requests")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="tokens per answer")] = 16,
     give_up_after: Annotated[float, typer.Option(
         "--give-up-after", min=0, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
     turns: Annotated[int, typer.Option(
@@ -338,7 +347,7 @@ def load(
     before = prefix_cache_totals(fleet)
     previous = signal.signal(signal.SIGINT, lambda *_: generator.interrupt())
     try:
-        with progress_console.status(f"{concurrency} clients through {where}"):
+        with progress_console.status(escape(f"{concurrency} clients through {where}")):
             report = generator.start().wait()
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -349,16 +358,16 @@ def load(
     if as_json:
         print(json.dumps({**result, "through": where}, indent=2))
     elif not (generator.interrupted or generator.gave_up):
-        table = Table(title=f"load through {where}", show_header=False)
-        for key, value in result.items():
-            table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
+        table = Table(title=Text(f"load through {where}"), show_header=False)
+        for key, value in result.items():  # errors quote what the gateway answered: never markup
+            table.add_row(key, Text("\n".join(value) if isinstance(value, list) else str(value)))
         console.print(table)
     if generator.interrupted:
         progress_console.print(f"load interrupted (Ctrl-C) after {result['duration_s']}s: {report.count} requests "
                                f"through {report.url}, {len(report.failures)} failed"
                                + (f" (last: {report.failures[-1].error})" if report.failures else "")
                                + f", p99 latency {result['p99_latency_s'] or '-'}s; {generator.in_flight()} "
-                               "in flight not counted", highlight=False, soft_wrap=True)
+                               "in flight not counted", highlight=False, soft_wrap=True, markup=False)
         return 130
     if generator.gave_up:
         raise FleetError(f"load: every request through {report.url} failed for {give_up_after:g}s "

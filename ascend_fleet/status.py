@@ -34,6 +34,7 @@ from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColum
 from rich.table import Table
 from rich.text import Text
 
+from ascend_fleet.cli import above_zero
 from ascend_fleet.facts.ascend import AscendDriver, AscendFirmware, CannPackages, NpuStatus, PipPackages
 from ascend_fleet.facts.gateway import AddressHeld
 from ascend_fleet.facts.hccn import NpuNicHealth
@@ -493,14 +494,14 @@ def render_table(status: FleetStatus) -> Table:
         versions = [_version_cell(host.versions[key]) if key in host.versions else "" for key in VERSIONS]
         if host.error:  # one row: its instances are not known, and a fleet of hundreds stays readable
             instances = f", {len(host.instances)} instances unknown" if host.instances else ""
-            table.add_row(host.host, f"unreachable{instances}", *[""] * 15, Text(host.error), style="bold red")
+            table.add_row(Text(host.host), f"unreachable{instances}", *[""] * 15, Text(host.error), style="bold red")
             continue
         if "gateway" in host.role:
             services = ", ".join(f"{name} {_service_state(unit)}" for name, unit in host.services.items())
             if host.holds_vip:
                 services += ", holds the virtual address"
-            table.add_row(host.host, "gateway", *[""] * 7, services, "", "", "", "", "", "",
-                          "; ".join(host.problems) or f"{len(host.routes or [])} backends",
+            table.add_row(Text(host.host), "gateway", *[""] * 7, Text(services), "", "", "", "", "", "",
+                          Text("; ".join(host.problems) or f"{len(host.routes or [])} backends"),
                           style="bold red" if host.problems else None)
         for index, instance in enumerate(host.instances):
             metrics = instance.metrics or {}
@@ -511,8 +512,8 @@ def render_table(status: FleetStatus) -> Table:
             model = f"{instance.model}@{instance.revision}" if instance.model else "-"
             gateway = Text(instance.routed, style="green" if instance.routed == "yes" else "yellow")
             table.add_row(
-                host.host if index == 0 else "",
-                f"{instance.name}, {instance.multi_node}" if instance.multi_node else instance.name,
+                Text(host.host if index == 0 else ""),
+                Text(f"{instance.name}, {instance.multi_node}" if instance.multi_node else instance.name),
                 *(versions if index == 0 else [""] * len(VERSIONS)),
                 Text(health_word, style="green" if health_word == "OK" else "bold red"), hbm,
                 _unit_cell(instance.unit), Text(model, style="yellow" if instance.warnings else ""),
@@ -604,7 +605,8 @@ def status(
     inventory: Annotated[Path, typer.Argument(help="a pyinfra inventory, e.g. inventories/prod.py")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output (one JSON line per reading)")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="read again every --interval seconds until Ctrl-C")] = False,
-    interval: Annotated[float, typer.Option("--interval", help="seconds between readings with --watch")] = 5.0,
+    interval: Annotated[float, typer.Option(
+        "--interval", callback=above_zero, help="seconds between readings with --watch")] = 5.0,
     limit: Annotated[Optional[list[str]], typer.Option(
         "--limit", help="only these hosts (names, groups or patterns, as pyinfra's --limit); the gateways are "
                         "read too: they say what is routed")] = None,

@@ -37,11 +37,14 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ascend_fleet import bench
-from ascend_fleet.errors import FleetError
+from ascend_fleet.cli import above_zero, result_directory
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import plan_fleet
 from ascend_fleet.hostdata import Serving
 from ascend_fleet.rollout import (
@@ -98,15 +101,15 @@ def parse_grid(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or not values.strip():
-            raise FleetError(f"--grid {item!r}: expected KEY=V1,V2,...; e.g. max_num_seqs=4,16,64")
+            raise InputError(f"--grid {item!r}: expected KEY=V1,V2,...; e.g. max_num_seqs=4,16,64")
         if key not in SERVING_KEYS and not key.isupper():
-            raise FleetError(f"--grid {key}: not a serving option ({', '.join(sorted(SERVING_KEYS))}) nor an NPU "
+            raise InputError(f"--grid {visible(key)}: not a serving option ({', '.join(sorted(SERVING_KEYS))}) nor an NPU "
                              "environment variable (upper case, e.g. HCCL_BUFFSIZE)")
         if key in grid:
-            raise FleetError(f"--grid {key} given twice; list every value in one --grid {key}=...")
+            raise InputError(f"--grid {key} given twice; list every value in one --grid {key}=...")
         grid[key] = [parse_data([f"v={value.strip()}"])["v"] for value in values.split(",")]
     if not grid:
-        raise FleetError("tune: pass at least one --grid KEY=V1,V2,...")
+        raise InputError("tune: pass at least one --grid KEY=V1,V2,...")
     return grid
 
 
@@ -272,17 +275,17 @@ class Tune:
 
 def render(record: TuneRecord) -> Table:
     best = winner(record)
-    table = Table(title=f"tune: {record.canary} {record.instance}", header_style="bold")
+    table = Table(title=Text(f"tune: {record.canary} {record.instance}"), header_style="bold")
     for column in ("candidate", "status", "goodput req/s", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                    "ITL p99 ms", "failed", "SLO"):
         table.add_column(column, justify="left" if column in ("candidate", "status") else "right", overflow="fold")
     for candidate in record.candidates:
         r = candidate.result
         if candidate.status != "done":
-            table.add_row(candidate.label, candidate.status, *[""] * 7, candidate.reason)
+            table.add_row(Text(candidate.label), candidate.status, *[""] * 7, Text(candidate.reason))
             continue
         ok = meets_slo(r, record.slo)
-        name = f"[bold green]{candidate.label} (winner)[/]" if candidate is best else candidate.label
+        name = Text(f"{candidate.label} (winner)", style="bold green") if candidate is best else Text(candidate.label)
         table.add_row(name, "done", f"{r['request_goodput'] or 0:.2f}", f"{r['request_throughput']:.2f}",
                       f"{r['output_throughput']:.0f}", f"{r['p50_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f}",
                       f"{r['p50_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f}", f"{r['p99_itl_ms']:.1f}", str(r["failed"]),
@@ -341,13 +344,13 @@ def tune(
     dataset: Annotated[str, typer.Option("--dataset", help="random or sharegpt")] = "random",
     dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
-    request_rate: Annotated[float, typer.Option("--request-rate", help="requests per second")] = 10.0,
+    request_rate: Annotated[float, typer.Option("--request-rate", callback=above_zero, help="requests per second")] = 10.0,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="instead of a rate: this many "
                                                                                     "clients back to back")] = None,
     input_len: Annotated[int, typer.Option("--input-len", min=1)] = 256,
     output_len: Annotated[int, typer.Option("--output-len", min=1)] = 128,
-    budget_minutes: Annotated[Optional[float], typer.Option("--budget-minutes", help="start no candidate after "
-                                                                                     "this long")] = None,
+    budget_minutes: Annotated[Optional[float], typer.Option(
+        "--budget-minutes", callback=above_zero, help="start no candidate after this long")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="finish the stopped tune recorded in the fleet state")] = False,
     result_dir: Annotated[Path, typer.Option("--result-dir")] = Path("tune-results"),
     as_json: Annotated[bool, typer.Option("--json", help="the record as JSON on stdout")] = False,
@@ -358,20 +361,22 @@ def tune(
     limits = bench.parse_slo(slo)
     grid_values = parse_grid(grid)
     if dataset == "sharegpt" and (dataset_path is None or not dataset_path.is_file()):
-        raise FleetError("--dataset sharegpt needs --dataset-path FILE")
+        raise InputError("--dataset sharegpt needs --dataset-path FILE")
     fleet = Fleet(inventory, {})
     config = fleet.configs.get(canary)
     if config is None or not config.is_worker:
-        raise FleetError(f"--canary {canary}: not a worker of {inventory}; workers: {', '.join(fleet.workers)}")
+        raise InputError(f"--canary {visible(canary)}: not a worker of {inventory}; workers: {', '.join(fleet.workers)}")
     if canary in fleet.roles:
-        raise FleetError(f"--canary {canary}: serves a multi-node instance; tune takes an instance of one host")
+        raise InputError(f"--canary {canary}: serves a multi-node instance; tune takes an instance of one host")
     names = [i.name for i in config.instances]
     instance = instance or names[0]
     if instance not in names:
-        raise FleetError(f"--instance {instance}: {canary} serves {', '.join(names)}")
+        raise InputError(f"--instance {visible(instance)}: {canary} serves {', '.join(names)}")
     load = bench.BenchOptions(dataset, str(dataset_path) if dataset_path else None, num_prompts,
                               float("inf") if concurrency else request_rate, concurrency, input_len, output_len)
     asked = [Candidate(settings=settings) for settings in candidates_of(grid_values)]
+    result_directory(result_dir, "--result-dir")
+    bench.ensure_bench_venv("tune")  # built before the lease: the first run takes minutes
     with fleet.leased(f"a tune of {canary} {instance}"):  # the fleet's tune record, from here on
         previous = fleet.state.tune()
         record = resumed(previous, asked, canary, instance, limits) if resume else None
@@ -385,8 +390,6 @@ def tune(
             for candidate in record.candidates:
                 if (why := refusal(fleet, canary, instance, candidate.settings)) is not None:
                     candidate.status, candidate.reason = "skipped", why
-        bench.ensure_bench_venv("tune")
-        result_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
         with Progress(
                 SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -394,7 +397,7 @@ def tune(
             task = progress.add_task("tune", total=len(record.candidates))
 
             def report(what: str) -> None:
-                progress.update(task, description=what,
+                progress.update(task, description=escape(what),
                                 completed=sum(c.status != "pending" for c in record.candidates))
 
             recorded_load = bench.BenchOptions(**{k: v for k, v in record.load.items() if v is not None})
@@ -403,7 +406,7 @@ def tune(
     if ctrl_c.pressed:
         left = sum(c.status == "pending" for c in record.candidates)
         progress_console.print(f"interrupted: {canary} {instance} is back with its own settings and in the gateway; "
-                               f"the same command with --resume runs the {left} candidates left")
+                               f"the same command with --resume runs the {left} candidates left", markup=False)
         raise typer.Exit(130)
     return finish(record, fleet, result_dir, as_json)
 
@@ -439,7 +442,7 @@ def finish(record: TuneRecord, fleet: Fleet, result_dir: Path, as_json: bool) ->
             console.print(f"[yellow]{len(left)} candidates not run (budget): the same command with --resume runs them")
         if best:
             drawing = f"plot: {png}" if drawn else "no plot (pip install 'ascend-fleet[chart]' draws tune.png)"
-            console.print(f"winner: {best.label}; group data to apply: {snippet_file}; {drawing}")
+            console.print(f"winner: {best.label}; group data to apply: {snippet_file}; {drawing}", markup=False)
         else:
             console.print("[bold red]no candidate met the SLO without failed requests[/]")
     return 0 if best else 1

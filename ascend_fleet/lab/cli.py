@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ascend_fleet.cli import above_zero
 from ascend_fleet.lab import lab
 from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTORCH_CPU_INDEX, RECORD_FILE, refresh_record
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, DEFAULT_PROFILES, LabSpec
@@ -25,7 +26,7 @@ LabDir = Annotated[Path, typer.Option("--lab-dir", envvar="ASCEND_FLEET_LAB_DIR"
 
 @lab_app.command("up")
 def up_command(
-    nodes: Annotated[int, typer.Option("--nodes", help="number of worker nodes (a gateway node is added)")] = 3,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="number of worker nodes (a gateway node is added)")] = 3,
     hardware: Annotated[Optional[Path], typer.Option("--hardware", help="YAML hardware file (see docs/lab.md)")] = None,
     name: Annotated[str, typer.Option("--name", help="lab name, part of its bridge and firewall names")] = "lab",
     subnet: Annotated[str, typer.Option("--subnet", help="IPv4 subnet of the lab bridge")] = "10.213.0.0/24",
@@ -39,7 +40,7 @@ def up_command(
         "--offline-bundle", help="a site without internet: the nodes reach nothing on this machine, the mirror "
                                  "included, and the gateway serves this bundle (`ascend-fleet bundle`) to them")] = None,
     gateways: Annotated[int, typer.Option(
-        "--gateways", help="gateway nodes; with 2 or more the inventory gives them a virtual address (keepalived) "
+        "--gateways", min=1, help="gateway nodes; with 2 or more the inventory gives them a virtual address (keepalived) "
                            "on the lab bridge")] = 1,
     lab_dir: LabDir = DEFAULT_LAB_DIR,
 ) -> None:
@@ -121,10 +122,10 @@ def ssh_command(
 
 @lab_app.command("bench-weights")
 def bench_weights_command(
-    nodes: Annotated[int, typer.Option("--nodes", help="number of workers")] = 6,
-    size: Annotated[float, typer.Option("--size", help="model size in GB")] = 0.25,
-    rate: Annotated[float, typer.Option("--rate", help="every link's rate, Mbit/s")] = 64,
-    shards: Annotated[int, typer.Option("--shards", help="number of safetensors shards")] = 64,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="number of workers")] = 6,
+    size: Annotated[float, typer.Option("--size", callback=above_zero, help="model size in GB")] = 0.25,
+    rate: Annotated[float, typer.Option("--rate", callback=above_zero, help="every link's rate, Mbit/s")] = 64,
+    shards: Annotated[int, typer.Option("--shards", min=1, help="number of safetensors shards")] = 64,
     name: Annotated[str, typer.Option("--name", help="the bench lab's name")] = "bw",
     subnet: Annotated[str, typer.Option("--subnet", help="the bench lab's subnet")] = "10.213.250.0/24",
     skip_origin: Annotated[bool, typer.Option(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from io import StringIO
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.operations import files
 
-from ascend_fleet.bundle_layout import MANIFEST
+from ascend_fleet.bundle_layout import MANIFEST, read_bundle_manifest
 from ascend_fleet.package_index import file_sha256
 
 
@@ -30,7 +29,7 @@ def served(bundle: Path, dest: str):
     if host.get_fact(Sha256File, path=f"{dest}/{MANIFEST}") == file_sha256(manifest):
         host.noop(f"the bundle of {manifest} is served from {dest}")
         return
-    for name in json.loads(manifest.read_text())["files"]:
+    for name in read_bundle_manifest(bundle).files:
         yield from files.put._inner(src=str(bundle / name), dest=f"{dest}/{name}", mode="0644")
     yield from files.put._inner(src=str(manifest), dest=f"{dest}/{MANIFEST}", mode="0644")
 

@@ -42,3 +42,44 @@ def test_a_plan_of_an_inventory_without_workers_says_there_is_nothing_to_plan_ex
     assert (result.returncode, result.stdout, result.stderr) == (2, "", (
         "error: plan: fleet.py has no worker (a host whose data sets npu_count): nothing to plan; give your NPU "
         "hosts npu_count, or plan one instance with --model-config\n"))
+
+
+# Each a number that means nothing there (a negative pause crashed a rollout after its canary wave, time.sleep
+# refusing it; `load --max-tokens 0` sent requests): refused where the option is declared, before the command runs.
+MEANINGLESS_NUMBERS = [
+    ("rollout", "--pause", "-5", "Input should be greater than or equal to 0"),
+    ("rollout", "--drain-timeout", "-1", "Input should be greater than or equal to 0"),
+    ("swap-model", "--drain-timeout", "-1", "Input should be greater than or equal to 0"),
+    ("drain", "--drain-timeout", "-30", "Input should be greater than or equal to 0"),
+    ("load", "--duration", "-10", "-10: expected a number above 0"),
+    ("load", "--duration", "0", "0: expected a number above 0"),
+    ("load", "--requests", "0", "Input should be greater than or equal to 1"),
+    ("load", "--max-tokens", "0", "Input should be greater than or equal to 1"),
+    ("plan", "--tp", "0", "Input should be greater than or equal to 1"),
+    ("plan", "--dp", "-1", "Input should be greater than or equal to 1"),
+    ("plan", "--max-model-len", "0", "Input should be greater than or equal to 1"),
+    ("plan", "--gpu-memory-utilization", "0", "0: expected a number above 0"),
+    ("plan", "--gpu-memory-utilization", "1.5", "Input should be less than or equal to 1"),
+    ("plan", "--usable-hbm-gib", "-3", "-3: expected a number above 0"),
+    ("bench", "--request-rate", "0", "0: expected a number above 0"),
+    ("tune", "--request-rate", "-2", "-2: expected a number above 0"),
+    ("tune", "--budget-minutes", "0", "0: expected a number above 0"),
+    ("status", "--interval", "nan", "nan: expected a number above 0"),
+    ("lab", "--shards", "0", "Input should be greater than or equal to 1"),
+]
+ARGUMENTS_BEFORE = {"rollout": ["inventories/prod.py", "deploys/serve.py"], "swap-model": ["inventories/prod.py"],
+                    "drain": ["inventories/prod.py", "npu-01"], "load": ["inventories/prod.py"], "plan": [],
+                    "bench": ["inventories/prod.py"], "tune": ["inventories/prod.py"],
+                    "status": ["inventories/prod.py"], "lab": ["bench-weights"]}
+
+
+@pytest.mark.parametrize("command, option, value, refusal", MEANINGLESS_NUMBERS,
+                         ids=[f"{c} {o} {v}" for c, o, v, _ in MEANINGLESS_NUMBERS])
+def test_a_number_that_means_nothing_there_is_refused_where_the_option_is_declared_exit_2(command, option, value,
+                                                                                           refusal):
+    from typer.testing import CliRunner
+
+    from ascend_fleet.cli import build_app
+    result = CliRunner().invoke(build_app(command), [command, *ARGUMENTS_BEFORE[command], option, value])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': {refusal}" in " ".join(result.output.replace("│", " ").split())

@@ -403,3 +403,51 @@ def test_a_swap_to_the_model_already_served_everywhere_says_so_and_changes_nothi
     assert (error, stdout) == (None, "already serving Eco-Tech/Qwen3.5-27B-w8a8-mtp@master on every instance; "
                                      "nothing to do\n")
     assert nodes.runs == []
+
+
+# --- an argument's typo is refused before the fleet's lease is written on the first gateway ---
+
+BEFORE_THE_LEASE = [
+    (["rollout", "deploys/serve.py", "--waves", "canary,wave9"],
+     f"--waves wave9: no such group in {PROD}; groups: "),
+    (["rollout", "deploys/serve.py", "--waves", "canary,gateway"], "--waves gateway: group gateway of "),
+    (["rollout", "deploys/serve.py", "--limit", "npu-09.example.internal"],
+     f"--limit npu-09.example.internal: not a worker of {PROD}; workers: "),
+    (["rollout", "deploys/serve.py", "--limit", f"{CANARY} "],
+     f"--limit '{CANARY} ' (a trailing blank): not a worker of {PROD}; workers: "),
+    (["rollout", "deploys/serve.py", "--bench-gate", "no-such-baseline.json"],
+     "--bench-gate no-such-baseline.json: [Errno 2] No such file or directory: 'no-such-baseline.json'; give a "
+     "result file of `ascend-fleet bench`"),
+    (["rollout", "deploys/serve.py", "--bench-gate", "pyproject.toml"], "--bench-gate pyproject.toml: Expecting value"),
+    (["rollout", "deploys/serve.py", "--bench-gate", "baseline.json", "--max-regression", "50"],
+     "--max-regression '50': expected a share such as 5% or 0.05"),
+    (["swap-model", "--model", "Qwen/Qwen3-8B", "--waves", "canary,wave9"], "--waves wave9: no such group in "),
+    (["swap-model", "--model", "Qwen/Qwen3-8B "],
+     "--model 'Qwen/Qwen3-8B ' (a trailing blank) --revision master: id: String should match pattern "),
+    (["swap-model", "--model", "Qwen3-8B"], "--model Qwen3-8B --revision master: id: String should match pattern "),
+]
+
+
+@pytest.mark.parametrize("args, refusal", BEFORE_THE_LEASE, ids=[" ".join(a[2:]) for a, _ in BEFORE_THE_LEASE])
+def test_an_argument_typo_is_refused_before_the_fleet_lease_is_taken_exit_2(nodes, state_dir, lease_host, args,
+                                                                           refusal):
+    """Before: each was refused only after the lease (and the fleet's records) had been written on the first
+    gateway; the lease host's scripts are the test's record of it."""
+    result = CliRunner().invoke(rollout_app, [args[0], str(PROD), *args[1:], "--data",
+                                              f"fleet_state_dir={state_dir}"])
+    assert isinstance(result.exception, FleetError), result.output
+    assert str(result.exception).startswith(f"{args[0]} changed nothing: {refusal}"), str(result.exception)
+    assert result.exception.exit_code == 2
+    assert lease_host.ran_on == [] and nodes.runs == []
+
+
+@pytest.mark.parametrize("target", [f"{CANARY}/", "/vllm-0", f"{CANARY}/vllm-0/x", "/"])
+def test_drain_of_an_instance_named_without_both_parts_is_refused_exit_2(nodes, state_dir, lease_host, target):
+    """Before: `drain HOST/` drained every instance of the host (an empty instance name read as none given)."""
+    from ascend_fleet.drain_cli import drain_app
+    for command in ("drain", "undrain"):
+        result = CliRunner().invoke(drain_app, [command, str(PROD), target, "--data", f"fleet_state_dir={state_dir}"])
+        assert str(result.exception) == (f"{command} {target} changed nothing: TARGET {target}: expected HOST (every "
+                                         "instance it serves) or HOST/INSTANCE, both parts given, e.g. worker2/vllm-1")
+        assert result.exception.exit_code == 2
+    assert lease_host.ran_on == [] and nodes.runs == []
