@@ -43,6 +43,25 @@ def environment_stage() -> None:
     service_env_file(name="Service environment (CUDA paths removed)", dest=SERVICE_ENV_FILE,
                      env_scripts=ENV_SCRIPTS, venv=node_profile().pip.venv, settings=host_node_config(host).npu_env)
 
+    governor_unit = placed.file(name=f"CPU governor {CPU_GOVERNOR} unit", dest=unit_file(GOVERNOR_UNIT), mode="644",
+                                content=render(TEMPLATES / "cpu-governor.service.j2", governor=CPU_GOVERNOR))
+    if governor_unit.will_change:
+        systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,
+                        daemon_reload=True)
+        if node_can("test -w /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"):
+            systemd.service(name=f"CPU governor {CPU_GOVERNOR} now", service=GOVERNOR_UNIT, running=True,
+                            restarted=True)
+
+
+@deploy("Reserved instance ports")
+def reserved_ports_stage() -> None:
+    """Host tuning and the instances' ports (vLLM's, HCCL's ranges) out of the kernel's ephemeral range, before
+    any stage connects out: a download's connection that took a port of an HCCL range (the ephemeral range,
+    32768-60999, covers 60000 up) and lingers in TIME_WAIT for a minute fails the instance's bind at start."""
+    gates.stage_begins(name="Stage: reserved ports", stage="reserved_ports")
+    if not runs_npus():
+        return
+    files.directory(name="Service environment directory", path=CONFIG_DIR, mode="755")
     # Both colours: a blue/green swap starts the other set of instances without this stage.
     role = data_parallel_role(host.name)
     records = [record for colour in COLOURS for record in host_node_config(host, colour).instance_records()]
@@ -55,11 +74,3 @@ def environment_stage() -> None:
     if sysctl_conf.will_change and node_can("test -w /proc/sys/vm/swappiness"):
         server.shell(name="Apply host tuning", commands=[f"sysctl -p {SYSCTL_FILE}"])
     server.sysctl(name="Instance ports reserved from the ephemeral range now", key=RESERVED_PORTS, value=reserved)
-    governor_unit = placed.file(name=f"CPU governor {CPU_GOVERNOR} unit", dest=unit_file(GOVERNOR_UNIT), mode="644",
-                                content=render(TEMPLATES / "cpu-governor.service.j2", governor=CPU_GOVERNOR))
-    if governor_unit.will_change:
-        systemd.service(name="CPU governor at boot", service=GOVERNOR_UNIT, running=None, enabled=True,
-                        daemon_reload=True)
-        if node_can("test -w /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"):
-            systemd.service(name=f"CPU governor {CPU_GOVERNOR} now", service=GOVERNOR_UNIT, running=True,
-                            restarted=True)

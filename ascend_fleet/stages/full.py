@@ -5,7 +5,7 @@ them, so stages called from one loop line would interleave across hosts.
 """
 
 from ascend_fleet.stages.checks import preflight_stage, verify_stage
-from ascend_fleet.stages.environment import environment_stage
+from ascend_fleet.stages.environment import environment_stage, reserved_ports_stage
 from ascend_fleet.stages.firewall import firewall_stage
 from ascend_fleet.stages.mirror import mirror_stage
 from ascend_fleet.stages.monitoring import monitoring_stage
@@ -20,6 +20,7 @@ def full_deploy() -> None:
     preflight_stage()
     mirror_stage()  # before any stage that installs: on a site without internet they install from it
     firewall_stage()  # before the peer port (packages, wheels, weights) and the instances listen
+    reserved_ports_stage()  # before any stage connects out: no connection takes an instance's port
     driver_stage()
     npu_network_stage()  # needs the driver's hccn_tool; a host it stops starts no instance
     cann_stage()

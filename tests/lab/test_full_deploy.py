@@ -53,7 +53,7 @@ FILLER = "/mnt/nvme/filler"
 # 8002-8003; VLLM_PORT 51000 + 16 per instance, four instances; HCCL 60000 + 32 per instance (the lab
 # profile's CANN 8.5.1 takes 32: stack.hccl_port_span).
 RESERVED = "8000-8003,51000-51063,60000-60127"
-STAGES = ("Preflight", "NPU driver and firmware", "NPU network", "CANN", "Python stack", "Ascend environment",
+STAGES = ("Preflight", "Reserved instance ports", "NPU driver and firmware", "NPU network", "CANN", "Python stack", "Ascend environment",
           "Weights", "Serve", "Gateway", "Verify")
 TIMINGS: dict[str, float] = {}
 
