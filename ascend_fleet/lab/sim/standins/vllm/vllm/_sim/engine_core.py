@@ -79,8 +79,11 @@ class EngineCores:
                                        pass_fds=(read_end,))
             os.close(read_end)
             self._holds.append(write_end)
-            process.stdin.write(CHILD_PROGRAM.format(title=core.title, fd=read_end).encode())
-            process.stdin.close()
+            try:
+                process.stdin.write(CHILD_PROGRAM.format(title=core.title, fd=read_end).encode())
+                process.stdin.close()
+            except BrokenPipeError:  # killed before it read its program: its watcher reports the death, as
+                pass                 # for a core that dies loading (the raw pipe is closed all the same)
             self.processes.append(process)
             threading.Thread(target=self._watch, args=(loop, core.name, process), daemon=True,
                              name="MPClientEngineMonitor").start()
