@@ -43,7 +43,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ascend_fleet import FILES, PROJECT_ROOT
 from ascend_fleet.bundle_layout import (
@@ -55,7 +55,7 @@ from ascend_fleet.bundle_layout import (
     VENDOR_DIR,
     read_bundle_manifest,
 )
-from ascend_fleet.errors import FleetError, InputError, describe_validation
+from ascend_fleet.errors import FleetError, InputError, describe_unreadable
 from ascend_fleet.fleet import fleet_node_configs, load_inventory
 from ascend_fleet.hostdata import URL, Model, NodeConfig
 from ascend_fleet.model_tree import read_manifest, weights_manifest, write_manifest
@@ -413,7 +413,7 @@ def given_weights_manifest(directory: Path) -> dict:
         manifest = read_manifest(directory)
         WeightsManifest.model_validate(manifest)
     except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
-        why = describe_validation(exc, WeightsManifest) if isinstance(exc, ValidationError) else str(exc)
+        why = describe_unreadable(exc, WeightsManifest)
         raise InputError(f"bundle: --model-dir {directory}: cannot read {MANIFEST_NAME} ({why}); make it with the "
                          "weights' own files, or leave it out (the bundle makes one)") from None
     return manifest

@@ -7,9 +7,9 @@ import json
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from ascend_fleet.errors import FleetError, describe_validation
+from ascend_fleet.errors import FleetError, describe_unreadable
 
 MANIFEST = "bundle-manifest.json"  # every file with its sha256, and the platforms and releases it serves
 LOCKS_DIR = "locks"  # the profiles' locks the nodes install from
@@ -66,7 +66,7 @@ def read_bundle_manifest(bundle: Path) -> Manifest:
     try:
         return Manifest.model_validate(json.loads(path.read_text()))
     except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
-        why = describe_validation(exc, Manifest) if isinstance(exc, ValidationError) else str(exc)
+        why = describe_unreadable(exc, Manifest)
         raise FleetError(f"bundle {bundle}: cannot read {MANIFEST} ({why}); make it again with "
                          "`ascend-fleet bundle`") from None
 

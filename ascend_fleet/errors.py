@@ -63,6 +63,12 @@ def visible(value: object) -> str:
     return f"{ascii(text)} ({', '.join(notes)})" if notes else text
 
 
+def describe_unreadable(exc: Exception, model: type[BaseModel]) -> str:
+    """Why a file could not be read as `model`: pydantic's errors as one line (describe_validation), else what
+    the OS or the JSON parser said."""
+    return describe_validation(exc, model) if isinstance(exc, ValidationError) else str(exc)
+
+
 def describe_validation(exc: ValidationError, model: type[BaseModel], hidden: frozenset[str] = frozenset()) -> str:
     """pydantic's errors as one line, `key.path: what` each: unknown keys first (each with the
     known keys it is close to, or where else it is a key), then missing keys, then the rest.

@@ -36,6 +36,8 @@ from ascend_fleet.planner import (
     check_gpu_memory_utilization,
     check_node_instances,
     port_clashes,
+    ports_text,
+    ranges_overlap,
     speculates_with_mtp,
 )
 from ascend_fleet.profile import Profile, available_profiles, load_profile, profile_path
@@ -572,7 +574,7 @@ class NodeConfig(_Strict):
                                  "node; the instances' API key comes from the gateway's (README, secrets)")
         for key, value in env.items():
             if problem := _env_value_problem(key, value):
-                raise ValueError(f"{key}={ascii(value) if not value.isascii() else repr(value)}: {problem}")
+                raise ValueError(f"{key}={ascii(value)}: {problem}")
         return env
 
     @property
@@ -899,8 +901,7 @@ class PortUse:
     note: str = ""  # a fleet's own port's: on which hosts it is taken
 
     def __str__(self) -> str:
-        first, last = self.ports[0], self.ports[-1]
-        return f"{first}" if first == last else f"{first}-{last}"
+        return ports_text(self.ports)
 
 
 # The fleet's own listeners, by role: (who, port, where).
@@ -968,14 +969,10 @@ def port_use_problems(uses: tuple[PortUse, ...]) -> tuple[tuple[str, str], ...]:
     problems = []
     for index, first in enumerate(uses):
         for second in uses[index + 1:]:
-            if first.instance and second.instance or not _overlap(first.ports, second.ports):
+            if first.instance and second.instance or not ranges_overlap(first.ports, second.ports):
                 continue
             problems.append(_port_clash(first, second))
     return tuple(dict.fromkeys(problems))
-
-
-def _overlap(first: range, second: range) -> bool:
-    return first.start < second.stop and second.start < first.stop
 
 
 def _port_clash(first: PortUse, second: PortUse) -> tuple[str, str]:

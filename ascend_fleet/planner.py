@@ -756,6 +756,17 @@ DP_RPC_PORT = 29550
 VLLM_PORT_SPAN = 16
 
 
+def ranges_overlap(first: range, second: range) -> bool:
+    """Whether two port ranges share a port."""
+    return first.start < second.stop and second.start < first.stop
+
+
+def ports_text(ports: range) -> str:
+    """A port range as messages say it: 8000, or 60000-60031."""
+    first, last = ports[0], ports[-1]
+    return f"{first}" if first == last else f"{first}-{last}"
+
+
 @dataclass(frozen=True)
 class PortRange:
     """The ports an instance takes for one purpose, and the instance field that places them."""
@@ -765,11 +776,10 @@ class PortRange:
     ports: range
 
     def overlaps(self, other: PortRange) -> bool:
-        return self.ports.start < other.ports.stop and other.ports.start < self.ports.stop
+        return ranges_overlap(self.ports, other.ports)
 
     def __str__(self) -> str:
-        first, last = self.ports[0], self.ports[-1]
-        return f"{self.name} {first}" if first == last else f"{self.name} {first}-{last}"
+        return f"{self.name} {ports_text(self.ports)}"
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ class ConfigClasses:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
             return self._alternatives(node.left) + self._alternatives(node.right)
         if isinstance(node, ast.Subscript) and _name(node.value) in WRAPPERS | {"Union"}:
-            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            items = _items(node)
             if _name(node.value) == "Optional":
                 return self._alternatives(items[0]) + [ast.Constant(None)]
             if _name(node.value) in WRAPPERS:
@@ -143,7 +143,7 @@ class ConfigClasses:
         if isinstance(node, ast.Subscript) and _name(node.value) in SEQUENCES:
             if not isinstance(value, (list, tuple)):
                 return False
-            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            items = _items(node)
             if len(items) > 1 and not (len(items) == 2 and isinstance(items[1], ast.Constant)):
                 return None  # a fixed tuple of kinds: not checked
             alternatives = self._alternatives(items[0])
@@ -154,7 +154,7 @@ class ConfigClasses:
 
     def _literal(self, node) -> list | None:
         if isinstance(node, ast.Subscript) and _name(node.value) == "Literal":
-            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            items = _items(node)
             values = []
             for item in items:
                 values += [item.value] if isinstance(item, ast.Constant) else self.literals.get(_name(item), [])
@@ -174,11 +174,16 @@ class ConfigClasses:
         if name in self.classes:
             return f"an object of {name}'s keys"
         if isinstance(node, ast.Subscript) and _name(node.value) in SEQUENCES:
-            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            items = _items(node)
             return f"a list of ({' or '.join(self._describe(a) for a in self._alternatives(items[0]))})"
         if name in MAPPINGS or (isinstance(node, ast.Subscript) and _name(node.value) in MAPPINGS):
             return "an object"
         return ast.unparse(node)
+
+
+def _items(node: ast.Subscript) -> list:
+    """What a subscripted annotation names inside its brackets: Union[a, b] -> [a, b], Optional[a] -> [a]."""
+    return node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
 
 
 def _name(node) -> str | None:
@@ -190,7 +195,7 @@ def _name(node) -> str | None:
 def _shown(value) -> str:
     """The value as the data has it, its kind said where JSON would hide it ('1' is a string)."""
     if isinstance(value, str):
-        return f"{ascii(value)} (a string)" if not value.isascii() else f"{value!r} (a string)"
+        return f"{ascii(value)} (a string)"
     return json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else repr(value)
 
 
