@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ascend_fleet.bundle import build_bundle, verify_bundle
+from ascend_fleet.rollout import parse_data
 
 console = Console(highlight=False, soft_wrap=True, markup=False)  # lines quote paths and names: never markup
 progress_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
@@ -32,6 +33,10 @@ def bundle(
         "--kernel", help="a kernel the site's openEuler nodes run, repeatable, as `uname -r` prints it (e.g. "
                          "6.6.0-28.0.0.34.oe2403.aarch64): its kernel-devel and kernel-headers, which the NPU driver "
                          "builds against, go into that arch's OS packages")] = None,
+    data: Annotated[Optional[list[str]], typer.Option(
+        "--data", help="KEY=VALUE over every host's data, as pyinfra's --data (repeatable): the site's own inventory "
+                       "with the indexes that answer where the bundle is made, e.g. pip_index_url=URL, "
+                       "vendor_mirror_url=URL, model_mirror_url=URL")] = None,
 ) -> int:
     """Put what the inventory's hosts install (each profile's lock and its files, the builds over pins, the
     vendor .run files, the models they serve, the OS packages of each --os release) in one folder with a
@@ -49,5 +54,6 @@ def bundle(
     if out is None or directory is not None:
         raise typer.BadParameter("ascend-fleet bundle INVENTORY --out DIR")
     build_bundle(Path(inventory), out, arch, lambda line: progress_console.print(line, markup=False),
-                 model_dirs=model_dir or [], os_releases=os_release or [], kernels=kernel or [])
+                 override_data=parse_data(data or []), model_dirs=model_dir or [], os_releases=os_release or [],
+                 kernels=kernel or [])
     return 0
