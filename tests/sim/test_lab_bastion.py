@@ -40,11 +40,14 @@ def test_only_a_bastion_lab_keeps_this_machine_off_its_nodes(tmp_path):
     assert "10.213.0.254" not in rules
 
 
-def test_a_bastion_lab_with_two_gateways_admits_this_machine_to_their_virtual_address():
-    """Clients use the virtual address (issue 50: `ascend-fleet load` failed 40 of 40 with "No route to host")."""
+def test_a_bastion_lab_with_two_gateways_admits_this_machine_to_their_virtual_address_and_each():
+    """Clients use the virtual address (issue 50: `ascend-fleet load` failed 40 of 40 with "No route to host");
+    a rollout's gate asks each gateway at its own (the users' site lab: 'gate completion ... ConnectionError')."""
     spec = LabSpec.build(1, lab_dir=Path("/nonexistent"), bastion=True, gateways=2)
     assert spec.gateway_vip == "10.213.0.254/24"
-    assert "ip daddr 10.213.0.254 tcp dport 80 accept" in firewall_rules(spec)
+    rules = firewall_rules(spec)
+    for gateway in ("10.213.0.254", "10.213.0.2", spec.node("gateway2").address):
+        assert f"ip daddr {gateway} tcp dport 80 accept" in rules
 
 
 def test_the_port_left_open_is_the_gateway_groups_serving_port():
