@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ascend_fleet.bundle_layout import model_dir
 from ascend_fleet.cli import above_zero, result_directory
 from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError, InputError, visible
@@ -43,7 +44,9 @@ from ascend_fleet.fleetstate import split_backend_key
 from ascend_fleet.gateway import address_holders, client_url, gateway_url
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.model_tree import read_manifest
 from ascend_fleet.node import stage_weights
+from ascend_fleet.node_layout import MANIFEST_NAME
 from ascend_fleet.profile import load_profile
 from ascend_fleet.remote import ssh_tunnel
 from ascend_fleet.vllm_cpu import (
@@ -205,9 +208,16 @@ def bench_target(inventory_path: Path, inventory: Inventory, gateway_name: str |
 
 
 def fetch_tokenizer(config: NodeConfig, cache: Path) -> Path:
-    """Every file of the model but its weights, from the model's own source (the weights stager's
-    sources, checked against their sizes and digests), kept under cache/<org>/<name>/<revision>."""
+    """Every file of the model but its weights, from the site's bundle where the data names one (it is on this
+    machine, and the mirror serving it may be out of reach from here: behind a bastion), else from the model's
+    own source (the weights stager's sources) kept under cache/<org>/<name>/<revision>; checked against
+    their sizes and digests."""
     model = config.model
+    carried = model_dir(Path(config.bundle_dir), model.id, model.revision) if config.bundle_dir else None
+    if carried is not None and (carried / MANIFEST_NAME).is_file():
+        return checked_tokenizer(carried, {name: entry for name, entry in read_manifest(carried)["files"].items()
+                                           if not name.endswith(WEIGHT_SUFFIXES)},
+                                 f"`ascend-fleet bundle verify {config.bundle_dir}`, and make the bundle again")
     target = stage_weights.revision_dir(cache / "tokenizers", model.id, model.revision)
     job = stage_weights.Job(config.host, model.id, model.revision, cache / "tokenizers")
     source = stage_weights.make_source(job, SimpleNamespace(source=model.source, url=model.url, peer=model.peer))
@@ -220,10 +230,15 @@ def fetch_tokenizer(config: NodeConfig, cache: Path) -> Path:
                 source.fetch(missing, target)
     except stage_weights.StageError as exc:
         raise FleetError(f"bench: tokenizer: {exc}; or pass --tokenizer DIR") from None
+    return checked_tokenizer(target, files, "delete it and rerun")
+
+
+def checked_tokenizer(target: Path, files: dict, advice: str) -> Path:
+    """target, once each of files (name: its manifest entry) is there with its size and digest."""
     for name, entry in files.items():
         problem = stage_weights.file_problem(target / name, entry)
         if problem:
-            raise FleetError(f"bench: tokenizer file {target / name} {problem}; delete it and rerun")
+            raise FleetError(f"bench: tokenizer file {target / name} {problem}; {advice}")
     return target
 
 

@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -160,3 +161,18 @@ def test_the_first_run_that_needs_the_bench_virtualenv_builds_it_once_and_says_s
     assert all(f"tune: first run: building the bench virtualenv at {venv}" in note for note in notes)
     assert start("bench").communicate(timeout=60)[1] == ""
     assert builds.read_text() == f"{venv}\n"
+
+
+def test_with_a_bundle_the_tokenizer_comes_from_it_not_from_a_mirror_out_of_reach(tmp_path, model_mirror):
+    """An offline site behind a bastion: its mirror serves the bundle on the gateway, which this machine does not
+    reach (the users' site lab: 'cannot read http://…:8070/models/… No route to host'); the bundle is here."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tmp_path / "mirror" / "models", bundle / "models")
+    config = node_config({**WORKER, "bundle_dir": str(bundle), "pip_index_url": "http://127.0.0.1:9/simple",
+                          "model": {**WORKER["model"], "url": "http://127.0.0.1:9"}}, "worker1")
+    carried = bundle / "models" / "lab" / "Qwen3-Tiny" / "v1"
+    assert fetch_tokenizer(config, tmp_path / "cache") == carried
+    assert not (tmp_path / "cache").exists()
+    (carried / "tokenizer.json").write_text('{"model": {"x": 1}}')
+    with pytest.raises(FleetError, match="tokenizer file .*tokenizer.json .*bundle verify"):
+        fetch_tokenizer(config, tmp_path / "cache")
