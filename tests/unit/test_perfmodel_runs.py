@@ -47,10 +47,20 @@ def test_only_the_held_out_run_whose_precision_is_unknown_goes_unpredicted(held_
     assert [c.run.id for c in held_out if c.reason] == ["minimax-m2.5-tutorial-a2-tp8-dp2-c4-in190k"]
 
 
+# Not met, and no term the fitting half supports meets it (perf_fit.main prints the figures):
+# - compute alone (bisected to the fitting half's two TTFTs, Qwen2.5-72B 1024-token prompts x1.50 and Qwen2.5-7B
+#   50-token prompts x0.67 at 0.255) predicts the held-out 2.37x (Qwen3-8B, 10 ShareGPT prompts), 2.70x
+#   (Qwen2.5-14B, 12 x 16K prompts) and 0.74x (Llama-3.1-8B, 200 prompts);
+# - compute with a fixed cost per request (scheduling, tokenization, sampling), both fitted on those two runs:
+#   0.40 and 50 ms fit them within 3 %, and predict the held-out 1.97x, 1.81x and 0.50x;
+# - the held-out runs pull apart by themselves: Qwen3-8B needs compute >= 0.5 and Qwen2.5-14B >= 0.57, the
+#   fitting half's only long prefill (the 72B) 0.40, Llama-3.1-8B <= 0.29 as V1 chunked prefill schedules it
+#   (about 0.63 if scheduled unchunked, as its release's default V0 engine would: vllm-ascend v0.8.5rc1,
+#   ec27af346a, docs/source/user_guide/release_notes.md line 5 "you can enable V1 egnine by setting ...
+#   VLLM_USE_V1=1", user_guide/suppoted_features.md line 9 "Chunked Prefill | WIP (V0)").
 TTFT_MISSES = pytest.mark.xfail(strict=True, reason=(
-    "the held-out closed-loop TTFTs are predicted 2.37x (Qwen3-8B, 10 ShareGPT prompts), 2.70x (Qwen2.5-14B, "
-    "12 x 16K prompts) and 0.74x (Llama-3.1-8B, 200 prompts) the published: compute is bisected to the fitting "
-    "half's two TTFTs, which pull apart (Qwen2.5-72B 1024-token prompts x1.50, Qwen2.5-7B 50-token prompts x0.67)"))
+    "held-out closed-loop TTFTs predicted 2.37x, 2.70x, 0.74x the published; no term fitted on the fitting half's "
+    "two TTFT runs brings them within 35 % (compute + a fixed per-request cost: 1.97x, 1.81x, 0.50x)"))
 
 
 @pytest.mark.parametrize("name", ["tpot_ms", "output_throughput_tok_s", pytest.param("ttft_ms", marks=TTFT_MISSES)])
