@@ -68,6 +68,13 @@ ASSUMED = Efficiency()  # where perf_fit's fit starts
 # rounded to three figures; tests/unit/test_perfmodel_runs.py holds the two equal
 CALIBRATED = Efficiency(compute=0.255, layer_seconds_full_decode=0.371e-3, layer_seconds_piecewise=0.620e-3,
                         layer_seconds_eager=0.734e-3, sequence_layer_seconds=5.17e-6)
+# CALIBRATED's predicted / published ratios on the held-out runs (perf_fit.held_out_ratios, to two places;
+# the same test holds them): the error band `plan --predict-concurrency` prints
+HELD_OUT_RATIOS = {  # in perf_runs.yaml's order
+    "ttft_ms": (2.37, 2.70, 0.74),
+    "tpot_ms": (0.99, 0.98, 1.03, 0.99, 0.98, 0.97, 0.96, 1.00, 1.00, 1.03, 1.42, 1.88),
+    "output_throughput_tok_s": (1.02, 1.06, 0.97, 1.02, 1.02, 1.03, 0.91, 1.12, 0.95, 1.98, 1.39),
+}
 # vllm-ascend's graph modes (--compilation-config cudagraph_mode, --enforce-eager)
 GRAPH_MODES = ("eager", "piecewise", "full_decode_only")
 

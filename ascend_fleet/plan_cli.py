@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ascend_fleet import perf_fit, perfmodel
 from ascend_fleet.cli import above_zero
 from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import (
@@ -128,7 +129,9 @@ def plan(
         predicted = predict(shape, result, chip_by_name(chip), predict_concurrency, input_len, output_len,
                             max_num_seqs, max_num_batched_tokens)
     if as_json:
-        print(json.dumps({**result.to_dict(), **({"predicted": asdict(predicted)} if predicted else {})}, indent=2))
+        print(json.dumps({**result.to_dict(), **({"predicted": asdict(predicted),
+                                                  "predicted_held_out_ratios": perfmodel.HELD_OUT_RATIOS}
+                                                 if predicted else {})}, indent=2))
     else:
         print_plan(result, model_config)
         if predicted:
@@ -259,6 +262,8 @@ def print_prediction(predicted: LoadResult, concurrency: int, input_len: int, ou
     console.print(f"  TTFT mean {predicted.mean_ttft_ms:,.0f} ms (p99 {predicted.p99_ttft_ms:,.0f}), TPOT mean "
                   f"{predicted.mean_tpot_ms:,.1f} ms (p99 {predicted.p99_tpot_ms:,.1f}), "
                   f"{predicted.output_throughput:,.0f} output tok/s", highlight=False)
+    console.print(f"  the model's error on upstream's held-out A2 runs, predicted / published: "
+                  f"{perf_fit.band_text(perfmodel.HELD_OUT_RATIOS)}", highlight=False)
 
 
 def _gib_and_gb(value: int) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import perfmodel
+from ascend_fleet import perf_fit, perfmodel
 from ascend_fleet.perfmodel import Request, SchedulerLimits, StepCost, simulate
 from ascend_fleet.planner import CHIPS, ModelShape, plan_instance
 
@@ -104,6 +104,9 @@ def test_plan_predicts_latency_at_a_concurrency_and_says_it_is_predicted():
     shown = runner.invoke(build_app(), [*common, "--predict-concurrency", "8"])
     assert shown.exit_code == 0, shown.output
     assert "predicted by the performance model (not measured" in shown.output
+    # with the model's error on the held-out runs: "TPOT x0.96-1.88 (10 of 12 within 20%)"
+    assert perf_fit.band_text(perfmodel.HELD_OUT_RATIOS) in " ".join(shown.output.split())
+    assert "TPOT x0.96-1.88 (10 of 12 within 20%)" in perf_fit.band_text(perfmodel.HELD_OUT_RATIOS)
     light, heavy = (json.loads(runner.invoke(build_app(), [*common, "--predict-concurrency", str(clients), "--json"]).output)
                     for clients in (1, 48))
     assert light["verdict"] == "fits" and light["predicted"]["completed"] == 4
