@@ -40,6 +40,7 @@ from ascend_fleet.planner import (
     chip_by_name,
     format_gib,
     judge,
+    kv_cache_copies,
     plan_instance,
     planned_quantization,
 )
@@ -101,6 +102,7 @@ def plan(
         shape = model_shape(read_model_config(model_config), read_modelslim_description(model_config))
     except ConfigError as exc:
         raise InputError(f"{visible(model_config)}: {exc}; pass the model's own config.json") from None
+    stack = load_profile(profile) if profile is not None else None
     try:
         quantization, quantization_findings = planned_quantization(shape, quantization, ascend=False)
         result = plan_instance(
@@ -115,12 +117,12 @@ def plan(
             dtype=dtype,
             quantization=quantization,
             hbm_bytes_override=override,
+            kv_copies=kv_cache_copies(shape, stack.hybrid_kv_cache_allocation if stack else None),
         )
     except ConfigError as exc:  # an option the planner does not know (--chip, --dtype, --quantization)
         raise InputError(f"plan: {exc}") from None
     findings = [*result.findings, *quantization_findings]
-    if profile is not None:
-        stack = load_profile(profile)
+    if stack is not None:
         findings += check_model_support(str(model_config), shape.model_type, stack.name, stack.stack.model_dump(),
                                         model_support())
     result = replace(result, findings=findings, verdict=judge(findings))
