@@ -121,10 +121,10 @@ def plan(
         )
     except ConfigError as exc:  # an option the planner does not know (--chip, --dtype, --quantization)
         raise InputError(f"plan: {exc}") from None
-    findings = [*result.findings, *quantization_findings]
-    if stack is not None:
-        findings += check_model_support(str(model_config), shape.model_type, stack.name, stack.stack.model_dump(),
-                                        model_support())
+    # a release that cannot serve the model at all is the first thing to say
+    support = [] if stack is None else check_model_support(str(model_config), shape.model_type, stack.name,
+                                                           stack.stack.model_dump(), model_support())
+    findings = [*support, *result.findings, *quantization_findings]
     result = replace(result, findings=findings, verdict=judge(findings))
     predicted = None
     if predict_concurrency and not result.errors:
