@@ -595,7 +595,7 @@ def planned_quantization(shape: ModelShape, stated: str | None, ascend: bool) ->
 
 
 # How a release's model runner allocates a hybrid model's KV cache tensors (the profile's
-# stack.hybrid_kv_cache_allocation): "shared", one tensor for every layer sharing it, as vLLM budgets;
+# hybrid_kv_cache_allocation): "shared", one tensor for every layer sharing it, as vLLM budgets;
 # "per_kind", one for the linear-attention layers and one for the attention layer; "per_layer", one
 # for each linear-attention layer and one for the attention layer.
 HYBRID_KV_CACHE_ALLOCATIONS = ("shared", "per_kind", "per_layer")
