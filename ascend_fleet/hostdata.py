@@ -157,7 +157,9 @@ NicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # nan and inf (1e309 in Python is inf) are no number the data can mean: a bound compares false with nan,
+    # and "Input should be less than or equal to 1 (got nan)" would not say why.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(_Strict):

@@ -11,6 +11,7 @@ multi-node instances alike (for a single-node instance the two run the same `run
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -272,10 +273,11 @@ def _type_problem(tag: str, value: str) -> str | None:
     if tag.startswith("optional_") and value in ("", "None"):
         return None
     try:
-        kind(value)
+        number = kind(value)
     except ValueError:
         return expected
-    return None
+    # float() takes nan and inf as argparse does: no setting means either.
+    return None if math.isfinite(number) else expected.replace("a number", "a finite number")
 
 
 def _config_problem(dest: str, value: str, vllm_version: str) -> str | None:

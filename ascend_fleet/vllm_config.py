@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from difflib import get_close_matches
 from functools import cache
 from pathlib import Path
@@ -36,6 +37,9 @@ BOUNDS = {"ge": ("at least", lambda v, b: v >= b), "gt": ("above", lambda v, b: 
 def json_problem(value, path: str = "") -> str | None:
     """Where `value` holds something JSON cannot (a set, a tuple key, bytes, an object), named by its path,
     or None: vLLM reads a dict-valued option as JSON, and json.dumps of a set fails."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return (f"{path or 'the option'}: {value} is no number JSON holds (Python's json writes NaN or Infinity, "
+                "which vLLM would read as such); give a finite number")
     if value is None or isinstance(value, (bool, int, float, str)):
         return None
     if isinstance(value, (list, tuple)):

@@ -243,6 +243,20 @@ REFUSALS = {
                         "worker1: instances: two instances are named a; expected distinct names"),
     "memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": 0.99}},
                            "worker1: serving.gpu_memory_utilization: --gpu-memory-utilization 0.99 is above 0.98"),
+    # nan and inf (1e309 is inf): a bound compares false with nan, so "less than or equal to 1 (got nan)" said before.
+    "nan memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": float("nan")}},
+                               "worker1: serving.gpu_memory_utilization: Input should be a finite number (got nan)"),
+    "1e309 seats": ({"serving": {**WORKER["serving"], "max_num_seqs": 1e309}},
+                    "worker1: serving.max_num_seqs: Input should be a finite number (got inf)"),
+    "inf alert threshold": ({"monitoring": {"ttft_p99_above_seconds": float("inf")}},
+                            "worker1: monitoring.ttft_p99_above_seconds: Input should be a finite number (got inf)"),
+    "nan route check interval": ({"gateway": {"isolation": {"interval_seconds": float("nan")}}},
+                                 "worker1: gateway.isolation.interval_seconds: Input should be a finite number (got nan)"),
+    "nan in a dict-valued option": ({"serving": {**WORKER["serving"], "additional_config": {"x": {"y": float("nan")}}}},
+                                    "worker1: serving.additional_config: x.y: nan is no number JSON holds (Python's json "
+                                    "writes NaN or Infinity, which vLLM would read as such); give a finite number"),
+    "-0 tensor parallel": ({"tensor_parallel_size": -0.0},
+                           "worker1: tensor_parallel_size: Input should be greater than or equal to 1 (got -0.0)"),
     "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
     "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE='big': HCCL_BUFFSIZE is "
                       "the size in MB of the buffer HCCL shares data between two NPUs through (vllm-ascend's tuning "

@@ -154,6 +154,10 @@ EXTRA_VALUES_REFUSED = {
     "a dotted key's value": (["--kv-transfer-config.kv_role=kv_middle"], "vLLM 0.18.0 "
                              "--kv-transfer-config.kv_role=kv_middle: kv_role: 'kv_middle' (a string): vLLM 0.18.0's "
                              "KVTransferConfig.kv_role (KVRole | None) takes one of kv_producer, kv_both, kv_consumer"),
+    "nan for a float (argparse's float() takes it)": (["--mm-processor-cache-gb", "nan"], "vLLM 0.18.0 "
+                                                      "--mm-processor-cache-gb takes a finite number, not 'nan'"),
+    "inf for an optional float": (["--kv-offloading-size=inf"], "vLLM 0.18.0 --kv-offloading-size takes a finite "
+                                  "number or None, not 'inf'"),
 }
 
 
