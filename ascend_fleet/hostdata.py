@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
 from ascend_fleet.fleetstate import BLUE, COLOURS
+from ascend_fleet.node_layout import FLEET_UNITS, instance_unit
 from ascend_fleet.planner import (
     CHIPS,
     DP_RPC_PORT,
@@ -744,7 +745,7 @@ def _problems(config: NodeConfig, derived: bool, blue: list[Instance]):
         for key in ("chip", "nvme_mount", "model", "serving"):
             if getattr(config, key) is None:
                 yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
-        yield from _instance_problems(config, derived)
+        yield from _instance_problems(config, derived, blue)
         yield from _npu_network_problems(config)
         for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
             if finding.severity == ERROR:
@@ -812,7 +813,7 @@ def _data_parallel_problems(config: NodeConfig):
         yield "instances", f"{len(config.instances)} instances; a multi-node instance's member runs exactly one"
 
 
-def _instance_problems(config: NodeConfig, derived: bool):
+def _instance_problems(config: NodeConfig, derived: bool, blue: list[Instance]):
     tp, count = config.tensor_parallel_size, config.npu_count
     yield from _data_parallel_problems(config)
     if not config.instances:
@@ -821,6 +822,7 @@ def _instance_problems(config: NodeConfig, derived: bool):
     names = [instance.name for instance in config.instances]
     for name in sorted({name for name in names if names.count(name) > 1}):
         yield "instances", f"two instances are named {name}; expected distinct names"
+    yield from _instance_name_problems(config, blue)
     for instance in config.instances:
         if len(instance.npus) != config.npus_per_instance:
             yield f"instances.{instance.name}.npus", (
@@ -839,6 +841,20 @@ def _instance_problems(config: NodeConfig, derived: bool):
     records = config.instance_records()
     yield from _hccl_range_end_problems(config, records, derived)
     yield from _placement_problems(tuple(records), derived, config.hccl_port_span, config.profile)
+
+
+def _instance_name_problems(config: NodeConfig, blue: list[Instance]):
+    """Names one systemd unit would answer to twice: an instance's and a name another colour gives another
+    instance (a swap runs both sets side by side), or the fleet's own unit of that name (node_layout.FLEET_UNITS)."""
+    given = {instance.name for instance in blue}
+    for colour in COLOURS:
+        for instance, coloured in zip(blue, colour_instances(blue, colour, config.npu_count, config.hccl_port_span)):
+            if colour != BLUE and coloured.name in given:
+                yield "instances", (f"{coloured.name} is the name the {colour} set gives instance {instance.name} (a "
+                                    f"blue/green swap runs both, one unit each); rename {coloured.name}")
+            if instance_unit(coloured.name) in FLEET_UNITS:
+                yield "instances", (f"{coloured.name}'s unit {instance_unit(coloured.name)} is the fleet's own; rename "
+                                    f"instance {instance.name}")
 
 
 def _hccl_range_end_problems(config: NodeConfig, records: list[InstanceRecord], derived: bool):

@@ -418,3 +418,36 @@ def test_a_bundle_without_the_index_the_site_serves_it_at_is_refused_and_its_loc
     assert served.bundle_url == "http://mirror.site:8070"
     assert str(config(bundle_dir="bundle", pip_index_url="http://m/simple", pip_locks_dir="mine").pip_locks_path) \
         == "mine"
+
+
+# Names one systemd unit would answer to twice (issue 49): before, each went through, and the serve stage wrote one
+# unit over the other (a swap's green vllm-0 over the blue instance named vllm-0-green; an instance over the firewall).
+NAME_CLASHES = {
+    "a blue name the green set gives another": (
+        [instance("vllm-0", [0, 1, 2, 3]), instance("vllm-0-green", [4, 5, 6, 7], 8001, 60032, 51016)],
+        "worker1: instances: vllm-0-green is the name the green set gives instance vllm-0 (a blue/green swap runs "
+        "both, one unit each); rename vllm-0-green"),
+    "the firewall's unit": ([instance("firewall", [0, 1, 2, 3])],
+                            "worker1: instances: firewall's unit ascend-fleet-firewall.service is the fleet's own; "
+                            "rename instance firewall"),
+    "the route watcher's unit": ([instance("route-watch", [0, 1, 2, 3])],
+                                 "worker1: instances: route-watch's unit ascend-fleet-route-watch.service is the "
+                                 "fleet's own"),
+}
+
+
+@pytest.mark.parametrize("instances, refusal", NAME_CLASHES.values(), ids=NAME_CLASHES.keys())
+def test_an_instance_name_another_unit_answers_to_is_refused(instances, refusal):
+    with pytest.raises(FleetError) as refused:
+        config(instances=instances)
+    assert str(refused.value).startswith(refusal)
+
+
+def test_a_colour_in_the_fleet_state_that_is_none_is_refused_naming_the_file(tmp_path):
+    """Before: `worker1: colour: Input should be 'blue' or 'green'`, a key the host's data does not have."""
+    (tmp_path / "gateway.json").write_text('{"colours": {"worker1": "Green "}}')
+    host = SimpleNamespace(name="worker1", data=SimpleNamespace(dict=lambda: {**WORKER, "fleet_state_dir": str(tmp_path)}))
+    with pytest.raises(FleetError) as refused:
+        host_node_config(host)
+    assert str(refused.value) == (f"{tmp_path}/gateway.json: colours.worker1: 'Green ' (a trailing blank) is not a "
+                                  "colour; expected blue or green (the set that serves on worker1): correct the file")
