@@ -259,8 +259,26 @@ REFUSALS = {
                            "worker1: tensor_parallel_size: Input should be greater than or equal to 1 (got -0.0)"),
     "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
     "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE='big': HCCL_BUFFSIZE is "
-                      "the size in MB of the buffer HCCL shares data between two NPUs through (vllm-ascend's tuning "
-                      "guide): a whole number above 0"),
+                      "the size in MB of the buffer HCCL shares data between two NPUs through (CANN's environment "
+                      "variable reference): a whole number of at least 1, e.g. 200"),
+    # CANN's numeric variables in the ranges its environment variable reference gives (cann_env.yaml).
+    "connect timeout below CANN's least": ({"npu_env": {"HCCL_CONNECT_TIMEOUT": 60}},
+                                           "worker1: npu_env: HCCL_CONNECT_TIMEOUT='60': HCCL_CONNECT_TIMEOUT is the "
+                                           "seconds HCCL waits for the NPUs' socket links at start-up (CANN's "
+                                           "environment variable reference): a whole number from 120 to 7200, e.g. 1200"),
+    "connect timeout above CANN's most": ({"npu_env": {"HCCL_CONNECT_TIMEOUT": "7201"}},
+                                          "worker1: npu_env: HCCL_CONNECT_TIMEOUT='7201': HCCL_CONNECT_TIMEOUT is"),
+    "negative exec timeout": ({"npu_env": {"HCCL_EXEC_TIMEOUT": -1}}, "worker1: npu_env: HCCL_EXEC_TIMEOUT='-1': "
+                              "HCCL_EXEC_TIMEOUT is the seconds an NPU waits for the others during a collective (0 "
+                              "never times out) (CANN's environment variable reference): a whole number from 0 to "
+                              "2147483647"),
+    "exec timeout in minutes": ({"npu_env": {"HCCL_EXEC_TIMEOUT": "30m"}}, "worker1: npu_env: HCCL_EXEC_TIMEOUT='30m': "),
+    "rdma timeout past A2's 20": ({"npu_env": {"HCCL_RDMA_TIMEOUT": 24}}, "worker1: npu_env: HCCL_RDMA_TIMEOUT='24': "
+                                  "HCCL_RDMA_TIMEOUT is the RDMA NIC's retransmission timeout factor (4.096 us x "
+                                  "2^value) (CANN's environment variable reference): a whole number from 5 to 20"),
+    "zero rdma retries": ({"npu_env": {"HCCL_RDMA_RETRY_CNT": 0}}, "worker1: npu_env: HCCL_RDMA_RETRY_CNT='0': "
+                          "HCCL_RDMA_RETRY_CNT is how many times the RDMA NIC retransmits (CANN's environment variable "
+                          "reference): a whole number from 1 to 7, e.g. 7"),
     # npu_env values as the env file and CANN read them (issue 49).
     "zero hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": 0}}, "worker1: npu_env: HCCL_BUFFSIZE='0': HCCL_BUFFSIZE is the "
                            "size in MB"),
