@@ -185,7 +185,7 @@ def bundle_os(scope: object, known: NodeOs, arch: str, configs: list[NodeConfig]
     packages = fleet_packages(scope, known, configs, mirror_hosts) + kernel_headers_packages(known, arch, kernels)
     build(out / OS_DIR / name, known, arch, archive, packages, progress)
     return {"distribution": known.distribution, "release": known.release, "arch": arch,
-            "repository": f"{OS_DIR}/{name}", "packages": packages}
+            "repository": f"{OS_DIR}/{name}"}
 
 
 def bundle_lock(target: Target, out: Path, progress: Callable[[str], None]) -> str:
@@ -470,23 +470,14 @@ def verify_bundle(out: Path) -> list[str]:
     return lines
 
 
-def os_coverage_refusal(out: Path, known: NodeOs, arch: str, needed: list[str] = ()) -> str | None:
-    """Why the bundle has no OS packages for a node of this release and arch, or lacks one the node's stages
-    install (needed: os_repository.fleet_packages of its roles; a second gateway's keepalived in a bundle made
-    for one gateway), or None."""
+def os_coverage_refusal(out: Path, known: NodeOs, arch: str) -> str | None:
+    """Why the bundle has no OS packages for a node of this release and arch, or None."""
     served = read_bundle_manifest(out).os
-    entry = next((r for r in served if (r.distribution, r.release, r.arch) == (known.distribution, known.release,
-                                                                                arch)), None)
-    again = f"`ascend-fleet bundle INVENTORY --out {out} --os '{known.name}' --arch {arch}` where the archive answers"
-    if entry is None:
-        has = ", ".join(f"{r.distribution} {r.release} {r.arch}" for r in served) or "none"
-        return f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with {again}"
-    lacking = [name for name in needed if entry.packages is not None and name not in entry.packages]
-    if lacking:
-        return (f"bundle {out}'s {known.name} {arch} packages lack {', '.join(lacking)}, which this host's stages "
-                f"install (the bundle was made for another shape of the fleet); make it again from this inventory "
-                f"with {again}")
-    return None
+    if any((r.distribution, r.release, r.arch) == (known.distribution, known.release, arch) for r in served):
+        return None
+    has = ", ".join(f"{r.distribution} {r.release} {r.arch}" for r in served) or "none"
+    return (f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with "
+            f"`ascend-fleet bundle INVENTORY --out {out} --os '{known.name}' --arch {arch}` where the archive answers")
 
 
 def rpms_lacking(out: Path, known: NodeOs, arch: str, packages: list[str]) -> list[str]:

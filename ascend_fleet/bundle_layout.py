@@ -48,9 +48,6 @@ class OsEntry(BaseModel):
     release: str
     arch: str
     repository: str
-    # What the fleet's stages install there, as the bundle was made for its inventory (None: a bundle made
-    # before the manifest listed them, whose coverage of the roles is not known).
-    packages: list[str] | None = None
 
 
 class Manifest(BaseModel):

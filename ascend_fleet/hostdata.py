@@ -20,6 +20,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
 
+import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
@@ -66,6 +67,8 @@ CANN_ENV = frozenset({"LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "PYTHONPATH", "AS
 SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL")
 # Below this, only root binds a port; instances run as service_user.
 FIRST_UNPRIVILEGED_PORT = 1024
+# The ranges CANN's environment variable reference gives its numeric variables, each cited there.
+CANN_ENV_FILE = Path(__file__).with_name("cann_env.yaml")
 # NodeConfig's own keys, not the data's: node_config sets them.
 HIDDEN_KEYS = frozenset({"host", "hccl_port_span"})
 # Wrapped lists of valid keys stay this narrow, indented under the error's own line.
@@ -104,10 +107,22 @@ def _env_value_problem(key: str, value: str) -> str | None:
         return "holds a # comment, which the env file would pass to CANN as part of the value; drop the comment"
     if value != value.strip():
         return "starts or ends with a blank, which the env file would keep in the value; drop it"
-    if key == "HCCL_BUFFSIZE" and not (re.fullmatch(r"[0-9]+", value) and int(value) > 0):
-        return ("HCCL_BUFFSIZE is the size in MB of the buffer HCCL shares data between two NPUs through "
-                "(vllm-ascend's tuning guide): a whole number above 0, e.g. 200")
+    if (bounds := cann_env_bounds().get(key)) and not _in_bounds(value, bounds):
+        upto = (f"from {bounds['min']} to {bounds['max']}" if bounds["max"] is not None
+                else f"of at least {bounds['min']}")
+        return (f"{key} is {bounds['what']} (CANN's environment variable reference): a whole number {upto}, "
+                f"e.g. {bounds['example']}")
     return None
+
+
+def _in_bounds(value: str, bounds: dict) -> bool:
+    return bool(re.fullmatch(r"[0-9]+", value)) and bounds["min"] <= int(value) <= (bounds["max"] or int(value))
+
+
+@lru_cache(maxsize=1)
+def cann_env_bounds() -> dict[str, dict]:
+    """The ranges of CANN's numeric environment variables (cann_env.yaml, each with its reference page)."""
+    return yaml.safe_load(CANN_ENV_FILE.read_text())
 
 
 def _node_path(value: str) -> str:

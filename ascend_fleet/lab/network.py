@@ -47,11 +47,9 @@ def create_bridge(state: LabState, spec: LabSpec) -> None:
 def firewall_rules(spec: LabSpec) -> str:
     """The lab's nft table: what the nodes reach on the host; behind a bastion, what the host reaches."""
     jump_host = spec.jump_host
-    # Clients use the virtual address where the gateways have one, the gateway's own otherwise.
-    gateway_addresses = [spec.gateway.address, *([spec.gateway_vip.split("/")[0]] if spec.gateway_vip else [])]
     return render(TEMPLATES / "lab" / "firewall.nft.j2", table=firewall_table(spec), bridge=spec.bridge,
                   npu_bridge=spec.npu_bridge, mirror_port=None if spec.offline_bundle else spec.mirror_port,
-                  bastion=jump_host.address if jump_host else None, gateway_addresses=gateway_addresses,
+                  bastion=jump_host.address if jump_host else None, gateway=spec.gateway.address,
                   gateway_port=GATEWAY_SERVING_PORT)
 
 

@@ -40,7 +40,6 @@ from ascend_fleet.node_layout import (
 from ascend_fleet.node_os import NodeOs, node_os, not_served, role_gaps
 from ascend_fleet.operations import gates, served, weights
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
-from ascend_fleet.os_repository import MIRROR_GROUP, fleet_packages
 from ascend_fleet.per_run import once_per_run
 from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
 from ascend_fleet.profile import Profile
@@ -250,9 +249,8 @@ def check_bundle(config: NodeConfig, profile: Profile) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more: `ascend-fleet bundle verify {bundle}`)" if len(problems) > 1 else ""
         raise FleetError(f"{host.name}: {problems[0]}{more}; make the bundle again where the indexes answer")
-    arch, known = host_arch(), host_os()
-    refusal = os_coverage_refusal(bundle, known, arch, fleet_packages(host.state, known, [config],
-                                                                      MIRROR_GROUP in host.groups))
+    arch = host_arch()
+    refusal = os_coverage_refusal(bundle, host_os(), arch)
     if config.is_worker:
         refusal = coverage_refusal(bundle, profile.name, arch, profile.stack.python) or refusal
     if refusal:

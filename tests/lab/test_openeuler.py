@@ -1,11 +1,10 @@
-"""openEuler nodes before any deploy (issue 30 item 2), on a lab of its own (subnet N+6): worker1 on the lab's
-openEuler 24.03 LTS flavour (Debian's real dnf and rpm against the lab's repository of stand-in RPMs,
-firewalld active from boot, no apt or dpkg: docs/sim-fidelity.md, "openEuler lab node"), and worker2 on
-Kylin V10, a release the product does not serve.
+"""openEuler nodes (issue 30 item 2), on a lab of its own (subnet N+6): a gateway and worker1 on Debian 12,
+worker2 on the lab's openEuler 24.03 LTS flavour (Debian's real dnf and rpm against the lab's repository
+of stand-in RPMs, firewalld active from boot, no apt or dpkg: docs/sim-fidelity.md, "openEuler lab
+node"), and worker3 on Kylin V10, a release the product does not serve.
 
-Each is only ever offered a full deploy that preflight must refuse before anything on it changes: Kylin for
-its release, the openEuler node booted into a kernel whose headers no repository has. An openEuler worker's
-deploy, rerun and serving are the users' site's (tests/lab/test_site.py).
+The fixture deploys gateway, worker1 and worker2 once and again; worker3 is only ever offered a full
+deploy, which preflight must refuse before anything on it changes.
 """
 
 from __future__ import annotations
@@ -14,16 +13,26 @@ import os
 import re
 
 import pytest
+import requests
 
+from ascend_fleet.lab import rpmrepo
 from ascend_fleet.lab.nodes import KERNEL_RELEASE_FILE
-from ascend_fleet.node_layout import SYSTEMD_STATE_ROOT
+from ascend_fleet.lab.rpmrepo import STANDINS
+from ascend_fleet.node_layout import FIREWALL_UNIT, GATEWAY_CONFIG, SYSTEMD_STATE_ROOT
+from ascend_fleet.node_os import node_os
 from tests.lab.conftest import brought_up, module_lab
+from tests.lab.test_full_deploy import totals
 
 pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
 
-OPENEULER, REFUSED = "worker1", "worker2"
+SERVED = ("gateway", "worker1", "worker2")
+OPENEULER, REFUSED = "worker2", "worker3"
 ARCH = os.uname().machine
 HARDWARE = f"nodes:\n  {OPENEULER}: {{os: openeuler-24.03}}\n  {REFUSED}: {{os: kylin-v10}}\n"
+OPENEULER_DATA = node_os("openEuler", "24.03")
+# What the product's data says a worker installs on openEuler 24.03.
+WORKER_PACKAGES = ("python3", OPENEULER_DATA.nftables, OPENEULER_DATA.nginx, OPENEULER_DATA.node_exporter.package,
+                   *OPENEULER_DATA.driver_prerequisites)
 # Every file below these, with its type, size, mode, owner and mtime (and a digest under /etc): what a
 # refused deploy must leave as it found it. systemd's own state holds the login's bookkeeping; lxcfs is
 # the lab's mount (its mount point's time is lxcfs's); the rpm database's SQLite shared-memory file is
@@ -38,12 +47,12 @@ SNAPSHOT = (f"find /etc /usr /opt {SYSTEMD_STATE_ROOT} /root /home -xdev \\( -pa
 def lab(tmp_path_factory):
     hardware = tmp_path_factory.mktemp("openeuler") / "hardware.yaml"
     hardware.write_text(HARDWARE)
-    yield from brought_up(module_lab("oe", "e", 6), 2, "--hardware", str(hardware))
+    yield from brought_up(module_lab("oe", "e", 6), 3, "--hardware", str(hardware))
 
 
 @pytest.fixture(scope="module")
 def refused(lab):
-    """The Kylin worker's files before and after a full deploy offered to it alone, and that deploy's output."""
+    """worker3's files before and after a full deploy offered to it alone, and that deploy's output."""
     before = lab.run(REFUSED, SNAPSHOT).stdout
     result = lab.pyinfra("deploys/full.py", "--limit", REFUSED, check=False)
     return {"before": before, "after": lab.run(REFUSED, SNAPSHOT).stdout, "result": result}
@@ -63,6 +72,14 @@ def headless_kernel(lab):
     finally:
         lab.run(OPENEULER, f"cat /root/kernel-release > {KERNEL_RELEASE_FILE} && rm /root/kernel-release")
     return {"kernel": headless, "before": before, "after": after, "result": result}
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    limits = [arg for node in SERVED for arg in ("--limit", node)]
+    first = lab.pyinfra("deploys/full.py", *limits, timeout=3600)
+    again = lab.pyinfra("deploys/full.py", *limits, timeout=3600)
+    return {"first": first.stdout, "again": again.stdout}
 
 
 def test_the_openeuler_node_is_openeulers_shape_before_any_deploy(lab):
@@ -98,3 +115,44 @@ def test_a_node_whose_running_kernels_headers_no_repository_has_is_refused_at_pr
     assert "Stage: NPU driver" not in output, output[-3000:]
     before, after = headless_kernel["before"].splitlines(), headless_kernel["after"].splitlines()
     assert before == after, sorted(set(before) ^ set(after))[:40]
+
+
+def test_the_openeuler_worker_builds_its_driver_against_the_running_kernels_headers(lab, deployed):
+    """Huawei's guide installs kernel-devel-$(uname -r) and kernel-headers-$(uname -r); the repositories' newest
+    (update/ carries a later kernel's) would leave DKMS without the running kernel's tree."""
+    out = lab.run(OPENEULER, "uname -r; rpm -q kernel-devel kernel-headers; "
+                             "test -e /lib/modules/$(uname -r)/build/include && echo tree-found").stdout.split()
+    kernel = rpmrepo.kernel_release(ARCH)
+    assert out == [kernel, f"kernel-devel-{kernel}", f"kernel-headers-{kernel}", "tree-found"], out
+
+
+def test_the_openeuler_worker_gets_its_packages_from_its_repository_with_dnf(lab, deployed):
+    out = lab.run(OPENEULER, f"rpm -q {' '.join(WORKER_PACKAGES)}; dnf -q history list", check=False).stdout
+    assert "not installed" not in out, out
+    versions = {standin.name: f"{standin.name}-{standin.version}-{standin.release}" for standin in STANDINS}
+    for package in WORKER_PACKAGES:
+        if package in versions:
+            assert versions[package] in out, (package, out)
+    assert "install" in out.lower(), out  # dnf's own history: the packages came through dnf
+
+
+def test_the_openeuler_worker_serves_through_the_gateway_its_firewall_handed_over(lab, deployed):
+    worker = next(n for n in lab.status()["nodes"] if n["name"] == OPENEULER)["address"]
+    assert worker in lab.run("gateway", f"cat {GATEWAY_CONFIG}").stdout
+    # From the gateway to the openEuler node's instance: firewalld (active from its first boot) no
+    # longer rejects it, and the instance firewall the product installs in its place admits the gateway.
+    models = lab.run("gateway", f"curl -fsS --max-time 10 http://{worker}:8000/v1/models").stdout
+    assert "lab/Qwen3-Tiny" in models, models
+    states = lab.run(OPENEULER, f"systemctl is-enabled firewalld; systemctl is-active firewalld {FIREWALL_UNIT}",
+                     check=False).stdout.split()
+    assert states == ["masked", "inactive", "active"], states
+    gateway = next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    for _ in range(4):  # round robin over both workers' instances
+        answer = requests.post(f"http://{gateway}/v1/chat/completions", timeout=30, json={
+            "model": "lab/Qwen3-Tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+        assert answer.status_code == 200, answer.text
+
+
+def test_a_rerun_changes_nothing(deployed):
+    again = totals(deployed["again"])
+    assert again["changed"] == 0 and again["errors"] == 0, (again, deployed["again"][-4000:])
