@@ -281,6 +281,9 @@ def _vllm_args_findings(args: tuple[str, ...], vllm_version: str) -> tuple[Findi
         elif action["choices"] and value not in [str(choice) for choice in action["choices"]]:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes one of "
                                     f"{', '.join(map(str, action['choices']))}, not {value}"))
+        elif action["kind"] in NO_VALUE_KINDS and parsed.values and not parsed.keys:
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes no value (argparse "
+                                    f"refuses {parsed.shown}: 'ignored explicit argument'); give {flag} alone"))
         elif action["kind"] not in NO_VALUE_KINDS and action["nargs"] != "?" and value is None:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes a value; give "
                                     "it one"))

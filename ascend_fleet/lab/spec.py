@@ -282,6 +282,11 @@ class LabSpec(_Strict):
         """Validate everything `lab up` was given and lay out the nodes."""
         if workers < 1:
             raise FleetError(f"lab up: --nodes {workers}: a lab needs at least 1 worker node")
+        name = settings.get("name", cls.model_fields["name"].default)
+        if not re.fullmatch(cls.model_fields["name"].metadata[0].pattern, name):
+            raise InputError(f"lab up: --name {visible(name)}: expected 1 to 8 lower-case letters and digits, a "
+                             "letter first: it is part of the lab's bridge, namespace and interface names (at most "
+                             "15 characters), e.g. lab2")
         for profile in settings.get("profiles", DEFAULT_PROFILES):
             load_profile(profile)  # a bad profile is one line before anything is created
         hardware = _load_hardware_file(hardware_file) if hardware_file else HardwareFile()

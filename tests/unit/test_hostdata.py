@@ -10,6 +10,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig, node_config
+from ascend_fleet.node_layout import FIREWALL_UNIT, ROUTE_WATCH_UNIT
 from ascend_fleet.profile import load_profile
 
 WORKER = {
@@ -446,10 +447,10 @@ NAME_CLASHES = {
         "worker1: instances: vllm-0-green is the name the green set gives instance vllm-0 (a blue/green swap runs "
         "both, one unit each); rename vllm-0-green"),
     "the firewall's unit": ([instance("firewall", [0, 1, 2, 3])],
-                            "worker1: instances: firewall's unit ascend-fleet-firewall.service is the fleet's own; "
+                            f"worker1: instances: firewall's unit {FIREWALL_UNIT} is the fleet's own; "
                             "rename instance firewall"),
     "the route watcher's unit": ([instance("route-watch", [0, 1, 2, 3])],
-                                 "worker1: instances: route-watch's unit ascend-fleet-route-watch.service is the "
+                                 f"worker1: instances: route-watch's unit {ROUTE_WATCH_UNIT} is the "
                                  "fleet's own"),
 }
 
