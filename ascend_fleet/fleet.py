@@ -431,7 +431,8 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
                             dtype=serving.dtype, quantization=quantization,
                             ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
                             policy=policy, kv_copies=kv_cache_copies(shape, profile.hybrid_kv_cache_allocation))
-    findings = [*plan.findings, *quantization_findings, *stack]
+    # a release that cannot serve the model at all is the first thing to say (as plan_cli says it)
+    findings = [*stack, *plan.findings, *quantization_findings]
     return [InstanceReport(config.host, instance, plan, list(findings), record.hccl_range.ports,
                            role.members if role else ())
             for instance, record in zip(config.instances, config.instance_records())]
