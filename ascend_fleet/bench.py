@@ -36,7 +36,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ascend_fleet.bundle_layout import model_dir
-from ascend_fleet.cli import above_zero, result_directory
+from ascend_fleet.cli import above_zero_or_inf, result_directory
 from ascend_fleet.credentials import api_key
 from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import load_inventory
@@ -412,7 +412,7 @@ def bench(
     dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path", help="sharegpt: the ShareGPT JSON file")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
     request_rate: Annotated[float, typer.Option(
-        "--request-rate", callback=above_zero, help="requests per second; inf: all at once")] = 10.0,
+        "--request-rate", callback=above_zero_or_inf, help="requests per second; inf: all at once")] = 10.0,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", min=1)] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="random: prompt tokens", min=1)] = 256,
     output_len: Annotated[int, typer.Option("--output-len", help="random: output tokens", min=1)] = 128,

@@ -2,6 +2,7 @@
 
 import importlib
 import logging
+import math
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -41,10 +42,26 @@ USAGE_ERRORS = tuple({click.ClickException, *(kind for kind in typer.BadParamete
 
 
 def above_zero(value: float | None) -> float | None:
-    """A typer callback for a number that means nothing at 0 or below (a rate, a duration, an interval):
-    typer's min= takes 0 itself. Refused as typer refuses, exit 2; nan too."""
+    """A typer callback for a number that means nothing at 0 or below (a duration, an interval, a size):
+    typer's min= takes 0 itself, and a float option takes "nan" and "inf" (a wait that never ends). Refused
+    as typer refuses, exit 2."""
+    if value is not None and not 0 < value < math.inf:
+        raise typer.BadParameter(f"{value:g}: expected a finite number above 0")
+    return value
+
+
+def above_zero_or_inf(value: float | None) -> float | None:
+    """above_zero for a request rate, where inf means every request at once (vLLM's bench: --request-rate)."""
     if value is not None and not value > 0:
-        raise typer.BadParameter(f"{value:g}: expected a number above 0")
+        raise typer.BadParameter(f"{value:g}: expected a number above 0, or inf (all at once)")
+    return value
+
+
+def finite(value: float | None) -> float | None:
+    """A typer callback beside min= on a float option: click's range lets nan and inf through (nan compares
+    false with its bound), and a pause or timeout of either never ends or crashes where it is used."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value:g}: expected a finite number")
     return value
 
 

@@ -44,6 +44,7 @@ from ascend_fleet.planner import (
     check_vllm_use_v1,
     chip_by_name,
     judge,
+    kv_cache_copies,
     modelslim_scheme,
     plan_instance,
     planned_quantization,
@@ -429,8 +430,9 @@ def plan_node(config: NodeConfig, profile: Profile, shape: ModelShape,
                             gpu_memory_utilization=serving.gpu_memory_utilization,
                             dtype=serving.dtype, quantization=quantization,
                             ep=bool(serving.enable_expert_parallel), mtp=serving.speculates_with_mtp,
-                            policy=policy)
-    findings = [*plan.findings, *quantization_findings, *stack]
+                            policy=policy, kv_copies=kv_cache_copies(shape, profile.hybrid_kv_cache_allocation))
+    # a release that cannot serve the model at all is the first thing to say (as plan_cli says it)
+    findings = [*stack, *plan.findings, *quantization_findings]
     return [InstanceReport(config.host, instance, plan, list(findings), record.hccl_range.ports,
                            role.members if role else ())
             for instance, record in zip(config.instances, config.instance_records())]

@@ -27,7 +27,7 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 
 from ascend_fleet import FILES, firewall
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.firewall import SSH_PORT, host_address, sources, ssh_lockout_problems
 from ascend_fleet.fleet import (
     MODELS_DIR,
@@ -358,7 +358,7 @@ def check(
     Lists every problem, one line each, and exits 2 if there is any.
     """
     if not inventory.is_file():
-        raise FleetError(f"{inventory}: no such inventory file; pass e.g. inventories/prod.py")
+        raise InputError(f"{visible(inventory)}: no such inventory file; pass e.g. inventories/prod.py")
     problems = inventory_problems(inventory, model_config=model_config, models_dir=models_dir or MODELS_DIR)
     if as_json:
         print(json.dumps({"inventory": str(inventory), "problems": problems}, indent=2))

@@ -29,7 +29,7 @@ import json
 import os
 from pathlib import Path
 
-from ascend_fleet.errors import InputError, visible
+from ascend_fleet.errors import FleetError, InputError, visible
 
 GATEWAY_FILE = "gateway.json"
 ROLLOUT_FILE = "rollout.json"
@@ -76,8 +76,14 @@ class FleetState:
         self._write(GATEWAY_FILE, {**self._read(GATEWAY_FILE, {}), "drained": sorted(keys)})
 
     def colours(self) -> dict[str, str]:
-        """Each worker's recorded colour; a worker missing serves blue."""
-        return self._read(GATEWAY_FILE, {}).get("colours", {})
+        """Each worker's recorded colour; a worker missing serves blue. A colour that is none (the file edited by
+        hand) is refused naming the file, not met as the host's `colour` key, which its data does not have."""
+        colours = self._read(GATEWAY_FILE, {}).get("colours", {})
+        for host, colour in colours.items():
+            if colour not in COLOURS:
+                raise FleetError(f"{self.directory / GATEWAY_FILE}: colours.{host}: {visible(colour)} is not a colour; "
+                                 f"expected {' or '.join(COLOURS)} (the set that serves on {host}): correct the file")
+        return colours
 
     def set_colours(self, colours: dict[str, str]) -> None:
         document = self._read(GATEWAY_FILE, {})

@@ -20,10 +20,12 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
 
+import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ascend_fleet.errors import FleetError, describe_validation, unknown_keys_without_match
 from ascend_fleet.fleetstate import BLUE, COLOURS
+from ascend_fleet.node_layout import FLEET_UNITS, instance_unit
 from ascend_fleet.planner import (
     CHIPS,
     DP_RPC_PORT,
@@ -65,6 +67,8 @@ CANN_ENV = frozenset({"LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "PYTHONPATH", "AS
 SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL")
 # Below this, only root binds a port; instances run as service_user.
 FIRST_UNPRIVILEGED_PORT = 1024
+# The ranges CANN's environment variable reference gives its numeric variables, each cited there.
+CANN_ENV_FILE = Path(__file__).with_name("cann_env.yaml")
 # NodeConfig's own keys, not the data's: node_config sets them.
 HIDDEN_KEYS = frozenset({"host", "hccl_port_span"})
 # Wrapped lists of valid keys stay this narrow, indented under the error's own line.
@@ -103,10 +107,22 @@ def _env_value_problem(key: str, value: str) -> str | None:
         return "holds a # comment, which the env file would pass to CANN as part of the value; drop the comment"
     if value != value.strip():
         return "starts or ends with a blank, which the env file would keep in the value; drop it"
-    if key == "HCCL_BUFFSIZE" and not (re.fullmatch(r"[0-9]+", value) and int(value) > 0):
-        return ("HCCL_BUFFSIZE is the size in MB of the buffer HCCL shares data between two NPUs through "
-                "(vllm-ascend's tuning guide): a whole number above 0, e.g. 200")
+    if (bounds := cann_env_bounds().get(key)) and not _in_bounds(value, bounds):
+        upto = (f"from {bounds['min']} to {bounds['max']}" if bounds["max"] is not None
+                else f"of at least {bounds['min']}")
+        return (f"{key} is {bounds['what']} (CANN's environment variable reference): a whole number {upto}, "
+                f"e.g. {bounds['example']}")
     return None
+
+
+def _in_bounds(value: str, bounds: dict) -> bool:
+    return bool(re.fullmatch(r"[0-9]+", value)) and bounds["min"] <= int(value) <= (bounds["max"] or int(value))
+
+
+@lru_cache(maxsize=1)
+def cann_env_bounds() -> dict[str, dict]:
+    """The ranges of CANN's numeric environment variables (cann_env.yaml, each with its reference page)."""
+    return yaml.safe_load(CANN_ENV_FILE.read_text())
 
 
 def _node_path(value: str) -> str:
@@ -157,7 +173,9 @@ NicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # nan and inf (1e309 in Python is inf) are no number the data can mean: a bound compares false with nan,
+    # and "Input should be less than or equal to 1 (got nan)" would not say why.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(_Strict):
@@ -742,7 +760,7 @@ def _problems(config: NodeConfig, derived: bool, blue: list[Instance]):
         for key in ("chip", "nvme_mount", "model", "serving"):
             if getattr(config, key) is None:
                 yield key, f"missing; required on a node with NPUs (npu_count {config.npu_count})"
-        yield from _instance_problems(config, derived)
+        yield from _instance_problems(config, derived, blue)
         yield from _npu_network_problems(config)
         for finding in check_gpu_memory_utilization(config.serving.gpu_memory_utilization) if config.serving else ():
             if finding.severity == ERROR:
@@ -810,7 +828,7 @@ def _data_parallel_problems(config: NodeConfig):
         yield "instances", f"{len(config.instances)} instances; a multi-node instance's member runs exactly one"
 
 
-def _instance_problems(config: NodeConfig, derived: bool):
+def _instance_problems(config: NodeConfig, derived: bool, blue: list[Instance]):
     tp, count = config.tensor_parallel_size, config.npu_count
     yield from _data_parallel_problems(config)
     if not config.instances:
@@ -819,6 +837,7 @@ def _instance_problems(config: NodeConfig, derived: bool):
     names = [instance.name for instance in config.instances]
     for name in sorted({name for name in names if names.count(name) > 1}):
         yield "instances", f"two instances are named {name}; expected distinct names"
+    yield from _instance_name_problems(config, blue)
     for instance in config.instances:
         if len(instance.npus) != config.npus_per_instance:
             yield f"instances.{instance.name}.npus", (
@@ -837,6 +856,20 @@ def _instance_problems(config: NodeConfig, derived: bool):
     records = config.instance_records()
     yield from _hccl_range_end_problems(config, records, derived)
     yield from _placement_problems(tuple(records), derived, config.hccl_port_span, config.profile)
+
+
+def _instance_name_problems(config: NodeConfig, blue: list[Instance]):
+    """Names one systemd unit would answer to twice: an instance's and a name another colour gives another
+    instance (a swap runs both sets side by side), or the fleet's own unit of that name (node_layout.FLEET_UNITS)."""
+    given = {instance.name for instance in blue}
+    for colour in COLOURS:
+        for instance, coloured in zip(blue, colour_instances(blue, colour, config.npu_count, config.hccl_port_span)):
+            if colour != BLUE and coloured.name in given:
+                yield "instances", (f"{coloured.name} is the name the {colour} set gives instance {instance.name} (a "
+                                    f"blue/green swap runs both, one unit each); rename {coloured.name}")
+            if instance_unit(coloured.name) in FLEET_UNITS:
+                yield "instances", (f"{coloured.name}'s unit {instance_unit(coloured.name)} is the fleet's own; rename "
+                                    f"instance {instance.name}")
 
 
 def _hccl_range_end_problems(config: NodeConfig, records: list[InstanceRecord], derived: bool):

@@ -104,6 +104,11 @@ def out_of_routing_marker(instance: str) -> str:
 INSTANCE_UNIT_PREFIX = "ascend-fleet-"  # every instance's unit name starts so
 
 
+# The fleet's own units whose names an instance's could take (instance_unit: the same prefix): an instance
+# named `firewall` would overwrite the firewall's unit.
+FLEET_UNITS = (FIREWALL_UNIT, GOVERNOR_UNIT, f"{NPU_METRICS_UNIT}.service", ROUTE_WATCH_UNIT, ROUTER_UNIT)
+
+
 def instance_unit(name: str) -> str:
     """The systemd unit of the instance called name."""
     return f"{INSTANCE_UNIT_PREFIX}{name}.service"

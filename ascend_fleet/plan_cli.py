@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ascend_fleet import perf_fit, perfmodel
 from ascend_fleet.cli import above_zero
 from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import (
@@ -39,6 +40,7 @@ from ascend_fleet.planner import (
     chip_by_name,
     format_gib,
     judge,
+    kv_cache_copies,
     plan_instance,
     planned_quantization,
 )
@@ -100,6 +102,7 @@ def plan(
         shape = model_shape(read_model_config(model_config), read_modelslim_description(model_config))
     except ConfigError as exc:
         raise InputError(f"{visible(model_config)}: {exc}; pass the model's own config.json") from None
+    stack = load_profile(profile) if profile is not None else None
     try:
         quantization, quantization_findings = planned_quantization(shape, quantization, ascend=False)
         result = plan_instance(
@@ -114,21 +117,23 @@ def plan(
             dtype=dtype,
             quantization=quantization,
             hbm_bytes_override=override,
+            kv_copies=kv_cache_copies(shape, stack.hybrid_kv_cache_allocation if stack else None),
         )
     except ConfigError as exc:  # an option the planner does not know (--chip, --dtype, --quantization)
         raise InputError(f"plan: {exc}") from None
-    findings = [*result.findings, *quantization_findings]
-    if profile is not None:
-        stack = load_profile(profile)
-        findings += check_model_support(str(model_config), shape.model_type, stack.name, stack.stack.model_dump(),
-                                        model_support())
+    # a release that cannot serve the model at all is the first thing to say
+    support = [] if stack is None else check_model_support(str(model_config), shape.model_type, stack.name,
+                                                           stack.stack.model_dump(), model_support())
+    findings = [*support, *result.findings, *quantization_findings]
     result = replace(result, findings=findings, verdict=judge(findings))
     predicted = None
     if predict_concurrency and not result.errors:
         predicted = predict(shape, result, chip_by_name(chip), predict_concurrency, input_len, output_len,
                             max_num_seqs, max_num_batched_tokens)
     if as_json:
-        print(json.dumps({**result.to_dict(), **({"predicted": asdict(predicted)} if predicted else {})}, indent=2))
+        print(json.dumps({**result.to_dict(), **({"predicted": asdict(predicted),
+                                                  "predicted_held_out_ratios": perfmodel.HELD_OUT_RATIOS}
+                                                 if predicted else {})}, indent=2))
     else:
         print_plan(result, model_config)
         if predicted:
@@ -259,6 +264,8 @@ def print_prediction(predicted: LoadResult, concurrency: int, input_len: int, ou
     console.print(f"  TTFT mean {predicted.mean_ttft_ms:,.0f} ms (p99 {predicted.p99_ttft_ms:,.0f}), TPOT mean "
                   f"{predicted.mean_tpot_ms:,.1f} ms (p99 {predicted.p99_tpot_ms:,.1f}), "
                   f"{predicted.output_throughput:,.0f} output tok/s", highlight=False)
+    console.print(f"  the model's error on upstream's held-out A2 runs, predicted / published: "
+                  f"{perf_fit.band_text(perfmodel.HELD_OUT_RATIOS)}", highlight=False)
 
 
 def _gib_and_gb(value: int) -> str:

@@ -30,7 +30,14 @@ that rounding is ignored here.
 The MTP draft (mtp_num_hidden_layers) is counted when speculative decoding loads
 it (ModelShape.mtp_parameter_count). Not counted in the weights: the vision
 encoder of multimodal checkpoints, quantization scales, and ACL graph capture
-memory. PlanPolicy.tight_kv_fraction exists because of them.
+memory. PlanPolicy.tight_kv_fraction exists because of them. No pinned release budgets ACL graph
+capture memory and upstream publishes no figure for it (docs/sim-performance.md, "Memory the budget
+does not hold"), so it is not counted either.
+
+Some releases allocate a hybrid model's KV cache more than once (kv_cache_copies): vLLM's KV cache
+config shares each tensor between one layer of each group, and those releases' model runner gives the
+linear-attention and the attention layers their own tensors; the copies beyond the first land outside
+the budget, in the HBM gpu-memory-utilization leaves free.
 """
 
 from __future__ import annotations
@@ -587,6 +594,23 @@ def planned_quantization(shape: ModelShape, stated: str | None, ascend: bool) ->
     return shape.checkpoint_quantization, []
 
 
+# How a release's model runner allocates a hybrid model's KV cache tensors (the profile's
+# hybrid_kv_cache_allocation): "shared", one tensor for every layer sharing it, as vLLM budgets;
+# "per_kind", one for the linear-attention layers and one for the attention layer; "per_layer", one
+# for each linear-attention layer and one for the attention layer.
+HYBRID_KV_CACHE_ALLOCATIONS = ("shared", "per_kind", "per_layer")
+
+
+def kv_cache_copies(shape: ModelShape, allocation: str | None) -> int:
+    """How many times a release that allocates as `allocation` holds the KV pool of `shape`."""
+    if allocation in (None, "shared") or not shape.linear_attention_layers or not shape.full_attention_layers:
+        return 1
+    if allocation == "per_kind":
+        return 2
+    # one layer of each group shares a tensor: vLLM groups the layers by the attention layers' count
+    return math.ceil(shape.linear_attention_layers / shape.full_attention_layers) + 1
+
+
 def plan_instance(
     shape: ModelShape,
     chip: Chip,
@@ -601,11 +625,13 @@ def plan_instance(
     kv_dtype: str | None = None,
     policy: PlanPolicy = DEFAULT_POLICY,
     mtp: bool = False,
+    kv_copies: int = 1,
 ) -> InstancePlan:
     """Plan one instance of `tp` x `dp` NPUs and judge it: fits, tight, or does not fit.
 
     `dp` > 1 means data parallelism across engines (e.g. one per node), each
     with its own KV pool; `ep` spreads the experts over all tp x dp NPUs.
+    `kv_copies`: how many times the release allocates the KV pool (kv_cache_copies).
     """
     if tp < 1 or dp < 1 or max_model_len < 1:
         raise ConfigError("tp, dp and max-model-len must be positive")
@@ -637,6 +663,7 @@ def plan_instance(
         *check_concurrency(concurrency, max_model_len, policy),
         *check_kv_share(usable_pool, budget, policy),
         *check_hccl_headroom(usable - budget, hccl),
+        *check_kv_cache_copies(kv_copies, usable_pool, usable - budget - hccl, usable, gpu_memory_utilization),
     ]
     return InstancePlan(
         model_type=shape.model_type,
@@ -664,7 +691,7 @@ def plan_instance(
         max_concurrency_per_rank=round(concurrency, 2),
         max_concurrency=round(concurrency * dp, 2),
         suggested_max_num_seqs=min(policy.max_num_seqs_cap, math.floor(typical)) if concurrency >= 1 else 0,
-        headroom_bytes_per_npu=usable - budget - hccl,
+        headroom_bytes_per_npu=usable - budget - hccl - (kv_copies - 1) * usable_pool,
         verdict=judge(findings),
         findings=findings,
     )
@@ -745,6 +772,19 @@ def check_hccl_headroom(free_outside_budget: int, hccl_reserve: int) -> list[Fin
     if hccl_reserve > free_outside_budget:
         return [Finding(WARNING, "hccl-headroom", f"HCCL buffers need {format_gib(hccl_reserve)} per NPU but only {format_gib(free_outside_budget)} is left outside the budget")]
     return []
+
+
+def check_kv_cache_copies(copies: int, pool: int, free_outside_budget: int, usable: int,
+                          gpu_memory_utilization: float) -> list[Finding]:
+    """An error when the KV pool's further copies (kv_cache_copies) do not fit outside the budget."""
+    extra = (copies - 1) * pool
+    if extra <= free_outside_budget:
+        return []
+    # each copy shrinks with the budget: the pool drops by usable x the utilization given up
+    lower = gpu_memory_utilization - (extra - free_outside_budget) / (copies * usable)
+    return [Finding(ERROR, "kv-cache-copies", f"this release allocates a hybrid model's KV cache {copies} times: "
+                    f"{format_gib(extra)} per NPU beyond the budget, {format_gib(max(free_outside_budget, 0))} free "
+                    f"outside it; lower --gpu-memory-utilization to {math.floor(lower * 100) / 100:.2f} or below")]
 
 
 # vLLM's ParallelConfig default: the port a multi-node instance's head coordinates its engines on

@@ -278,6 +278,10 @@ class Profile(_Strict):
         default_factory=list, description="architectures the release notes say fail with this CANN: a node of one is "
                                           "refused before any change unless the issue says why it is accepted")
     stack: Stack
+    hybrid_kv_cache_allocation: Literal["shared", "per_kind", "per_layer"] | None = Field(
+        None, description="how this vllm-ascend's model runner allocates a hybrid model's KV cache tensors "
+                          "(planner.HYBRID_KV_CACHE_ALLOCATIONS), from its model_runner_v1.py; null: not read, "
+                          "planned as vLLM budgets it")
     packages: Packages
     pip: PythonPackages
     router: Router | None = Field(None, description="gateways that route cache_aware install it; null: such a "

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ascend_fleet.bench import ensure_bench_venv, parse_share
-from ascend_fleet.cli import above_zero
+from ascend_fleet.cli import above_zero, finite
 from ascend_fleet.errors import FleetError, InputError
 from ascend_fleet.fleet import check_fleet
 from ascend_fleet.loadgen import LoadGenerator
@@ -61,7 +61,7 @@ Waves = Annotated[Optional[str], typer.Option(
 Data = Annotated[Optional[list[str]], typer.Option(
     "--data", help="KEY=VALUE passed to every pyinfra run, as pyinfra's --data (repeatable)")]
 DrainTimeout = Annotated[float, typer.Option(
-    "--drain-timeout", min=0, help="seconds to wait for a drained instance's running requests to reach 0")]
+    "--drain-timeout", min=0, callback=finite, help="seconds to wait for a drained instance's running requests to reach 0")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")]
 STATUS_STYLES = {"done": "green", "failed": "red", "running": "yellow", "pending": "dim"}
 
@@ -147,7 +147,7 @@ def rollout(
     waves: Waves = None,
     max_unavailable: Annotated[Optional[int], typer.Option(
         "--max-unavailable", min=1, help="most instances out of the gateway at once; larger waves are split")] = None,
-    pause: Annotated[float, typer.Option("--pause", min=0, help="seconds to wait after each wave")] = 0,
+    pause: Annotated[float, typer.Option("--pause", min=0, callback=finite, help="seconds to wait after each wave")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue the stopped rollout at the step that failed")] = False,
     abandon: Annotated[bool, typer.Option(
         "--abandon", help="give up the stopped rollout: put what it drained back into the gateway, each instance "
@@ -326,7 +326,7 @@ def load(
         "--requests", min=1, help="stop after this many requests")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="tokens per answer")] = 16,
     give_up_after: Annotated[float, typer.Option(
-        "--give-up-after", min=0, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
+        "--give-up-after", min=0, callback=finite, help="stop once no request has succeeded for this many seconds (0: never)")] = 10,
     turns: Annotated[int, typer.Option(
         "--turns", min=1, help="multi-turn sessions of this many requests, each resending the history so far "
                                "under the session's header (the gateway's routing.session_header)")] = 1,

@@ -43,7 +43,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ascend_fleet import bench
-from ascend_fleet.cli import above_zero, result_directory
+from ascend_fleet.cli import above_zero, above_zero_or_inf, result_directory
 from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.fleet import plan_fleet
 from ascend_fleet.hostdata import Serving
@@ -344,7 +344,7 @@ def tune(
     dataset: Annotated[str, typer.Option("--dataset", help="random or sharegpt")] = "random",
     dataset_path: Annotated[Optional[Path], typer.Option("--dataset-path")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 200,
-    request_rate: Annotated[float, typer.Option("--request-rate", callback=above_zero, help="requests per second")] = 10.0,
+    request_rate: Annotated[float, typer.Option("--request-rate", callback=above_zero_or_inf, help="requests per second")] = 10.0,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="instead of a rate: this many "
                                                                                     "clients back to back")] = None,
     input_len: Annotated[int, typer.Option("--input-len", min=1)] = 256,

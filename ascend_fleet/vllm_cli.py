@@ -11,6 +11,7 @@ multi-node instances alike (for a single-node instance the two run the same `run
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -163,6 +164,7 @@ class ParsedWord:
     action: dict | None
     values: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
+    typed: str = ""  # the word as given, where FlexibleArgumentParser rewrote it (-O3)
 
     @property
     def value(self) -> str | None:
@@ -173,15 +175,51 @@ class ParsedWord:
     def flag(self) -> str | None:
         return _flag(self.word)
 
+    @property
+    def shown(self) -> str:
+        """The word as the data gives it, and what vLLM reads it as where that differs."""
+        return f"{self.typed} (vLLM reads {self.word})" if self.typed and self.typed != self.word else self.word
+
+    @property
+    def named(self) -> str | None:
+        """The option as messages name it: its flag, with the shorthand it was given as."""
+        return f"{self.typed} ({self.flag})" if self.typed and self.typed != self.word else self.flag
+
+
+OPTIMIZATION_LEVEL = "--optimization-level"
+# What `-O <level>` takes as its value (a word after it of other text is no shorthand).
+O_LEVELS = {"0", "1", "2", "3"}
+
+
+def _flexible(args: list[str], table: dict[str, dict]) -> list[tuple[str, str]]:
+    """(word as argparse gets it, word as given) for each word, after FlexibleArgumentParser's -O shorthand.
+    Releases with --optimization-level (0.13.0 to 0.32.0, vllm/utils/argparse_utils.py parse_args) make -O<x>
+    and -O=<x> `--optimization-level <x>` (-O.mode=3 too: a level '.mode=3'), and `-O <0-3>` the same; 0.11.0
+    (vllm/utils/__init__.py), where -O is --compilation-config's own flag, makes -O<x> `-O.level=<x>` unless x
+    starts with '.', and `-O <0-3>` `-O.level <0-3>`."""
+    levels = OPTIMIZATION_LEVEL in table
+    words: list[tuple[str, str]] = []
+    for index, word in enumerate(args):
+        level = word[3:] if word[2:3] == "=" else word[2:]
+        if word.startswith("-O") and word != "-O" and (levels or "-O" in table and word[2] != "."):
+            words += [(OPTIMIZATION_LEVEL, word), (level, word)] if levels else [(f"-O.level={level}", word)]
+        elif word == "-O" and args[index + 1:index + 2] and args[index + 1] in O_LEVELS and (levels or "-O" in table):
+            words.append((OPTIMIZATION_LEVEL if levels else "-O.level", word))
+        else:
+            words.append((word, word))
+    return words
+
 
 def _parsed(args: list[str], table: dict[str, dict]):
-    """Each ParsedWord of `args` (the model path, first, included)."""
+    """Each ParsedWord of `args` (the model path, first, included), read as FlexibleArgumentParser reads them."""
+    pairs = _flexible(args, table)
+    args = [word for word, _ in pairs]
     index = 0
     while index < len(args):
-        word = args[index]
+        word, typed = pairs[index]
         flag = _flag(word)
         if flag is None:
-            yield ParsedWord(word, None)
+            yield ParsedWord(word, None, typed=typed)
             index += 1
             continue
         action = table.get(flag, {})
@@ -198,7 +236,7 @@ def _parsed(args: list[str], table: dict[str, dict]):
             index += len(values)
         if keys and values:
             values = [json.dumps(_nested(keys, values[0]))]
-        yield ParsedWord(word, action, tuple(values), keys)
+        yield ParsedWord(word, action, tuple(values), keys, typed)
         index += 1
 
 
@@ -232,17 +270,20 @@ def _vllm_args_findings(args: tuple[str, ...], vllm_version: str) -> tuple[Findi
                                  "the serving options are not checked against it"),)
     findings = []
     for parsed in _parsed(args, table):
-        action, flag, value = parsed.action, parsed.flag, parsed.value
+        action, flag, value = parsed.action, parsed.named, parsed.value
         if action is None:
             continue
         if not action:
             findings.append(Finding(ERROR, "vllm-option-unknown", f"vLLM {vllm_version} has no option {flag}; "
                                     "remove it from the serving data (or extra_args)"))
-        elif flag in PARSER_OPTIONS and (finding := parser_name_finding(flag, value, args, vllm_version)):
+        elif parsed.flag in PARSER_OPTIONS and (finding := parser_name_finding(parsed.flag, value, args, vllm_version)):
             findings.append(finding)
         elif action["choices"] and value not in [str(choice) for choice in action["choices"]]:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes one of "
                                     f"{', '.join(map(str, action['choices']))}, not {value}"))
+        elif action["kind"] in NO_VALUE_KINDS and parsed.values and not parsed.keys:
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes no value (argparse "
+                                    f"refuses {parsed.shown}: 'ignored explicit argument'); give {flag} alone"))
         elif action["kind"] not in NO_VALUE_KINDS and action["nargs"] != "?" and value is None:
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes a value; give "
                                     "it one"))
@@ -250,7 +291,10 @@ def _vllm_args_findings(args: tuple[str, ...], vllm_version: str) -> tuple[Findi
             findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {flag} takes "
                                     f"{_type_problem(action['type'], wrong)}, not {wrong!r}"))
         elif value is not None and (problem := _config_problem(action["dest"], value, vllm_version)):
-            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {parsed.word}: {problem}"))
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {parsed.shown}: {problem}"))
+        elif value is not None and (classes := config_classes(vllm_version)) and (
+                problem := classes.setting_problem(action["dest"], value)):
+            findings.append(Finding(ERROR, "vllm-option-value", f"vLLM {vllm_version} {parsed.shown}: {problem}"))
     return tuple(findings)
 
 
@@ -272,10 +316,11 @@ def _type_problem(tag: str, value: str) -> str | None:
     if tag.startswith("optional_") and value in ("", "None"):
         return None
     try:
-        kind(value)
+        number = kind(value)
     except ValueError:
         return expected
-    return None
+    # float() takes nan and inf as argparse does: no setting means either.
+    return None if math.isfinite(number) else expected.replace("a number", "a finite number")
 
 
 def _config_problem(dest: str, value: str, vllm_version: str) -> str | None:
@@ -314,7 +359,7 @@ def _extra_args_findings(tool_args: tuple[str, ...], extra_args: tuple[str, ...]
     findings = []
     given: dict[tuple, str] = {}
     for parsed in _parsed(extra_args, table):
-        action, word = parsed.action, parsed.word
+        action, word = parsed.action, parsed.shown
         if action is None:
             findings.append(Finding(ERROR, "extra-arg-stray", f"serving.extra_args: {word!r} is neither an option of "
                                     f"vLLM {vllm_version} nor the value of the option before it; remove it"))

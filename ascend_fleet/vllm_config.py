@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ast
 import json
+import math
+import re
 from difflib import get_close_matches
 from functools import cache
 from pathlib import Path
@@ -36,6 +38,9 @@ BOUNDS = {"ge": ("at least", lambda v, b: v >= b), "gt": ("above", lambda v, b: 
 def json_problem(value, path: str = "") -> str | None:
     """Where `value` holds something JSON cannot (a set, a tuple key, bytes, an object), named by its path,
     or None: vLLM reads a dict-valued option as JSON, and json.dumps of a set fails."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return (f"{path or 'the option'}: {value} is no number JSON holds (Python's json writes NaN or Infinity, "
+                "which vLLM would read as such); give a finite number")
     if value is None or isinstance(value, (bool, int, float, str)):
         return None
     if isinstance(value, (list, tuple)):
@@ -64,6 +69,24 @@ class ConfigClasses:
         self.literals: dict[str, list] = data["literals"]
         self.enums: dict[str, dict] = data["enums"]
         self.refuses_unknown = data["unknown_keys"] == "refused"
+        # Options that set a VllmConfig field of an enum (--optimization-level): argparse takes any string.
+        self.settings: dict[str, str] = data.get("settings", {})
+
+    def setting_problem(self, dest: str, text: str) -> str | None:
+        """What VllmConfig refuses in an option's value (`settings`), as pydantic reads the string argparse
+        passes (lax: digits are the number an IntEnum's member has), or None."""
+        if dest not in self.settings:
+            return None
+        annotation = ast.parse(self.settings[dest], mode="eval").body
+        value = int(text) if re.fullmatch(r"\s*[0-9]+\s*", text, re.ASCII) else text
+        if self._accepts(annotation, value) is False:
+            return f"{ascii(text)}: vLLM {self.version}'s VllmConfig.{dest} takes {self._describe_values(annotation)}"
+        return None
+
+    def _describe_values(self, node) -> str:
+        """An enum as what a command line gives it: its values."""
+        members = self.enums.get(_name(node))
+        return f"one of {', '.join(map(str, members['values']))}" if members else self._describe(node)
 
     def problems(self, dest: str, value: dict) -> list[tuple[str, str]]:
         """(key path, what is wrong and what to do) for each key of the option `dest`'s JSON object that its

@@ -17,7 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.errors import FleetError, InputError, visible
 from ascend_fleet.hostdata import NodeConfig
 from ascend_fleet.lab.flavours import DEFAULT_OS, OsName
 from ascend_fleet.os_repository import MIRROR_GROUP
@@ -37,6 +37,9 @@ BASTION = "bastion"
 GATEWAY_SERVING_PORT = 80
 # The stacks whose packages the lab mirror carries unless `lab up --profile` says otherwise.
 DEFAULT_PROFILES = ("lab", "lab-previous")
+# The private IPv4 ranges (RFC 1918). The lab's bridges give this machine a route to the lab subnet and to its
+# NPU parameter plane: a public range would send this machine's own traffic for those addresses into the lab.
+PRIVATE_RANGES = tuple(ipaddress.IPv4Network(block) for block in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 # HBM per chip as the node's simulated hardware reports it (npu-smi totals).
 CHIP_HBM_MB = {"910B3": 65536, "910B4": 32768}
@@ -279,17 +282,28 @@ class LabSpec(_Strict):
         """Validate everything `lab up` was given and lay out the nodes."""
         if workers < 1:
             raise FleetError(f"lab up: --nodes {workers}: a lab needs at least 1 worker node")
+        name = settings.get("name", cls.model_fields["name"].default)
+        if not re.fullmatch(cls.model_fields["name"].metadata[0].pattern, name):
+            raise InputError(f"lab up: --name {visible(name)}: expected 1 to 8 lower-case letters and digits, a "
+                             "letter first: it is part of the lab's bridge, namespace and interface names (at most "
+                             "15 characters), e.g. lab2")
         for profile in settings.get("profiles", DEFAULT_PROFILES):
             load_profile(profile)  # a bad profile is one line before anything is created
         hardware = _load_hardware_file(hardware_file) if hardware_file else HardwareFile()
         names = [f"worker{i}" for i in range(1, workers + 1)]
         groups = hardware.groups if hardware.groups is not None else default_rollout_groups(names)
         _check_names(hardware_file, hardware, names, groups)
-        network = ipaddress.IPv4Network(settings.get("subnet", cls.model_fields["subnet"].default))
+        subnet = settings.get("subnet", cls.model_fields["subnet"].default)
+        network = lab_network(subnet)
         if network.num_addresses < workers + 16:
-            raise FleetError(f"lab up: subnet {network} is too small for {workers} workers")
+            raise InputError(f"lab up: --subnet {subnet}: too small for {workers} workers (the lab takes "
+                             f"{workers + 16} addresses); give a larger one, e.g. /24")
 
         plane = npu_network(str(network), settings.get("npu_subnet"))
+        if not _private(plane):
+            raise InputError(f"lab up: --subnet {subnet}: its NPU parameter plane {plane} (the subnet one up in its "
+                             "second octet) is not a private range (RFC 1918); pick a subnet in 10.0.0.0/8 below "
+                             "10.255.0.0, e.g. 10.213.0.0/24")
         if plane.overlaps(network):
             raise FleetError(f"lab up: the NPU parameter plane {plane} overlaps the lab subnet {network}; "
                              "give the plane a subnet of its own")
@@ -324,6 +338,29 @@ class LabSpec(_Strict):
             raise FleetError(f"lab up: the NPU parameter plane {plane} cannot hold {workers} workers x "
                              f"{spec.npu_stride} NPUs (it needs addresses up to {last}); give a larger plane")
         return spec
+
+
+def lab_network(subnet: str) -> ipaddress.IPv4Network:
+    """`lab up --subnet` as the network the lab's bridge takes, or an InputError (exit 2) before anything is made:
+    an IPv4 network without host bits, inside a private range (PRIVATE_RANGES)."""
+    refused = f"lab up: --subnet {visible(subnet)}"
+    try:
+        network = ipaddress.IPv4Network(subnet)
+    except ValueError as exc:
+        if "has host bits set" in str(exc):
+            meant = ipaddress.IPv4Network(subnet, strict=False)
+            raise InputError(f"{refused}: has host bits set; give the network itself, e.g. {meant}") from None
+        raise InputError(f"{refused}: not an IPv4 network ({exc}); give one as ADDRESS/PREFIX, e.g. "
+                         "10.213.0.0/24") from None
+    if not _private(network):
+        raise InputError(f"{refused}: not a private range (RFC 1918: 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16); "
+                         "the lab would route this machine's own traffic for those addresses into it: pick a "
+                         "private one, e.g. 10.213.0.0/24")
+    return network
+
+
+def _private(network: ipaddress.IPv4Network) -> bool:
+    return any(network.subnet_of(block) for block in PRIVATE_RANGES)
 
 
 def npu_interface(npu: int) -> str:

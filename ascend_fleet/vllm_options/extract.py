@@ -265,15 +265,21 @@ def config_classes(sources: dict[str, str], forbids_extra: bool, dests: set[str]
 
     options = {name: named[0] for name, field in classes["VllmConfig"]["fields"].items()
                if name in dests and (named := named_classes(field["type"]))}
+    # The other options that set a VllmConfig field: argparse takes any string for an enum (--optimization-level,
+    # which -O3 stands for), and VllmConfig types it.
+    settings = {name: field["type"] for name, field in classes["VllmConfig"]["fields"].items()
+                if name in dests and name not in options and _name(ast.parse(field["type"], mode="eval").body) in enums}
     kept, queue = {}, list(options.values())
     while queue:
         name = queue.pop()
         if name not in kept:
             kept[name] = classes[name]
             queue += [found for field in classes[name]["fields"].values() for found in named_classes(field["type"])]
-    used = {node.id for cls in kept.values() for field in cls["fields"].values()
-            for node in ast.walk(ast.parse(field["type"], mode="eval")) if isinstance(node, ast.Name)}
-    return {"unknown_keys": "refused" if forbids_extra else "ignored", "options": options, "classes": kept,
+    used = {node.id for annotation in [*(field["type"] for cls in kept.values() for field in cls["fields"].values()),
+                                       *settings.values()]
+            for node in ast.walk(ast.parse(annotation, mode="eval")) if isinstance(node, ast.Name)}
+    return {"unknown_keys": "refused" if forbids_extra else "ignored", "options": options, "settings": settings,
+            "classes": kept,
             "literals": {name: values for name, values in literals.items() if name in used},
             "enums": {name: members for name, members in enums.items() if name in used}}
 

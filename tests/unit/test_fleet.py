@@ -441,3 +441,18 @@ def test_the_multi_node_lab_serves_two_instances_over_two_workers_each(tmp_path,
         "worker4": ("worker3", 1, 2)}
     assert [len(configs[worker].instances[0].npus) for worker in roles] == [8] * 4
     assert configs["worker2"].instance_env(configs["worker2"].instances[0])["HCCL_IF_IP"] == "10.213.0.12"
+
+
+def test_the_deploys_capacity_gate_counts_a_releases_extra_kv_cache_copies_as_plan_does(tmp_path):
+    """Issue #5020's case (Qwen3-Next-80B-A3B, TP4, 4096 tokens, 0.85): vllm-ascend 0.13.0's model runner holds a
+    hybrid model's KV cache twice and ran out of memory; 0.18.0 shares it. One answer for `plan` and preflight."""
+    def checked(profile: str):
+        fleet = FLEET.format(profile=profile, model="Qwen3-Next-80B-A3B-Instruct", serving="").replace(
+            '"max_model_len": 32768, "gpu_memory_utilization": 0.9', '"max_model_len": 4096, "gpu_memory_utilization": 0.85')
+        (tmp_path / profile).mkdir()
+        inventory = write_fleet(tmp_path / profile, fleet)
+        return plan_fleet(load_inventory(inventory, tmp_path / profile), model_config=MODELS / "qwen3-next-80b-a3b")
+
+    error = checked("vllm-ascend-0.13.0").first_error()
+    assert error is not None and "allocates a hybrid model's KV cache 2 times" in error, error
+    assert checked("vllm-ascend-0.18.0").first_error() is None

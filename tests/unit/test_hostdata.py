@@ -10,6 +10,7 @@ from ascend_fleet.errors import FleetError
 from ascend_fleet.fleetstate import FleetState
 from ascend_fleet.host_config import host_node_config
 from ascend_fleet.hostdata import NodeConfig, node_config
+from ascend_fleet.node_layout import FIREWALL_UNIT, ROUTE_WATCH_UNIT
 from ascend_fleet.profile import load_profile
 
 WORKER = {
@@ -243,10 +244,42 @@ REFUSALS = {
                         "worker1: instances: two instances are named a; expected distinct names"),
     "memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": 0.99}},
                            "worker1: serving.gpu_memory_utilization: --gpu-memory-utilization 0.99 is above 0.98"),
+    # nan and inf (1e309 is inf): a bound compares false with nan, so "less than or equal to 1 (got nan)" said before.
+    "nan memory utilization": ({"serving": {**WORKER["serving"], "gpu_memory_utilization": float("nan")}},
+                               "worker1: serving.gpu_memory_utilization: Input should be a finite number (got nan)"),
+    "1e309 seats": ({"serving": {**WORKER["serving"], "max_num_seqs": 1e309}},
+                    "worker1: serving.max_num_seqs: Input should be a finite number (got inf)"),
+    "inf alert threshold": ({"monitoring": {"ttft_p99_above_seconds": float("inf")}},
+                            "worker1: monitoring.ttft_p99_above_seconds: Input should be a finite number (got inf)"),
+    "nan route check interval": ({"gateway": {"isolation": {"interval_seconds": float("nan")}}},
+                                 "worker1: gateway.isolation.interval_seconds: Input should be a finite number (got nan)"),
+    "nan in a dict-valued option": ({"serving": {**WORKER["serving"], "additional_config": {"x": {"y": float("nan")}}}},
+                                    "worker1: serving.additional_config: x.y: nan is no number JSON holds (Python's json "
+                                    "writes NaN or Infinity, which vLLM would read as such); give a finite number"),
+    "-0 tensor parallel": ({"tensor_parallel_size": -0.0},
+                           "worker1: tensor_parallel_size: Input should be greater than or equal to 1 (got -0.0)"),
     "per-instance env": ({"npu_env": {"VLLM_PORT": 9000}}, "worker1: npu_env: VLLM_PORT is set per instance (see instances), not fleet-wide"),
     "hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": "big"}}, "worker1: npu_env: HCCL_BUFFSIZE='big': HCCL_BUFFSIZE is "
-                      "the size in MB of the buffer HCCL shares data between two NPUs through (vllm-ascend's tuning "
-                      "guide): a whole number above 0"),
+                      "the size in MB of the buffer HCCL shares data between two NPUs through (CANN's environment "
+                      "variable reference): a whole number of at least 1, e.g. 200"),
+    # CANN's numeric variables in the ranges its environment variable reference gives (cann_env.yaml).
+    "connect timeout below CANN's least": ({"npu_env": {"HCCL_CONNECT_TIMEOUT": 60}},
+                                           "worker1: npu_env: HCCL_CONNECT_TIMEOUT='60': HCCL_CONNECT_TIMEOUT is the "
+                                           "seconds HCCL waits for the NPUs' socket links at start-up (CANN's "
+                                           "environment variable reference): a whole number from 120 to 7200, e.g. 1200"),
+    "connect timeout above CANN's most": ({"npu_env": {"HCCL_CONNECT_TIMEOUT": "7201"}},
+                                          "worker1: npu_env: HCCL_CONNECT_TIMEOUT='7201': HCCL_CONNECT_TIMEOUT is"),
+    "negative exec timeout": ({"npu_env": {"HCCL_EXEC_TIMEOUT": -1}}, "worker1: npu_env: HCCL_EXEC_TIMEOUT='-1': "
+                              "HCCL_EXEC_TIMEOUT is the seconds an NPU waits for the others during a collective (0 "
+                              "never times out) (CANN's environment variable reference): a whole number from 0 to "
+                              "2147483647"),
+    "exec timeout in minutes": ({"npu_env": {"HCCL_EXEC_TIMEOUT": "30m"}}, "worker1: npu_env: HCCL_EXEC_TIMEOUT='30m': "),
+    "rdma timeout past A2's 20": ({"npu_env": {"HCCL_RDMA_TIMEOUT": 24}}, "worker1: npu_env: HCCL_RDMA_TIMEOUT='24': "
+                                  "HCCL_RDMA_TIMEOUT is the RDMA NIC's retransmission timeout factor (4.096 us x "
+                                  "2^value) (CANN's environment variable reference): a whole number from 5 to 20"),
+    "zero rdma retries": ({"npu_env": {"HCCL_RDMA_RETRY_CNT": 0}}, "worker1: npu_env: HCCL_RDMA_RETRY_CNT='0': "
+                          "HCCL_RDMA_RETRY_CNT is how many times the RDMA NIC retransmits (CANN's environment variable "
+                          "reference): a whole number from 1 to 7, e.g. 7"),
     # npu_env values as the env file and CANN read them (issue 49).
     "zero hccl buffsize": ({"npu_env": {"HCCL_BUFFSIZE": 0}}, "worker1: npu_env: HCCL_BUFFSIZE='0': HCCL_BUFFSIZE is the "
                            "size in MB"),
@@ -404,3 +437,36 @@ def test_a_bundle_without_the_index_the_site_serves_it_at_is_refused_and_its_loc
     assert served.bundle_url == "http://mirror.site:8070"
     assert str(config(bundle_dir="bundle", pip_index_url="http://m/simple", pip_locks_dir="mine").pip_locks_path) \
         == "mine"
+
+
+# Names one systemd unit would answer to twice (issue 49): before, each went through, and the serve stage wrote one
+# unit over the other (a swap's green vllm-0 over the blue instance named vllm-0-green; an instance over the firewall).
+NAME_CLASHES = {
+    "a blue name the green set gives another": (
+        [instance("vllm-0", [0, 1, 2, 3]), instance("vllm-0-green", [4, 5, 6, 7], 8001, 60032, 51016)],
+        "worker1: instances: vllm-0-green is the name the green set gives instance vllm-0 (a blue/green swap runs "
+        "both, one unit each); rename vllm-0-green"),
+    "the firewall's unit": ([instance("firewall", [0, 1, 2, 3])],
+                            f"worker1: instances: firewall's unit {FIREWALL_UNIT} is the fleet's own; "
+                            "rename instance firewall"),
+    "the route watcher's unit": ([instance("route-watch", [0, 1, 2, 3])],
+                                 f"worker1: instances: route-watch's unit {ROUTE_WATCH_UNIT} is the "
+                                 "fleet's own"),
+}
+
+
+@pytest.mark.parametrize("instances, refusal", NAME_CLASHES.values(), ids=NAME_CLASHES.keys())
+def test_an_instance_name_another_unit_answers_to_is_refused(instances, refusal):
+    with pytest.raises(FleetError) as refused:
+        config(instances=instances)
+    assert str(refused.value).startswith(refusal)
+
+
+def test_a_colour_in_the_fleet_state_that_is_none_is_refused_naming_the_file(tmp_path):
+    """Before: `worker1: colour: Input should be 'blue' or 'green'`, a key the host's data does not have."""
+    (tmp_path / "gateway.json").write_text('{"colours": {"worker1": "Green "}}')
+    host = SimpleNamespace(name="worker1", data=SimpleNamespace(dict=lambda: {**WORKER, "fleet_state_dir": str(tmp_path)}))
+    with pytest.raises(FleetError) as refused:
+        host_node_config(host)
+    assert str(refused.value) == (f"{tmp_path}/gateway.json: colours.worker1: 'Green ' (a trailing blank) is not a "
+                                  "colour; expected blue or green (the set that serves on worker1): correct the file")

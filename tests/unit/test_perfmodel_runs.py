@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_fleet import perf_fit
+from ascend_fleet import perf_fit, perfmodel
 from ascend_fleet.perf_runs import load_runs
 
 FITTING, HELD_OUT = load_runs().halves()
-# issue 48's bounds: |predicted / published - 1| within these on at least SHARE of the held-out runs
-BOUNDS = {"tpot_ms": 0.20, "output_throughput_tok_s": 0.25, "ttft_ms": 0.35}
-SHARE = 0.8
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +18,17 @@ def fitted():
 
 
 @pytest.fixture(scope="module")
-def held_out(fitted):
-    comparisons = [perf_fit.compare(run, fitted) for run in HELD_OUT]
-    print(f"\n{fitted}\n" + perf_fit.table(comparisons, perf_fit.halves_by_id()))
+def every_run():
+    """Every run as the model every caller uses (perfmodel.CALIBRATED) predicts it."""
+    return [perf_fit.compare(run, perfmodel.CALIBRATED) for run in load_runs().runs]
+
+
+@pytest.fixture(scope="module")
+def held_out(every_run):
+    ids = {run.id for run in HELD_OUT}
+    comparisons = [comparison for comparison in every_run if comparison.run.id in ids]
+    print(f"\n{perfmodel.CALIBRATED}\n" + perf_fit.table(comparisons, perf_fit.halves_by_id()))
     return comparisons
-
-
-def within(comparisons, name):
-    """The held-out ratios of figure `name` (TTFT: closed-loop runs only), and those within its bound."""
-    ratios = [c.figure(name).ratio for c in comparisons if c.figure(name).ratio is not None
-              and (name != "ttft_ms" or c.run.workload.request_rate in (None, "inf"))]
-    return ratios, [ratio for ratio in ratios if abs(ratio - 1) <= BOUNDS[name]]
 
 
 def test_the_fit_is_deterministic_and_gives_every_fitted_term(fitted):
@@ -43,20 +40,57 @@ def test_the_fit_is_deterministic_and_gives_every_fitted_term(fitted):
     assert fitted.layer_seconds_eager > fitted.layer_seconds_piecewise
 
 
+def test_the_model_every_caller_uses_is_the_fit_to_three_figures(fitted):
+    for name, value in vars(perfmodel.CALIBRATED).items():
+        assert value == pytest.approx(getattr(fitted, name), rel=5e-3), name
+
+
 def test_only_the_held_out_run_whose_precision_is_unknown_goes_unpredicted(held_out):
     assert [c.run.id for c in held_out if c.reason] == ["minimax-m2.5-tutorial-a2-tp8-dp2-c4-in190k"]
 
 
+# Not met, and no term the fitting half supports meets it (perf_fit.main prints the figures):
+# - compute alone (bisected to the fitting half's two TTFTs, Qwen2.5-72B 1024-token prompts x1.50 and Qwen2.5-7B
+#   50-token prompts x0.67 at 0.255) predicts the held-out 2.37x (Qwen3-8B, 10 ShareGPT prompts), 2.70x
+#   (Qwen2.5-14B, 12 x 16K prompts) and 0.74x (Llama-3.1-8B, 200 prompts);
+# - compute with a fixed cost per request (scheduling, tokenization, sampling), both fitted on those two runs:
+#   0.40 and 50 ms fit them within 3 %, and predict the held-out 1.97x, 1.81x and 0.50x;
+# - the held-out runs pull apart by themselves: Qwen3-8B needs compute >= 0.5 and Qwen2.5-14B >= 0.57, the
+#   fitting half's only long prefill (the 72B) 0.40, Llama-3.1-8B <= 0.29 as V1 chunked prefill schedules it
+#   (about 0.63 if scheduled unchunked, as its release's default V0 engine would: vllm-ascend v0.8.5rc1,
+#   ec27af346a, docs/source/user_guide/release_notes.md line 5 "you can enable V1 egnine by setting ...
+#   VLLM_USE_V1=1", user_guide/suppoted_features.md line 9 "Chunked Prefill | WIP (V0)").
 TTFT_MISSES = pytest.mark.xfail(strict=True, reason=(
-    "the held-out closed-loop TTFTs are predicted 2.37x (Qwen3-8B, 10 ShareGPT prompts), 2.70x (Qwen2.5-14B, "
-    "12 x 16K prompts) and 0.74x (Llama-3.1-8B, 200 prompts) the published: compute is bisected to the fitting "
-    "half's two TTFTs, which pull apart (Qwen2.5-72B 1024-token prompts x1.50, Qwen2.5-7B 50-token prompts x0.67)"))
+    "held-out closed-loop TTFTs predicted 2.37x, 2.70x, 0.74x the published; no term fitted on the fitting half's "
+    "two TTFT runs brings them within 35 % (compute + a fixed per-request cost: 1.97x, 1.81x, 0.50x)"))
 
 
 @pytest.mark.parametrize("name", ["tpot_ms", "output_throughput_tok_s", pytest.param("ttft_ms", marks=TTFT_MISSES)])
 def test_held_out_runs_are_predicted_within_the_issues_bounds(held_out, name):
-    ratios, good = within(held_out, name)
+    ratios = perf_fit.held_out_ratios(held_out)[name]
     assert ratios, f"no held-out run publishes {name}"
-    assert len(good) >= SHARE * len(ratios), (
-        f"{name}: {len(good)} of {len(ratios)} held-out runs within {BOUNDS[name]:.0%}; ratios "
-        + ", ".join(f"{ratio:.2f}" for ratio in ratios))
+    assert len(perf_fit.within(ratios, name)) >= perf_fit.BOUND_SHARE * len(ratios), (
+        f"{name}: {len(perf_fit.within(ratios, name))} of {len(ratios)} held-out runs within "
+        f"{perf_fit.BOUNDS[name]:.0%}; ratios " + ", ".join(f"{ratio:.2f}" for ratio in ratios))
+
+
+def test_the_error_band_plan_prints_is_the_held_out_runs(held_out):
+    computed = perf_fit.held_out_ratios(held_out)
+    assert computed.keys() == perfmodel.HELD_OUT_RATIOS.keys()
+    for name, ratios in computed.items():
+        assert perfmodel.HELD_OUT_RATIOS[name] == pytest.approx(ratios, abs=0.005), name
+
+
+def test_the_docs_page_shows_what_the_generator_gives(every_run):
+    page = perf_fit.DOCS_PAGE.read_text()
+    generated = perf_fit.page_section(every_run, perf_fit.halves_by_id())
+    assert generated in page, "docs/sim-performance.md is stale: python -m ascend_fleet.perf_fit --write-docs"
+    assert all(f"`{comparison.run.id}`" in generated for comparison in every_run)
+    assert perf_fit.CHART.exists() and perf_fit.CHART.name in generated
+
+
+def test_the_chart_is_drawn_from_the_held_out_ratios(tmp_path):
+    pytest.importorskip("matplotlib")  # the extra `chart`; the page's table does not need it
+    path = tmp_path / "chart.png"
+    perf_fit.draw_chart(perfmodel.HELD_OUT_RATIOS, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import perfmodel
 from ascend_fleet.perfmodel import Batch, Efficiency, Request, StepCost
 from ascend_fleet.planner import CHIPS, ModelShape, plan_instance
 
@@ -63,6 +62,3 @@ def test_an_mtp_draft_speeds_decoding_only_as_far_as_its_tokens_are_accepted():
     assert accepted < 0.7 * plain  # 1.9 tokens a step for one verified token and a one-layer draft more
     assert rejected > plain  # the draft and the verification, for nothing
 
-
-def test_the_calibrated_efficiency_its_callers_use_has_no_fitted_terms():
-    assert perfmodel.CALIBRATED.layer_seconds("piecewise") == 0 and perfmodel.CALIBRATED.sequence_layer_seconds == 0

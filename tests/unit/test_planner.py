@@ -33,6 +33,7 @@ from ascend_fleet.planner import (
     check_weights_fit,
     chip_by_name,
     kv_cache_bytes_per_token,
+    kv_cache_copies,
     linear_state_bytes_per_sequence,
     plan_instance,
     python_version_key,
@@ -133,6 +134,39 @@ def test_qwen25_72b_derives_head_dim_and_qkv_bias():
     assert qwen.qkv_bias
     assert qwen.parameter_count().total == shape("handbook-dense-80l").parameter_count().total
     assert kv_cache_bytes_per_token(qwen) == 327_680
+
+
+# vllm-ascend issue #5020 (v0.12.0rc1's Qwen3-Next tutorial): TP4, --max-model-len 4096 at
+# --gpu-memory-utilization 0.85 logged "Maximum concurrency for 4,096 tokens per request: 210.07x", then
+# ran out of memory allocating the KV cache; the tutorial's own figure is 0.8 (0.13.0's
+# docs/source/tutorials/Qwen3-Next.md line 64).
+def plan_issue_5020(gpu_memory_utilization: float, profile: str):
+    qwen3_next = shape("qwen3-next-80b-a3b")
+    copies = kv_cache_copies(qwen3_next, load_profile(profile).hybrid_kv_cache_allocation)
+    return plan_instance(qwen3_next, B3, tp=4, max_model_len=4096, gpu_memory_utilization=gpu_memory_utilization,
+                         dtype="bfloat16", kv_copies=copies)
+
+
+def test_issue_5020s_kv_arithmetic_matches_its_log():
+    assert plan_issue_5020(0.85, "vllm-ascend-0.18.0").max_concurrency == pytest.approx(210.07, rel=0.01)
+
+
+def test_issue_5020s_case_does_not_fit_at_085_on_a_release_that_allocates_its_kv_cache_twice():
+    at_085, at_080 = plan_issue_5020(0.85, "vllm-ascend-0.13.0"), plan_issue_5020(0.80, "vllm-ascend-0.13.0")
+    assert at_085.verdict == DOES_NOT_FIT and "kv-cache-copies" in codes(at_085.errors)
+    message = next(f.message for f in at_085.errors if f.code == "kv-cache-copies")
+    assert "KV cache 2 times: 11.9 GiB per NPU beyond the budget, 8.6 GiB free outside it" in message
+    assert "lower --gpu-memory-utilization to 0.82" in message
+    assert "kv-cache-copies" not in codes(at_080.findings) and at_080.headroom_bytes_per_npu > 0
+    # 0.18.0 shares the tensor as vLLM budgets it: the same plan fits at 0.85
+    assert "kv-cache-copies" not in codes(plan_issue_5020(0.85, "vllm-ascend-0.18.0").findings)
+
+
+def test_a_release_that_allocates_each_linear_layer_its_own_kv_tensor_holds_qwen3_nexts_pool_four_times():
+    # 12 attention and 36 linear-attention layers: a tensor shared by one attention and three linear layers
+    assert kv_cache_copies(shape("qwen3-next-80b-a3b"), "per_layer") == 4
+    assert kv_cache_copies(shape("qwen3-next-80b-a3b"), "shared") == 1
+    assert kv_cache_copies(shape("qwen2.5-72b-instruct"), "per_kind") == 1  # no linear layers, nothing shared
 
 
 def test_qwen35_27b_hybrid_layers_and_parameters():

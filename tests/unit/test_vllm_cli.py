@@ -154,6 +154,10 @@ EXTRA_VALUES_REFUSED = {
     "a dotted key's value": (["--kv-transfer-config.kv_role=kv_middle"], "vLLM 0.18.0 "
                              "--kv-transfer-config.kv_role=kv_middle: kv_role: 'kv_middle' (a string): vLLM 0.18.0's "
                              "KVTransferConfig.kv_role (KVRole | None) takes one of kv_producer, kv_both, kv_consumer"),
+    "nan for a float (argparse's float() takes it)": (["--mm-processor-cache-gb", "nan"], "vLLM 0.18.0 "
+                                                      "--mm-processor-cache-gb takes a finite number, not 'nan'"),
+    "inf for an optional float": (["--kv-offloading-size=inf"], "vLLM 0.18.0 --kv-offloading-size takes a finite "
+                                  "number or None, not 'inf'"),
 }
 
 
@@ -356,3 +360,56 @@ def test_the_plan_of_the_recipe_shows_expert_parallel_and_the_mtp_draft(tmp_path
     assert figures["ep"] is True and figures["mtp_weight_bytes_per_npu"] > 0, figures
     report = plan_fleet(load_inventory(inventory, tmp_path), MODELS / "qwen3.5-122b-a10b").instances[0]
     assert layout(report.plan) == "TP4 + EP + MTP"  # the plan table's layout column
+
+
+# vLLM's -O shorthand as FlexibleArgumentParser rewrites it before argparse (issue 49): from 0.13.0 -O<x>, -O=<x> and
+# `-O <0-3>` are --optimization-level, typed by VllmConfig's OptimizationLevel (0-3); in 0.11.0 -O is
+# --compilation-config's own flag and -O<x> is its level. Before, each shorthand was "no option -O3".
+O_SHORTHAND_TAKEN = {"0.18.0": [["-O3"], ["-O", "0"], ["-O=2"], ["--optimization-level", "1"], ["-cc.mode", "3"]],
+                     "0.11.0": [["-O3"], ["-O", "3"], ["-O=1"], ["-O.level", "2"]]}
+
+
+@pytest.mark.parametrize("version, args", [(v, a) for v, cases in O_SHORTHAND_TAKEN.items() for a in cases],
+                         ids=[f"{v} {' '.join(a)}" for v, cases in O_SHORTHAND_TAKEN.items() for a in cases])
+def test_the_o_shorthand_vllm_takes_passes(version, args):
+    assert check_vllm_args(args, version) == []
+
+
+O_SHORTHAND_REFUSED = {
+    "a level vLLM does not have": (["-O4"], "0.18.0", "vLLM 0.18.0 -O4 (vLLM reads --optimization-level): '4': vLLM "
+                                   "0.18.0's VllmConfig.optimization_level takes one of 0, 1, 2, 3"),
+    "a word for a level": (["-Odecode"], "0.18.0", "vLLM 0.18.0 -Odecode (vLLM reads --optimization-level): 'decode':"),
+    "the long form out of range": (["--optimization-level", "5"], "0.18.0", "vLLM 0.18.0 --optimization-level: '5': "
+                                   "vLLM 0.18.0's VllmConfig.optimization_level takes one of 0, 1, 2, 3"),
+    "0.11.0's dotted form on 0.18.0 (a level '.mode=3' there)": (
+        ["-O.mode=3"], "0.18.0", "vLLM 0.18.0 -O.mode=3 (vLLM reads --optimization-level): '.mode=3':"),
+    "-O before a word that is no level": (["-O", "x"], "0.18.0", "vLLM 0.18.0 has no option -O;"),
+    "0.11.0: a word as the compilation level": (
+        ["-Odecode"], "0.11.0", "vLLM 0.11.0 -Odecode (vLLM reads -O.level=decode): level: 'decode' (a string): vLLM "
+        "0.11.0's CompilationConfig.level (Optional[int]) takes an integer or null"),
+}
+
+
+@pytest.mark.parametrize("args, version, refusal", O_SHORTHAND_REFUSED.values(), ids=O_SHORTHAND_REFUSED.keys())
+def test_the_o_shorthand_is_typed_as_vllm_types_it(args, version, refusal):
+    assert [f.message for f in check_vllm_args(args, version)][0].startswith(refusal)
+
+
+O_GIVEN_TWICE = {
+    "shorthand and long form": (["-O3", "--optimization-level", "2"], "0.18.0", "serving.extra_args: "
+                                "--optimization-level sets optimization_level, which -O3 (vLLM reads "
+                                "--optimization-level) before it sets too; vLLM keeps only the last: give it once"),
+    "two shorthands": (["-O3", "-O", "2"], "0.18.0", "serving.extra_args: -O (vLLM reads --optimization-level) sets "
+                       "optimization_level, which -O3 (vLLM reads --optimization-level) before it sets too"),
+    "0.11.0: shorthand and the whole compilation config": (
+        ["-O3", "--compilation-config", '{"level": 3}'], "0.11.0", "serving.extra_args: --compilation-config sets "
+        "compilation_config, which -O3 (vLLM reads -O.level=3) before it sets too"),
+    "0.11.0: dotted level and shorthand": (
+        ["--compilation-config.level", "3", "-O2"], "0.11.0", "serving.extra_args: -O2 (vLLM reads -O.level=2) sets "
+        "compilation_config.level, which --compilation-config.level before it sets too"),
+}
+
+
+@pytest.mark.parametrize("extra, version, refusal", O_GIVEN_TWICE.values(), ids=O_GIVEN_TWICE.keys())
+def test_an_option_given_twice_through_the_o_shorthand_and_its_long_form_is_refused(extra, version, refusal):
+    assert [f.message for f in check_extra_args(["MODEL"], extra, version)][0].startswith(refusal)
