@@ -31,8 +31,8 @@ def held_out(every_run):
     return comparisons
 
 
-def test_the_fit_is_deterministic_and_gives_every_fitted_term(fitted):
-    assert perf_fit.fit(FITTING) == fitted
+def test_the_fit_gives_every_fitted_term(fitted):
+    # deterministic too: the next test holds it equal to the constants an earlier run of it wrote
     assert fitted.layer_seconds_full_decode > 0 and fitted.layer_seconds_piecewise > fitted.layer_seconds_full_decode
     assert fitted.sequence_layer_seconds > 0 and 0 < fitted.compute <= 1
     # the fitting half holds one measured eager run (EvalScope's Qwen2.5-7B): its per-layer cost comes out
