@@ -33,7 +33,7 @@ FAST = {
 }
 WAITING = "Waiting for 0 local, 1 remote core engine proc(s) to connect."
 DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-BOUND = 20  # seconds any one wait in these tests may take
+BOUND = 90  # seconds any one wait in these tests may take: a bound on busy cores, not a speed target
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,9 @@ CANN_VERSION = "8.5.0"  # vllm-ascend 0.13.0's (profile vllm-ascend-0.13.0): its
 HCCL_PORT_SPAN = 32
 NPU_COUNT = 4
 LOAD_SECONDS = 1.5
-STARTUP_TIMEOUT = 30
+# A bound for a start, not a speed target: CI runs these beside two parts with labs on two busy cores,
+# where a start of Python and FastAPI has taken over 30 s (the CI rehearsal of 2026-12-07).
+STARTUP_TIMEOUT = 120
 
 
 def free_port() -> int:
