@@ -30,7 +30,7 @@ def host_data(lab_dir: Path, node: NodeSpec, spec: LabSpec) -> dict:
     if node.role == "gateway" and spec.gateway_vip:
         # One address over the gateways, on the lab bridge (each node's eth0).
         plan = {"gateway_vip": {"address": spec.gateway_vip, "interface": NODE_INTERFACE},
-                # The first gateway takes it first; nopreempt keeps it wherever it moves.
+                # The first gateway takes it when both start together; nopreempt keeps it wherever it is (the first to start).
                 "gateway_vrrp_priority": 150 if node.index == 0 else 100}
     if spec.offline_bundle:
         # A site without internet: everything from its bundle, which the gateway serves (group mirror).
