@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ascend_fleet.errors import FleetError, InputError, visible
+from ascend_fleet.core.errors import FleetError, InputError, visible
 
 # Each command's module and how it joins the CLI: "group" (a sub-app under the command's name),
 # "merged" (a sub-app whose commands join the top level), "command" (one function). Only the
@@ -20,18 +20,18 @@ from ascend_fleet.errors import FleetError, InputError, visible
 # planner or the benchmark, a second of CPU less on every start.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "lab": ("ascend_fleet.lab.cli", "lab_app", "group"),
-    "plan": ("ascend_fleet.plan_cli", "plan", "command"),
-    "check": ("ascend_fleet.fleet_check", "check", "command"),
-    "rollout": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
-    "swap-model": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
-    "load": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
-    "drain": ("ascend_fleet.drain_cli", "drain_app", "merged"),
-    "undrain": ("ascend_fleet.drain_cli", "drain_app", "merged"),
-    "profile": ("ascend_fleet.profile_cli", "profile_app", "group"),
-    "bundle": ("ascend_fleet.bundle_cli", "bundle", "command"),
-    "status": ("ascend_fleet.status", "status", "command"),
-    "bench": ("ascend_fleet.bench", "bench", "command"),
-    "tune": ("ascend_fleet.tune", "tune", "command"),
+    "plan": ("ascend_fleet.commands.plan_cli", "plan", "command"),
+    "check": ("ascend_fleet.fleet.check", "check", "command"),
+    "rollout": ("ascend_fleet.commands.rollout_cli", "rollout_app", "merged"),
+    "swap-model": ("ascend_fleet.commands.rollout_cli", "rollout_app", "merged"),
+    "load": ("ascend_fleet.commands.rollout_cli", "rollout_app", "merged"),
+    "drain": ("ascend_fleet.commands.drain_cli", "drain_app", "merged"),
+    "undrain": ("ascend_fleet.commands.drain_cli", "drain_app", "merged"),
+    "profile": ("ascend_fleet.commands.profile_cli", "profile_app", "group"),
+    "bundle": ("ascend_fleet.commands.bundle_cli", "bundle", "command"),
+    "status": ("ascend_fleet.control.status", "status", "command"),
+    "bench": ("ascend_fleet.control.bench", "bench", "command"),
+    "tune": ("ascend_fleet.control.tune", "tune", "command"),
 }
 
 err_console = Console(stderr=True)

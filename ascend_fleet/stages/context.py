@@ -10,20 +10,20 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, dnf, files
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.bundle_layout import OS_DIR, listed_sha256
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.node_os import NodeOs, node_os, not_served
+from ascend_fleet.config.per_run import fact_of_the_run, once_per_run, profile_of_the_run
+from ascend_fleet.config.profile import Profile
+from ascend_fleet.core.bundle_layout import OS_DIR, listed_sha256
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, BUNDLE_DNF_REPO_ID, SITE_MIRROR_ROOT
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.kernel import KernelHeaders
-from ascend_fleet.fleet import fleet_roles
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.multi_node import DataParallelRole
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, BUNDLE_DNF_REPO_ID, SITE_MIRROR_ROOT
-from ascend_fleet.node_os import NodeOs, node_os, not_served
+from ascend_fleet.fleet.multi_node import DataParallelRole
+from ascend_fleet.fleet.os_repository import MIRROR_GROUP, repository_name
+from ascend_fleet.fleet.plan import fleet_roles
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.bundle import only_source
-from ascend_fleet.os_repository import MIRROR_GROUP, repository_name
-from ascend_fleet.per_run import fact_of_the_run, once_per_run, profile_of_the_run
-from ascend_fleet.profile import Profile
-from ascend_fleet.templating import render
 
 
 def node_profile() -> Profile:

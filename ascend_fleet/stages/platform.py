@@ -9,13 +9,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle_layout import VENDOR_DIR
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.profile import Profile
+from ascend_fleet.core.bundle_layout import VENDOR_DIR
+from ascend_fleet.core.node_layout import INSTALL_LOG
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.node_layout import INSTALL_LOG
 from ascend_fleet.operations import accounts, gates, reboot, vendor
-from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import (
     host_arch,
     host_os,

@@ -20,10 +20,11 @@ import pytest
 import yaml
 from pyinfra.api import State
 
-from ascend_fleet import PROFILES, PROJECT_ROOT, firewall, gateway
-from ascend_fleet.fleet import load_inventory, plan_fleet
-from ascend_fleet.fleet_check import fleet_problems, inventory_problems, merge_hosts, vendor_file_problems
-from ascend_fleet.profile import load_profile
+from ascend_fleet import PROFILES, PROJECT_ROOT
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.fleet import firewall, virtual_address
+from ascend_fleet.fleet.check import fleet_problems, inventory_problems, merge_hosts, vendor_file_problems
+from ascend_fleet.fleet.plan import load_inventory, plan_fleet
 
 BIN = Path(sys.executable).parent
 
@@ -52,7 +53,7 @@ def resolving(monkeypatch):
             raise socket.gaierror(-2, "Name or service not known")
         return [EXAMPLE_ADDRESSES[name]]
     monkeypatch.setattr(firewall, "resolve", resolve)
-    monkeypatch.setattr(gateway, "resolve", resolve)
+    monkeypatch.setattr(virtual_address, "resolve", resolve)
 
 
 def edit(path: Path, old: str, new: str) -> None:

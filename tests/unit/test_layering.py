@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import ascend_fleet
-from ascend_fleet import node_layout
+from ascend_fleet.core import node_layout
 
 PACKAGE = Path(ascend_fleet.__file__).parent
 TESTS = Path(__file__).resolve().parents[1]
