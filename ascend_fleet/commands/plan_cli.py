@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ascend_fleet.cli import above_zero
 from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.command_options import above_zero
 from ascend_fleet.core.errors import FleetError, InputError, visible
 from ascend_fleet.fleet.plan import (
     MODELS_DIR,

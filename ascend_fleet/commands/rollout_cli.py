@@ -17,7 +17,6 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ascend_fleet.cli import above_zero, finite
 from ascend_fleet.control.bench import ensure_bench_venv, parse_share
 from ascend_fleet.control.loadgen import LoadGenerator
 from ascend_fleet.control.rollout import (
@@ -48,6 +47,7 @@ from ascend_fleet.control.rollout import (
     rollback_record,
     served_path,
 )
+from ascend_fleet.core.command_options import above_zero, finite
 from ascend_fleet.core.errors import FleetError, InputError
 from ascend_fleet.fleet.plan import check_fleet
 

@@ -35,7 +35,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ascend_fleet.cli import above_zero_or_inf, result_directory
 from ascend_fleet.config.credentials import api_key
 from ascend_fleet.config.fleetstate import split_backend_key
 from ascend_fleet.config.host_config import host_node_config
@@ -49,6 +48,7 @@ from ascend_fleet.control.vllm_cpu import (
     serving_env,
 )
 from ascend_fleet.core.bundle_layout import model_dir
+from ascend_fleet.core.command_options import above_zero_or_inf, result_directory
 from ascend_fleet.core.errors import FleetError, InputError, visible
 from ascend_fleet.core.model_tree import read_manifest
 from ascend_fleet.core.node_layout import MANIFEST_NAME

@@ -34,11 +34,11 @@ from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColum
 from rich.table import Table
 from rich.text import Text
 
-from ascend_fleet.cli import above_zero
 from ascend_fleet.config.fleetstate import backend_key
 from ascend_fleet.config.host_config import host_node_config
 from ascend_fleet.config.hostdata import Instance, NodeConfig
 from ascend_fleet.config.profile import Profile, load_profile
+from ascend_fleet.core.command_options import above_zero
 from ascend_fleet.core.node_layout import (
     ROUTE_WATCH_STATE,
     ROUTE_WATCH_UNIT,

@@ -42,7 +42,6 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from rich.text import Text
 
-from ascend_fleet.cli import above_zero, above_zero_or_inf, result_directory
 from ascend_fleet.config.hostdata import Serving
 from ascend_fleet.control import bench
 from ascend_fleet.control.rollout import (
@@ -55,6 +54,7 @@ from ascend_fleet.control.rollout import (
     failing_gates,
     parse_data,
 )
+from ascend_fleet.core.command_options import above_zero, above_zero_or_inf, result_directory
 from ascend_fleet.core.errors import FleetError, InputError, visible
 from ascend_fleet.fleet.plan import plan_fleet
 
