@@ -27,23 +27,19 @@ from ascend_fleet.operations.bundle import only_source
 
 
 def node_profile() -> Profile:
-    """The stack profile this host's data names (validated; a bad one stops before any change), read
-    once a run: the stages ask for it dozens of times per host."""
-    name = host.data.get("profile")
-    if not name:
-        raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
-    try:
-        return profile_of_the_run(host.state, name)
-    except FleetError as exc:
-        raise FleetError(f"{host.name}: {exc}") from None
+    """The stack profile this host's validated data names (host_config.py: a missing or bad one stops the
+    run in one line naming the host before any change), read once a run: the stages ask for it dozens of
+    times per host."""
+    return profile_of_the_run(host.state, host_node_config(host).profile)
 
 
 def pip_index_url(profile: Profile) -> str:
     """The index the serving stack installs from: the profile's, else this host's `pip_index_url`; with a
     bundle (bundle_dir), the host's: where the site serves the bundle's index."""
-    if host.data.get("bundle_dir"):
-        return host.data.pip_index_url
-    return profile.pip.index_url or host.data.pip_index_url
+    config = host_node_config(host)
+    if config.bundle_dir:
+        return config.pip_index_url
+    return profile.pip.index_url or config.pip_index_url
 
 
 def data_parallel_roles() -> dict[str, DataParallelRole]:

@@ -79,6 +79,6 @@ def python_stage() -> None:
     gates.passed(name="pip check: only the complaints upstream accepts",
                  description=f"`pip check` names only what profile {profile.name} accepts",
                  find_problem=lambda: pip_check_problem(venv, profile))
-    expected = int(host.data.npu_count)
+    expected = config.npu_count
     gates.passed(name="torch_npu sees every NPU", description=f"torch.npu.is_available(), {expected} devices",
                  find_problem=lambda: torch_npu_problem(venv, expected))

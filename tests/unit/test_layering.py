@@ -1,7 +1,8 @@
 """The package's layers, read from its source (docs/architecture.md): every module is in one layer (a
 folder, or one of the few modules at the top) and imports only from its own and those below; the
-product never imports the lab, facts never import operations, and every node path and unit name is
-spelled once, in node_layout.py: the product and the tests take them from there."""
+product never imports the lab, facts never import operations, stages read the validated NodeConfig and
+not raw host data, and every node path and unit name is spelled once, in node_layout.py: the product
+and the tests take them from there."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 import ascend_fleet
+from ascend_fleet.config.hostdata import NodeConfig
 from ascend_fleet.core import node_layout
 
 PACKAGE = Path(ascend_fleet.__file__).parent
@@ -127,6 +129,47 @@ def test_a_module_in_no_layer_or_an_import_up_a_layer_is_found(tmp_path):
         "control, commands",
         "sizing/planner.py (sizing) imports ascend_fleet.config (config)",
         "sizing/planner.py (sizing) imports ascend_fleet.config.hostdata (config)"]
+
+
+# Keys a stage may read from raw host data, each with why: NodeConfig (config/hostdata.py) does not hold them.
+RAW_HOST_DATA = {"ssh_hostname": "pyinfra's connector setting (the address it connects to), which NodeConfig "
+                                 "leaves to pyinfra: the firewall and the peers name a host by it"}
+
+
+def raw_host_data_reads(modules: list[Path], root: Path) -> list[str]:
+    """Each read of a host's raw data (`x.data.key`, `x.data.get("key")`, `x.data["key"]`, `x.data.dict()`)
+    of a key not in RAW_HOST_DATA, one line each."""
+    found = []
+    for module in modules:
+        for node in ast.walk(ast.parse(module.read_text())):
+            key = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "data":
+                key = (node.args[0].value if node.func.attr == "get" and node.args
+                       and isinstance(node.args[0], ast.Constant) else f"{node.func.attr}()")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == "data" and node.attr not in ("get", "dict"):
+                key = node.attr
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == "data":
+                key = node.slice.value if isinstance(node.slice, ast.Constant) else ast.unparse(node.slice)
+            if key is not None and key not in RAW_HOST_DATA:
+                found.append((str(module.relative_to(root)), node.lineno, key))
+    return [f"{path}:{line}: {key}" for path, line, key in sorted(found)]
+
+
+def test_stages_read_the_validated_node_config_not_raw_host_data():
+    assert not set(RAW_HOST_DATA) & set(NodeConfig.model_fields)
+    assert raw_host_data_reads(sorted((PACKAGE / "stages").glob("*.py")), PACKAGE) == []
+
+
+def test_a_raw_read_of_a_key_node_config_holds_is_found(tmp_path):
+    module = tmp_path / "stage.py"
+    module.write_text("def f(host, member):\n    a = host.data.npu_count\n    b = host.data.get('profile')\n"
+                      "    c = member.data.get('ssh_hostname') or member.data['bundle_dir']\n"
+                      "    return host.data.dict(), host_node_config(host).npu_count\n")
+    assert raw_host_data_reads([module], tmp_path) == [
+        "stage.py:2: npu_count", "stage.py:3: profile", "stage.py:4: bundle_dir", "stage.py:5: dict()"]
 
 
 def strings_of(path: Path) -> list[tuple[int, str]]:
