@@ -262,3 +262,13 @@ def test_typed_serving_options_and_npu_env_are_one_line_before_any_connection(si
     rc, output = run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py")
     assert rc == 2 and "Traceback" not in output and output.count("\n") == 1, output
     assert output.startswith("error: npu-01.example.internal, ") and f" more: {refusal}" in output, output
+
+
+def test_the_import_line_operators_copied_into_their_inventories_still_gives_the_check():
+    # The check lives in fleet/check.py since the layers became folders (issue 50); inventories copied
+    # from prod.py before that import it from ascend_fleet.fleet_check.
+    from ascend_fleet.fleet import check
+    from ascend_fleet.fleet_check import check_before_connecting
+    assert check_before_connecting is check.check_before_connecting
+    line = "from ascend_fleet.fleet_check import check_before_connecting"
+    assert line in (PROJECT_ROOT / "inventories" / "prod.py").read_text()
