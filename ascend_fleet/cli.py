@@ -2,17 +2,15 @@
 
 import importlib
 import logging
-import math
 import sys
 from importlib.metadata import version
-from pathlib import Path
 
 import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ascend_fleet.errors import FleetError, InputError, visible
+from ascend_fleet.core.errors import FleetError
 
 # Each command's module and how it joins the CLI: "group" (a sub-app under the command's name),
 # "merged" (a sub-app whose commands join the top level), "command" (one function). Only the
@@ -20,18 +18,18 @@ from ascend_fleet.errors import FleetError, InputError, visible
 # planner or the benchmark, a second of CPU less on every start.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "lab": ("ascend_fleet.lab.cli", "lab_app", "group"),
-    "plan": ("ascend_fleet.plan_cli", "plan", "command"),
-    "check": ("ascend_fleet.fleet_check", "check", "command"),
-    "rollout": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
-    "swap-model": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
-    "load": ("ascend_fleet.rollout_cli", "rollout_app", "merged"),
-    "drain": ("ascend_fleet.drain_cli", "drain_app", "merged"),
-    "undrain": ("ascend_fleet.drain_cli", "drain_app", "merged"),
-    "profile": ("ascend_fleet.profile_cli", "profile_app", "group"),
-    "bundle": ("ascend_fleet.bundle_cli", "bundle", "command"),
-    "status": ("ascend_fleet.status", "status", "command"),
-    "bench": ("ascend_fleet.bench", "bench", "command"),
-    "tune": ("ascend_fleet.tune", "tune", "command"),
+    "plan": ("ascend_fleet.commands.plan_cli", "plan", "command"),
+    "check": ("ascend_fleet.fleet.check", "check", "command"),
+    "rollout": ("ascend_fleet.commands.rollout_cli", "rollout_app", "merged"),
+    "swap-model": ("ascend_fleet.commands.rollout_cli", "rollout_app", "merged"),
+    "load": ("ascend_fleet.commands.rollout_cli", "rollout_app", "merged"),
+    "drain": ("ascend_fleet.commands.drain_cli", "drain_app", "merged"),
+    "undrain": ("ascend_fleet.commands.drain_cli", "drain_app", "merged"),
+    "profile": ("ascend_fleet.commands.profile_cli", "profile_app", "group"),
+    "bundle": ("ascend_fleet.commands.bundle_cli", "bundle", "command"),
+    "status": ("ascend_fleet.control.status", "status", "command"),
+    "bench": ("ascend_fleet.control.bench", "bench", "command"),
+    "tune": ("ascend_fleet.control.tune", "tune", "command"),
 }
 
 err_console = Console(stderr=True)
@@ -39,44 +37,6 @@ err_console = Console(stderr=True)
 # which click's own except clause does not catch.
 USAGE_ERRORS = tuple({click.ClickException, *(kind for kind in typer.BadParameter.__mro__
                                              if kind.__name__ == "ClickException")})
-
-
-def above_zero(value: float | None) -> float | None:
-    """A typer callback for a number that means nothing at 0 or below (a duration, an interval, a size):
-    typer's min= takes 0 itself, and a float option takes "nan" and "inf" (a wait that never ends). Refused
-    as typer refuses, exit 2."""
-    if value is not None and not 0 < value < math.inf:
-        raise typer.BadParameter(f"{value:g}: expected a finite number above 0")
-    return value
-
-
-def above_zero_or_inf(value: float | None) -> float | None:
-    """above_zero for a request rate, where inf means every request at once (vLLM's bench: --request-rate)."""
-    if value is not None and not value > 0:
-        raise typer.BadParameter(f"{value:g}: expected a number above 0, or inf (all at once)")
-    return value
-
-
-def finite(value: float | None) -> float | None:
-    """A typer callback beside min= on a float option: click's range lets nan and inf through (nan compares
-    false with its bound), and a pause or timeout of either never ends or crashes where it is used."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value:g}: expected a finite number")
-    return value
-
-
-def result_directory(path: Path, option: str) -> Path:
-    """The directory a command writes its results into, made if missing; refused in one line (exit 2) when
-    the path is a file or cannot be made, before any run that would have nowhere to write."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise InputError(f"{option} {visible(path)}: a file, not a directory; give a directory (made if "
-                         "missing) for the results") from None
-    except OSError as exc:
-        raise InputError(f"{option} {visible(path)}: cannot be made ({exc.strerror}); give a directory this "
-                         "user can write") from None
-    return path
 
 
 def _print_version(asked: bool) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
 from ascend_fleet.lab import lab
 from ascend_fleet.lab.pyinfra_totals import totals
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec

@@ -122,11 +122,11 @@ ROLLOUT_PLAN = """
 import sys, time
 started = time.monotonic()
 from pathlib import Path
-from ascend_fleet.fleet import check_fleet
-from ascend_fleet.rollout import Fleet, plan_rollout
-fleet = Fleet(Path(sys.argv[1]), {})
+from ascend_fleet.fleet.plan import check_fleet
+from ascend_fleet.control.rollout import RolloutInventory, plan_rollout
+fleet = RolloutInventory(Path(sys.argv[1]), {})
 check_fleet(fleet.inventory)
-record = plan_rollout(Fleet(Path(sys.argv[1]), {}), "deploys/serve.py", None, None)
+record = plan_rollout(RolloutInventory(Path(sys.argv[1]), {}), "deploys/serve.py", None, None)
 print(len(record.steps), time.monotonic() - started)
 """
 
@@ -143,10 +143,10 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, float, subprocess.Complete
 def gateway_seconds(workers: int, scratch: Path) -> tuple[float, float]:
     """Write the gateway's routes for every instance of the fleet and have nginx check its config; then read
     the routes file as `status` does and find every instance in it. Both times."""
-    from ascend_fleet.hostdata import node_config
+    from ascend_fleet.config.hostdata import node_config
+    from ascend_fleet.control.status import HostStatus, gateway_routes, routing
+    from ascend_fleet.fleet.gateway_routes import routes_document
     from ascend_fleet.node.route_watch import Routes, nginx_text
-    from ascend_fleet.routes import routes_document
-    from ascend_fleet.status import HostStatus, gateway_routes, routing
 
     with socket.socket() as sock:  # nginx -t binds what the config listens on
         sock.bind(("127.0.0.1", 0))

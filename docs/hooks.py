@@ -22,9 +22,9 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from ascend_fleet.cli import build_app
-from ascend_fleet.hostdata import Monitoring, NodeConfig
+from ascend_fleet.config.hostdata import Monitoring, NodeConfig
+from ascend_fleet.core.templating import render
 from ascend_fleet.stages.monitoring import MONITORING_TEMPLATES
-from ascend_fleet.templating import render
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 RULES_TEMPLATE = MONITORING_TEMPLATES / "ascend-fleet.rules.yml.j2"
@@ -97,7 +97,7 @@ def host_data_page() -> str:
     sections = ["# Host data keys",
                 "Every key a host's data may set (inventory host data, `group_data/*.py`, or `--data KEY=VALUE`), "
                 "as the model every deploy and `ascend-fleet check` validate it by "
-                "(`ascend_fleet.hostdata.NodeConfig`) says, made from that model at every build of this site. "
+                "(`ascend_fleet.config.hostdata.NodeConfig`) says, made from that model at every build of this site. "
                 "A key it does not list is refused, naming the nearest it does. pyinfra's own connection keys "
                 "(`ssh_hostname`, `ssh_user`, `ssh_config_file`, ...) are pyinfra's and are not listed here.",
                 model_section(NodeConfig, "`NodeConfig`: a host")]

@@ -1,4 +1,4 @@
-"""Defaults for every host of every fleet (ascend_fleet/hostdata.py validates them).
+"""Defaults for every host of every fleet (ascend_fleet/config/hostdata.py validates them).
 
 A fleet's own file (group_data/<inventory name>.py) and the rollout or gateway group
 files add to these; no key is defined in two groups a host can be in at once.

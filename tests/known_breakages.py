@@ -27,10 +27,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from ascend_fleet.config.profile import Profile, PythonPackages, load_profile
+from ascend_fleet.fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform
+from ascend_fleet.fleet.profile_lock import Dist, LockError, StandinSupplier, UvResolver, steps_environment
 from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTHON, RealWheel, load_record, read_wheel, write_record
-from ascend_fleet.profile import Profile, PythonPackages, load_profile
-from ascend_fleet.profile_check import DEFAULT_GLIBC, Indexes, Platform
-from ascend_fleet.profile_lock import Dist, LockError, StandinSupplier, UvResolver, steps_environment
 
 FIXTURES = Path(__file__).parent / "fixtures" / "breakages"
 HUAWEI = "https://mirrors.huaweicloud.com/ascend/repos/pypi"

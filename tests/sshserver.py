@@ -1,4 +1,4 @@
-"""A real SSH server on loopback for unit tests of the control machine's SSH (ascend_fleet/remote.py):
+"""A real SSH server on loopback for unit tests of the control machine's SSH (ascend_fleet/core/remote.py):
 paramiko's server side, which runs each exec request with /bin/sh on this machine and opens direct-tcpip
 channels (what ProxyJump and port forwards ask for) to loopback ports. Logins: the one key it is given.
 It records what it was asked, so a test can tell a hop through it from a direct login."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paramiko
 
-from ascend_fleet.remote import relay
+from ascend_fleet.core.remote import relay
 
 # A client that closes first makes paramiko's server side log "Socket exception": not the test's news.
 QUIET_LOG_CHANNEL = "tests.sshserver"

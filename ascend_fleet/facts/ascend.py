@@ -13,10 +13,10 @@ import shlex
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.command import make_formatted_string_command
 
-from ascend_fleet.credentials import API_KEY_NAME
+from ascend_fleet.config.credentials import API_KEY_NAME
+from ascend_fleet.core.node_layout import ANSWER_CACHE_DIR, INSTALL_LOCK
+from ascend_fleet.core.versions import parse_range
 from ascend_fleet.node.npu_metrics import parse_npu_smi_info
-from ascend_fleet.node_layout import ANSWER_CACHE_DIR, INSTALL_LOCK
-from ascend_fleet.versions import parse_range
 
 ASCEND_HOME = "/usr/local/Ascend"
 # The longest a vendor installer may run (operations/vendor.py runs each under `timeout` this long).

@@ -14,7 +14,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString, make_formatted_string_command
 from typing_extensions import override
 
-from ascend_fleet.node_layout import DEEP_VERIFY_NAME, MARKER_NAME, revision_dir
+from ascend_fleet.core.node_layout import DEEP_VERIFY_NAME, MARKER_NAME, revision_dir
 
 DEEP_VERIFY_HEADER, SIZES_HEADER = "--- deep verify", "--- sizes"
 DF_LINE = re.compile(r"^\S+\s+(\d+)\s+\d+\s+(\d+)\s+\d+%\s+(.+)$")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ascend_fleet.fleet.profile_check import manylinux_platforms
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.spec import CACHE_DIR
-from ascend_fleet.profile_check import manylinux_platforms
 
 SUITE = "bookworm"
 # Debian bookworm's glibc is 2.36: the newest manylinux a node's python3 can load.

@@ -31,15 +31,15 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.model_tree import publish_model
+from ascend_fleet.core.node_layout import PEER_SERVER_LOG
 from ascend_fleet.lab import lab
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.mirror import mirror_root
 from ascend_fleet.lab.shaping import limit_links
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.model_tree import publish_model
-from ascend_fleet.node_layout import PEER_SERVER_LOG
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
 
 PROJECT = Path(__file__).resolve().parents[2]

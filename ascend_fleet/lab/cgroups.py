@@ -17,7 +17,7 @@ import signal
 import time
 from pathlib import Path
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
 
 
 def systemd_hierarchies(mountinfo: str, own_cgroups: str) -> list[Path]:

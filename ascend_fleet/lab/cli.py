@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ascend_fleet.cli import above_zero
+from ascend_fleet.core.command_options import above_zero
 from ascend_fleet.lab import lab
 from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTORCH_CPU_INDEX, RECORD_FILE, refresh_record
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, DEFAULT_PROFILES, LabSpec

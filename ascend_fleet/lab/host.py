@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
 
 
 def run(argv: list[str], *, check: bool = True, what: str | None = None, **kwargs) -> subprocess.CompletedProcess:

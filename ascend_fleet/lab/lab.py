@@ -12,7 +12,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.templating import render
 from ascend_fleet.lab import cgroups, network, processes, rpmrepo
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.flavours import FLAVOURS
@@ -34,7 +35,6 @@ from ascend_fleet.lab.nodes import (
 from ascend_fleet.lab.publish import lock_profiles, publish_profiles
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.templating import render
 
 REQUIRED_TOOLS = ["debootstrap", "systemd-nspawn", "ip", "nft", "nginx", "lxcfs", "losetup", "mkfs.ext4", "ssh-keygen",
                   "ssh"]

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.package_index import write_simple_index
+from ascend_fleet.core.templating import render
 from ascend_fleet.lab import processes
 from ascend_fleet.lab.host import run
 from ascend_fleet.lab.spec import CACHE_DIR, LabSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.package_index import write_simple_index
-from ascend_fleet.templating import render
 
 CONTENT_DIRS = ("files", "simple", "packages", "models", "openeuler")
 # Generous: on a loaded 2-core machine nginx can take a while to bind.

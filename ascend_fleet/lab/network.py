@@ -17,10 +17,10 @@ import threading
 from pathlib import Path
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.core.templating import render
 from ascend_fleet.lab.host import quiet, run
 from ascend_fleet.lab.spec import GATEWAY_SERVING_PORT, LabSpec, NodeSpec, npu_interface
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.templating import render
 
 NODE_INTERFACE = "eth0"
 CLONE_NEWNET = 0x40000000

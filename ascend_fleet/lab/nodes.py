@@ -13,7 +13,9 @@ from pathlib import Path
 from rich.console import Console
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.templating import render
 from ascend_fleet.lab import cgroups, processes, rpmrepo
 from ascend_fleet.lab.base import RPM_DBPATH
 from ascend_fleet.lab.flavours import FLAVOURS, Flavour
@@ -22,8 +24,6 @@ from ascend_fleet.lab.network import connect_from
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver
 from ascend_fleet.lab.spec import LabSpec, NodeSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.profile import load_profile
-from ascend_fleet.templating import render
 
 # Files that must not be readable by others inside the node; programs the lab puts on it.
 PRIVATE_DIRS = {"root/.ssh"}

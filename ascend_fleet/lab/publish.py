@@ -27,16 +27,16 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 from rich.console import Console
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.profile import Profile, load_profile, profile_path
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.model_tree import publish_model
+from ascend_fleet.core.package_index import write_simple_index
+from ascend_fleet.fleet.profile_check import Platform
+from ascend_fleet.fleet.profile_lock import LockError, lock_path, lock_profile, router_lock
 from ascend_fleet.lab.base import NODE_GLIBC_MINOR, node_platforms
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
 from ascend_fleet.lab.sim.wheels import build_lab_standins, build_standin_wheels
 from ascend_fleet.lab.spec import CACHE_DIR
-from ascend_fleet.model_tree import publish_model
-from ascend_fleet.package_index import write_simple_index
-from ascend_fleet.profile import Profile, load_profile, profile_path
-from ascend_fleet.profile_check import Platform
-from ascend_fleet.profile_lock import LockError, lock_path, lock_profile, router_lock
 
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
 MODEL_CACHE = CACHE_DIR / "models"

@@ -17,12 +17,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ascend_fleet.errors import FleetError, InputError, visible
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.profile import available_profiles, is_cpu_build, load_profile
+from ascend_fleet.core.errors import FleetError, InputError, visible
+from ascend_fleet.fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.lab.flavours import DEFAULT_OS, OsName
-from ascend_fleet.os_repository import MIRROR_GROUP
-from ascend_fleet.planner import ModelShape
-from ascend_fleet.profile import available_profiles, is_cpu_build, load_profile
+from ascend_fleet.sizing.planner import ModelShape
 
 DEFAULT_LAB_DIR = Path(os.environ.get("ASCEND_FLEET_LAB_DIR", "/var/lib/ascend-fleet/lab"))
 CACHE_DIR = Path(os.environ.get("ASCEND_FLEET_CACHE_DIR", "/var/cache/ascend-fleet"))

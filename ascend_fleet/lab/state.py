@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR, LabSpec
 
 STATE_FILE = "state.json"

@@ -16,7 +16,7 @@ it back. Out is `down` in nginx's upstream (a reload: streams in flight finish o
 or out of vllm-router's workers. Never the last one: when every routed instance fails, none is taken
 out, since a gateway cut off from the workers would otherwise refuse what they could still serve.
 
-The gateway stage writes the routes file (routes.py): nginx's config rendered twice, every instance
+The gateway stage writes the routes file (fleet/gateway_routes.py): nginx's config rendered twice, every instance
 in and every instance out, and which line is whose, so the template alone spells the config and this
 program only picks each server line from one of the two; the instances to check; the settings.
 `apply` (the stage, after writing it) and `watch` write nginx's config alike: nginx -t, then a
@@ -69,7 +69,7 @@ class Watched:
 
 @dataclass
 class Routes:
-    """The routes file as the gateway stage wrote it (routes.py routes_document)."""
+    """The routes file as the gateway stage wrote it (fleet/gateway_routes.py routes_document)."""
 
     document: dict
     backends: list[dict] = field(init=False)

@@ -1,4 +1,4 @@
-"""A bundle (ascend_fleet/bundle.py) copied onto the host that serves it to the site."""
+"""A bundle (ascend_fleet/fleet/bundle.py) copied onto the host that serves it to the site."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.operations import files
 
-from ascend_fleet.bundle_layout import MANIFEST, read_bundle_manifest
-from ascend_fleet.package_index import file_sha256
+from ascend_fleet.core.bundle_layout import MANIFEST, read_bundle_manifest
+from ascend_fleet.core.package_index import file_sha256
 
 
 @operation()

@@ -6,9 +6,9 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.ascend import SourcedEnvironment
 from ascend_fleet.operations import placed
-from ascend_fleet.templating import render
 
 # Variables holding path lists: CUDA entries in them would shadow or clash with CANN's libraries.
 PATH_LISTS = {"PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"}

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pyinfra import host
 from pyinfra.api import OperationValueError, operation
 
+from ascend_fleet.config.hostdata import NpuNicSettings
+from ascend_fleet.config.per_run import once_per_run
 from ascend_fleet.facts.hccn import HCCN_TOOL, NpuNicConfig
-from ascend_fleet.hostdata import NpuNicSettings
-from ascend_fleet.per_run import once_per_run
 
 # hccn_tool's set commands, in the order it accepts them: a gateway must lie in the address's segment.
 SETTINGS = ("address", "gateway", "netdetect")

@@ -13,11 +13,11 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+from ascend_fleet.config.profile import NodeStep, PipBuild, PipLocked, PipRemoval, PipStep
+from ascend_fleet.core.node_layout import PIP_LOCK_DIR, WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.facts.ascend import PipPackages
 from ascend_fleet.node import peer_wheels
 from ascend_fleet.node.peer_wheels import INCOMING_DIR_NAME, normalize
-from ascend_fleet.node_layout import PIP_LOCK_DIR, WHEEL_DIR, WHEELS_HELPER
-from ascend_fleet.profile import NodeStep, PipBuild, PipLocked, PipRemoval, PipStep
 
 # Verified wheels, which a worker's peer server offers the fleet (templates/weights-peer-nginx.conf.j2).
 WHEELS_HELPER_SOURCE = Path(peer_wheels.__file__)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pyinfra import host
 from pyinfra.api import operation
 
-from ascend_fleet.fleetstate import FleetState
+from ascend_fleet.config.fleetstate import FleetState
 
 
 @operation()

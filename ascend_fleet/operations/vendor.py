@@ -13,6 +13,7 @@ from pyinfra.api import operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
+from ascend_fleet.core.node_layout import INSTALL_LOCK, INSTALL_LOG, PACKAGE_DIR
 from ascend_fleet.facts.ascend import (
     ASCEND_HOME,
     INSTALL_TIMEOUT_SECONDS,
@@ -20,7 +21,6 @@ from ascend_fleet.facts.ascend import (
     AscendFirmware,
     CannPackages,
 )
-from ascend_fleet.node_layout import INSTALL_LOCK, INSTALL_LOG, PACKAGE_DIR
 
 # Where a worker's peer server (templates/weights-peer-nginx.conf.j2) serves PACKAGE_DIR's verified files.
 PEER_PACKAGES_PATH = "packages"

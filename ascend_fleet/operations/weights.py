@@ -18,11 +18,11 @@ from pyinfra.api.command import QuoteString
 from pyinfra.facts.server import Which
 from pyinfra.operations import files
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import WEIGHTS_STAGER, revision_dir
 from ascend_fleet.facts.weights import StagedModel
 from ascend_fleet.node import stage_weights
 from ascend_fleet.node.stage_weights import SOURCES, deep_verify_of, marker_problems, model_path_parts
-from ascend_fleet.node_layout import WEIGHTS_STAGER, revision_dir
 
 STAGER_PACKAGE = Path(stage_weights.__file__).parent
 # The archive's own entry point: the package inside it runs as a top-level package there.

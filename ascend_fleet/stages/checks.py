@@ -19,34 +19,34 @@ from pyinfra.facts.hardware import Ipv4Addrs, NetworkDevices
 from pyinfra.facts.server import Command
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle import coverage_refusal, os_coverage_refusal, rpms_lacking, verify_bundle
-from ascend_fleet.bundle_layout import model_dir
-from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
-from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
-from ascend_fleet.fleet import check_fleet, model_support
-from ascend_fleet.fleet_check import vendor_file_problem
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.model_tree import read_manifest
-from ascend_fleet.node_layout import (
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.node_os import NodeOs, node_os, not_served, role_gaps
+from ascend_fleet.config.per_run import once_per_run
+from ascend_fleet.config.profile import Profile
+from ascend_fleet.core.bundle_layout import model_dir
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.model_tree import read_manifest
+from ascend_fleet.core.node_layout import (
     GATEWAY_API_KEY_FILE,
     INSTANCE_UNIT_PREFIX,
     MANIFEST_NAME,
     NGINX_ERROR_LOG,
     revision_dir,
 )
-from ascend_fleet.node_os import NodeOs, node_os, not_served, role_gaps
+from ascend_fleet.facts.ascend import Glibc, NpuDeviceHolders, NpuStatus, PciNpuCount, VenvPython
+from ascend_fleet.facts.systemd import UnitState
+from ascend_fleet.facts.weights import FilesystemSpace, StagedModel
+from ascend_fleet.fleet.bundle import coverage_refusal, os_coverage_refusal, rpms_lacking, verify_bundle
+from ascend_fleet.fleet.check import vendor_file_problem
+from ascend_fleet.fleet.os_repository import MIRROR_GROUP, fleet_packages
+from ascend_fleet.fleet.plan import check_fleet, model_support
+from ascend_fleet.fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
+from ascend_fleet.fleet.profile_check import Indexes
+from ascend_fleet.fleet.profile_lock import glibc_problem, node_lock
+from ascend_fleet.fleet.stack_platform import platform_problem
 from ascend_fleet.operations import gates, served, weights
 from ascend_fleet.operations.weights import DEFAULT_MIN_FREE_MARGIN_BYTES
-from ascend_fleet.os_repository import MIRROR_GROUP, fleet_packages
-from ascend_fleet.per_run import once_per_run
-from ascend_fleet.probes import answers_in_deploy, gateway_chat, http_query, judge_gateway
-from ascend_fleet.profile import Profile
-from ascend_fleet.profile_check import Indexes
-from ascend_fleet.profile_lock import glibc_problem, node_lock
-from ascend_fleet.stack_platform import platform_problem
 from ascend_fleet.stages.context import (
     host_arch,
     host_os,

@@ -10,40 +10,36 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, dnf, files
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.bundle_layout import OS_DIR, listed_sha256
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.node_os import NodeOs, node_os, not_served
+from ascend_fleet.config.per_run import fact_of_the_run, once_per_run, profile_of_the_run
+from ascend_fleet.config.profile import Profile
+from ascend_fleet.core.bundle_layout import OS_DIR, listed_sha256
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, BUNDLE_DNF_REPO_ID, SITE_MIRROR_ROOT
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.kernel import KernelHeaders
-from ascend_fleet.fleet import fleet_roles
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.multi_node import DataParallelRole
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, BUNDLE_DNF_REPO_ID, SITE_MIRROR_ROOT
-from ascend_fleet.node_os import NodeOs, node_os, not_served
+from ascend_fleet.fleet.multi_node import DataParallelRole
+from ascend_fleet.fleet.os_repository import MIRROR_GROUP, repository_name
+from ascend_fleet.fleet.plan import fleet_roles
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.bundle import only_source
-from ascend_fleet.os_repository import MIRROR_GROUP, repository_name
-from ascend_fleet.per_run import fact_of_the_run, once_per_run, profile_of_the_run
-from ascend_fleet.profile import Profile
-from ascend_fleet.templating import render
 
 
 def node_profile() -> Profile:
-    """The stack profile this host's data names (validated; a bad one stops before any change), read
-    once a run: the stages ask for it dozens of times per host."""
-    name = host.data.get("profile")
-    if not name:
-        raise FleetError(f"{host.name}: no `profile` in host or group data; set it in group_data/")
-    try:
-        return profile_of_the_run(host.state, name)
-    except FleetError as exc:
-        raise FleetError(f"{host.name}: {exc}") from None
+    """The stack profile this host's validated data names (host_config.py: a missing or bad one stops the
+    run in one line naming the host before any change), read once a run: the stages ask for it dozens of
+    times per host."""
+    return profile_of_the_run(host.state, host_node_config(host).profile)
 
 
 def pip_index_url(profile: Profile) -> str:
     """The index the serving stack installs from: the profile's, else this host's `pip_index_url`; with a
     bundle (bundle_dir), the host's: where the site serves the bundle's index."""
-    if host.data.get("bundle_dir"):
-        return host.data.pip_index_url
-    return profile.pip.index_url or host.data.pip_index_url
+    config = host_node_config(host)
+    if config.bundle_dir:
+        return config.pip_index_url
+    return profile.pip.index_url or config.pip_index_url
 
 
 def data_parallel_roles() -> dict[str, DataParallelRole]:

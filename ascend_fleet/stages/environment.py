@@ -8,15 +8,22 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.config.fleetstate import COLOURS
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.core.node_layout import (
+    CONFIG_DIR,
+    GOVERNOR_UNIT,
+    LOGIN_SCRIPT,
+    SERVICE_ENV_FILE,
+    SYSCTL_FILE,
+    unit_file,
+)
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.ascend import ASCEND_HOME
-from ascend_fleet.fleetstate import COLOURS
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.node_layout import CONFIG_DIR, GOVERNOR_UNIT, LOGIN_SCRIPT, SERVICE_ENV_FILE, SYSCTL_FILE, unit_file
 from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.environment import service_env_file
-from ascend_fleet.planner import reserved_ports
+from ascend_fleet.sizing.planner import reserved_ports
 from ascend_fleet.stages.context import data_parallel_role, node_profile, runs_npus
-from ascend_fleet.templating import render
 
 ENV_SCRIPTS = [f"{ASCEND_HOME}/cann/set_env.sh", f"{ASCEND_HOME}/ascend-toolkit/set_env.sh",
                f"{ASCEND_HOME}/nnal/atb/set_env.sh"]

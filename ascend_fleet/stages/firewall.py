@@ -1,5 +1,5 @@
 """Stage: the firewall. On each worker and gateway, an nftables table of its own lets only the hosts
-and networks that need them reach the fleet's ports (ascend_fleet/firewall.py says what and who): a
+and networks that need them reach the fleet's ports (ascend_fleet/fleet/firewall.py says what and who): a
 worker's instance, engine and peer ports, the exporters and Prometheus, VRRP between the gateways, SSH
 where the data names who may; a unit loads it at boot.
 
@@ -18,14 +18,14 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.firewall import FAMILY, TABLE, firewall_rules, host_openings
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.node_layout import CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, unit_file
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.core.node_layout import CONFIG_DIR, FIREWALL_RULES_FILE, FIREWALL_UNIT, unit_file
+from ascend_fleet.core.templating import render
+from ascend_fleet.fleet.firewall import FAMILY, TABLE, firewall_rules, host_openings
 from ascend_fleet.operations import gates, placed, units
 from ascend_fleet.operations.firewall import nft_table, nft_table_absent
 from ascend_fleet.stages.context import host_os, os_packages
 from ascend_fleet.stages.monitoring import NGINX_EXPORTER_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
-from ascend_fleet.templating import render
 
 UNIT_FILE = unit_file(FIREWALL_UNIT)
 

@@ -15,14 +15,14 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.errors import FleetError
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.node_layout import SITE_MIRROR_CONFIG, SITE_MIRROR_ROOT
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import SITE_MIRROR_CONFIG, SITE_MIRROR_ROOT
+from ascend_fleet.core.templating import render
+from ascend_fleet.fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.operations import bundle
 from ascend_fleet.operations.config import checked_config
-from ascend_fleet.os_repository import MIRROR_GROUP
 from ascend_fleet.stages.context import nginx_installed
-from ascend_fleet.templating import render
 
 
 def render_site_mirror_config(port: int, root: str = SITE_MIRROR_ROOT) -> str:

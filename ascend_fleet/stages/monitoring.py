@@ -21,11 +21,10 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.facts.ascend import HttpAnswer
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.node import npu_metrics
-from ascend_fleet.node_layout import (
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.node_os import NodeOs
+from ascend_fleet.core.node_layout import (
     NGINX_STATUS_CONFIG,
     NPU_METRICS_PROGRAM,
     NPU_METRICS_UNIT,
@@ -35,13 +34,14 @@ from ascend_fleet.node_layout import (
     TEXTFILE_DIR,
     unit_file,
 )
-from ascend_fleet.node_os import NodeOs
+from ascend_fleet.core.service_ports import NGINX_EXPORTER_PORT, NGINX_STATUS_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
+from ascend_fleet.core.templating import render
+from ascend_fleet.facts.ascend import HttpAnswer
+from ascend_fleet.node import npu_metrics
 from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.gateway import nginx_config
-from ascend_fleet.service_ports import NGINX_EXPORTER_PORT, NGINX_STATUS_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
 from ascend_fleet.stages.context import host_os, os_packages
-from ascend_fleet.templating import render
 
 MONITORING_TEMPLATES = TEMPLATES / "monitoring"
 PROMETHEUS_READY_SECONDS = 60

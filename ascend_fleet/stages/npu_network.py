@@ -12,12 +12,12 @@ import time
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.per_run import once_per_run
 from ascend_fleet.facts.hccn import HCCN_TOOL, NpuNicConfig, NpuNicHealth, NpuPings
-from ascend_fleet.fleet import npu_peer_group, npu_peers
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.fleet.plan import npu_peer_group, npu_peers
 from ascend_fleet.operations import gates, hccn
-from ascend_fleet.per_run import once_per_run
 
 # A NIC whose address was just set brings its link up and probes its netdetect address within seconds.
 SETTLE_SECONDS = 30

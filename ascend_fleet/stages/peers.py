@@ -20,8 +20,11 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.per_run import fact_of_the_run, once_per_run, profile_of_the_run
+from ascend_fleet.core.node_layout import PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
+from ascend_fleet.core.templating import render
 from ascend_fleet.node.peer_wheels import PEER_WHEELS_PATH
 from ascend_fleet.node.stage_weights import (
     INCOMING_DIR_NAME,
@@ -30,12 +33,9 @@ from ascend_fleet.node.stage_weights import (
     PEER_RECEIVING_PATH,
     PEER_STAGING_PATH,
 )
-from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_CONFIG, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
-from ascend_fleet.per_run import fact_of_the_run, once_per_run, profile_of_the_run
 from ascend_fleet.stages.context import nginx_installed
-from ascend_fleet.templating import render
 
 # Workers of the run that ask the origin for the model, each for its share: the others take it from
 # peers (node/stage_weights/spread.py says why not every worker). bench-weights, ratio of all

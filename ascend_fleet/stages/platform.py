@@ -9,13 +9,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from ascend_fleet import FILES
-from ascend_fleet.bundle_layout import VENDOR_DIR
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.config.profile import Profile
+from ascend_fleet.core.bundle_layout import VENDOR_DIR
+from ascend_fleet.core.node_layout import INSTALL_LOG
 from ascend_fleet.facts.ascend import AscendDriver, NpuStatus, RunningFirmware
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig
-from ascend_fleet.node_layout import INSTALL_LOG
 from ascend_fleet.operations import accounts, gates, reboot, vendor
-from ascend_fleet.profile import Profile
 from ascend_fleet.stages.context import (
     host_arch,
     host_os,
@@ -34,16 +34,16 @@ DRIVER_NOT_LOADED = "dcmi module initialize failed"
 def fetch_packages(profile: Profile, kinds: list[str]) -> dict[str, str]:
     """Put the profile's packages of these kinds on the node, verified; kind -> file name. Over the
     fleet, each package comes from a peer that verified it; its seeder asks the origin only if none did."""
+    config = host_node_config(host)
     names = {kind: name for kind, name in profile.vendor_files(host_arch()).items() if kind in kinds}
     spreads = {name: spread_of_package(host.name, name) for name in names.values()}
     if any(spreads.values()):
-        peer_server(host_node_config(host))
+        peer_server(config)
     for name, spread in spreads.items():
-        bundle_dir = host_node_config(host).bundle_dir
-        if bundle_dir:  # the site's bundle holds every package, checked against the profile when it was made
-            source = {"local_path": str(Path(bundle_dir) / VENDOR_DIR / name)}
+        if config.bundle_dir:  # the site's bundle holds every package, checked against the profile when it was made
+            source = {"local_path": str(Path(config.bundle_dir) / VENDOR_DIR / name)}
         elif profile.packages.source == "mirror":
-            source = {"url": f"{host.data.vendor_mirror_url}/{name}"}
+            source = {"url": f"{config.vendor_mirror_url}/{name}"}
         else:
             source = {"local_path": str(FILES / name)}
         sha256 = profile.sha256_of(name)
@@ -145,7 +145,7 @@ def driver_stage() -> None:
     if reboots:
         reboot.rebooted(name="Reboot to load the new driver and firmware", why="to load the new driver and firmware",
                         reboot_timeout=config.reboot_timeout)
-    expected = int(host.data.npu_count)
+    expected = config.npu_count
     gates.passed(name="Every NPU listed and healthy", description=f"{expected} NPUs listed, all healthy",
                  find_problem=lambda: npu_problem(expected))
 

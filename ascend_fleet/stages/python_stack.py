@@ -6,12 +6,12 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import pip
 
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.profile import Profile, from_one_index
 from ascend_fleet.facts.ascend import PipCheck, VenvPython
-from ascend_fleet.host_config import host_node_config
+from ascend_fleet.fleet.profile_lock import node_lock
 from ascend_fleet.operations import gates, python_stack
 from ascend_fleet.operations.vendor import toolkit_env_scripts
-from ascend_fleet.profile import Profile, from_one_index
-from ascend_fleet.profile_lock import node_lock
 from ascend_fleet.stages.context import (
     host_arch,
     host_os,
@@ -79,6 +79,6 @@ def python_stage() -> None:
     gates.passed(name="pip check: only the complaints upstream accepts",
                  description=f"`pip check` names only what profile {profile.name} accepts",
                  find_problem=lambda: pip_check_problem(venv, profile))
-    expected = int(host.data.npu_count)
+    expected = config.npu_count
     gates.passed(name="torch_npu sees every NPU", description=f"torch.npu.is_available(), {expected} devices",
                  find_problem=lambda: torch_npu_problem(venv, expected))

@@ -13,14 +13,13 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
-from ascend_fleet.facts.systemd import InstanceDevices, InstanceEnvironments, UnitState
-from ascend_fleet.fleetstate import FleetState, backend_key, counts_as_served
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import Instance, NodeConfig
-from ascend_fleet.multi_node import DataParallelRole
-from ascend_fleet.node import route_watch
-from ascend_fleet.node_layout import (
+from ascend_fleet.config.credentials import API_KEY_NAME, api_key, env_lines, hub_tokens
+from ascend_fleet.config.fleetstate import FleetState, backend_key, counts_as_served
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import Instance, NodeConfig
+from ascend_fleet.config.per_run import once_per_run
+from ascend_fleet.config.profile import Profile
+from ascend_fleet.core.node_layout import (
     GATEWAY_API_KEY_FILE,
     HUB_TOKENS_FILE,
     INSTANCE_ENV_DIR,
@@ -42,13 +41,16 @@ from ascend_fleet.node_layout import (
     revision_dir,
     unit_file,
 )
+from ascend_fleet.core.templating import render
+from ascend_fleet.facts.systemd import InstanceDevices, InstanceEnvironments, UnitState
+from ascend_fleet.fleet.gateway_routes import fleet_backends, leave_routing_seconds, routes_document
+from ascend_fleet.fleet.multi_node import DataParallelRole
+from ascend_fleet.fleet.probes import answers_in_deploy, instance_queries, judge_instance
+from ascend_fleet.fleet.vllm_router import router_routes
+from ascend_fleet.fleet.vllm_serve import SHUTDOWN_DRAIN_SECONDS, vllm_args
+from ascend_fleet.node import route_watch
 from ascend_fleet.operations import accounts, gates, gateway, placed, private, served, units, weights
-from ascend_fleet.per_run import once_per_run
-from ascend_fleet.planner import MODELSLIM_DESCRIPTION
-from ascend_fleet.probes import answers_in_deploy, instance_queries, judge_instance
-from ascend_fleet.profile import Profile
-from ascend_fleet.router import router_routes
-from ascend_fleet.routes import fleet_backends, leave_routing_seconds, routes_document
+from ascend_fleet.sizing.planner import MODELSLIM_DESCRIPTION
 from ascend_fleet.stages.context import (
     data_parallel_role,
     data_parallel_roles,
@@ -59,13 +61,11 @@ from ascend_fleet.stages.context import (
 )
 from ascend_fleet.stages.peers import fleet_spread, peer_server
 from ascend_fleet.stages.platform import npu_problem
-from ascend_fleet.stages.router import router_stage
-from ascend_fleet.templating import render
-from ascend_fleet.vllm_cli import SHUTDOWN_DRAIN_SECONDS, vllm_args
+from ascend_fleet.stages.vllm_router import router_stage
 
 # A 72B model takes about 8 minutes to load on 4 cards (field notes); leave room for bigger ones.
 START_TIMEOUT_SECONDS = 1800
-# Past vLLM's own drain (--shutdown-timeout, vllm_cli.py), systemd kills what is left.
+# Past vLLM's own drain (--shutdown-timeout, vllm_serve.py), systemd kills what is left.
 STOP_TIMEOUT_SECONDS = SHUTDOWN_DRAIN_SECONDS + 10
 START_LIMIT = {"start_limit_burst": 3, "start_limit_interval": 900}
 
@@ -296,7 +296,7 @@ def retire_instances(config: NodeConfig) -> None:
 
 
 def routes_text(config: NodeConfig) -> str:
-    """The gateway's routes file (routes.py) over the instances that have served, as the fleet state has them now."""
+    """The gateway's routes file (fleet/gateway_routes.py) over the instances that have served, as the fleet state has them now."""
     backends = fleet_backends(inventory, data_parallel_roles(), FleetState(config.fleet_state_dir))
     document = routes_document(config, backends, router=router_routes(config.gateway.routing))
     return json.dumps(document, indent=1) + "\n"

@@ -1,5 +1,5 @@
 """Stage: the gateways' virtual address. keepalived on every gateway when the data gives gateway_vip
-(ascend_fleet/gateway.py says how it moves and why), after nginx serves: its track script asks nginx.
+(ascend_fleet/fleet/virtual_address.py says how it moves and why), after nginx serves: its track script asks nginx.
 Data without gateway_vip on a gateway that had one stops keepalived (the address goes with it) and
 removes the config this stage wrote; the package stays."""
 
@@ -10,9 +10,9 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile
 from pyinfra.operations import files, systemd
 
-from ascend_fleet.gateway import KEEPALIVED_SERVICE, WRITTEN_BY, keepalived_config, notify_program
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.node_layout import KEEPALIVED_CONFIG, KEEPALIVED_NOTIFY_PROGRAM, VIRTUAL_ADDRESS_TEXTFILE
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.core.node_layout import KEEPALIVED_CONFIG, KEEPALIVED_NOTIFY_PROGRAM, VIRTUAL_ADDRESS_TEXTFILE
+from ascend_fleet.fleet.virtual_address import KEEPALIVED_SERVICE, WRITTEN_BY, keepalived_config, notify_program
 from ascend_fleet.operations import gates, placed
 from ascend_fleet.operations.config import checked_config
 from ascend_fleet.stages.context import host_os, os_packages

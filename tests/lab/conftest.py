@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.bench import BENCH_VENV, bench_venv_ready
+from ascend_fleet.control.bench import BENCH_VENV, bench_venv_ready
+from ascend_fleet.core.node_layout import instance_unit
 from ascend_fleet.lab import lab as lab_api
 from ascend_fleet.lab.spec import DEFAULT_LAB_DIR
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.node_layout import instance_unit
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -17,10 +17,10 @@ from urllib.parse import unquote
 
 import pytest
 
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import PACKAGE_DIR, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.lab.mirror import mirror_root
-from ascend_fleet.node_layout import PACKAGE_DIR, PEER_SERVER_LOG, WHEEL_DIR
 from ascend_fleet.operations.vendor import PEER_PACKAGES_PATH
-from ascend_fleet.profile import load_profile
 
 pytestmark = pytest.mark.lab
 

@@ -10,9 +10,9 @@ import runpy
 
 import pytest
 
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import GATEWAY_CONFIG, instance_unit
 from ascend_fleet.lab.lab import fleet_state_dir
-from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_unit
-from ascend_fleet.profile import load_profile
 from tests.lab.conftest import PROJECT, Lab, needs_bench_venv
 
 pytestmark = [pytest.mark.lab, needs_bench_venv]

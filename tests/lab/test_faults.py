@@ -20,7 +20,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from ascend_fleet.node_layout import (
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import (
     DEEP_VERIFY_NAME,
     GATEWAY_CONFIG,
     MARKER_NAME,
@@ -29,7 +30,6 @@ from ascend_fleet.node_layout import (
     WEIGHTS_STAGER,
     instance_unit,
 )
-from ascend_fleet.profile import load_profile
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 from tests.lab.test_full_deploy import chat_through_gateway, restore_hardware, rewrite_hardware, totals, unit_starts
 

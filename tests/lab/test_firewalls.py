@@ -15,10 +15,10 @@ from contextlib import contextmanager
 
 import pytest
 
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import FIREWALL_UNIT, instance_env_file, instance_unit
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.node_layout import FIREWALL_UNIT, instance_env_file, instance_unit
-from ascend_fleet.planner import VLLM_PORT_SPAN
-from ascend_fleet.profile import load_profile
+from ascend_fleet.sizing.planner import VLLM_PORT_SPAN
 from ascend_fleet.stages.monitoring import NGINX_EXPORTER_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
 from tests.lab.conftest import ALL_AT_ONCE, Lab
 from tests.lab.test_full_deploy import totals

@@ -23,13 +23,9 @@ import requests
 from packaging.utils import canonicalize_name
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.bundle_layout import MANIFEST
-from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
-from ascend_fleet.lab.inventory import lab_groups
-from ascend_fleet.lab.mirror import locks_dir
-from ascend_fleet.lab.publish import VENV_TOOLS
-from ascend_fleet.lab.pyinfra_totals import totals
-from ascend_fleet.node_layout import (
+from ascend_fleet.config.profile import PipBuild, load_profile
+from ascend_fleet.core.bundle_layout import MANIFEST
+from ascend_fleet.core.node_layout import (
     CONFIG_DIR,
     FIREWALL_UNIT,
     GATEWAY_CONFIG,
@@ -39,10 +35,14 @@ from ascend_fleet.node_layout import (
     SERVICE_ENV_FILE,
     instance_unit,
 )
+from ascend_fleet.core.templating import render
+from ascend_fleet.facts.hccn import HCCN_CONF, HCCN_TOOL
+from ascend_fleet.fleet.profile_lock import node_lock
+from ascend_fleet.lab.inventory import lab_groups
+from ascend_fleet.lab.mirror import locks_dir
+from ascend_fleet.lab.publish import VENV_TOOLS
+from ascend_fleet.lab.pyinfra_totals import totals
 from ascend_fleet.operations.python_stack import satisfies
-from ascend_fleet.profile import PipBuild, load_profile
-from ascend_fleet.profile_lock import node_lock
-from ascend_fleet.templating import render
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab
 
 pytestmark = pytest.mark.lab

@@ -10,9 +10,9 @@ import shlex
 
 import pytest
 
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import MANIFEST_NAME
 from ascend_fleet.lab.spec import DEFAULT_PROFILES
-from ascend_fleet.node_layout import MANIFEST_NAME
-from ascend_fleet.profile import load_profile
 from tests.lab.conftest import TEST_LAB_DIR, TEST_NET, Lab, require_root
 from tests.lab.test_sim_platform import (
     APT_LISTS,

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from ascend_fleet.node_layout import NPU_METRICS_UNIT, PROMETHEUS_CONFIG, instance_unit
+from ascend_fleet.core.node_layout import NPU_METRICS_UNIT, PROMETHEUS_CONFIG, instance_unit
 from tests.lab.conftest import Lab
 
 pytestmark = pytest.mark.lab

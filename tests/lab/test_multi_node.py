@@ -19,9 +19,9 @@ import time
 import pytest
 import requests
 
+from ascend_fleet.control.loadgen import LoadGenerator
+from ascend_fleet.core.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from ascend_fleet.facts.hccn import HCCN_TOOL
-from ascend_fleet.loadgen import LoadGenerator
-from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit
 from tests.lab.conftest import PROJECT, Lab
 from tests.lab.test_firewalls import connect, engine_ports, listening
 from tests.lab.test_full_deploy import planned_host_data, totals
@@ -117,7 +117,7 @@ def test_the_heads_engine_ports_are_the_ones_the_plan_reserves(lab, deployed):
 
 
 def test_the_heads_hccl_ports_answer_the_hosts_of_its_instance_only(lab, deployed):
-    """The firewall (ascend_fleet/firewall.py): the head's HCCL range answers its member, not the other
+    """The firewall (ascend_fleet/fleet/firewall.py): the head's HCCL range answers its member, not the other
     instance's hosts."""
     port = engine_ports(lab, "worker1")["HCCL"]
     with listening(lab, "worker1", port):

@@ -15,8 +15,8 @@ import re
 
 import pytest
 
+from ascend_fleet.core.node_layout import SYSTEMD_STATE_ROOT
 from ascend_fleet.lab.nodes import KERNEL_RELEASE_FILE
-from ascend_fleet.node_layout import SYSTEMD_STATE_ROOT
 from tests.lab.conftest import brought_up, module_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.core.node_layout import FLEET_LEASE_DIR, GATEWAY_CONFIG
 from ascend_fleet.lab.lab import node_dir, ssh_argv
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.node_layout import FLEET_LEASE_DIR, GATEWAY_CONFIG
 from tests.lab.conftest import BIN, PROJECT, Lab
 
 pytestmark = pytest.mark.lab

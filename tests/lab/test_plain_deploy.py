@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from ascend_fleet.loadgen import LoadGenerator
+from ascend_fleet.control.loadgen import LoadGenerator
 from tests.lab.conftest import Lab, down_windows
 
 pytestmark = pytest.mark.lab

@@ -23,9 +23,9 @@ import pytest
 import requests
 import yaml
 
-from ascend_fleet import vllm_cpu
-from ascend_fleet.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
-from ascend_fleet.profile import load_profile, profile_path
+from ascend_fleet.config.profile import load_profile, profile_path
+from ascend_fleet.control import vllm_cpu
+from ascend_fleet.core.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
 from tests.known_breakages import GUIDE_ONLY_0_23_0
 from tests.lab.conftest import PROJECT, Lab, brought_up, module_lab, needs_bench_venv
 

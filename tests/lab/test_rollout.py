@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from ascend_fleet.control.loadgen import LoadGenerator
+from ascend_fleet.core.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit, unit_file
 from ascend_fleet.lab.lab import fleet_state_dir
-from ascend_fleet.loadgen import LoadGenerator
-from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_env_file, instance_unit, unit_file
 from tests.lab.conftest import ALL_AT_ONCE, INSTANCES, PROJECT, Lab, down_windows
 
 pytestmark = pytest.mark.lab

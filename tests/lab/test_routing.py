@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from ascend_fleet.loadgen import LoadGenerator
-from ascend_fleet.node_layout import GATEWAY_CONFIG, ROUTE_WATCH_STATE, ROUTES_FILE, instance_unit
+from ascend_fleet.control.loadgen import LoadGenerator
+from ascend_fleet.core.node_layout import GATEWAY_CONFIG, ROUTE_WATCH_STATE, ROUTES_FILE, instance_unit
 from tests.lab.conftest import PROJECT, Lab
 from tests.lab.test_full_deploy import restore_hardware, rewrite_hardware
 from tests.lab.test_monitoring import FAST, firing, wait_for

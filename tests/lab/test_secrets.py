@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from ascend_fleet.loadgen import LoadGenerator
-from ascend_fleet.node_layout import (
+from ascend_fleet.control.loadgen import LoadGenerator
+from ascend_fleet.core.node_layout import (
     CONFIG_DIR,
     FIREWALL_RULES_FILE,
     FIREWALL_UNIT,

@@ -11,7 +11,7 @@ import runpy
 import pytest
 import requests
 
-from ascend_fleet.node_layout import instance_unit
+from ascend_fleet.core.node_layout import instance_unit
 from tests.lab.conftest import INSTANCES, PROJECT, Lab
 
 pytestmark = pytest.mark.lab

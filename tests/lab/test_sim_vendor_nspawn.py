@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from ascend_fleet.core.node_layout import unit_file
 from ascend_fleet.lab.base import base_image
 from ascend_fleet.lab.sim.vendor import VendorVersions, preinstall_driver, publish_vendor_packages
 from ascend_fleet.lab.spec import LabSpec
-from ascend_fleet.node_layout import unit_file
 
 pytestmark = pytest.mark.lab
 

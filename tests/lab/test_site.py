@@ -33,15 +33,15 @@ import time
 import pytest
 import requests
 
+from ascend_fleet.config.node_os import node_os
+from ascend_fleet.control.loadgen import RequestResult, stream_chat
+from ascend_fleet.core.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, FIREWALL_UNIT, GATEWAY_CONFIG
 from ascend_fleet.lab import lab as lab_api
 from ascend_fleet.lab import rpmrepo
 from ascend_fleet.lab.lab import ssh_dir
 from ascend_fleet.lab.rpmrepo import STANDINS
 from ascend_fleet.lab.spec import SITE_MIRROR_PORT
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.loadgen import RequestResult, stream_chat
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, FIREWALL_UNIT, GATEWAY_CONFIG
-from ascend_fleet.node_os import node_os
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab, brought_up, module_lab, needs_bench_venv
 from tests.lab.test_bench import BENCH_TIMEOUT_SECONDS, SMALL_RUN
 from tests.lab.test_full_deploy import assert_the_workers_hold_exactly_the_lock, changed_operations, totals

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ascend_fleet.node_layout import instance_unit
-from ascend_fleet.profile import load_profile
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import instance_unit
 from tests.lab.conftest import BIN, PROJECT, TEST_NET, Lab
 from tests.lab.test_monitoring import wait_for
 

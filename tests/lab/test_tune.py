@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.control.loadgen import LoadGenerator
+from ascend_fleet.core.node_layout import GATEWAY_CONFIG, instance_unit
 from ascend_fleet.lab.lab import fleet_state_dir
-from ascend_fleet.loadgen import LoadGenerator
-from ascend_fleet.node_layout import GATEWAY_CONFIG, instance_unit
 from tests.lab.conftest import BIN, PROJECT, Lab, needs_bench_venv
 
 pytestmark = [pytest.mark.lab, needs_bench_venv]

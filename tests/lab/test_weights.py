@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from ascend_fleet.core.model_tree import publish_model
+from ascend_fleet.core.node_layout import MANIFEST_NAME, MARKER_NAME
 from ascend_fleet.lab.sim.tinymodel import build_tiny_model
-from ascend_fleet.model_tree import publish_model
-from ascend_fleet.node_layout import MANIFEST_NAME, MARKER_NAME
 
 pytestmark = pytest.mark.lab
 

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
+from ascend_fleet.core.model_tree import publish_model
+from ascend_fleet.core.node_layout import MANIFEST_NAME, PEER_SERVER_LOG
 from ascend_fleet.lab.lab import ssh_argv
 from ascend_fleet.lab.nodes import node_dir
 from ascend_fleet.lab.shaping import clear_links, limit_links
 from ascend_fleet.lab.sim.tinymodel import build_tiny_model
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.model_tree import publish_model
-from ascend_fleet.node_layout import MANIFEST_NAME, PEER_SERVER_LOG
 from tests.lab.conftest import BIN, PROJECT
 
 pytestmark = pytest.mark.lab

@@ -23,17 +23,17 @@ from pyinfra.api import State
 from rich.console import Console
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.bundle import build_bundle, coverage_refusal, os_coverage_refusal, rpms_lacking, verify_bundle
-from ascend_fleet.bundle_layout import MANIFEST
-from ascend_fleet.fleet_check import inventory_problems
+from ascend_fleet.config.node_os import node_os
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.bundle_layout import MANIFEST
+from ascend_fleet.core.model_tree import read_manifest
+from ascend_fleet.core.package_index import file_sha256, write_simple_index
+from ascend_fleet.fleet.bundle import build_bundle, coverage_refusal, os_coverage_refusal, rpms_lacking, verify_bundle
+from ascend_fleet.fleet.check import inventory_problems
+from ascend_fleet.fleet.os_repository import DEB_ARCH, fleet_packages
+from ascend_fleet.fleet.profile_check import pip_environment
 from ascend_fleet.lab import rpmrepo
 from ascend_fleet.lab.publish import publish_python_packages, publish_tiny_model, publish_vendor_files
-from ascend_fleet.model_tree import read_manifest
-from ascend_fleet.node_os import node_os
-from ascend_fleet.os_repository import DEB_ARCH, fleet_packages
-from ascend_fleet.package_index import file_sha256, write_simple_index
-from ascend_fleet.profile import load_profile
-from ascend_fleet.profile_check import pip_environment
 from ascend_fleet.stages.mirror import render_site_mirror_config
 
 pytestmark = pytest.mark.network  # the lab mirror's real wheels come from PyPI once (the wheelhouse cache)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
 from ascend_fleet.lab import mirror
 from tests.lab import conftest
 from tests.lab.conftest import FAILURE_TAIL, Lab

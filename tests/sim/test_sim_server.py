@@ -23,11 +23,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.numpy import save_file
 
+from ascend_fleet.config.profile import available_profiles, load_profile
+from ascend_fleet.core.vllm_metrics import parse_metrics
 from ascend_fleet.lab.sim.tinymodel import build_tiny_qwen35_moe
 from ascend_fleet.lab.sim.wheels import OPTIONS_DIR, build_standin_wheels
-from ascend_fleet.planner import MODELSLIM_DESCRIPTION
-from ascend_fleet.profile import available_profiles, load_profile
-from ascend_fleet.vllm_metrics import parse_metrics
+from ascend_fleet.sizing.planner import MODELSLIM_DESCRIPTION
 
 VLLM_VERSION = "0.13.0"
 CANN_VERSION = "8.5.0"  # vllm-ascend 0.13.0's (profile vllm-ascend-0.13.0): its HCCL takes 32 ports

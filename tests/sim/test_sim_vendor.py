@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.config.profile import available_profiles, load_profile
 from ascend_fleet.lab.sim import vendor
 from ascend_fleet.lab.sim.vendor import VendorVersions, publish_vendor_packages
-from ascend_fleet.profile import available_profiles, load_profile
 
 sim = vendor.sim
 installer = vendor.payload_module("ascend_sim_install")

@@ -18,7 +18,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.profile_check import Platform, pip_environment
+from ascend_fleet.fleet.profile_lock import Dist, pip_check
 from ascend_fleet.lab.base import node_platforms
 from ascend_fleet.lab.sim import real_metadata
 from ascend_fleet.lab.sim.real_metadata import PYPI_INDEX, PYTORCH_CPU_INDEX, find, load_record, standin_basis
@@ -34,8 +36,6 @@ from ascend_fleet.lab.sim.wheels import (
     left_out,
     write_wheel,
 )
-from ascend_fleet.profile_check import Platform, pip_environment
-from ascend_fleet.profile_lock import Dist, pip_check
 from ascend_fleet.stages.python_stack import TORCH_NPU_PROBE
 
 PROFILE = {"torch_npu": "2.7.1.post1", "vllm_ascend": "0.11.0", "vllm": "0.11.0"}
@@ -474,7 +474,7 @@ def deploy_steps(steps, venv: Path, index: str) -> None:
 
 @pytest.fixture(scope="module")
 def x86_index(tmp_path_factory) -> str:
-    from ascend_fleet.profile import load_profile
+    from ascend_fleet.config.profile import load_profile
     directory = tmp_path_factory.mktemp("lab-index")
     placeholder_wheels(build_lab_standins(directory, "x86_64"), directory)
     return simple_index(directory, [r for step in load_profile("lab").install_steps() for r in step.requirements])
@@ -493,7 +493,7 @@ def venv_state(venv: Path) -> tuple[dict[str, str], str, list[str]]:
 def test_the_lab_x86_64_steps_leave_triton_ascends_build_alone_in_site_packages_triton(x86_index, tmp_path):
     """x86_64 torch (vllm's 2.10.0) brings CUDA triton 3.6.0 (real Requires-Dist); upstream's order removes it
     before triton-ascend goes in, puts the builds over the pins, and pip check names only what it accepts."""
-    from ascend_fleet.profile import load_profile
+    from ascend_fleet.config.profile import load_profile
     profile = load_profile("lab")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -522,7 +522,7 @@ def installed_metadata(venv: Path) -> dict[str, Dist]:
 def test_removing_cuda_triton_after_triton_ascend_deletes_triton_ascends_files(x86_index, tmp_path):
     """Why upstream's order: an uninstall of triton at the end (as a plain `pip.remove` would run it) leaves
     triton-ascend listed but `import triton` failing."""
-    from ascend_fleet.profile import PipRemoval, PipStep, load_profile
+    from ascend_fleet.config.profile import PipRemoval, PipStep, load_profile
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     installs = [s for s in load_profile("lab").node_steps("x86_64") if isinstance(s, PipStep)]
@@ -537,7 +537,7 @@ def test_the_lab_profiles_builds_are_its_standins_by_sha256(lab_standins):
     stand-in fails here with the lines to paste."""
     import hashlib
 
-    from ascend_fleet.profile import OverrideStep, load_profile
+    from ascend_fleet.config.profile import OverrideStep, load_profile
     arch, wheels = lab_standins
     built = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}
     pinned = {build.file: build.sha256 for step in load_profile("lab").pip.install if isinstance(step, OverrideStep)
@@ -552,7 +552,7 @@ def test_the_lab_previous_x86_64_steps_leave_only_what_its_row_accepts_and_no_cu
     """The stack gate's pip check runs for every profile: lab-previous (the 0.11.0 row) leaves vllm 0.11.0's
     CUDA-era pins broken, as vllm-ascend-0.11.0 accepts, and its uninstall takes out the CUDA triton that
     vllm's x86_64 torch 2.8.0 brought (Dockerfile:51-53 at v0.11.0)."""
-    from ascend_fleet.profile import load_profile
+    from ascend_fleet.config.profile import load_profile
     profile = load_profile("lab-previous")
     directory = tmp_path_factory.mktemp("lab-previous-index")
     placeholder_wheels(build_lab_standins(directory, "x86_64"), directory)
@@ -573,7 +573,7 @@ def test_the_0_23_0_rows_steps_over_the_guides_virtualenv_leave_triton_ascend_al
     """The guide's two steps (tests/known_breakages.py's GUIDE_ONLY_0_23_0) leave CUDA triton 3.6.0 (torch
     2.11.0's) beside triton-ascend 3.2.2; lab-0.23.0's steps run over that, step by step as on a node without the
     profile's lock, uninstall both and put triton-ascend back alone (Dockerfile@v0.23.0:70-71)."""
-    from ascend_fleet.profile import InstallStep, load_profile
+    from ascend_fleet.config.profile import InstallStep, load_profile
     from tests.known_breakages import GUIDE_ONLY_0_23_0
     profile = load_profile("lab-0.23.0")
     guide = profile.model_copy(update={"pip": profile.pip.model_copy(update={

@@ -11,6 +11,9 @@ import pytest
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
+from ascend_fleet.core.model_tree import publish_model, read_manifest
+from ascend_fleet.core.node_layout import MANIFEST_NAME
+from ascend_fleet.core.package_index import file_sha256 as sha256_file
 from ascend_fleet.lab.sim.tinymodel import (
     INDEX_NAME,
     QWEN_PRETOKENIZE_REGEX,
@@ -18,9 +21,6 @@ from ascend_fleet.lab.sim.tinymodel import (
     build_tiny_model,
     build_tiny_qwen35_moe,
 )
-from ascend_fleet.model_tree import publish_model, read_manifest
-from ascend_fleet.node_layout import MANIFEST_NAME
-from ascend_fleet.package_index import file_sha256 as sha256_file
 
 # What HF Qwen3ForCausalLM (and vLLM's loader for it) expects for each decoder layer.
 QWEN3_LAYER_TENSORS = {
@@ -206,7 +206,7 @@ def test_the_tiny_qwen35_is_hybrid_moe_with_an_mtp_layer_in_msmodelslim_w8a8_for
     """What the planner and vllm-ascend read of it: three delta-net layers to one full-attention layer,
     routed and shared experts, one MTP layer; int8 matrices each with scale and offset, as the
     description says, and the rest float."""
-    from ascend_fleet.planner import MODELSLIM_DESCRIPTION, ModelShape, modelslim_scheme
+    from ascend_fleet.sizing.planner import MODELSLIM_DESCRIPTION, ModelShape, modelslim_scheme
 
     model = build_tiny_qwen35_moe(tmp_path)
     config = read_json(model / "config.json")

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.hostdata import node_config
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.fleet.profile_check import Platform, pip_environment
+from ascend_fleet.fleet.profile_lock import ROUTER_GLIBC, router_lock_path
+from ascend_fleet.fleet.vllm_router import router_arguments, router_routes
 from ascend_fleet.node import router_api
-from ascend_fleet.profile import load_profile
-from ascend_fleet.profile_check import Platform, pip_environment
-from ascend_fleet.profile_lock import ROUTER_GLIBC, router_lock_path
-from ascend_fleet.router import router_arguments, router_routes
 
 pytestmark = pytest.mark.network  # the router's wheels come from PyPI on the first run
 

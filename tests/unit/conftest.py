@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ascend_fleet import fleetlease
-from ascend_fleet.node_layout import FLEET_LEASE_DIR
+from ascend_fleet.config import fleetlease
+from ascend_fleet.core.node_layout import FLEET_LEASE_DIR
 
 
 @dataclass

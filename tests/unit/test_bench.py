@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ascend_fleet.bench import BenchOptions, Target, bench_command, fetch_tokenizer, judge, parse_slo, render
-from ascend_fleet.errors import FleetError
-from ascend_fleet.hostdata import node_config
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.control.bench import BenchOptions, Target, bench_command, fetch_tokenizer, judge, parse_slo, render
+from ascend_fleet.core.errors import FleetError
 
 WORKER = {"profile": "lab", "chip": "910B3", "npu_count": 8, "nvme_mount": "/mnt/nvme", "tensor_parallel_size": 4,
           "serving": {"max_model_len": 2048, "gpu_memory_utilization": 0.9},
@@ -104,12 +104,12 @@ def test_a_result_keeps_its_load_so_a_later_run_sends_the_same(tmp_path):
     options = BenchOptions(num_prompts=24, request_rate=float("inf"), max_concurrency=8, input_len=64, output_len=32)
     result = {"ascend_fleet": {"bench": {**options.to_dict(), "command": ["vllm", "bench", "serve"]}}}
     assert BenchOptions.of_result(json.loads(json.dumps(result)), tmp_path / "b.json") == options
-    with pytest.raises(FleetError, match="no ascend_fleet.bench section; make the baseline with `ascend-fleet bench`"):
+    with pytest.raises(FleetError, match="no ascend_fleet.control.bench section; make the baseline with `ascend-fleet bench`"):
         BenchOptions.of_result({"completed": 3}, tmp_path / "b.json")
 
 
 def test_a_bench_gate_names_each_metric_that_regressed_past_the_threshold():
-    from ascend_fleet.bench import parse_share, regressions
+    from ascend_fleet.control.bench import parse_share, regressions
 
     baseline = {"failed": 0, "output_throughput": 400.0, "p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0,
                 "request_goodput": None}
@@ -131,7 +131,7 @@ def test_a_bench_gate_names_each_metric_that_regressed_past_the_threshold():
 NEEDS_BENCH_VENV = """
 import sys, time
 from pathlib import Path
-from ascend_fleet import bench
+from ascend_fleet.control import bench
 
 def build(venv, find_links):
     with open(sys.argv[1], "a") as log:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from ascend_fleet.bundle import os_coverage_refusal
-from ascend_fleet.bundle_layout import MANIFEST
-from ascend_fleet.hostdata import NodeConfig, node_config
-from ascend_fleet.node_os import node_os
-from ascend_fleet.os_repository import fleet_packages
+from ascend_fleet.config.hostdata import NodeConfig, node_config
+from ascend_fleet.config.node_os import node_os
+from ascend_fleet.core.bundle_layout import MANIFEST
+from ascend_fleet.fleet.bundle import os_coverage_refusal
+from ascend_fleet.fleet.os_repository import fleet_packages
 
 DEBIAN = node_os("Debian", "12")
 

@@ -119,7 +119,7 @@ def test_a_lab_subnet_that_is_no_private_network_is_one_line_exit_2_and_nothing_
     from typer.testing import CliRunner
 
     from ascend_fleet.cli import build_app
-    from ascend_fleet.errors import InputError
+    from ascend_fleet.core.errors import InputError
     from ascend_fleet.lab import lab
 
     made = []

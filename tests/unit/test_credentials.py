@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 
-from ascend_fleet.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.credentials import SECRETS_FILE_VARIABLE, api_headers, control_credentials, env_lines
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import CONFIG_DIR, HUB_TOKENS_FILE, instance_home
 from ascend_fleet.facts.ascend import HttpAnswer, HttpAnswers
 from ascend_fleet.facts.files import FileState
-from ascend_fleet.node_layout import CONFIG_DIR, HUB_TOKENS_FILE, instance_home
 from ascend_fleet.operations.private import private_file
 from tests.fakehost import FakeHost
 from tests.fakehost import commands as operation_commands

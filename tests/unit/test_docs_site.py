@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet.cli import COMMANDS
-from ascend_fleet.hostdata import NodeConfig
+from ascend_fleet.config.hostdata import NodeConfig
 from ascend_fleet.stages.monitoring import MONITORING_TEMPLATES
 
 REPOSITORY = Path(__file__).resolve().parents[2]

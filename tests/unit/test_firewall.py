@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import firewall
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.core.errors import FleetError
 from ascend_fleet.facts.firewall import NftTableComment
-from ascend_fleet.fleet import load_inventory
-from ascend_fleet.fleet_check import fleet_problems
-from ascend_fleet.host_config import host_node_config
+from ascend_fleet.fleet import firewall
+from ascend_fleet.fleet.check import fleet_problems
+from ascend_fleet.fleet.plan import load_inventory
 from ascend_fleet.stages.monitoring import NGINX_EXPORTER_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
 
 PROJECT = Path(__file__).resolve().parents[2]

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.cli import build_app
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import check_fleet, fleet_node_configs, fleet_roles, load_inventory, plan_fleet
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.plan import check_fleet, fleet_node_configs, fleet_roles, load_inventory, plan_fleet
+from ascend_fleet.fleet.vllm_serve import vllm_args
 from ascend_fleet.lab.spec import LabSpec
 from ascend_fleet.lab.state import LabState
-from ascend_fleet.vllm_cli import vllm_args
 
 MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
 QWEN25_72B = MODELS / "qwen2.5-72b-instruct"

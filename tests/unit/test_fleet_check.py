@@ -20,10 +20,11 @@ import pytest
 import yaml
 from pyinfra.api import State
 
-from ascend_fleet import PROFILES, PROJECT_ROOT, firewall, gateway
-from ascend_fleet.fleet import load_inventory, plan_fleet
-from ascend_fleet.fleet_check import fleet_problems, inventory_problems, merge_hosts, vendor_file_problems
-from ascend_fleet.profile import load_profile
+from ascend_fleet import PROFILES, PROJECT_ROOT
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.fleet import firewall, virtual_address
+from ascend_fleet.fleet.check import fleet_problems, inventory_problems, merge_hosts, vendor_file_problems
+from ascend_fleet.fleet.plan import load_inventory, plan_fleet
 
 BIN = Path(sys.executable).parent
 
@@ -52,7 +53,7 @@ def resolving(monkeypatch):
             raise socket.gaierror(-2, "Name or service not known")
         return [EXAMPLE_ADDRESSES[name]]
     monkeypatch.setattr(firewall, "resolve", resolve)
-    monkeypatch.setattr(gateway, "resolve", resolve)
+    monkeypatch.setattr(virtual_address, "resolve", resolve)
 
 
 def edit(path: Path, old: str, new: str) -> None:
@@ -261,3 +262,13 @@ def test_typed_serving_options_and_npu_env_are_one_line_before_any_connection(si
     rc, output = run(site, str(BIN / "ascend-fleet"), "check", "inventories/prod.py")
     assert rc == 2 and "Traceback" not in output and output.count("\n") == 1, output
     assert output.startswith("error: npu-01.example.internal, ") and f" more: {refusal}" in output, output
+
+
+def test_the_import_line_operators_copied_into_their_inventories_still_gives_the_check():
+    # The check lives in fleet/check.py since the layers became folders (issue 50); inventories copied
+    # from prod.py before that import it from ascend_fleet.fleet_check.
+    from ascend_fleet.fleet import check
+    from ascend_fleet.fleet_check import check_before_connecting
+    assert check_before_connecting is check.check_before_connecting
+    line = "from ascend_fleet.fleet_check import check_before_connecting"
+    assert line in (PROJECT_ROOT / "inventories" / "prod.py").read_text()

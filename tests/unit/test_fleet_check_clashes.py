@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from ascend_fleet import PROFILES, PROJECT_ROOT
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import load_inventory
-from ascend_fleet.fleet_check import fleet_problems
-from ascend_fleet.fleetlease import lease_of_deploy
-from ascend_fleet.hostdata import node_config
-from ascend_fleet.profile import load_profile
+from ascend_fleet.config.fleetlease import lease_of_deploy
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.check import fleet_problems
+from ascend_fleet.fleet.plan import load_inventory
 from tests.unit.test_fleet_check import BIN, edit, resolving, run  # noqa: F401 (resolving: a fixture)
 from tests.unit.test_hostdata import WORKER
 

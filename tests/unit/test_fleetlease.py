@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import fleetlease
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import load_inventory
-from ascend_fleet.fleetlease import LEASE_ENV, STALE_SECONDS, FleetLease, Holder, lease_of_deploy
-from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.node_layout import FLEET_LEASE_DIR
-from ascend_fleet.rollout import pyinfra_failure
+from ascend_fleet.config import fleetlease
+from ascend_fleet.config.fleetlease import LEASE_ENV, STALE_SECONDS, FleetLease, Holder, lease_of_deploy
+from ascend_fleet.config.fleetstate import FleetState
+from ascend_fleet.control.rollout import pyinfra_failure
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import FLEET_LEASE_DIR
+from ascend_fleet.fleet.plan import load_inventory
 
 PROJECT = Path(__file__).resolve().parents[2]
 GATEWAY = "gw-01.example.internal"
@@ -148,7 +148,7 @@ def test_pyinfra_failing_to_reach_a_host_is_said_instead_of_no_hosts_remaining()
 
 CHILD_OF_ROLLOUT = """
 import sys
-from ascend_fleet.rollout import run_child
+from ascend_fleet.control.rollout import run_child
 run_child([sys.executable, "-c", "import time; time.sleep(60)"])
 """
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.fleetstate import FleetState, counts_as_served
-from ascend_fleet.hostdata import Gateway
-from ascend_fleet.routes import render_gateway_config
+from ascend_fleet.config.fleetstate import FleetState, counts_as_served
+from ascend_fleet.config.hostdata import Gateway
+from ascend_fleet.fleet.gateway_routes import render_gateway_config
 
 
 def gateway(backends: list[dict]) -> str:
@@ -76,9 +76,9 @@ def test_the_served_record_is_per_worker_and_a_worker_without_one_is_unknown(tmp
 def test_status_reads_every_instance_of_a_gateway_of_4000():
     """The status (and the rollout's view) of a fleet of 1000 workers: each instance found in the gateway's own
     routes file as the product writes it, drained or routed."""
-    from ascend_fleet.hostdata import node_config
-    from ascend_fleet.routes import routes_document
-    from ascend_fleet.status import HostStatus, gateway_routes, routing
+    from ascend_fleet.config.hostdata import node_config
+    from ascend_fleet.control.status import HostStatus, gateway_routes, routing
+    from ascend_fleet.fleet.gateway_routes import routes_document
 
     backends = [{**backend, "drained": n % 10 == 0} for n, backend in enumerate(FLEET_OF_4000)]
     config = node_config({"profile": "lab", "gateway": {}}, "gw")

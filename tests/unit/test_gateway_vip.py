@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import PROJECT_ROOT, gateway
-from ascend_fleet.bench import bench_target
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import load_inventory
-from ascend_fleet.fleet_check import fleet_problems
-from ascend_fleet.gateway import client_url, keepalived_config
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig, node_config
-from ascend_fleet.node_os import node_os, role_gaps
-from ascend_fleet.remote import HostFacts
-from ascend_fleet.status import HostStatus, judge_gateways
+from ascend_fleet import PROJECT_ROOT
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig, node_config
+from ascend_fleet.config.node_os import node_os, role_gaps
+from ascend_fleet.control.bench import bench_target
+from ascend_fleet.control.status import HostStatus, judge_gateways
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.remote import HostFacts
+from ascend_fleet.fleet import virtual_address
+from ascend_fleet.fleet.check import fleet_problems
+from ascend_fleet.fleet.plan import load_inventory
+from ascend_fleet.fleet.virtual_address import client_url, keepalived_config
 
 GATEWAYS = ('gateway = [("gw-01.example.internal", {**_ssh, "ssh_hostname": "10.20.0.11"}), '
             '("gw-02.example.internal", {**_ssh, "ssh_hostname": "10.20.0.12"})]')
@@ -106,7 +107,7 @@ def test_an_address_a_host_already_has_is_refused(site):
     ({"address": "10.20.0.100/24\nx", "interface": "eth0"}, "gateway_vip.address"),
     ({"address": "10.20.0.100/24", "interface": "eth0", "advert_seconds": 0.333}, "hundredths of a second"),
     ({"address": "10.20.0.100/24", "interface": "eth0", "router_id": 256}, "gateway_vip.router_id"),
-    # VRRP version 3 has no authentication (gateway.py): a key for it is unknown, not silently dropped.
+    # VRRP version 3 has no authentication (virtual_address.py): a key for it is unknown, not silently dropped.
     ({"address": "10.20.0.100/24", "interface": "eth0", "auth_pass": "x"}, "gateway_vip.auth_pass: unknown key"),
 ])
 def test_hostile_or_mistyped_virtual_address_data_is_refused(value, expected):
@@ -160,7 +161,7 @@ def test_status_names_a_split_or_a_missing_holder_and_gateways_that_route_differ
 def test_bench_goes_through_the_virtual_address_and_names_the_gateway_that_holds_it(site, monkeypatch):
     inventory = inventory_of(site)
     held = {"gw-01.example.internal": False, "gw-02.example.internal": True}
-    monkeypatch.setattr(gateway, "read_fleet_facts", lambda hosts: {
+    monkeypatch.setattr(virtual_address, "read_fleet_facts", lambda hosts: {
         name: HostFacts(name, {"holds": held[name]}) for name in hosts})
     target = bench_target(site / "inventories/prod.py", inventory, None)
     assert (target.gateway, target.base_url) == ("gw-02.example.internal (virtual address)", "http://10.20.0.100:80")

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.cli import build_app
-from ascend_fleet.errors import FleetError
-from ascend_fleet.node_layout import FIREWALL_UNIT
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import FIREWALL_UNIT
 from tests.unit.test_fleet_check import UNFILLED_SHA256, resolving  # noqa: F401  (a fixture)
 
 PROD = "group_data/prod.py"

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.host_config import host_node_config
-from ascend_fleet.hostdata import NodeConfig, node_config
-from ascend_fleet.node_layout import FIREWALL_UNIT, ROUTE_WATCH_UNIT
-from ascend_fleet.profile import load_profile
+from ascend_fleet.config.fleetstate import FleetState
+from ascend_fleet.config.host_config import host_node_config
+from ascend_fleet.config.hostdata import NodeConfig, node_config
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import FIREWALL_UNIT, ROUTE_WATCH_UNIT
 
 WORKER = {
     "profile": "vllm-ascend-0.13.0",

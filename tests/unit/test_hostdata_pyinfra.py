@@ -39,8 +39,8 @@ def full_deploy(tmp_path: Path, data: dict) -> subprocess.CompletedProcess:
         {"name": "vllm-1", "npus": [2, 3], "port": 8001, "hccl_base_port": 60016, "vllm_port": 51016}]},
      "@local: instances: vllm-0 HCCL range 60000-60031 and vllm-1 HCCL range 60016-60047 overlap; move vllm-0's "
      "hccl_base_port or vllm-1's hccl_base_port (HCCL takes hccl_base_port and the next 31 ports on profile lab's CANN)"),
-    # Raised in the profile loader, and again by the stage that names the host.
-    ({"profile": "nosuch"}, "@local: profile 'nosuch': no "),
+    # The host's validated config refuses it (the stages read the profile's name from there), as `check` does.
+    ({"profile": "nosuch"}, "@local: profile: unknown profile 'nosuch'; expected one of: "),
 ], ids=["api port in its own hccl range", "hccl ranges 16 apart on cann 8.5", "unknown profile"])
 def test_a_data_error_stops_the_run_before_any_operation_with_our_line_alone(tmp_path, data, line):
     result = full_deploy(tmp_path, {**data, "fleet_state_dir": str(tmp_path)})

@@ -22,11 +22,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from rich.console import Console
 
+from ascend_fleet.core.package_index import PACKAGES_DIR, write_simple_index
+from ascend_fleet.fleet.profile_check import RESOLVER_PIP, Check, Indexes, check_profile
+from ascend_fleet.fleet.profile_lock import end_state, end_state_verdicts
 from ascend_fleet.lab import publish
 from ascend_fleet.lab.sim.wheels import build_metadata_standins
-from ascend_fleet.package_index import PACKAGES_DIR, write_simple_index
-from ascend_fleet.profile_check import RESOLVER_PIP, Check, Indexes, check_profile
-from ascend_fleet.profile_lock import end_state, end_state_verdicts
 from tests.known_breakages import CASES, PYTHON, Breakage
 from tests.loopback import refused_port
 

@@ -1,6 +1,8 @@
-"""The package's layers, read from its source (docs/architecture.md): the product never imports the
-lab, facts never import operations, and every node path and unit name is spelled once, in
-node_layout.py: the product and the tests take them from there."""
+"""The package's layers, read from its source (docs/architecture.md): every module is in one layer (a
+folder, or one of the few modules at the top) and imports only from its own and those below; the
+product never imports the lab, facts never import operations, stages read the validated NodeConfig and
+not raw host data, and every node path and unit name is spelled once, in node_layout.py: the product
+and the tests take them from there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import re
 from pathlib import Path
 
 import ascend_fleet
-from ascend_fleet import node_layout
+from ascend_fleet.config.hostdata import NodeConfig
+from ascend_fleet.core import node_layout
 
 PACKAGE = Path(ascend_fleet.__file__).parent
 TESTS = Path(__file__).resolve().parents[1]
@@ -41,16 +44,132 @@ NOT_NODE_PATHS = {
 }
 
 
-def imports_of(path: Path) -> set[str]:
+# The package's layers, bottom up (docs/architecture.md): a module imports only from its own layer and those
+# below it. "face" is ascend_fleet/__init__.py (where the package's data is), "entry" the modules at the top.
+LAYERS = ["face", "node", "core", "sizing", "config", "facts", "operations", "fleet", "stages", "control",
+          "commands", "entry", "lab"]
+FOLDERS = [layer for layer in LAYERS if layer not in ("face", "entry")]
+# The modules directly under ascend_fleet/, each with its layer (issue 50: at most 12 there).
+TOP_MODULES = {"__init__": "face", "cli": "entry", "fleet_check": "entry"}
+
+
+def module_name(path: Path, root: Path) -> str:
+    """A file's dotted module name, root being the folder that holds the package."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """Every name the module imports, as `module` and `module.name`; relative imports resolved."""
     tree = ast.parse(path.read_text())
+    here = module_name(path, root).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], *filter(None, [node.module])]) \
+                if node.level else node.module
+            names.add(base)
+            names |= {f"{base}.{alias.name}" for alias in node.names}
     return names
+
+
+def layer_of(path: Path) -> str | None:
+    """The layer of a module of the package (its path in the package), or None: in no layer."""
+    if len(path.parts) == 1:
+        return TOP_MODULES.get(path.stem)
+    return path.parts[0] if path.parts[0] in FOLDERS else None
+
+
+def layer_problems(package: Path) -> list[str]:
+    """Each module in no layer and each import that runs from a layer up to a higher one, one line each."""
+    problems = []
+    for path in sorted(package.rglob("*.py")):
+        layer = layer_of(path.relative_to(package))
+        if layer is None:
+            problems.append(f"{path.relative_to(package)}: in no layer; put it in one of {', '.join(FOLDERS[:-1])}")
+            continue
+        for name in sorted(imports_of(path, package.parent)):
+            first, _, rest = name.partition(".")
+            if first != package.name:
+                continue
+            # a layer's folder or a top module; else a name of the package's face (TEMPLATES, PROJECT_ROOT...)
+            top = rest.partition(".")[0]
+            target = top if top in FOLDERS else TOP_MODULES.get(top, "face")
+            if LAYERS.index(target) > LAYERS.index(layer):
+                problems.append(f"{path.relative_to(package)} ({layer}) imports {name} ({target})")
+    return problems
+
+
+def test_every_module_is_in_one_layer_and_imports_only_its_own_and_those_below():
+    assert len(list(PACKAGE.glob("*.py"))) <= 12
+    assert layer_problems(PACKAGE) == []
+
+
+def test_a_module_in_no_layer_or_an_import_up_a_layer_is_found(tmp_path):
+    package = tmp_path / "ascend_fleet"
+    for name, text in {"__init__.py": "", "cli.py": "from ascend_fleet.control import bench\n",
+                       "helpers.py": "", "misc/thing.py": "", "core/__init__.py": "",
+                       "core/errors.py": "from ascend_fleet import TEMPLATES\nfrom ascend_fleet.stages import full\n",
+                       "sizing/planner.py": "from . import perfmodel\nfrom ..config import hostdata\n",
+                       "control/bench.py": "from ascend_fleet.cli import main\nimport ascend_fleet.lab.cli\n"}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    assert layer_problems(package) == [
+        "control/bench.py (control) imports ascend_fleet.cli (entry)",
+        "control/bench.py (control) imports ascend_fleet.cli.main (entry)",
+        "control/bench.py (control) imports ascend_fleet.lab.cli (lab)",
+        "core/errors.py (core) imports ascend_fleet.stages (stages)",
+        "core/errors.py (core) imports ascend_fleet.stages.full (stages)",
+        "helpers.py: in no layer; put it in one of node, core, sizing, config, facts, operations, fleet, stages, "
+        "control, commands",
+        "misc/thing.py: in no layer; put it in one of node, core, sizing, config, facts, operations, fleet, stages, "
+        "control, commands",
+        "sizing/planner.py (sizing) imports ascend_fleet.config (config)",
+        "sizing/planner.py (sizing) imports ascend_fleet.config.hostdata (config)"]
+
+
+# Keys a stage may read from raw host data, each with why: NodeConfig (config/hostdata.py) does not hold them.
+RAW_HOST_DATA = {"ssh_hostname": "pyinfra's connector setting (the address it connects to), which NodeConfig "
+                                 "leaves to pyinfra: the firewall and the peers name a host by it"}
+
+
+def raw_host_data_reads(modules: list[Path], root: Path) -> list[str]:
+    """Each read of a host's raw data (`x.data.key`, `x.data.get("key")`, `x.data["key"]`, `x.data.dict()`)
+    of a key not in RAW_HOST_DATA, one line each."""
+    found = []
+    for module in modules:
+        for node in ast.walk(ast.parse(module.read_text())):
+            key = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "data":
+                key = (node.args[0].value if node.func.attr == "get" and node.args
+                       and isinstance(node.args[0], ast.Constant) else f"{node.func.attr}()")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == "data" and node.attr not in ("get", "dict"):
+                key = node.attr
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == "data":
+                key = node.slice.value if isinstance(node.slice, ast.Constant) else ast.unparse(node.slice)
+            if key is not None and key not in RAW_HOST_DATA:
+                found.append((str(module.relative_to(root)), node.lineno, key))
+    return [f"{path}:{line}: {key}" for path, line, key in sorted(found)]
+
+
+def test_stages_read_the_validated_node_config_not_raw_host_data():
+    assert not set(RAW_HOST_DATA) & set(NodeConfig.model_fields)
+    assert raw_host_data_reads(sorted((PACKAGE / "stages").glob("*.py")), PACKAGE) == []
+
+
+def test_a_raw_read_of_a_key_node_config_holds_is_found(tmp_path):
+    module = tmp_path / "stage.py"
+    module.write_text("def f(host, member):\n    a = host.data.npu_count\n    b = host.data.get('profile')\n"
+                      "    c = member.data.get('ssh_hostname') or member.data['bundle_dir']\n"
+                      "    return host.data.dict(), host_node_config(host).npu_count\n")
+    assert raw_host_data_reads([module], tmp_path) == [
+        "stage.py:2: npu_count", "stage.py:3: profile", "stage.py:4: bundle_dir", "stage.py:5: dict()"]
 
 
 def strings_of(path: Path) -> list[tuple[int, str]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.loadgen import BACKOFF_MAX_SECONDS, backoff_seconds
+from ascend_fleet.control.loadgen import BACKOFF_MAX_SECONDS, backoff_seconds
 from tests.loopback import loopback_server, refused_port, write_fleet
 
 CLI = Path(sys.executable).with_name("ascend-fleet")
@@ -111,7 +111,7 @@ def chat_server(answer):
 def test_multi_turn_sessions_resend_their_history_under_one_session_id():
     """Each request of a session carries the whole conversation so far and the session's header; the next
     session starts over on a document of its own."""
-    from ascend_fleet.loadgen import LoadGenerator
+    from ascend_fleet.control.loadgen import LoadGenerator
 
     seen = []
 
@@ -139,7 +139,7 @@ def test_a_stream_that_ends_with_finish_reason_abort_is_a_failure_naming_it():
     """vLLM 0.18.0 stopped with the default --shutdown-timeout 0 aborts what is in flight: the stream keeps its 200,
     ends with a chunk whose finish_reason is "abort", then [DONE] (vllm/v1/engine/core.py _handle_shutdown,
     chat_completion/serving.py chat_completion_stream_generator). The text so far is not an answer."""
-    from ascend_fleet.loadgen import LoadGenerator, stream_chat
+    from ascend_fleet.control.loadgen import LoadGenerator, stream_chat
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}

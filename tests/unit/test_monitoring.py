@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.hostdata import Monitoring
-from ascend_fleet.node_layout import PROMETHEUS_FILE_SD_DIR
+from ascend_fleet.config.hostdata import Monitoring
+from ascend_fleet.core.node_layout import PROMETHEUS_FILE_SD_DIR
+from ascend_fleet.core.templating import render
 from ascend_fleet.stages.monitoring import SCRAPE_JOBS
-from ascend_fleet.templating import render
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None,

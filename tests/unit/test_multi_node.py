@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import fleet_node_configs, fleet_roles, load_inventory
-from ascend_fleet.planner import reserved_ports
-from ascend_fleet.vllm_cli import check_vllm_args, vllm_args
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.plan import fleet_node_configs, fleet_roles, load_inventory
+from ascend_fleet.fleet.vllm_serve import check_vllm_args, vllm_args
+from ascend_fleet.sizing.planner import reserved_ports
 
 GROUP_DATA = """
 profile = "vllm-ascend-0.18.0"
@@ -135,7 +135,7 @@ def test_each_member_names_its_own_serving_nic_and_preflight_holds_it_to_serving
 def test_a_multi_node_instance_on_a_vllm_that_never_picks_its_dp_master_ports_is_refused(tmp_path):
     """vLLM 0.13.0's get_open_ports_list never returns with VLLM_PORT set (its option data says so)."""
     from ascend_fleet import PROJECT_ROOT
-    from ascend_fleet.fleet import check_fleet
+    from ascend_fleet.fleet.plan import check_fleet
     data = GROUP_DATA.replace("vllm-ascend-0.18.0", "vllm-ascend-0.13.0").replace(
         '"Eco-Tech/Qwen3.5-397B-A17B-w8a8-mtp"', '"Qwen/Qwen2.5-72B-Instruct"').replace(
         ', "enable_expert_parallel": True,\n           "quantization": "ascend", "quantization_scheme": "w8a8"', "")
@@ -159,7 +159,7 @@ def test_a_member_without_the_npu_network_the_instance_needs_is_refused(tmp_path
 def two_pairs(tmp_path: Path, monkeypatch):
     """Four workers serving two two-node instances (pair_a: npu-01 head, npu-02; pair_b: npu-03 head,
     npu-04), a gateway, waves canary (npu-01, npu-02) then wave1 (npu-03, npu-04)."""
-    from ascend_fleet.rollout import Fleet
+    from ascend_fleet.control.rollout import RolloutInventory
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(GROUP_DATA.replace('["canary"]', '["canary", "wave1"]'))
     for pair in ("pair_a", "pair_b"):
@@ -170,11 +170,11 @@ def two_pairs(tmp_path: Path, monkeypatch):
         f"workers = {list(hosts.items())!r}\ngateway = [('gw', {{}})]\ncanary = ['npu-01', 'npu-02']\n"
         "wave1 = ['npu-03', 'npu-04']\npair_a = ['npu-01', 'npu-02']\npair_b = ['npu-03', 'npu-04']\n")
     monkeypatch.chdir(tmp_path)
-    return Fleet(tmp_path / "fleet.py", {"fleet_state_dir": str(tmp_path / "state")})
+    return RolloutInventory(tmp_path / "fleet.py", {"fleet_state_dir": str(tmp_path / "state")})
 
 
 def test_a_rollout_moves_a_multi_node_instance_as_one_unit_counting_it_once(tmp_path, monkeypatch):
-    from ascend_fleet.rollout import plan_rollout
+    from ascend_fleet.control.rollout import plan_rollout
     fleet = two_pairs(tmp_path, monkeypatch)
     # The gateway reaches each instance through its head only.
     assert [b.key for b in fleet.all_backends()] == ["npu-01/vllm-0", "npu-03/vllm-0"]
@@ -188,7 +188,7 @@ def test_a_rollout_moves_a_multi_node_instance_as_one_unit_counting_it_once(tmp_
 
 
 def test_a_blue_green_swap_of_a_multi_node_instance_is_refused_in_one_line(tmp_path, monkeypatch):
-    from ascend_fleet.rollout import blue_green_problem
+    from ascend_fleet.control.rollout import blue_green_problem
     fleet = two_pairs(tmp_path, monkeypatch)
     assert blue_green_problem(fleet, {}) == (
         "npu-01: its multi-node instance (pair_a) has no second colour to start beside it; swap the model without "
@@ -200,8 +200,8 @@ def test_the_example_397b_fleet_plans_two_instances_of_two_nodes_that_fit_where_
     nodes, planned once per instance at its head; the same instance on one node is what the planner
     calls tight (its weights leave the KV cache 8% of the budget)."""
     from ascend_fleet import PROJECT_ROOT
-    from ascend_fleet.fleet import check_fleet
-    from ascend_fleet.planner import TIGHT, chip_by_name, plan_instance
+    from ascend_fleet.fleet.plan import check_fleet
+    from ascend_fleet.sizing.planner import TIGHT, chip_by_name, plan_instance
     monkeypatch.chdir(PROJECT_ROOT)
     config_dir = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-397b-a17b"
     plan = check_fleet(load_inventory(PROJECT_ROOT / "inventories" / "prod_397b.py", PROJECT_ROOT), config_dir)
@@ -216,5 +216,5 @@ def test_the_example_397b_fleet_plans_two_instances_of_two_nodes_that_fit_where_
 
 
 def shape_of(config_dir: Path):
-    from ascend_fleet.fleet import model_shape, read_model_config
+    from ascend_fleet.fleet.plan import model_shape, read_model_config
     return model_shape(read_model_config(config_dir / "config.json"), None)

@@ -13,11 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ascend_fleet import cli
-from ascend_fleet.bundle import coverage_refusal, given_weights_manifest, os_coverage_refusal, verify_bundle
-from ascend_fleet.bundle_layout import MANIFEST, listed_sha256
-from ascend_fleet.errors import FleetError, InputError, visible
-from ascend_fleet.model_tree import MANIFEST_NAME
-from ascend_fleet.rollout import new_model_problem
+from ascend_fleet.control.rollout import new_model_problem
+from ascend_fleet.core.bundle_layout import MANIFEST, listed_sha256
+from ascend_fleet.core.errors import FleetError, InputError, visible
+from ascend_fleet.core.model_tree import MANIFEST_NAME
+from ascend_fleet.fleet.bundle import coverage_refusal, given_weights_manifest, os_coverage_refusal, verify_bundle
 
 PROJECT = Path(__file__).resolve().parents[2]
 QWEN25_72B = PROJECT / "tests" / "fixtures" / "models" / "qwen2.5-72b-instruct" / "config.json"
@@ -169,7 +169,7 @@ def test_a_quoted_value_shows_what_the_eye_cannot_tell_apart(value, shown):
 def test_no_config_json_for_a_swap_shows_the_lookalike_and_the_trailing_blank(monkeypatch, tmp_path):
     """Before: `no config.json of Qwen/Qwen3‐8B@main  on this machine ...; put it at .../Qwen3‐8B/main /config.json`,
     which reads as the right path."""
-    monkeypatch.setattr("ascend_fleet.rollout.MODELS_DIR", tmp_path)
+    monkeypatch.setattr("ascend_fleet.control.rollout.MODELS_DIR", tmp_path)
     problem = new_model_problem({"id": "Qwen/Qwen3\u20108B", "revision": "main ", "source": "modelscope"})
     assert problem == (
         "no config.json of 'Qwen/Qwen3\\u20108B@main ' (U+2010 HYPHEN, a trailing blank) on this machine to plan the "

@@ -14,15 +14,15 @@ from pyinfra.api import State
 from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ascend_fleet import stages
-from ascend_fleet.bundle_layout import MANIFEST
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.node_os import node_os
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.bundle_layout import MANIFEST
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, SITE_MIRROR_ROOT, unit_file
 from ascend_fleet.facts.kernel import KernelHeaders
 from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, BUNDLE_DNF_REPO, SITE_MIRROR_ROOT, unit_file
-from ascend_fleet.node_os import node_os
+from ascend_fleet.fleet.os_repository import fleet_packages, kernel_headers_packages, kernel_releases
 from ascend_fleet.operations import placed, units
-from ascend_fleet.os_repository import fleet_packages, kernel_headers_packages, kernel_releases
-from ascend_fleet.profile import load_profile
 from ascend_fleet.stages import checks, context, firewall, monitoring, platform
 from tests.fakehost import FakeHost, commands, fact, on
 

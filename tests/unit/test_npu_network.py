@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.config.hostdata import node_config
 from ascend_fleet.facts.hccn import HCCN_TOOL, NpuNicConfig, NpuNicHealth, NpuPings
-from ascend_fleet.hostdata import node_config
 from ascend_fleet.operations import hccn
 from ascend_fleet.stages.npu_network import npu_network_problem
 from tests.fakehost import FakeHost, commands, on

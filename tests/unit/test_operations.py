@@ -17,13 +17,13 @@ from pyinfra.facts.files import Directory, File, Sha1File, Sha256File
 from pyinfra.facts.server import Groups, Os, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled
 
+from ascend_fleet.config.fleetstate import FleetState
+from ascend_fleet.core.node_layout import SERVICE_ENV_FILE, SERVICE_HOME, SYSTEMD_DIR, instance_unit, unit_file
 from ascend_fleet.facts.accounts import Account
 from ascend_fleet.facts.ascend import SourcedEnvironment
 from ascend_fleet.facts.files import FileState
 from ascend_fleet.facts.firewall import NftTableComment
 from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.node_layout import SERVICE_ENV_FILE, SERVICE_HOME, SYSTEMD_DIR, instance_unit, unit_file
 from ascend_fleet.operations import (
     accounts,
     config,

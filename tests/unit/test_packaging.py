@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet import PROJECT_ROOT
-from ascend_fleet.profile_check import pip_environment
+from ascend_fleet.fleet.profile_check import pip_environment
 
 pytestmark = pytest.mark.network  # pip installs the project and its dependencies
 
 QWEN35_27B = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 UNIT_OF_FIRST_WORKER = textwrap.dedent("""
     import ascend_fleet
-    from ascend_fleet.fleet import fleet_node_configs, load_inventory
-    from ascend_fleet.profile import load_profile
+    from ascend_fleet.fleet.plan import fleet_node_configs, load_inventory
+    from ascend_fleet.config.profile import load_profile
     from ascend_fleet.stages.serving import instance_unit_file
     config = next(c for c in fleet_node_configs(load_inventory(__import__("pathlib").Path("inventories/prod.py")))
                   if c.is_worker)

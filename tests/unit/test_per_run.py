@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from ascend_fleet.per_run import _VALUES, once_per_run
+from ascend_fleet.config.per_run import _VALUES, once_per_run
 
 
 class Run:

@@ -1,4 +1,4 @@
-"""ascend_fleet/perf_runs.yaml: the published A2 runs the performance model is fitted to and judged by
+"""ascend_fleet/sizing/perf_runs.yaml: the published A2 runs the performance model is fitted to and judged by
 (issue 48, item 1). The file loads through its schema, holds what the issue asks for, and splits the
 fit runs the same way however it is ordered."""
 
@@ -9,8 +9,8 @@ import random
 import pytest
 import yaml
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.perf_runs import RUNS_FILE, PerfRuns, load_runs
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.sizing.perf_runs import RUNS_FILE, PerfRuns, load_runs
 
 RUNS = load_runs()
 FIT = [run for run in RUNS.runs if run.fit]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import perf_fit, perfmodel
-from ascend_fleet.perfmodel import Request, SchedulerLimits, StepCost, simulate
-from ascend_fleet.planner import CHIPS, ModelShape, plan_instance
+from ascend_fleet.sizing import perf_fit, perfmodel
+from ascend_fleet.sizing.perfmodel import Request, SchedulerLimits, StepCost, simulate
+from ascend_fleet.sizing.planner import CHIPS, ModelShape, plan_instance
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 CHIP = CHIPS["910B3"]

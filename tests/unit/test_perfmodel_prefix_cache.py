@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ascend_fleet.perfmodel import Request, Scheduler, SchedulerLimits
+from ascend_fleet.sizing.perfmodel import Request, Scheduler, SchedulerLimits
 
 
 def chain(tokens: list[int], block_size: int) -> tuple[bytes, ...]:

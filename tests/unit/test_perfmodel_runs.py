@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_fleet import perf_fit, perfmodel
-from ascend_fleet.perf_runs import load_runs
+from ascend_fleet.sizing import perf_fit, perfmodel
+from ascend_fleet.sizing.perf_runs import load_runs
 
 FITTING, HELD_OUT = load_runs().halves()
 
@@ -84,7 +84,7 @@ def test_the_error_band_plan_prints_is_the_held_out_runs(held_out):
 def test_the_docs_page_shows_what_the_generator_gives(every_run):
     page = perf_fit.DOCS_PAGE.read_text()
     generated = perf_fit.page_section(every_run, perf_fit.halves_by_id())
-    assert generated in page, "docs/sim-performance.md is stale: python -m ascend_fleet.perf_fit --write-docs"
+    assert generated in page, "docs/sim-performance.md is stale: python -m ascend_fleet.sizing.perf_fit --write-docs"
     assert all(f"`{comparison.run.id}`" in generated for comparison in every_run)
     assert perf_fit.CHART.exists() and perf_fit.CHART.name in generated
 

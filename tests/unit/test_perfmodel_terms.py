@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet.perfmodel import Batch, Efficiency, Request, StepCost
-from ascend_fleet.planner import CHIPS, ModelShape, plan_instance
+from ascend_fleet.sizing.perfmodel import Batch, Efficiency, Request, StepCost
+from ascend_fleet.sizing.planner import CHIPS, ModelShape, plan_instance
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 CHIP = CHIPS["910B3"]

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from ascend_fleet import PROJECT_ROOT
 from ascend_fleet.cli import build_app
-from ascend_fleet.errors import FleetError
+from ascend_fleet.core.errors import FleetError
 
 MODEL = PROJECT_ROOT / "tests" / "fixtures" / "models" / "qwen3.5-27b"  # group_data/prod.py's model
 runner = CliRunner()

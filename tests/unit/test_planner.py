@@ -11,9 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ascend_fleet.cli import build_app
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import model_support
-from ascend_fleet.planner import (
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.plan import model_support
+from ascend_fleet.sizing.planner import (
     CHIPS,
     DOES_NOT_FIT,
     FITS,
@@ -41,7 +42,6 @@ from ascend_fleet.planner import (
     weight_bytes,
     weight_bytes_per_npu,
 )
-from ascend_fleet.profile import load_profile
 
 MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 NPUS_PER_NODE = 8

@@ -1,4 +1,4 @@
-"""The one judgement of an instance and a gateway (ascend_fleet/probes.py): what verify, the serve
+"""The one judgement of an instance and a gateway (ascend_fleet/fleet/probes.py): what verify, the serve
 stage's record, the rollout gates and `status` all decide from the same answers."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ascend_fleet.node_layout import instance_env_file
-from ascend_fleet.probes import (
+from ascend_fleet.core.node_layout import instance_env_file
+from ascend_fleet.fleet.probes import (
     EVERY_ASK,
     READ_ONLY_ASKS,
     instance_queries,

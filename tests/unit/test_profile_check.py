@@ -22,9 +22,9 @@ import pytest
 import requests
 from packaging.utils import canonicalize_name
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.profile import OverrideStep, load_profile
-from ascend_fleet.profile_check import (
+from ascend_fleet.config.profile import OverrideStep, load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.profile_check import (
     Check,
     Indexes,
     IndexFile,

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from ascend_fleet import PROFILES
-from ascend_fleet.errors import FleetError
-from ascend_fleet.profile import load_profile
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.errors import FleetError
 
 NAME = "vllm-ascend-0.13.0"
 FILE = "Ascend-cann-toolkit_8.5.0_linux-x86_64.run"

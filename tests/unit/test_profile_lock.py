@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ascend_fleet.profile import (
+from ascend_fleet.config.profile import (
     PipBuild,
     PipLocked,
     PipRemoval,
@@ -16,8 +16,8 @@ from ascend_fleet.profile import (
     from_one_index,
     load_profile,
 )
-from ascend_fleet.profile_check import DEFAULT_GLIBC, Platform
-from ascend_fleet.profile_lock import (
+from ascend_fleet.fleet.profile_check import DEFAULT_GLIBC, Platform
+from ascend_fleet.fleet.profile_lock import (
     LOCKS_DIR,
     Dist,
     complaint_overrides,
@@ -74,7 +74,7 @@ def test_a_pin_without_its_hash_or_a_profile_pin_the_lock_does_not_meet_is_refus
     text = lock_path(LOCKED, AARCH64).read_text()
     unhashed = re.sub(r"(absl-py==\S+) \\\n(\s+--hash=\S+ \\\n)*\s+--hash=\S+\n", r"\1\n", text)
     moved_torch = unhashed.replace("\ntorch==2.9.0 ", "\ntorch==2.9.1 ")
-    monkeypatch.setattr("ascend_fleet.profile_lock.LOCKS_DIR", tmp_path)
+    monkeypatch.setattr("ascend_fleet.fleet.profile_lock.LOCKS_DIR", tmp_path)
     lock_path(LOCKED, AARCH64).write_text(moved_torch)
     lines, problems = lock_verdicts(load_profile(LOCKED), [AARCH64])
     assert problems == 2, lines
@@ -118,7 +118,7 @@ def test_the_committed_lock_holds_the_later_steps_versions_and_leaves_the_builds
              "4.11.0.86.")])
 def test_a_fresh_lock_on_aarch64_is_accepted_with_the_complaints_upstream_leaves(name, complaint, tmp_path,
                                                                                  monkeypatch):
-    monkeypatch.setattr("ascend_fleet.profile_lock.LOCKS_DIR", tmp_path)
+    monkeypatch.setattr("ascend_fleet.fleet.profile_lock.LOCKS_DIR", tmp_path)
     profile = load_profile(name)
     made = lock_profile(profile, AARCH64, ["https://pypi.org/simple"], progress=lambda line: None)
     made.write(lock_path(name, AARCH64))

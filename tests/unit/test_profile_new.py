@@ -14,11 +14,11 @@ import zipfile
 import pytest
 import yaml
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.profile import load_profile
-from ascend_fleet.profile_check import Check, Indexes, IndexFile, Platform, PlatformResult, Problem, StepResult
-from ascend_fleet.profile_lock import Dist, Lock, LockError
-from ascend_fleet.profile_new import (
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.profile_check import Check, Indexes, IndexFile, Platform, PlatformResult, Problem, StepResult
+from ascend_fleet.fleet.profile_lock import Dist, Lock, LockError
+from ascend_fleet.fleet.profile_new import (
     Candidate,
     Judges,
     judge,

@@ -10,9 +10,7 @@ import pytest
 import yaml
 
 from ascend_fleet import PROFILES
-from ascend_fleet.errors import FleetError
-from ascend_fleet.planner import python_version_key
-from ascend_fleet.profile import (
+from ascend_fleet.config.profile import (
     InstallStep,
     OverrideStep,
     PipBuild,
@@ -21,6 +19,8 @@ from ascend_fleet.profile import (
     available_profiles,
     load_profile,
 )
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.sizing.planner import python_version_key
 
 # vllm-ascend's versioning policy, as the field notes copy it (section 3): the one
 # place the tests keep the upstream matrix.

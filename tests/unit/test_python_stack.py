@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 
+from ascend_fleet.config.profile import PipBuild, PipLocked, PipRemoval, PipStep
+from ascend_fleet.core.node_layout import ANSWER_CACHE_DIR, PIP_LOCK_DIR, WHEEL_DIR, WHEELS_HELPER
 from ascend_fleet.facts.ascend import PipCheck, PipPackages
-from ascend_fleet.node_layout import ANSWER_CACHE_DIR, PIP_LOCK_DIR, WHEEL_DIR, WHEELS_HELPER
+from ascend_fleet.fleet.profile_check import pip_environment
 from ascend_fleet.operations import python_stack
 from ascend_fleet.operations.python_stack import satisfies
-from ascend_fleet.profile import PipBuild, PipLocked, PipRemoval, PipStep
-from ascend_fleet.profile_check import pip_environment
 from tests.fakehost import FakeHost, commands, new_file, uploads
 
 # front pins base 2.0 as PyPI's vllm pins its torch; plugin pins base 1.0 as vllm-ascend pins its own.

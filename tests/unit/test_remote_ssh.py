@@ -11,7 +11,7 @@ import pytest
 import requests
 from pyinfra.facts.server import Command
 
-from ascend_fleet.remote import FactQuery, read_fleet_facts, run_script, ssh_tunnel
+from ascend_fleet.core.remote import FactQuery, read_fleet_facts, run_script, ssh_tunnel
 from tests.sshserver import LoopbackSSHServer, make_key
 
 HELLO = {"hello": FactQuery(Command, {"command": "echo hello from $(id -un)"})}

@@ -4,15 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_fleet import rollout
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import ModelConfigs
-from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.loadgen import LoadReport, RequestResult, percentile
-from ascend_fleet.node_layout import instance_unit
-from ascend_fleet.rollout import (
-    Fleet,
+from ascend_fleet.config.fleetstate import FleetState
+from ascend_fleet.control import rollout
+from ascend_fleet.control.loadgen import LoadReport, RequestResult, percentile
+from ascend_fleet.control.rollout import (
     Record,
+    RolloutInventory,
     Step,
     blue_green_problem,
     check_not_stopped,
@@ -24,6 +21,9 @@ from ascend_fleet.rollout import (
     rollback_record,
     split_wave,
 )
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import instance_unit
+from ascend_fleet.fleet.plan import ModelConfigs
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
@@ -42,7 +42,7 @@ TWO_PER_HOST = {
 @pytest.fixture
 def prod(monkeypatch, tmp_path):
     monkeypatch.chdir(PROJECT)  # group_data/ is found where pyinfra runs
-    return Fleet(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state")})
+    return RolloutInventory(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state")})
 
 
 def test_waves_follow_the_datas_rollout_waves(prod):
@@ -144,8 +144,8 @@ def test_load_report_counts_errors_and_p99_of_the_successful():
 
 
 def test_the_gateway_marks_drained_instances_down_and_closes_idle_upstreams_first():
-    from ascend_fleet.hostdata import Gateway
-    from ascend_fleet.routes import render_gateway_config
+    from ascend_fleet.config.hostdata import Gateway
+    from ascend_fleet.fleet.gateway_routes import render_gateway_config
 
     backends = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
                 {"host": "w2", "instance": "vllm-0", "address": "10.0.0.12", "port": 8000, "drained": True}]
@@ -183,13 +183,13 @@ def test_blue_green_is_refused_when_both_models_would_share_npus_without_the_hbm
 
 def test_blue_green_fits_when_the_node_has_npus_free_beside_the_serving_ones(monkeypatch, tmp_path, staged_configs):
     monkeypatch.chdir(PROJECT)
-    fleet = Fleet(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
+    fleet = RolloutInventory(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
     assert blue_green_problem(fleet, model_data(fleet, "Qwen/Qwen2.5-72B-Instruct", "next")) is None
 
 
 def test_a_blue_green_swap_moves_each_wave_to_its_other_colour_and_back_on_failure(monkeypatch, tmp_path):
     monkeypatch.chdir(PROJECT)
-    fleet = Fleet(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
+    fleet = RolloutInventory(PROD, {**TWO_PER_HOST, "fleet_state_dir": str(tmp_path / "state"), "instances": ONE_INSTANCE})
     old = fleet.configs["npu-01.example.internal"].model
     served = f"/mnt/nvme/models/{old.id}/{old.revision}"
     monkeypatch.setattr(rollout, "served_path", lambda fleet, backend: served)

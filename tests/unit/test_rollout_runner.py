@@ -16,14 +16,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ascend_fleet import rollout, rollout_cli
-from ascend_fleet.errors import FleetError
-from ascend_fleet.fleet import check_fleet
-from ascend_fleet.fleetlease import FleetLease
-from ascend_fleet.fleetstate import FleetState
-from ascend_fleet.remote import HostFacts
-from ascend_fleet.rollout import ROUTES_DEPLOY, Fleet, Runner, abandonable, check_not_stopped, model_data, plan_rollout
-from ascend_fleet.rollout_cli import rollout_app
+from ascend_fleet.commands import rollout_cli
+from ascend_fleet.commands.rollout_cli import rollout_app
+from ascend_fleet.config.fleetlease import FleetLease
+from ascend_fleet.config.fleetstate import FleetState
+from ascend_fleet.control import rollout
+from ascend_fleet.control.rollout import (
+    ROUTES_DEPLOY,
+    RolloutInventory,
+    Runner,
+    abandonable,
+    check_not_stopped,
+    model_data,
+    plan_rollout,
+)
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.remote import HostFacts
+from ascend_fleet.fleet.plan import check_fleet
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROD = PROJECT / "inventories" / "prod.py"
@@ -53,7 +62,7 @@ class Nodes:
             return "gw-01.example.internal: gateway config refused by nginx -t (log: x.log)"
         return None
 
-    def instance_answers(self, fleet: Fleet, backends: list, asks: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+    def instance_answers(self, fleet: RolloutInventory, backends: list, asks: tuple[str, ...]) -> dict[str, dict[str, dict]]:
         """What an idle instance serving the fleet's model answers, or a 503 /health where told."""
         healthy = {"health": {"status": 200, "body": ""}, "completion": {"status": 200, "body": CHAT_ANSWER},
                    "models": {"status": 200, "body": json.dumps({"data": [{"id": fleet.model_name, "root": "/m"}]})},
@@ -102,8 +111,8 @@ def cli(state_dir: Path, *args: str):
     return (str(result.exception) if result.exception else None), result.stdout, result.stderr
 
 
-def stopped_at_wave1(nodes: Nodes, state_dir: Path) -> tuple[Fleet, dict]:
-    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+def stopped_at_wave1(nodes: Nodes, state_dir: Path) -> tuple[RolloutInventory, dict]:
+    fleet = RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)})
     record = plan_rollout(fleet, "deploys/serve.py", None, None)
     nodes.failing_gates = set(STOPPED_AT_WAVE1)
     assert not Runner(fleet, record, lambda *_: None, 0).run()
@@ -121,7 +130,7 @@ def test_a_failing_gate_stops_the_rollout_with_its_wave_drained_and_the_next_unt
 
 
 def test_a_gateway_that_does_not_answer_stops_the_rollout_before_any_drain_or_deploy(nodes, state_dir):
-    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    fleet = RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)})
     record = plan_rollout(fleet, "deploys/serve.py", None, None)
     nodes.unreachable = {"gw-02.example.internal"}
     assert not Runner(fleet, record, lambda *_: None, 0).run()
@@ -165,7 +174,7 @@ def test_abandon_keeps_the_drained_set_and_the_stopped_rollout_when_the_gateway_
 
 def test_a_drain_the_gateway_did_not_apply_is_not_recorded(nodes, state_dir):
     """Issue 30: with the gateway unreachable, instances were recorded drained that never were."""
-    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    fleet = RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)})
     record = plan_rollout(fleet, "deploys/serve.py", None, None)
     nodes.gateway_fails = True
     assert not Runner(fleet, record, lambda *_: None, 0).run()
@@ -257,7 +266,7 @@ def test_resume_prints_the_stopped_rollouts_remaining_waves_and_drained_instance
 def test_the_rollout_the_old_tool_left_stuck_on_a_missing_deploy_file_is_abandoned(nodes, state_dir):
     """What a rollout of deploys/nosuch.py recorded before the deploy file was checked: the canary
     drained, its deploy failed, --resume with the right file refused."""
-    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    fleet = RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)})
     record = plan_rollout(fleet, "deploys/nosuch.py", None, None)
     record.steps[0].mark("failed", "deploy: --> pyinfra error: No such file: deploys/nosuch.py")
     fleet.state.save_rollout(record.model_dump())
@@ -320,12 +329,12 @@ def test_a_swap_with_the_mirror_down_or_nothing_to_plan_with_says_so_and_suggest
     assert error.startswith(f"swap-model changed nothing: the mirror does not answer {down}/models/Qwen/Qwen3-8B/v1/"
                             "config.json (ConnectionError); is it up?")
     # The example fleet's model comes from ModelScope, which only the nodes read.
-    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    fleet = RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)})
     problem = rollout.new_model_problem(model_data(fleet, "Qwen/Qwen3-8B", "main"))
     assert problem == ("no config.json of Qwen/Qwen3-8B@main on this machine to plan the swap with (source modelscope "
                        f"is read by the nodes only); put it at {PROJECT}/files/models/Qwen/Qwen3-8B/main/config.json")
     assert "--model-config" not in error + problem
-    assert rollout.new_model_problem(model_data(Fleet(PROD, {"model": json.loads(http_model(mirror)[6:])}),
+    assert rollout.new_model_problem(model_data(RolloutInventory(PROD, {"model": json.loads(http_model(mirror)[6:])}),
                                                 "Qwen/Qwen2.5-72B-Instruct", "v1")) is None
     assert nodes.runs == []
 
@@ -344,7 +353,7 @@ def test_a_bench_gate_stops_after_the_canary_wave_when_its_instance_measures_wor
         return [], {"failed": 0, "output_throughput": throughput, "p99_tpot_ms": 21.0}
 
     monkeypatch.setattr(rollout, "measure", measure)
-    fleet = Fleet(PROD, {"fleet_state_dir": str(state_dir)})
+    fleet = RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)})
     throughput = 190.0  # half the seats: half the tokens
     record = plan_rollout(fleet, "deploys/serve.py", None, None, bench_gate=rollout.BenchGate(
         baseline=str(baseline), max_regression=0.05))
@@ -397,7 +406,7 @@ def test_an_empty_canary_group_is_refused_rather_than_skipped(nodes, state_dir, 
 
 def test_a_swap_to_the_model_already_served_everywhere_says_so_and_changes_nothing(nodes, state_dir, monkeypatch):
     """Before: it staged the weights again on every worker and ran an empty swap."""
-    current = model_data(Fleet(PROD, {"fleet_state_dir": str(state_dir)}), "Eco-Tech/Qwen3.5-27B-w8a8-mtp", None)
+    current = model_data(RolloutInventory(PROD, {"fleet_state_dir": str(state_dir)}), "Eco-Tech/Qwen3.5-27B-w8a8-mtp", None)
     monkeypatch.setattr(rollout_cli, "served_path", lambda fleet, b: rollout.model_path(fleet, b.host, current))
     error, stdout, _ = cli(state_dir, "swap-model", str(PROD), "--model", "Eco-Tech/Qwen3.5-27B-w8a8-mtp")
     assert (error, stdout) == (None, "already serving Eco-Tech/Qwen3.5-27B-w8a8-mtp@master on every instance; "
@@ -444,7 +453,7 @@ def test_an_argument_typo_is_refused_before_the_fleet_lease_is_taken_exit_2(node
 @pytest.mark.parametrize("target", [f"{CANARY}/", "/vllm-0", f"{CANARY}/vllm-0/x", "/"])
 def test_drain_of_an_instance_named_without_both_parts_is_refused_exit_2(nodes, state_dir, lease_host, target):
     """Before: `drain HOST/` drained every instance of the host (an empty instance name read as none given)."""
-    from ascend_fleet.drain_cli import drain_app
+    from ascend_fleet.commands.drain_cli import drain_app
     for command in ("drain", "undrain"):
         result = CliRunner().invoke(drain_app, [command, str(PROD), target, "--data", f"fleet_state_dir={state_dir}"])
         assert str(result.exception) == (f"{command} {target} changed nothing: TARGET {target}: expected HOST (every "

@@ -18,27 +18,27 @@ from pyinfra.api import State
 from pyinfra.facts.systemd import SystemdEnabled
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.bundle import bundle_routers, router_coverage_refusal
-from ascend_fleet.bundle_layout import MANIFEST
-from ascend_fleet.errors import FleetError
-from ascend_fleet.facts.router import RouterWorkers
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.config.node_os import node_os
+from ascend_fleet.config.profile import available_profiles, load_profile
+from ascend_fleet.core.bundle_layout import MANIFEST
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import ROUTER_UNIT, ROUTER_WORKERS_FILE
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.systemd import UnitState
-from ascend_fleet.hostdata import node_config
-from ascend_fleet.node import router_api
-from ascend_fleet.node_layout import ROUTER_UNIT, ROUTER_WORKERS_FILE
-from ascend_fleet.node_os import node_os
-from ascend_fleet.operations import router
-from ascend_fleet.profile import available_profiles, load_profile
-from ascend_fleet.profile_check import Platform
-from ascend_fleet.profile_lock import ROUTER_GLIBC, router_lock, router_lock_path
-from ascend_fleet.router import (
+from ascend_fleet.facts.vllm_router import RouterWorkers
+from ascend_fleet.fleet.bundle import bundle_routers, router_coverage_refusal
+from ascend_fleet.fleet.profile_check import Platform
+from ascend_fleet.fleet.profile_lock import ROUTER_GLIBC, router_lock, router_lock_path
+from ascend_fleet.fleet.vllm_router import (
     METRICS_PORT,
     WORKERS_VARIABLE,
     router_arguments,
     router_routes,
     router_worker_urls,
 )
-from ascend_fleet.templating import render
+from ascend_fleet.node import router_api
+from ascend_fleet.operations import vllm_router
 from tests.fakehost import FakeHost, commands, fact
 
 BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "drained": False},
@@ -217,7 +217,7 @@ def test_the_router_api_module_needs_only_the_standard_library():
 def test_with_another_policy_the_router_is_stopped_and_disabled_and_nothing_is_done_where_it_never_was(
         state, enabled, expected):
     fake = FakeHost({UnitState: state, fact(SystemdEnabled, services=[ROUTER_UNIT]): {ROUTER_UNIT: enabled}})
-    assert commands(router.stopped, fake, unit=ROUTER_UNIT) == expected
+    assert commands(vllm_router.stopped, fake, unit=ROUTER_UNIT) == expected
     assert bool(fake.noops) == (not expected)
 
 
@@ -262,7 +262,7 @@ def test_a_bundle_without_the_gateways_router_says_what_it_has(tmp_path):
 def test_a_bundle_carries_the_router_of_each_cache_aware_gateway_for_each_arch_and_gateway_python(tmp_path,
                                                                                                 monkeypatch):
     fetched = []
-    monkeypatch.setattr("ascend_fleet.bundle.download_lock_files",
+    monkeypatch.setattr("ascend_fleet.fleet.bundle.download_lock_files",
                         lambda what, lock, platform, urls: fetched.append((lock.name, platform.python, urls)))
     (tmp_path / "locks").mkdir()
     gateways = [node_config({"profile": "lab", "pip_index_url": "http://mirror:8080/simple",

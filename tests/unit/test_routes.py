@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.hostdata import node_config
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.core.node_layout import LEAVING_TEXTFILE_PREFIX
+from ascend_fleet.core.templating import render
+from ascend_fleet.fleet.gateway_routes import render_gateway_config, routes_document
 from ascend_fleet.node import route_watch
 from ascend_fleet.node.route_watch import NodeReport, Routes, Watched, judge, nginx_text, step
-from ascend_fleet.node_layout import LEAVING_TEXTFILE_PREFIX
-from ascend_fleet.routes import render_gateway_config, routes_document
-from ascend_fleet.templating import render
 
 BACKENDS = [{"host": "w1", "instance": "vllm-0", "address": "10.0.0.11", "port": 8000, "npus": [0, 1], "drained": False},
             {"host": "w1", "instance": "vllm-1", "address": "10.0.0.11", "port": 8001, "npus": [2, 3], "drained": False},
@@ -60,7 +60,7 @@ def test_cache_aware_sends_everything_to_the_gateways_own_router():
 
 @pytest.mark.parametrize("header", ["X-Session-Id; return 200", "x y", "", "é"])
 def test_a_session_header_that_is_not_a_header_name_is_refused(header):
-    from ascend_fleet.errors import FleetError
+    from ascend_fleet.core.errors import FleetError
     with pytest.raises(FleetError, match="session_header"):
         gateway_config({"policy": "session_affinity", "session_header": header})
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import subprocess
 
 from ascend_fleet import TEMPLATES
+from ascend_fleet.config.hostdata import InstancePorts, derive_instances
+from ascend_fleet.core.node_layout import instance_home
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.systemd import InstanceDevices
-from ascend_fleet.hostdata import InstancePorts, derive_instances
-from ascend_fleet.node_layout import instance_home
 from ascend_fleet.stages.serving import holders_of_its_npus
-from ascend_fleet.templating import render
 
 PORTS = InstancePorts()
 

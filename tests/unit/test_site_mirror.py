@@ -11,13 +11,13 @@ from pyinfra.api import State, StringCommand
 from pyinfra.facts.files import Sha256File
 from pyinfra.facts.rpm import RpmPackages
 
-from ascend_fleet.bundle import bundle_os
-from ascend_fleet.bundle_layout import MANIFEST, listed_sha256
-from ascend_fleet.errors import FleetError
-from ascend_fleet.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
-from ascend_fleet.node_os import node_os
+from ascend_fleet.config.node_os import node_os
+from ascend_fleet.core.bundle_layout import MANIFEST, listed_sha256
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import BUNDLE_APT_SOURCE, SITE_MIRROR_ROOT
+from ascend_fleet.core.package_index import file_sha256
+from ascend_fleet.fleet.bundle import bundle_os
 from ascend_fleet.operations import bundle
-from ascend_fleet.package_index import file_sha256
 from tests.fakehost import FakeHost, commands, fact, new_file, uploads
 
 

@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
+from ascend_fleet.config.profile import load_profile
 from ascend_fleet.facts.ascend import Glibc
-from ascend_fleet.profile import load_profile
-from ascend_fleet.profile_check import Indexes, Platform
-from ascend_fleet.stack_platform import platform_problem, uncovered_pins
+from ascend_fleet.fleet.profile_check import Indexes, Platform
+from ascend_fleet.fleet.stack_platform import platform_problem, uncovered_pins
 
 # https://pypi.org/simple/vllm-ascend/, 2026-12-01: 0.23.0's wheels, all manylinux_2_34.
 VLLM_ASCEND_0_23_0 = [f"vllm_ascend-0.23.0-cp3{m}-cp3{m}-manylinux_2_34_{arch}.whl"

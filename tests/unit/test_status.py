@@ -8,14 +8,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyinfra.facts.files import FileContents
 
-from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
-from ascend_fleet.hostdata import node_config
-from ascend_fleet.node.npu_metrics import parse_npu_smi_info, render_metrics
-from ascend_fleet.node_layout import NGINX_CONF_DIR
-from ascend_fleet.probes import fact_key
-from ascend_fleet.profile import load_profile
-from ascend_fleet.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
-from ascend_fleet.status import (
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.control.status import (
     FleetStatus,
     gateway_routes,
     host_status,
@@ -24,7 +19,12 @@ from ascend_fleet.status import (
     routing,
     worker_queries,
 )
-from ascend_fleet.vllm_metrics import histogram_quantile, parse_metrics
+from ascend_fleet.core.node_layout import NGINX_CONF_DIR
+from ascend_fleet.core.remote import FactQuery, HostFacts, fact_script, facts_of, process_outputs, split_outputs
+from ascend_fleet.core.vllm_metrics import histogram_quantile, parse_metrics
+from ascend_fleet.facts.ascend import AscendFirmware, CannPackages, NpuStatus
+from ascend_fleet.fleet.probes import fact_key
+from ascend_fleet.node.npu_metrics import parse_npu_smi_info, render_metrics
 
 NEW_NAMES = """\
 # TYPE vllm:num_requests_running gauge
@@ -217,7 +217,7 @@ def test_an_unreachable_host_is_a_red_row_per_instance():
 
 
 def test_routing_needs_every_gateway_to_route():
-    from ascend_fleet.status import HostStatus
+    from ascend_fleet.control.status import HostStatus
     gateway = HostStatus("gw", "gateway", "lab", routes=gateway_routes(ROUTES.splitlines()))
     assert routing("worker1/vllm-0", [gateway]) == "yes"
     assert routing("worker1/vllm-1", [gateway]) == "drained"
@@ -229,8 +229,8 @@ def test_routing_needs_every_gateway_to_route():
 
 
 def test_a_multi_node_instance_is_one_row_group_its_head_red_naming_the_member_that_is_down():
-    from ascend_fleet.multi_node import DataParallelRole
-    from ascend_fleet.status import join_members
+    from ascend_fleet.control.status import join_members
+    from ascend_fleet.fleet.multi_node import DataParallelRole
     profile = load_profile("lab")
     data = {**WORKER_DATA, "tensor_parallel_size": 2, "serving_address": "10.0.0.2",
             "data_parallel": {"group": "pair", "nic": "eth0"},

@@ -12,8 +12,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from ascend_fleet import remote
-from ascend_fleet.status import status
+from ascend_fleet.control.status import status
+from ascend_fleet.core import remote
 from tests.loopback import loopback_server, refused_port, write_fleet
 
 HOSTS = ("node1", "node2", "gw")
@@ -77,7 +77,7 @@ def test_hosts_that_accept_and_hang_cost_one_timeout_together_not_one_per_round(
 
 def test_a_long_reading_says_how_far_it_got_on_stderr_when_not_on_a_terminal(tmp_path, monkeypatch, capfd):
     """A fleet of hundreds read into a log: a line every few seconds, so the log shows the read is not stuck."""
-    from ascend_fleet import status as status_module
+    from ascend_fleet.control import status as status_module
 
     monkeypatch.setattr(remote, "CONNECT_TIMEOUT_SECONDS", 2)
     monkeypatch.setattr(status_module, "PROGRESS_SECONDS", 0.5)

@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.hostdata import Serving
-from ascend_fleet.tune import (
+from ascend_fleet.config.hostdata import Serving
+from ascend_fleet.control.tune import (
     Candidate,
     CtrlC,
     TuneRecord,
@@ -25,6 +24,7 @@ from ascend_fleet.tune import (
     snippet,
     winner,
 )
+from ascend_fleet.core.errors import FleetError
 
 SLO = {"p99_ttft_ms": 2000.0, "p99_tpot_ms": 50.0}
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_fleet.hostdata import Model, NodeConfig
-from ascend_fleet.node_layout import MANIFEST_NAME
-from ascend_fleet.profile import load_profile
+from ascend_fleet.config.hostdata import Model, NodeConfig
+from ascend_fleet.config.profile import load_profile
+from ascend_fleet.core.node_layout import MANIFEST_NAME
 from ascend_fleet.stages import checks
 
 MODEL = Model(id="lab/Qwen3.5-Tiny-A1B-W8A8", revision="v1", source="http", url="http://10.213.0.1:8080")

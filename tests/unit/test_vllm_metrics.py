@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ascend_fleet.vllm_metrics import parse_metrics
+from ascend_fleet.core.vllm_metrics import parse_metrics
 
 # vLLM's exposition of its two counters (prometheus_client: HELP and TYPE of the _total sample, then the
 # _created gauge) for a data-parallel instance of two engines

@@ -11,14 +11,14 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.server import Which
 
 from ascend_fleet import TEMPLATES
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.hostdata import node_config
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.node_layout import DEEP_VERIFY_NAME, HUB_TOKENS_FILE, WEIGHTS_STAGER
+from ascend_fleet.core.templating import render
 from ascend_fleet.facts.weights import DEEP_VERIFY_HEADER, SIZES_HEADER, FilesystemSpace, StagedModel
-from ascend_fleet.hostdata import node_config
 from ascend_fleet.node.stage_weights import MARKER_NAME, deep_verify_of, marker_problems, parse_args
-from ascend_fleet.node_layout import DEEP_VERIFY_NAME, HUB_TOKENS_FILE, WEIGHTS_STAGER
 from ascend_fleet.operations import weights
 from ascend_fleet.stages import serving
-from ascend_fleet.templating import render
 from tests.fakehost import FakeHost, commands, fact, new_file, on, uploads
 
 MARKER = {"model_id": "lab/Qwen3-Tiny", "revision": "v1", "manifest_sha256": "f" * 64,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from ascend_fleet.core.model_tree import publish_model
 from ascend_fleet.lab.sim.tinymodel import build_tiny_model
-from ascend_fleet.model_tree import publish_model
 from ascend_fleet.node import stage_weights as sw
 from ascend_fleet.node.stage_weights import spread as spread_module
 from ascend_fleet.node.stage_weights.main import SESSION_GONE_EXIT

@@ -41,11 +41,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ascend_fleet.errors import FleetError
+from ascend_fleet.config.profile import ARCHES, OverrideStep, is_cpu_build, load_profile
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.fleet.profile_check import pip_environment
+from ascend_fleet.fleet.profile_lock import CUDA_PACKAGES, CUDA_PREFIXES, is_cuda_requirement
 from ascend_fleet.lab.base import node_platforms
-from ascend_fleet.profile import ARCHES, OverrideStep, is_cpu_build, load_profile
-from ascend_fleet.profile_check import pip_environment
-from ascend_fleet.profile_lock import CUDA_PACKAGES, CUDA_PREFIXES, is_cuda_requirement
 
 RECORD_FILE = Path(__file__).with_name("real_metadata.json")
 # The profile whose builds over a pin (its override steps) the lab's profile installs as stand-ins.

