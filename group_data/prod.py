@@ -3,7 +3,7 @@
 docs/source/tutorials/models/Qwen3.5-27B.md), four TP2 instances per node.
 
 `ascend-fleet plan inventories/prod.py --model-config DIR` (DIR holding the weights' config.json)
-shows each instance's figures; README ("Qwen3.5 on Atlas A2") has them for this and the other sizes.
+shows each instance's figures; docs/guides/qwen35.md has them for this and the other sizes.
 """
 
 # vllm-ascend 0.17.0rc1 is the first release that serves Qwen3.5; plan and preflight refuse older.
@@ -56,7 +56,7 @@ serving = {
     "reasoning_parser": "qwen3",
 }
 
-# One address over both gateways, which keepalived keeps on a healthy one (README, "Gateways"): the
+# One address over both gateways, which keepalived keeps on a healthy one (docs/guides/gateways.md): the
 # address clients use. Give an address of the gateways' network that no host has, and their interface
 # on it. Each gateway's own address (ssh_hostname, or its name resolved here) is where VRRP goes.
 gateway_vip = {"address": "10.20.0.100/24", "interface": "eth0"}

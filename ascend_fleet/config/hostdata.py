@@ -589,7 +589,7 @@ class NodeConfig(_Strict):
                                  "it into npu.env); drop it")
             if SECRET_ENV.search(key):
                 raise ValueError(f"{key} looks like a credential, and npu.env is readable by every user of the "
-                                 "node; the instances' API key comes from the gateway's (README, secrets)")
+                                 "node; the instances' API key comes from the gateway's (docs/guides/secrets.md)")
         for key, value in env.items():
             if problem := _env_value_problem(key, value):
                 raise ValueError(f"{key}={ascii(value)}: {problem}")

@@ -134,7 +134,7 @@ OWNED_OPTIONS = {
     "served_model_name": "model.served_model_name", "host": "ascend-fleet (all addresses; the firewall stage "
     "limits who reaches them)", "port": "instance_ports.api or instances", "uds": "instance_ports.api or instances",
     "tensor_parallel_size": "tensor_parallel_size", "headless": "data_parallel",
-    "api_server_count": "data_parallel.api_server_count", "api_key": "the gateway's API key (README, secrets)",
+    "api_server_count": "data_parallel.api_server_count", "api_key": "the gateway's API key (docs/guides/secrets.md)",
     **{dest: "data_parallel" for dest in ("data_parallel_size", "data_parallel_size_local", "data_parallel_address",
                                           "data_parallel_rpc_port", "data_parallel_start_rank", "data_parallel_rank",
                                           "data_parallel_backend", "data_parallel_hybrid_lb",

@@ -105,7 +105,7 @@ EXTRA_ARGS_REFUSED = {
     "a serving key": (["--max-num-seqs=64"], "serving.extra_args: --max-num-seqs=64 sets max_num_seqs, which "
                       "ascend-fleet sets from serving.max_num_seqs; set it there, not in extra_args"),
     "the API key": (["--api-key", "k"], "serving.extra_args: --api-key sets api_key, which ascend-fleet sets from the "
-                    "gateway's API key (README, secrets); set it there, not in extra_args"),
+                    "gateway's API key (docs/guides/secrets.md); set it there, not in extra_args"),
     "a lone ;": ([";"], "serving.extra_args: ';' is neither an option of vLLM 0.18.0 nor the value of the option "
                  "before it; remove it"),
     "a second value": (["--seed", "1", "2"], "serving.extra_args: '2' is neither an option"),
