@@ -481,7 +481,7 @@ def os_coverage_refusal(out: Path, known: NodeOs, arch: str, needed: list[str] =
     if entry is None:
         has = ", ".join(f"{r.distribution} {r.release} {r.arch}" for r in served) or "none"
         return f"bundle {out} has no OS packages for {known.name} {arch} (it has {has}); make it with {again}"
-    lacking = [name for name in needed if entry.packages is not None and name not in entry.packages]
+    lacking = [] if entry.packages is None else [name for name in needed if name not in entry.packages]
     if lacking:
         return (f"bundle {out}'s {known.name} {arch} packages lack {', '.join(lacking)}, which this host's stages "
                 f"install (the bundle was made for another shape of the fleet); make it again from this inventory "
