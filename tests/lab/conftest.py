@@ -129,6 +129,10 @@ class Lab:
     def workers(self) -> list[str]:
         return [node["name"] for node in self.status()["nodes"] if node["role"] == "worker"]
 
+    def address(self, node: str) -> str:
+        """The node's address on the lab bridge."""
+        return next(n for n in self.status()["nodes"] if n["name"] == node)["address"]
+
     @property
     def mirror_url(self) -> str:
         return self.status()["mirror"]["url"]

@@ -22,7 +22,7 @@ from ascend_fleet.sizing.planner import VLLM_PORT_SPAN
 from ascend_fleet.stages.monitoring import NGINX_EXPORTER_PORT, NODE_EXPORTER_PORT, PROMETHEUS_PORT
 from tests.lab.conftest import ALL_AT_ONCE, Lab
 from tests.lab.test_full_deploy import totals
-from tests.lab.test_secrets import address, connect_from_here
+from tests.lab.test_secrets import connect_from_here
 
 pytestmark = pytest.mark.lab
 
@@ -40,7 +40,7 @@ def fleet(lab: Lab) -> Lab:
 
 def connect(lab: Lab, node: str, to: str, port: int) -> str:
     """Whether `node` opens a TCP connection to `to` (a node's name or an address) on `port`."""
-    target = "127.0.0.1" if to == node else address(lab, to) if to in lab.nodes else to
+    target = "127.0.0.1" if to == node else lab.address(to) if to in lab.nodes else to
     result = lab.run(node, f"timeout 5 bash -c 'exec 3<>/dev/tcp/{target}/{port}'", check=False)
     return OUTCOMES.get(result.returncode, f"exit {result.returncode}: {result.stderr.strip()}")
 
@@ -89,7 +89,7 @@ def test_a_worker_reaches_neither_the_gateways_monitoring_nor_another_workers_ex
     for port in (PROMETHEUS_PORT, NGINX_EXPORTER_PORT):
         assert connect(lab, "gateway", "gateway", port) == "open", port  # it listens
         assert connect(lab, "worker1", "gateway", port) == "refused", port
-        assert connect_from_here(address(lab, "gateway"), port) == "open", port  # monitoring_allowed_sources
+        assert connect_from_here(lab.address("gateway"), port) == "open", port  # monitoring_allowed_sources
     assert connect(lab, "worker2", "worker2", NODE_EXPORTER_PORT) == "open"
     assert connect(lab, "worker1", "worker2", NODE_EXPORTER_PORT) == "refused"
     for name, port in engine_ports(lab, "worker2").items():
@@ -170,7 +170,7 @@ def test_sshd_allowed_sources_close_a_gateways_ssh_to_all_but_them_and_never_to_
                     "deploys/firewall.py")
         assert connect(lab, "worker1", "gateway", 22) == "refused"
         assert connect(lab, "gateway", "worker1", 22) == "open"  # a worker's SSH is as it was
-        assert connect_from_here(address(lab, "gateway"), 22) == "open"
+        assert connect_from_here(lab.address("gateway"), 22) == "open"
     finally:
         lab.pyinfra("--limit", "gateway", "deploys/firewall.py")
     assert connect(lab, "worker1", "gateway", 22) == "open"

@@ -71,10 +71,14 @@ def changed_operations(output: str) -> list[str]:
     return [m[1].strip() for m in (re.match(r"\s+(.+?)\s{2,}\d+\s+(\d+)\s+", row) for row in rows) if m]
 
 
-def chat_through_gateway(lab: Lab) -> requests.Response:
-    gateway = next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
-    return requests.post(f"http://{gateway}/v1/chat/completions", timeout=30, json={
+def chat(url: str) -> requests.Response:
+    """A short chat completion of the lab's model through url (a gateway, or the gateways' address)."""
+    return requests.post(f"{url}/v1/chat/completions", timeout=30, json={
         "model": "lab/Qwen3-Tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+
+
+def chat_through_gateway(lab: Lab) -> requests.Response:
+    return chat(f"http://{lab.address('gateway')}")
 
 
 def unit_starts(lab: Lab, node: str) -> dict[str, str]:

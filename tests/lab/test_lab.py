@@ -163,7 +163,7 @@ def test_a_running_lab_grows_by_a_worker_and_a_failed_growth_removes_only_what_i
         assert [(n["name"], n["state"]) for n in lab.status()["nodes"]] == [
             ("gateway", "running"), ("worker1", "running"), ("worker2", "running")]
         assert lab.boot_id("worker1") == booted
-        worker2 = next(n["address"] for n in lab.status()["nodes"] if n["name"] == "worker2")
+        worker2 = lab.address("worker2")
         assert lab.run("worker1", "getent hosts worker2").stdout.split()[0] == worker2
         assert lab.run("worker2", "hostname").stdout.strip() == "worker2"
         # Anything else than more workers is another lab.

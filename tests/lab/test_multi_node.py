@@ -50,12 +50,9 @@ def deployed(lab):
     return {"first": first.stdout, "again": again.stdout}
 
 
-def address(lab: Lab, node: str) -> str:
-    return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
-
 
 def gateway_url(lab: Lab) -> str:
-    return f"http://{address(lab, 'gateway')}"
+    return f"http://{lab.address('gateway')}"
 
 
 def chat(lab: Lab) -> requests.Response:
@@ -87,9 +84,9 @@ def test_each_npu_has_its_planned_address_and_the_instances_serve_through_their_
         assert re.match(r"\S+/bin/vllm serve /\S+ .*--headless ", exec_start), exec_start
         argv = lab.run(member, f"tr '\\0' ' ' < /proc/$(systemctl show -P MainPID {UNIT})/cmdline").stdout
         assert (f"--headless --data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
-                f"{address(lab, head)} --data-parallel-rpc-port 13389 --data-parallel-start-rank 1") in argv, argv
+                f"{lab.address(head)} --data-parallel-rpc-port 13389 --data-parallel-start-rank 1") in argv, argv
         env = lab.run(member, f"cat {instance_env_file('vllm-0')}").stdout
-        assert f"HCCL_IF_IP={address(lab, member)}" in env and "HCCL_SOCKET_IFNAME=eth0" in env
+        assert f"HCCL_IF_IP={lab.address(member)}" in env and "HCCL_SOCKET_IFNAME=eth0" in env
     reply = chat(lab)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
 
@@ -128,7 +125,7 @@ def test_the_heads_hccl_ports_answer_the_hosts_of_its_instance_only(lab, deploye
 def test_a_serving_nic_without_the_serving_address_stops_preflight_in_one_line(lab, deployed):
     result = lab.pyinfra("deploys/preflight.py", "--limit", "worker2", "--data", "serving_nic=lo", check=False)
     assert result.returncode != 0
-    assert (f"worker2: serving_nic lo does not carry serving_address {address(lab, 'worker2')} (it has 127.0.0.1); "
+    assert (f"worker2: serving_nic lo does not carry serving_address {lab.address('worker2')} (it has 127.0.0.1); "
             "set serving_nic to the NIC that does, or correct serving_address") in result.stdout, result.stdout[-3000:]
 
 

@@ -23,7 +23,7 @@ SERVING = {"max_model_len": 2048, "gpu_memory_utilization": 0.9}
 @pytest.fixture(scope="module")
 def gateway(lab):
     lab.pyinfra("deploys/full.py", timeout=3600)
-    return "http://" + next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    return "http://" + lab.address("gateway")
 
 
 def most_down_at_once(windows: dict[str, tuple[int, int]], since: int) -> int:

@@ -115,7 +115,7 @@ def test_the_full_deploy_serves_the_tiny_model_with_real_vllm_for_cpu(real_lab, 
 
 
 def test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab, deployed):
-    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    gateway = real_lab.address("gateway")
     reply = requests.post(f"http://{gateway}/v1/chat/completions", timeout=120, json={
         "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
     assert reply.status_code == 200, reply.text
@@ -152,7 +152,7 @@ CLIENT_REQUESTS = {
 def test_what_real_clients_send_is_answered_and_the_instance_survives_it(real_lab, deployed, request_kind):
     """Issue 17: logprobs once crashed the engine (torch inductor wanted g++) and, as vLLM then
     exited 0, the instance stayed down."""
-    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    gateway = real_lab.address("gateway")
     client = openai.OpenAI(base_url=f"http://{gateway}/v1", api_key="unused", timeout=120, max_retries=0)
     engine = engine_comm_pids(real_lab)["VLLM::EngineCor"]
     try:
@@ -174,7 +174,7 @@ def test_tools_chosen_auto_are_answered_200_through_the_gateway_and_the_instance
     --enable-auto-tool-choice and --tool-call-parser); group_data/lab_real.py now sets both, with the
     Qwen3.5 recipes' parser, and real vLLM for CPU serves the request: a tool call or text."""
     assert "--enable-auto-tool-choice" in real_lab.run("worker1", f"systemctl cat {UNIT}").stdout
-    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    gateway = real_lab.address("gateway")
     client = openai.OpenAI(base_url=f"http://{gateway}/v1", api_key="unused", timeout=120, max_retries=0)
     engine = engine_comm_pids(real_lab)["VLLM::EngineCor"]
     reply = client.chat.completions.with_raw_response.create(
@@ -331,7 +331,7 @@ def test_the_0_23_0_rows_fixed_steps_pass_the_stack_gate_and_serve(real_lab, dep
     assert check and load_profile(ROW_0_23_0).unaccepted_complaints(check) == [], check
     assert json.loads(real_lab.run("worker1", f"curl -sf http://127.0.0.1:{REAL_PORT}/version").stdout) == {
         "version": "0.23.0"}
-    gateway = next(n for n in real_lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    gateway = real_lab.address("gateway")
     reply = requests.post(f"http://{gateway}/v1/chat/completions", timeout=120, json={
         "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"], reply.text

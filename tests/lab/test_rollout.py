@@ -31,9 +31,6 @@ FAULT_DROPIN = f"{unit_file(instance_unit('vllm-0'))}.d/fault.conf"
 LOAD_RESULTS: dict[str, dict] = {}
 
 
-def address(lab: Lab, node: str) -> str:
-    return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
-
 
 @pytest.fixture(scope="module")
 def lab(second_lab):
@@ -44,7 +41,7 @@ def lab(second_lab):
 @pytest.fixture(scope="module")
 def serving(lab):
     lab.pyinfra("deploys/full.py", timeout=3600)
-    return f"http://{address(lab, 'gateway')}"
+    return f"http://{lab.address('gateway')}"
 
 
 @contextmanager
@@ -168,9 +165,9 @@ def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_i
         assert instance_env(lab, "worker3").count("HCCL_BUFFSIZE=256") == 2
         assert unit_starts(lab, "worker3") == wave2_before
         config = gateway_config(lab)
-        worker2 = address(lab, "worker2")
+        worker2 = lab.address("worker2")
         assert f"{worker2}:8000 max_fails=2 fail_timeout=3s;" not in config  # it gets no requests
-        assert f"{address(lab, 'worker3')}:8000 max_fails=2 fail_timeout=3s;" in config
+        assert f"{lab.address('worker3')}:8000 max_fails=2 fail_timeout=3s;" in config
         # A fresh rollout is refused while this one is stopped.
         refused, _ = rollout(lab, "--data", buffsize_data(512), check=False)
         assert "add --resume" in refused.stderr
@@ -186,7 +183,7 @@ def test_a_node_failing_its_health_gate_stops_the_rollout_and_resume_completes_i
 
 def test_a_stopped_rollout_can_be_abandoned_and_the_fleet_is_whole_again(lab, serving):
     break_health(lab, "worker2")
-    worker2 = address(lab, "worker2")
+    worker2 = lab.address("worker2")
     with under_load(serving, "abandoned rollout"):
         result, record = rollout(lab, "--data", buffsize_data(1024), "--json", check=False)
         assert [s["status"] for s in record["steps"]] == ["done", "failed", "pending"], result.stderr
@@ -209,7 +206,7 @@ def test_a_stopped_rollout_can_be_abandoned_and_the_fleet_is_whole_again(lab, se
     assert " down;" not in config
     for node in lab.workers:
         for port in (8000, 8001):
-            assert f"{address(lab, node)}:{port} max_fails=2 fail_timeout=3s;" in config
+            assert f"{lab.address(node)}:{port} max_fails=2 fail_timeout=3s;" in config
     summary = LOAD_RESULTS["abandoned rollout"]
     assert summary["requests"] > 20 and summary["errors"] == 0, summary
 

@@ -26,7 +26,6 @@ from ascend_fleet.core.node_layout import GATEWAY_CONFIG, ROUTE_WATCH_STATE, ROU
 from tests.lab.conftest import PROJECT, Lab
 from tests.lab.test_full_deploy import restore_hardware, rewrite_hardware
 from tests.lab.test_monitoring import FAST, firing, wait_for
-from tests.lab.test_rollout import address
 
 pytestmark = pytest.mark.lab
 
@@ -46,7 +45,7 @@ def serving(lab):
     """The fleet serving, its NPU health read every 5 s and Prometheus looking every 5 s (the lab's data:
     once a minute), so a fault shows within the issue's 15 s; the lab's own settings back after."""
     lab.pyinfra("deploys/full.py", "--data", f"monitoring={json.dumps(FAST)}", timeout=3600)
-    yield f"http://{address(lab, 'gateway')}"
+    yield f"http://{lab.address('gateway')}"
     lab.pyinfra("deploys/gateway.py")
     lab.pyinfra("deploys/monitoring.py")
 

@@ -55,9 +55,6 @@ rm -rf "$scan"
 """
 
 
-def address(lab: Lab, node: str) -> str:
-    return next(n for n in lab.status()["nodes"] if n["name"] == node)["address"]
-
 
 @pytest.fixture(scope="module")
 def planted(lab: Lab):
@@ -78,7 +75,7 @@ def planted(lab: Lab):
         outputs[name], outputs[f"{name} (stderr)"] = result.stdout, result.stderr
     yield keyed, values, outputs
     lab.pyinfra("deploys/full.py", *ALL_AT_ONCE, timeout=3600)
-    gateway = f"http://{address(lab, 'gateway')}"
+    gateway = f"http://{lab.address('gateway')}"
     assert requests.get(f"{gateway}/v1/models", timeout=10).status_code == 200, "the lab still requires the key"
 
 
@@ -177,7 +174,7 @@ def test_units_run_as_the_service_user_root_owned_and_not_world_writable(planted
 
 def test_v1_needs_the_key_and_the_public_listener_hides_health_and_metrics(planted):
     lab, values, _ = planted
-    gateway = f"http://{address(lab, 'gateway')}"
+    gateway = f"http://{lab.address('gateway')}"
     body = {"model": "lab/Qwen3-Tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
     key = {"Authorization": f"Bearer {values['VLLM_API_KEY']}"}
     assert requests.post(f"{gateway}/v1/chat/completions", json=body, timeout=30).status_code == 401
@@ -186,10 +183,10 @@ def test_v1_needs_the_key_and_the_public_listener_hides_health_and_metrics(plant
     answer = requests.post(f"{gateway}/v1/chat/completions", json=body, headers=key, timeout=30)
     assert answer.status_code == 200 and answer.json()["choices"], answer.text
     for path in ("/metrics", "/health", "/v1/../metrics", "/v1/%2e%2e/health"):  # not even for a keyed client
-        assert raw_get(address(lab, "gateway"), 80, path, key) == 404, path
+        assert raw_get(lab.address("gateway"), 80, path, key) == 404, path
     # nginx routes it as /v1/models but forwards it as written: no route and no way around the key.
-    assert raw_get(address(lab, "gateway"), 80, "/metrics/../v1/models", {}) in (401, 404)
-    worker = f"http://{address(lab, lab.workers[0])}"
+    assert raw_get(lab.address("gateway"), 80, "/metrics/../v1/models", {}) in (401, 404)
+    worker = f"http://{lab.address(lab.workers[0])}"
     for port in INSTANCE_PORTS:  # the gateway and Prometheus reach the instances' own ports
         assert answer_from(lab, "gateway", f"{worker}:{port}/v1/models") == "401"
         assert answer_from(lab, "gateway", f"{worker}:{port}/metrics") == "200"
@@ -198,7 +195,7 @@ def test_v1_needs_the_key_and_the_public_listener_hides_health_and_metrics(plant
 
 def test_instance_ports_answer_the_gateway_and_loopback_only_and_the_peer_port_workers_only(planted):
     lab, _, _ = planted
-    worker, other_worker = address(lab, "worker1"), "worker2"
+    worker, other_worker = lab.address("worker1"), "worker2"
     for port in INSTANCE_PORTS:
         assert answer_from(lab, "gateway", f"http://{worker}:{port}/health") == "200"
         assert answer_from(lab, "worker1", f"http://127.0.0.1:{port}/health") == "200"
@@ -214,10 +211,10 @@ def test_instance_ports_answer_the_gateway_and_loopback_only_and_the_peer_port_w
 def test_the_firewall_comes_off_and_on_under_load_a_rerun_changes_nothing_and_a_reboot_keeps_it(planted, monkeypatch):
     lab, values, _ = planted
     monkeypatch.setenv("VLLM_API_KEY", values["VLLM_API_KEY"])  # the load generator's key
-    worker = address(lab, "worker3")
+    worker = lab.address("worker3")
     rules = loaded_rules(lab, "worker3")
     assert rules.startswith('comment "ascend-fleet rules sha256:'), rules
-    generator = LoadGenerator(f"http://{address(lab, 'gateway')}", "lab/Qwen3-Tiny", concurrency=2).start()
+    generator = LoadGenerator(f"http://{lab.address('gateway')}", "lab/Qwen3-Tiny", concurrency=2).start()
     try:
         lab.pyinfra("--data", "instance_firewall=false", "deploys/firewall.py")
         assert loaded_rules(lab, "worker3") == "" and connect_from_here(worker, INSTANCE_PORTS[0]) == "open"

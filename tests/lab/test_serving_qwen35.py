@@ -55,7 +55,7 @@ def test_every_instance_runs_the_guides_options_and_its_unit_verifies_clean(lab,
 
 
 def test_a_chat_completion_through_the_gateway_is_answered_by_the_qwen35_model(lab, deployed):
-    gateway = next(n for n in lab.status()["nodes"] if n["name"] == "gateway")["address"]
+    gateway = lab.address("gateway")
     name = RECIPE["model"]["served_model_name"]
     reply = requests.post(f"http://{gateway}/v1/chat/completions", timeout=30, json={
         "model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})

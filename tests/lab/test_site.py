@@ -31,7 +31,6 @@ import threading
 import time
 
 import pytest
-import requests
 
 from ascend_fleet.config.node_os import node_os
 from ascend_fleet.control.loadgen import RequestResult, stream_chat
@@ -44,7 +43,7 @@ from ascend_fleet.lab.spec import SITE_MIRROR_PORT
 from ascend_fleet.lab.state import LabState
 from tests.lab.conftest import BIN, INSTANCES, PROJECT, Lab, brought_up, module_lab, needs_bench_venv
 from tests.lab.test_bench import BENCH_TIMEOUT_SECONDS, SMALL_RUN
-from tests.lab.test_full_deploy import assert_the_workers_hold_exactly_the_lock, changed_operations, totals
+from tests.lab.test_full_deploy import assert_the_workers_hold_exactly_the_lock, changed_operations, chat, totals
 from tests.lab.test_rollout import LOAD_RESULTS, MODEL, buffsize_data, instance_env, under_load, unit_starts
 
 pytestmark = pytest.mark.lab
@@ -128,14 +127,6 @@ def vip(site) -> str:
     """The address clients use."""
     return LabState.require(site.lab_dir).spec.gateway_vip.split("/")[0]
 
-
-def address(site: Lab, node: str) -> str:
-    return next(n for n in site.status()["nodes"] if n["name"] == node)["address"]
-
-
-def chat(url: str) -> requests.Response:
-    return requests.post(f"{url}/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
 
 
 def holders(site: Lab, vip: str, gateways=GATEWAYS) -> list[str]:
@@ -226,16 +217,16 @@ class PacedLoad:
 def test_this_machine_reaches_the_nodes_only_through_the_bastion(site):
     for node in ("worker1", OPENEULER, *GATEWAYS):
         with pytest.raises(OSError) as refused:
-            socket.create_connection((address(site, node), 22), timeout=10).close()
+            socket.create_connection((site.address(node), 22), timeout=10).close()
         assert refused.value.errno == errno.EHOSTUNREACH, (node, refused.value)
     keys = ssh_dir(site.lab_dir)
     direct = subprocess.run(["ssh", "-i", str(keys / "id_ed25519"), "-o", f"UserKnownHostsFile={keys / 'known_hosts'}",
                              "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-                             f"root@{address(site, 'worker1')}", "true"], capture_output=True, text=True, timeout=60)
+                             f"root@{site.address('worker1')}", "true"], capture_output=True, text=True, timeout=60)
     assert direct.returncode == 255 and "No route to host" in direct.stderr, direct.stderr
     # `lab ssh`'s way (Lab.run): the worker sees the connection come from the bastion.
     seen_from = site.run("worker1", "echo $SSH_CONNECTION").stdout.split()[0]
-    assert seen_from == address(site, "bastion")
+    assert seen_from == site.address("bastion")
 
 
 def test_no_index_answers_the_nodes_or_the_deploys_environment(site, lab):
@@ -254,28 +245,28 @@ def test_no_index_answers_the_nodes_or_the_deploys_environment(site, lab):
     assert piped.returncode != 0, piped.stdout
 
 
-def first_holder() -> str:
-    """The gateway that took the address at the first deploy. keepalived's nopreempt keeps it with the first
-    to start: the higher priority wins only when both start within its skew of each other (a CI rehearsal's
-    deploy through the bastion started gateway2's first)."""
-    return FIGURES["first_holder"]
+@pytest.fixture(scope="module")
+def first_holder(site, deployed, vip) -> list[str]:
+    """The gateways holding the address after the first deploy (asked once; one, if all is well). keepalived's
+    nopreempt keeps it with the first to start: the higher priority wins only when both start within its skew
+    of each other (a CI rehearsal's deploy through the bastion started gateway2's first)."""
+    return holders(site, vip)
 
 
 def other(gateway: str) -> str:
     return next(name for name in GATEWAYS if name != gateway)
 
 
-def test_the_first_deploy_serves_through_the_virtual_address_held_by_one_gateway(site, deployed, vip):
+def test_the_first_deploy_serves_through_the_virtual_address_held_by_one_gateway(site, deployed, vip, first_holder):
     assert totals(deployed["first"])["errors"] == 0
-    held = holders(site, vip)
+    held = first_holder
     assert len(held) == 1, held
-    FIGURES["first_holder"] = held[0]
     load = json.loads(site.cli("load", site.inventory, "--requests", "8", "--concurrency", "2", "--json").stdout)
     assert load["through"] == f"http://{vip}:80 (the virtual address, held by {held[0]})" and load["errors"] == 0
 
 
 def test_the_fleet_installs_from_the_bundle_its_gateway_serves(site, deployed):
-    gateway = address(site, "gateway")
+    gateway = site.address("gateway")
     assert "deb [trusted=yes] http://" in site.run("worker1", f"cat {BUNDLE_APT_SOURCE}").stdout
     installed = site.run(OPENEULER, f"cat {BUNDLE_DNF_REPO}; rpm -q nginx node_exporter nftables").stdout
     assert f"baseurl=http://{gateway}:{SITE_MIRROR_PORT}/os/openeuler-24.03-{ARCH}" in installed, installed
@@ -308,7 +299,7 @@ def test_the_openeuler_worker_gets_its_packages_with_dnf(site, deployed):
 
 
 def test_the_openeuler_worker_serves_both_gateways_its_firewall_handed_over(site, deployed, vip):
-    worker = address(site, OPENEULER)
+    worker = site.address(OPENEULER)
     # From each gateway to the openEuler node's instance: firewalld (active from its first boot) no
     # longer rejects it, and the instance firewall the product installs in its place admits the gateways.
     for gateway in GATEWAYS:
@@ -328,22 +319,23 @@ def test_a_rerun_changes_nothing(deployed):
     assert again["changed"] == 0 and again["errors"] == 0, (again, changed_operations(deployed["again"]))
 
 
-def test_status_through_the_bastion_is_green_and_says_which_gateway_holds_the_address(site, deployed):
+def test_status_through_the_bastion_is_green_and_says_which_gateway_holds_the_address(site, deployed,
+                                                                                     first_holder):
     result = site.cli("status", site.inventory, "--json", check=False)
     reading = json.loads(result.stdout)
     assert result.returncode == 0 and reading["ok"], result.stdout[-3000:] + result.stderr[-3000:]
     rows = [instance for host in reading["hosts"] for instance in host["instances"]]
     assert len(rows) == len(WORKERS) * len(INSTANCES)
     assert all(row["health"] == 200 and row["routed"] == "yes" for row in rows), rows
-    holder = first_holder()
+    [holder] = first_holder
     assert status_of_gateways(site) == {holder: True, other(holder): False}
     held = {holder: "1", other(holder): "0"}
     assert holds_as_watched(site, other(holder), held) == held
 
 
 def test_the_holder_powered_off_under_load_fails_only_what_was_in_flight_and_its_return_takes_nothing(
-        site, deployed, vip):
-    holder = first_holder()
+        site, deployed, vip, first_holder):
+    [holder] = first_holder
     with PacedLoad(f"http://{vip}") as load:
         time.sleep(3)
         lab_api.power_off(site.lab_dir, holder)
