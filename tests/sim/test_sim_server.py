@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -45,9 +46,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def free_port_range(count: int = HCCL_PORT_SPAN) -> int:
-    """A base port whose next `count` ports are all free right now."""
-    for base in range(41000, 60000, 97):
+# Below the kernel's ephemeral ports (32768-60999 by default): a range chosen there can be taken by any
+# outgoing connection on this machine before the server binds it, as the labs' SSH sessions did in CI.
+HCCL_PORTS = range(22000, 32700, 97)
+VLLM_PORTS = range(12000, 21900, 11)
+
+
+def free_port_range(count: int = HCCL_PORT_SPAN, bases: range = HCCL_PORTS) -> int:
+    """A base port of `bases` whose next `count` ports are all free right now, tried in random order so that
+    servers made one after another, before either binds, get ranges apart."""
+    for base in random.sample(bases, len(bases)):
         try:
             held = []
             for port in range(base, base + count):
@@ -147,7 +155,8 @@ class SimServer:
                  entry: str = "serve"):
         """entry: "serve" (`vllm serve`) or "api_server" (`python -m vllm.entrypoints.openai.api_server`)."""
         self.port = free_port()
-        self.vllm_port = free_port()
+        # vLLM scans up from VLLM_PORT for its internal ports (the DP master's among them): ten left free
+        self.vllm_port = free_port_range(10, VLLM_PORTS)
         self.hccl_base = free_port_range()
         self.log = log
         base_env = {
