@@ -49,7 +49,7 @@ def timed_deploy(label: str, limit: list[str] | None = None) -> tuple[float, flo
     """`pyinfra -y inventories/lab.py deploys/full.py` on the bench lab (`--limit` to those hosts): its
     seconds, the CPU seconds of pyinfra's process and its children, and its Grand total. The whole
     output of a run that fails is kept beside the lab directory."""
-    limited = [f"--limit={','.join(limit)}"] if limit else []
+    limited = [option for host in limit or [] for option in ("--limit", host)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     result = subprocess.run([PYINFRA, "-y", *limited, "inventories/lab.py", "deploys/full.py"], cwd=PROJECT,
@@ -81,9 +81,10 @@ def control_cpu(workers: int, console: Console) -> dict:
         hosts = ["gateway", *(f"worker{i}" for i in range(1, k + 1))]
         with console.status(f"N={workers}: no-op rerun of {len(hosts)} hosts"):
             _, cpu, counts = timed_deploy(f"limit-{k}", limit=hosts)
-        if counts["changed"] or counts["errors"]:
-            raise FleetError(f"deploy_scale: the rerun of {len(hosts)} hosts changed {counts['changed']} and "
-                             f"failed {counts['errors']} operations; a no-op rerun must change none")
+        if counts["changed"] or counts["errors"] or not counts["operations"]:
+            raise FleetError(f"deploy_scale: the rerun of {len(hosts)} hosts ran {counts['operations']}, changed "
+                             f"{counts['changed']} and failed {counts['errors']} operations; a no-op rerun must "
+                             "run them all and change none")
         points.append((len(hosts), cpu))
         console.print(f"  no-op rerun of {len(hosts):>2} hosts: pyinfra {cpu:5.2f} CPU s "
                       f"({counts['operations']} operations)")
