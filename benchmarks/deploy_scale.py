@@ -20,6 +20,7 @@ import argparse
 import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,13 +65,11 @@ def timed_deploy(label: str, limit: list[str] | None = None) -> tuple[float, flo
     return seconds, cpu, totals(result.stdout)
 
 
-def line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """The least-squares line through (x, y) points: its intercept and slope."""
-    n = len(points)
-    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points)
-             / sum((x - mean_x) ** 2 for x, _ in points))
-    return mean_y - slope * mean_x, slope
+def require_no_op(counts: dict[str, int], what: str) -> None:
+    """A no-op rerun runs every operation and changes none; else the benchmark stops, naming the run."""
+    if counts["changed"] or counts["errors"] or not counts["operations"]:
+        raise FleetError(f"deploy_scale: {what} ran {counts['operations']}, changed {counts['changed']} and "
+                         f"failed {counts['errors']} operations; a no-op rerun must run them all and change none")
 
 
 def control_cpu(workers: int, console: Console) -> dict:
@@ -81,14 +80,11 @@ def control_cpu(workers: int, console: Console) -> dict:
         hosts = ["gateway", *(f"worker{i}" for i in range(1, k + 1))]
         with console.status(f"N={workers}: no-op rerun of {len(hosts)} hosts"):
             _, cpu, counts = timed_deploy(f"limit-{k}", limit=hosts)
-        if counts["changed"] or counts["errors"] or not counts["operations"]:
-            raise FleetError(f"deploy_scale: the rerun of {len(hosts)} hosts ran {counts['operations']}, changed "
-                             f"{counts['changed']} and failed {counts['errors']} operations; a no-op rerun must "
-                             "run them all and change none")
+        require_no_op(counts, f"the rerun of {len(hosts)} hosts")
         points.append((len(hosts), cpu))
         console.print(f"  no-op rerun of {len(hosts):>2} hosts: pyinfra {cpu:5.2f} CPU s "
                       f"({counts['operations']} operations)")
-    start, per_host = line(points)
+    per_host, start = statistics.linear_regression(*zip(*points))
     return {"points": points, "start_cpu_s": start, "cpu_s_per_host": per_host,
             "cpu_s_1000_hosts": start + 1000 * per_host}
 
@@ -107,9 +103,7 @@ def measure_one(workers: int, console: Console, per_host: bool = False) -> dict:
             first, _, _ = timed_deploy(f"first-{workers}")
         with console.status(f"N={workers}: no-op rerun"):
             rerun, rerun_cpu, counts = timed_deploy(f"rerun-{workers}")
-        if counts["changed"] or counts["errors"]:
-            raise FleetError(f"deploy_scale: N={workers}: the rerun changed {counts['changed']} and failed "
-                             f"{counts['errors']} operations; a no-op rerun must change none")
+        require_no_op(counts, f"N={workers}: the rerun")
         control = control_cpu(workers, console) if per_host else None
     finally:
         with console.status(f"N={workers}: taking the lab down"):
