@@ -86,7 +86,7 @@ def main() -> None:
     except USAGE_ERRORS as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except (click.Abort, typer.Abort):
+    except (click.Abort, typer.Abort, KeyboardInterrupt):  # Ctrl-C before a command sets its own handling
         err_console.print("aborted")
         sys.exit(130)
     except OSError as exc:  # a file this machine cannot read or write (a full disk, a permission): one line

@@ -621,18 +621,21 @@ def status(
 ) -> int:
     """Every instance of the fleet: versions against the profile, NPUs, unit, /health, load,
     latency and whether the gateway routes to it. Exits 1 when anything is red."""
-    loaded = load_inventory(inventory)
-    hosts_read = limited_hosts(loaded, limit, inventory)
-    console = Console(width=None if Console().is_terminal else 240)
     if not watch:
-        reading = read_with_progress(loaded, hosts_read, parallel)
-        show(reading, console, as_json)
+        loaded = load_inventory(inventory)
+        reading = read_with_progress(loaded, limited_hosts(loaded, limit, inventory), parallel)
+        show(reading, Console(width=None if Console().is_terminal else 240), as_json)
         return 0 if reading.ok else 1
     # Ctrl-C sets an event rather than raising: under pyinfra's gevent the KeyboardInterrupt would land in
-    # whichever greenlet runs (a host being read), print gevent's report and leave the loop running.
+    # whichever greenlet runs (a host being read), print gevent's report and leave the loop running. Set
+    # before the inventory loads, as loading imports pyinfra's CLI, which patches for gevent: a Ctrl-C
+    # there ended in a traceback or was lost, and the watch ran on.
     stopped = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
     try:
+        loaded = load_inventory(inventory)
+        hosts_read = limited_hosts(loaded, limit, inventory)
+        console = Console(width=None if Console().is_terminal else 240)
         while not stopped.is_set():
             reading = read_with_progress(loaded, hosts_read, parallel)
             if stopped.is_set():

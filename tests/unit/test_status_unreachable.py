@@ -14,6 +14,7 @@ import pytest
 
 from ascend_fleet.control.status import status
 from ascend_fleet.core import remote
+from ascend_fleet.fleet.plan import load_inventory
 from tests.loopback import loopback_server, refused_port, write_fleet
 
 HOSTS = ("node1", "node2", "gw")
@@ -108,21 +109,66 @@ def test_why_ssh_failed_is_said_in_a_few_words_with_what_to_do():
 def test_ctrl_c_stops_status_watch_without_gevents_report(tmp_path, mode):
     """Before: during a reading (hosts that accept and say nothing), gevent printed the KeyboardInterrupt it
     raised in a greenlet reading a host, and the loop went on. Now Ctrl-C ends the watch after the reading in
-    progress (at most the SSH connect timeout), exit 0."""
+    progress (at most the SSH connect timeout), exit 0. The Ctrl-C waits for the watch's own sign that it
+    reads (a first table; a host contacted), not a fixed time: a busy machine imports for seconds."""
     import contextlib
     import signal
 
     with (loopback_server("silent") if mode == "silent" else contextlib.nullcontext((refused_port(), None))) as (
-            port, _):
+            port, server):
         watching = subprocess.Popen([str(Path(sys.executable).with_name("ascend-fleet")), "status", "--watch",
                                      "--interval", "0.2", str(write_fleet(tmp_path, port))],
                                     cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(4)  # started; reading (silent) or between readings (refused)
+        first = (server or watching).stdout.readline()  # the server's "connection", or the table's first line
         watching.send_signal(signal.SIGINT)
         started = time.monotonic()
         out, err = watching.communicate(timeout=60)
-    assert watching.returncode == 0 and time.monotonic() - started < remote.CONNECT_TIMEOUT_SECONDS + 5
+    assert first and watching.returncode == 0, err
+    assert time.monotonic() - started < remote.CONNECT_TIMEOUT_SECONDS + 5
     assert "KeyboardInterrupt" not in out + err and "Traceback" not in out + err, err
+
+
+def test_ctrl_c_while_the_watch_loads_the_inventory_ends_it_before_any_reading(tmp_path, monkeypatch, capfd):
+    """Before: loading imports pyinfra's CLI, which patches for gevent; a Ctrl-C there ended in a traceback
+    ("cannot release un-acquired lock") or was lost, and the watch ran on (CI: 60 s, then killed)."""
+    import os
+    import signal
+
+    from ascend_fleet.control import status as status_module
+
+    def interrupted_load(inventory: Path):
+        os.kill(os.getpid(), signal.SIGINT)
+        return load_inventory(inventory)
+
+    def not_caught(*_):
+        raise AssertionError("the Ctrl-C reached past status --watch")  # not pytest's own KeyboardInterrupt
+
+    monkeypatch.setattr(status_module, "load_inventory", interrupted_load)
+    monkeypatch.chdir(tmp_path)
+    previous = signal.signal(signal.SIGINT, not_caught)
+    try:
+        assert status(write_fleet(tmp_path, refused_port()), as_json=False, watch=True, interval=0.2) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capfd.readouterr().out == ""  # no reading
+
+
+def test_ctrl_c_before_a_command_takes_over_is_one_word_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the command's modules import (seconds on a busy control machine): "aborted", not a
+    traceback through importlib."""
+    from ascend_fleet import cli
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_app", interrupted)
+    monkeypatch.setattr(sys, "argv", ["ascend-fleet", "status", "fleet.py"])
+    with pytest.raises(SystemExit) as exited:
+        try:
+            cli.main()
+        except KeyboardInterrupt:  # not let through to pytest, which would end the whole run
+            pytest.fail("the Ctrl-C went through main() as a traceback")
+    assert (exited.value.code, capsys.readouterr().err) == (130, "aborted\n")
 
 
 def test_limit_reads_the_hosts_it_names_and_the_gateways_and_a_limit_matching_nothing_is_one_line(tmp_path):
