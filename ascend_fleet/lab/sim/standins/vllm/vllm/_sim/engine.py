@@ -103,6 +103,10 @@ class StepLoop:
     def busy(self) -> bool:
         return not self.scheduler.idle
 
+    async def wait_for_work(self) -> None:
+        """Until a request is in the scheduler (at once if one is)."""
+        await self._work.wait()
+
     def _publish(self) -> None:
         self.metrics.running.set(len(self.scheduler.running))
         self.metrics.waiting.set(len(self.scheduler.waiting))
