@@ -2,8 +2,9 @@
 
 A one-worker lab of its own (the session lab is three workers on the sim tier), brought up
 with `--profile lab-real` and deployed through inventories/lab_real.py. Real `vllm bench serve`,
-from the worker's serving venv, runs against the real instance and against the simulated server
-started beside it from the sim tier's stand-in; both results are kept as JSON.
+from the worker's serving venv, runs against the real instance; its result is kept as JSON. The same
+client (vLLM 0.32.0, the bench virtualenv's) against the simulated servers is tests/lab/test_bench.py's,
+through the session lab's gateway.
 
 Last, the same worker takes the vllm-ascend 0.23.0 row (profiles/lab-0.23.0.yaml, issue 47): its driver and
 CANN are the ones that profile names, so the Python stack and serve stages alone move it, and no other
@@ -25,7 +26,7 @@ import yaml
 
 from ascend_fleet.config.profile import load_profile, profile_path
 from ascend_fleet.control import vllm_cpu
-from ascend_fleet.core.node_layout import INSTANCE_HELPER, SERVICE_ENV_FILE, instance_unit
+from ascend_fleet.core.node_layout import SERVICE_ENV_FILE, instance_unit
 from tests.known_breakages import GUIDE_ONLY_0_23_0
 from tests.lab.conftest import PROJECT, Lab, brought_up, module_lab, needs_bench_venv
 
@@ -35,10 +36,6 @@ MODEL = "lab/Qwen3-Tiny"
 MODEL_PATH = Path("/mnt/nvme/models/lab/Qwen3-Tiny/v1")
 UNIT = instance_unit("vllm-0")
 REAL_PORT = 8000
-# The simulated server beside it: its own port, NPUs, HCCL range and internal ports.
-SIM_PORT, SIM_NPUS, SIM_HCCL_PORT, SIM_VLLM_PORT = 8100, "4,5,6,7", 61000, 52000
-SIM_VENV = "/opt/sim-vllm"
-SIM_UNIT = "lab-sim-vllm"
 BENCH_DIR = Path("/root/bench")
 RESULTS: dict[str, dict] = {}
 # The 0.23.0 row (issue 47): the lab's profile of it, and the same as it was before the fix.
@@ -49,10 +46,10 @@ VENV = load_profile(ROW_0_23_0).pip.venv
 
 @pytest.fixture(scope="module")
 def real_lab():
-    """One worker and a gateway; the mirror carries lab-real and, for the simulated server, lab."""
+    """One worker and a gateway; the mirror carries lab-real and the 0.23.0 row."""
     # Subnets N+1..N+3 are the other modules' extra labs.
     yield from brought_up(module_lab("real", "r", 4, inventory="inventories/lab_real.py"), 1,
-                          "--profile", "lab-real", "--profile", "lab", "--profile", ROW_0_23_0)
+                          "--profile", "lab-real", "--profile", ROW_0_23_0)
 
 
 @pytest.fixture(scope="module")
@@ -237,32 +234,6 @@ def test_a_tune_restarts_real_vllm_with_each_candidate_measures_it_and_leaves_th
                            check=False).stdout
     assert re.findall(r"'max_num_seqs': (\d+)", journal) == ["4", "8"], journal
     test_a_chat_completion_through_the_gateway_is_answered_by_real_vllm(real_lab, deployed)
-
-
-@pytest.fixture
-def sim_server(real_lab, deployed):
-    """The sim tier's stand-in (profile lab's vllm and vllm-ascend, from the mirror) in a venv of its
-    own, serving the same model on other NPUs and ports, under a transient unit."""
-    sim = load_profile("lab").stack
-    env = f"--property=EnvironmentFile={SERVICE_ENV_FILE} -E ASCEND_RT_VISIBLE_DEVICES={SIM_NPUS} " \
-          f"-E HCCL_IF_BASE_PORT={SIM_HCCL_PORT} -E VLLM_PORT={SIM_VLLM_PORT}"
-    real_lab.run("worker1", f"python3.11 -m venv {SIM_VENV} && {SIM_VENV}/bin/pip install -q vllm=={sim.vllm} && "
-                            f"{SIM_VENV}/bin/pip install -q --no-deps vllm-ascend=={sim.vllm_ascend}", timeout=900)
-    real_lab.run("worker1", f"systemd-run --unit {SIM_UNIT} {env} {SIM_VENV}/bin/vllm serve {MODEL_PATH} "
-                            f"--served-model-name {MODEL} --port {SIM_PORT} --tensor-parallel-size 4 "
-                            f"--max-model-len 2048 --max-num-seqs 8 && "
-                            f"{INSTANCE_HELPER} wait-healthy {SIM_PORT} 120 || "
-                            f"{{ journalctl -u {SIM_UNIT} | tail -20; exit 1; }}")
-    yield
-    real_lab.run("worker1", f"systemctl stop {SIM_UNIT}", check=False)
-
-
-def test_vllm_bench_serve_runs_to_completion_against_the_simulated_server(real_lab, sim_server, results_dir):
-    result = bench(real_lab, SIM_PORT, "sim", results_dir)
-    RESULTS["bench_sim"] = summary(result)
-    assert (result["completed"], result["failed"]) == (result["num_prompts"], 0)
-    assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
-
 
 
 # --- The 0.23.0 row's stack gate (issue 47), last: it replaces the real tier's virtualenv ---
