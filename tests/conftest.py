@@ -10,8 +10,8 @@ import pyinfra_cli  # noqa: F401
 import pytest  # noqa: E402  (after pyinfra_cli, for the reason above)
 
 # scripts/test's three pytest runs, side by side (each takes lab subnets of its own): the tests on the
-# session lab; the other modules with labs; the unit and simulator tests, with modules marked
-# `part("unit-sim")` to balance the three.
+# session lab; the other modules with labs; the unit and simulator tests. A module marked `part(NAME)`
+# runs in that part, to balance the three.
 PARTS = ("session-lab", "other-labs", "unit-sim")
 # The modules that share tests/lab/conftest.py's second_lab, in the order in which each finds the lab
 # closest to what it needs: fresh nodes first; the 4-worker layout, grown from the 3, last.

@@ -19,7 +19,7 @@ from ascend_fleet.core.node_layout import SYSTEMD_STATE_ROOT
 from ascend_fleet.lab.nodes import KERNEL_RELEASE_FILE
 from tests.lab.conftest import brought_up, module_lab
 
-pytestmark = [pytest.mark.lab, pytest.mark.part("unit-sim")]  # placed to balance scripts/test's parts
+pytestmark = [pytest.mark.lab, pytest.mark.part("session-lab")]  # placed to balance scripts/test's parts
 
 OPENEULER, REFUSED = "worker1", "worker2"
 ARCH = os.uname().machine
