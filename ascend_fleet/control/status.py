@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
@@ -601,6 +601,16 @@ def reading_progress(hosts: list[str]):
                 reporter.join()
 
 
+@contextmanager
+def ctrl_c_sets(event: threading.Event):
+    """While the block runs, SIGINT sets the event instead of raising KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, lambda *_: event.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def read_with_progress(inventory: Inventory, hosts_read: set[str] | None, parallel: int) -> FleetStatus:
     configs = configs_read(inventory, hosts_read)
     with reading_progress([config.host for config in configs]) as on_read:
@@ -621,21 +631,19 @@ def status(
 ) -> int:
     """Every instance of the fleet: versions against the profile, NPUs, unit, /health, load,
     latency and whether the gateway routes to it. Exits 1 when anything is red."""
-    if not watch:
-        loaded = load_inventory(inventory)
-        reading = read_with_progress(loaded, limited_hosts(loaded, limit, inventory), parallel)
-        show(reading, Console(width=None if Console().is_terminal else 240), as_json)
-        return 0 if reading.ok else 1
-    # Ctrl-C sets an event rather than raising: under pyinfra's gevent the KeyboardInterrupt would land in
-    # whichever greenlet runs (a host being read), print gevent's report and leave the loop running. Set
-    # before the inventory loads, as loading imports pyinfra's CLI, which patches for gevent: a Ctrl-C
-    # there ended in a traceback or was lost, and the watch ran on.
+    # With --watch, Ctrl-C sets an event rather than raising: under pyinfra's gevent the KeyboardInterrupt would
+    # land in whichever greenlet runs (a host being read), print gevent's report and leave the loop running. Set
+    # before the inventory loads, as loading imports pyinfra's CLI, which patches for gevent: a Ctrl-C there
+    # ended in a traceback or was lost, and the watch ran on.
     stopped = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    try:
+    with ctrl_c_sets(stopped) if watch else nullcontext():
         loaded = load_inventory(inventory)
         hosts_read = limited_hosts(loaded, limit, inventory)
         console = Console(width=None if Console().is_terminal else 240)
+        if not watch:
+            reading = read_with_progress(loaded, hosts_read, parallel)
+            show(reading, console, as_json)
+            return 0 if reading.ok else 1
         while not stopped.is_set():
             reading = read_with_progress(loaded, hosts_read, parallel)
             if stopped.is_set():
@@ -644,6 +652,4 @@ def status(
                 console.clear()
             show(reading, console, as_json)
             stopped.wait(interval)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     return 0
